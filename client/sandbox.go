@@ -1,0 +1,86 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+)
+
+// DefaultBatchBytes is the largest WriteFiles or ReadFiles batch the client builds: gRPC's
+// default 4 MiB message limit minus room for framing and metadata.
+const DefaultBatchBytes = 3.5 * (1 << 20)
+
+// Options tune a Sandbox connection. The zero value is good.
+type Options struct {
+	// BatchBytes caps one batch (default DefaultBatchBytes).
+	BatchBytes int
+	// Concurrency bounds the batches and streams in flight for one call (default 4).
+	Concurrency int
+}
+
+// Sandbox is a connection to one sandbox's data plane. It is safe for concurrent use.
+type Sandbox struct {
+	conn *grpc.ClientConn
+	rpc  sandboxv1.SandboxClient
+	opts Options
+}
+
+// Dial connects to the sandbox at addr (unix:///path or tcp://host:port), accepting only a
+// server that presents sandboxKey (DER SubjectPublicKeyInfo, as the manager returned it) and
+// authenticating with key. The connection is made lazily; a wrong key surfaces as an
+// Unavailable error on the first call.
+func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, error) {
+	if key == nil {
+		return nil, errors.New("dialing sandbox: an agent key is required")
+	}
+	a, err := endpoint.Parse(addr)
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox: %w", err)
+	}
+	pinned, err := tlspin.ParsePublicKey(sandboxKey)
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
+	}
+	cfg, err := tlspin.ClientConfig(key.signer, pinned)
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox: %w", err)
+	}
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = DefaultBatchBytes
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 4
+	}
+	conn, err := grpc.NewClient(a.GRPCTarget(),
+		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.BatchBytes+(1<<20)), grpc.MaxCallSendMsgSize(o.BatchBytes+(1<<20))),
+		grpc.WithInitialWindowSize(8<<20),
+		grpc.WithInitialConnWindowSize(16<<20),
+		grpc.WithReadBufferSize(256<<10),
+		grpc.WithWriteBufferSize(256<<10),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox %s: %w", a, err)
+	}
+	conn.Connect()
+	return &Sandbox{conn: conn, rpc: sandboxv1.NewSandboxClient(conn), opts: o}, nil
+}
+
+// Close closes the connection. The sandbox keeps running until its manager destroys it.
+func (s *Sandbox) Close() error { return s.conn.Close() }
+
+// RPC returns the raw generated client, for calls this package does not wrap.
+func (s *Sandbox) RPC() sandboxv1.SandboxClient { return s.rpc }

@@ -1,0 +1,106 @@
+// Command fusebox-sandbox is the server that runs inside every fusebox sandbox. It serves the
+// one-shot Init service (sFuse) and then the key-pinned data plane; see package
+// github.com/fusebox-dev/fusebox/sandbox-server/server.
+//
+// It is a static binary (CGO_ENABLED=0) and never imports manager code or client-go.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/sandbox-server/floor"
+	"github.com/fusebox-dev/fusebox/sandbox-server/server"
+)
+
+type envFlag map[string]string
+
+func (e envFlag) String() string { return "" }
+func (e envFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", s)
+	}
+	e[k] = v
+	return nil
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "write-floor" {
+		os.Exit(writeFloor(os.Args[2:]))
+	}
+	var cfg server.Config
+	env := envFlag{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG": "C.UTF-8",
+	}
+	lim := &cfg.Server.Limits
+	flag.StringVar(&cfg.InitAddr, "init-listen", "unix:///run/fusebox/init.sock", "init listener (unix:///path or tcp://host:port), served until InitializeTLS succeeds once")
+	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound only after initialisation")
+	flag.StringVar(&cfg.WorkspaceDir, "workspace", "/workspace", "workspace root: every file operation stays inside it")
+	flag.Int64Var(&lim.MaxOutputBytes, "max-output-bytes", 16<<20, "stdout+stderr streamed per exec; the rest is discarded and flagged")
+	flag.Int64Var(&cfg.Workspace.MaxFileBytes, "max-file-bytes", 1<<30, "largest file written or read")
+	flag.Int64Var(&cfg.Workspace.MaxBatchBytes, "max-batch-bytes", 4<<20-64<<10, "largest WriteFiles/ReadFiles payload")
+	flag.DurationVar(&lim.DefaultTimeout, "exec-timeout", 10*time.Minute, "timeout of an exec that sets none")
+	flag.DurationVar(&lim.MaxTimeout, "max-exec-timeout", 24*time.Hour, "cap on any exec timeout")
+	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
+	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
+	level := flag.String("log-level", "info", "debug, info, warn or error")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "fusebox-sandbox: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+	if _, ok := env["HOME"]; !ok {
+		env["HOME"] = cfg.WorkspaceDir
+	}
+	cfg.Server.BaseEnv = env
+	cfg.Server.Limits.MaxMessageBytes = int(cfg.Workspace.MaxBatchBytes) + 1<<20
+
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(os.Stderr, "fusebox-sandbox: -log-level: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := server.Run(ctx, cfg, log)
+	switch {
+	case err == nil, errors.Is(err, context.Canceled):
+	case errors.Is(err, server.ErrIdleTimeout):
+		log.Warn("exiting: nobody initialised this sandbox", "idle_ttl", cfg.Server.IdleTTL)
+		os.Exit(3)
+	default:
+		log.Error("sandbox server failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// writeFloor runs the in-sandbox floor measurement for the benchmark and prints seconds.
+func writeFloor(args []string) int {
+	fs := flag.NewFlagSet("write-floor", flag.ExitOnError)
+	dir := fs.String("dir", "", "directory to write into")
+	n := fs.Int("files", 3000, "number of files")
+	size := fs.Int("size", 4096, "bytes per file")
+	fs.Parse(args)
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "write-floor: -dir is required")
+		return 2
+	}
+	d, err := floor.WriteFiles(*dir, *n, *size)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "write-floor:", err)
+		return 1
+	}
+	fmt.Printf("%.6f\n", d.Seconds())
+	return 0
+}

@@ -1,0 +1,134 @@
+// Package localsandbox starts one fusebox-sandbox server inside a gVisor container on this
+// machine and waits until its init socket is there. Tests, benchmarks and the local allocator
+// use it; it knows nothing about pools or leases.
+package localsandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/runsc"
+)
+
+// Paths inside the sandbox.
+const (
+	SocketDir    = "/run/fusebox"
+	BinaryDir    = "/opt/fusebox"
+	WorkspaceDir = "/workspace"
+)
+
+// Options describe one sandbox.
+type Options struct {
+	Runtime *runsc.Runtime // required
+	ID      string         // a runsc.ID; required
+	// Dir is a directory for this sandbox's bundle and sockets; it is created.
+	Dir string
+	// SandboxBinary is the host path of a static fusebox-sandbox; its directory is bound
+	// read-only into the sandbox. Required.
+	SandboxBinary string
+	// ServerArgs are extra flags for fusebox-sandbox (limits, idle TTL).
+	ServerArgs []string
+	// Bundle carries limits, root filesystem and extra mounts; Dir, Args and the socket and
+	// binary mounts are filled in.
+	Bundle runsc.BundleSpec
+	// ReadyTimeout bounds the wait for the init socket (default 30 s).
+	ReadyTimeout time.Duration
+}
+
+// Sandbox is a started sandbox.
+type Sandbox struct {
+	ID       string
+	Dir      string
+	InitAddr string // unix:// address of the init socket, on the host
+	DataAddr string // unix:// address of the data socket, on the host (exists after init)
+	rt       *runsc.Runtime
+}
+
+// Start writes the bundle, creates and starts the container and waits for the init socket.
+// On failure it removes what it created.
+func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
+	if o.Runtime == nil || o.ID == "" || o.Dir == "" || o.SandboxBinary == "" {
+		return nil, errors.New("localsandbox: Runtime, ID, Dir and SandboxBinary are required")
+	}
+	bin, err := filepath.Abs(o.SandboxBinary)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(o.Dir, "sock")
+	if err := os.MkdirAll(sock, 0o700); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
+		InitAddr: "unix://" + filepath.Join(sock, "init.sock"),
+		DataAddr: "unix://" + filepath.Join(sock, "data.sock")}
+	defer func() {
+		if err != nil {
+			s.Destroy(context.WithoutCancel(ctx))
+		}
+	}()
+	spec := o.Bundle
+	spec.Dir = filepath.Join(o.Dir, "bundle")
+	spec.Workspace = WorkspaceDir
+	spec.Args = append([]string{filepath.Join(BinaryDir, filepath.Base(bin)),
+		"-init-listen=unix://" + SocketDir + "/init.sock",
+		"-data-listen=unix://" + SocketDir + "/data.sock",
+		"-workspace=" + WorkspaceDir}, o.ServerArgs...)
+	spec.Mounts = append(spec.Mounts,
+		runsc.Mount{Source: sock, Destination: SocketDir},
+		runsc.Mount{Source: filepath.Dir(bin), Destination: BinaryDir, ReadOnly: true})
+	if err := runsc.WriteBundle(spec); err != nil {
+		return nil, fmt.Errorf("writing bundle: %w", err)
+	}
+	log, err := os.Create(filepath.Join(o.Dir, "server.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log}); err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", o.ID, err)
+	}
+	if err := o.Runtime.Start(ctx, o.ID); err != nil {
+		return nil, fmt.Errorf("starting sandbox %s: %w", o.ID, err)
+	}
+	timeout := o.ReadyTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	initPath := filepath.Join(sock, "init.sock")
+	for {
+		if fi, err := os.Stat(initPath); err == nil && fi.Mode().Type() == os.ModeSocket {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(filepath.Join(o.Dir, "server.log"))
+			return nil, fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", o.ID, timeout, out)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// Log returns what the sandbox server wrote to its standard output and error.
+func (s *Sandbox) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "server.log"))
+	return string(b)
+}
+
+// Destroy kills and deletes the container and removes its directory. It is idempotent.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	_ = s.rt.Kill(ctx, s.ID, syscall.SIGKILL, true)
+	err := s.rt.Delete(ctx, s.ID, true)
+	if rmErr := os.RemoveAll(s.Dir); err == nil && rmErr != nil {
+		err = fmt.Errorf("removing %s: %w", s.Dir, rmErr)
+	}
+	return err
+}

@@ -1,0 +1,417 @@
+package runsc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Defaults and fixed values of the bundles WriteBundle writes.
+const (
+	DefaultWorkspace = "/workspace"
+	DefaultHostname  = "sandbox"
+	DefaultPath      = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+	// cpuPeriod is the CFS period CPUQuota is expressed against (100 ms,
+	// the kernel's default).
+	cpuPeriod uint64 = 100_000
+	// noFileLimit is RLIMIT_NOFILE (soft and hard) of the init process:
+	// servers and builds need more than the traditional 1024.
+	noFileLimit uint64 = 65_536
+)
+
+// hostRootDirs are the host directories a host-derived root is assembled
+// from, besides /etc. Each is bound read-only if it is a directory, recreated
+// as the same symbolic link if it is one (Debian's /bin -> usr/bin), and
+// skipped if missing. Nothing else of the host is visible: not /root, /home,
+// /var, /tmp, /work or /run.
+var hostRootDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib64"}
+
+// defaultCaps is the capability set of a root init process: the same minimal
+// set `runsc spec` writes. Root inside the sandbox has no CAP_DAC_OVERRIDE,
+// CAP_CHOWN or CAP_SYS_ADMIN, so file modes bind it like any other user.
+var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+
+// Mount is a bind mount of a host path into the sandbox.
+type Mount struct {
+	Source      string // absolute host path; must exist
+	Destination string // absolute path inside the sandbox
+	ReadOnly    bool
+}
+
+// BundleSpec describes one sandbox's OCI bundle.
+type BundleSpec struct {
+	// Dir is the bundle directory to write (config.json, and rootfs/ for a
+	// host-derived root). It is created if missing and must be empty if not.
+	Dir string
+	// RootFS is an unpacked image directory used read-only as the root.
+	// Empty means a root assembled from the host: an empty read-only rootfs
+	// directory, read-only binds of /usr and of /bin, /sbin, /lib, /lib64
+	// where those are directories (the same symbolic links where they are
+	// links), and a sanitised copy of /etc (see WriteSanitizedEtc).
+	RootFS string
+	// EtcDir, with a host-derived root only, is a directory made once with
+	// WriteSanitizedEtc and bound read-only at /etc, instead of a fresh copy
+	// in each bundle.
+	EtcDir string
+
+	// Args is the init process's argv. Required.
+	Args []string
+	// Env is the init process's environment; DefaultPath is added if it has
+	// no PATH.
+	Env []string
+	// Cwd is the init process's working directory; empty means Workspace.
+	Cwd string
+	// UID and GID are the init process's user. The default 0 is root of
+	// gVisor's kernel, not of the host's, and holds only runsc's minimal
+	// capabilities (CAP_AUDIT_WRITE, CAP_KILL, CAP_NET_BIND_SERVICE: no
+	// CAP_DAC_OVERRIDE, so file modes bind it); other users get none. The
+	// process has no_new_privs either way.
+	UID, GID uint32
+
+	// Mounts are extra bind mounts (nosuid, nodev), mounted after the
+	// workspace and /tmp, for example the per-sandbox socket directory at
+	// /run/fusebox and the fusebox-sandbox binary's directory read-only at
+	// /opt/fusebox.
+	Mounts []Mount
+
+	// Workspace is where the workspace is mounted; empty means
+	// DefaultWorkspace. It is a tmpfs in the sandbox's own memory, owned by
+	// UID:GID, unless WorkspaceHostDir is set.
+	Workspace string
+	// WorkspaceHostDir, if set, is bound read-write at Workspace instead.
+	WorkspaceHostDir string
+	// WorkspaceSizeBytes caps the workspace tmpfs; 0 means gVisor's default
+	// (bounded by the sandbox's memory).
+	WorkspaceSizeBytes int64
+	// TmpSizeBytes caps the tmpfs at /tmp; 0 means gVisor's default.
+	TmpSizeBytes int64
+
+	// MemoryLimitBytes, CPUQuota (in cores: 1.5 is 150 ms per 100 ms
+	// period) and PidsLimit go to linux.resources; 0 means no limit. runsc
+	// applies them to the sandbox's host cgroup, and gVisor sizes the
+	// sandbox's memory from the memory limit.
+	MemoryLimitBytes int64
+	CPUQuota         float64
+	PidsLimit        int64
+	// CgroupsPath is linux.cgroupsPath; empty lets runsc use
+	// "/<container id>".
+	CgroupsPath string
+
+	// Hostname is the sandbox's hostname; empty means DefaultHostname.
+	Hostname string
+	// NetNSPath is a network namespace (e.g. /var/run/netns/NAME) for a
+	// Runtime with Network "sandbox". Empty means no network namespace
+	// entry, which is what Network "none" wants.
+	NetNSPath string
+}
+
+// WriteBundle writes the OCI bundle spec describes: spec.Dir/config.json and,
+// for a host-derived root, spec.Dir/rootfs. The config has a read-only root;
+// pid, ipc, uts and mount namespaces (a network namespace only with
+// NetNSPath); gVisor's own /proc, /sys (read-only) and /dev; tmpfs at /tmp
+// and at the workspace; the limits under linux.resources; and
+// noNewPrivileges. On error nothing WriteBundle created is left behind.
+func WriteBundle(spec BundleSpec) (err error) {
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	undo, err := prepareDir(spec.Dir)
+	if err != nil {
+		return fmt.Errorf("writing bundle %s: %w", spec.Dir, err)
+	}
+	defer func() {
+		if err != nil {
+			undo()
+		}
+	}()
+
+	var root []specs.Mount
+	rootPath := spec.RootFS
+	if rootPath == "" {
+		rootPath = "rootfs"
+		if root, err = writeHostRoot(filepath.Join(spec.Dir, "rootfs"), spec.EtcDir); err != nil {
+			return fmt.Errorf("writing bundle %s: %w", spec.Dir, err)
+		}
+	}
+	data, err := json.MarshalIndent(spec.config(rootPath, root), "", "  ")
+	if err != nil {
+		return fmt.Errorf("writing bundle %s: %w", spec.Dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(spec.Dir, "config.json"), append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing bundle %s: %w", spec.Dir, err)
+	}
+	return nil
+}
+
+// validate checks spec before anything is written.
+func (spec *BundleSpec) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("invalid bundle spec: "+format, args...)
+	}
+	if spec.Dir == "" {
+		return bad("Dir is required")
+	}
+	if len(spec.Args) == 0 || spec.Args[0] == "" {
+		return bad("Args is required")
+	}
+	if spec.RootFS != "" {
+		if !filepath.IsAbs(spec.RootFS) {
+			return bad("RootFS %q is not absolute", spec.RootFS)
+		}
+		if err := isDir(spec.RootFS); err != nil {
+			return bad("RootFS: %v", err)
+		}
+		if spec.EtcDir != "" {
+			return bad("EtcDir is only for a host-derived root (RootFS empty)")
+		}
+	}
+	if spec.EtcDir != "" {
+		if !filepath.IsAbs(spec.EtcDir) {
+			return bad("EtcDir %q is not absolute", spec.EtcDir)
+		}
+		if err := isDir(spec.EtcDir); err != nil {
+			return bad("EtcDir: %v", err)
+		}
+	}
+	if spec.Cwd != "" && !filepath.IsAbs(spec.Cwd) {
+		return bad("Cwd %q is not absolute", spec.Cwd)
+	}
+	if spec.WorkspaceHostDir != "" {
+		if !filepath.IsAbs(spec.WorkspaceHostDir) {
+			return bad("WorkspaceHostDir %q is not absolute", spec.WorkspaceHostDir)
+		}
+		if err := isDir(spec.WorkspaceHostDir); err != nil {
+			return bad("WorkspaceHostDir: %v", err)
+		}
+	}
+	if spec.MemoryLimitBytes < 0 || spec.CPUQuota < 0 || spec.PidsLimit < 0 ||
+		spec.WorkspaceSizeBytes < 0 || spec.TmpSizeBytes < 0 {
+		return bad("negative limit")
+	}
+	if spec.CPUQuota > 0 && spec.CPUQuota*float64(cpuPeriod) < 1000 {
+		return bad("CPUQuota %g is below 1 ms per period", spec.CPUQuota)
+	}
+	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
+		return bad("NetNSPath %q is not absolute", spec.NetNSPath)
+	}
+	// Destinations: absolute, clean, distinct, and not over what the
+	// bundle itself provides.
+	seen := map[string]bool{"/": true, "/proc": true, "/sys": true, "/dev": true, "/tmp": true, "/etc": true}
+	for _, d := range hostRootDirs {
+		seen[d] = true
+	}
+	ws := orDefault(spec.Workspace, DefaultWorkspace)
+	if err := checkDest(ws, seen); err != nil {
+		return bad("Workspace: %v", err)
+	}
+	for _, m := range spec.Mounts {
+		if !filepath.IsAbs(m.Source) {
+			return bad("mount source %q is not absolute", m.Source)
+		}
+		if _, err := os.Stat(m.Source); err != nil {
+			return bad("mount source: %v", err)
+		}
+		if err := checkDest(m.Destination, seen); err != nil {
+			return bad("mount: %v", err)
+		}
+	}
+	return nil
+}
+
+// checkDest checks one mount destination and records it in seen.
+func checkDest(dest string, seen map[string]bool) error {
+	if !filepath.IsAbs(dest) || filepath.Clean(dest) != dest {
+		return fmt.Errorf("destination %q is not an absolute clean path", dest)
+	}
+	if seen[dest] {
+		return fmt.Errorf("destination %q is used twice or reserved", dest)
+	}
+	seen[dest] = true
+	return nil
+}
+
+// isDir returns an error unless p is a directory.
+func isDir(p string) error {
+	info, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("%s is not a directory", p)
+	}
+	return nil
+}
+
+// prepareDir creates dir, or checks that it is empty, and returns a function
+// that removes what WriteBundle writes into it.
+func prepareDir(dir string) (undo func(), err error) {
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		return func() { os.RemoveAll(dir) }, nil
+	} else if !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); err != io.EOF {
+		if err == nil {
+			return nil, fmt.Errorf("%s is not empty", dir)
+		}
+		return nil, err
+	}
+	return func() {
+		os.RemoveAll(filepath.Join(dir, "rootfs"))
+		os.Remove(filepath.Join(dir, "config.json"))
+	}, nil
+}
+
+// writeHostRoot creates the rootfs directory of a host-derived root, with
+// the symbolic links of hostRootDirs and, unless etcDir is set, a sanitised
+// /etc, and returns the bind mounts that complete it.
+func writeHostRoot(rootfs, etcDir string) ([]specs.Mount, error) {
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(rootfs, 0o755); err != nil { // undo the umask
+		return nil, err
+	}
+	var mounts []specs.Mount
+	for _, d := range hostRootDirs {
+		info, err := os.Lstat(d)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return nil, err
+		case info.Mode()&os.ModeSymlink != 0:
+			// A link such as /bin -> usr/bin resolves the same way inside,
+			// where /usr is bound; a link elsewhere dangles.
+			target, err := os.Readlink(d)
+			if err != nil {
+				return nil, err
+			}
+			if err := os.Symlink(target, filepath.Join(rootfs, d)); err != nil {
+				return nil, err
+			}
+		case info.IsDir():
+			mounts = append(mounts, bindMount(d, d, true))
+		}
+	}
+	if etcDir != "" {
+		mounts = append(mounts, bindMount(etcDir, "/etc", true))
+	} else if err := WriteSanitizedEtc(filepath.Join(rootfs, "etc")); err != nil {
+		return nil, err
+	}
+	return mounts, nil
+}
+
+// bindMount returns a recursive nosuid, nodev bind mount.
+func bindMount(source, dest string, readOnly bool) specs.Mount {
+	mode := "rw"
+	if readOnly {
+		mode = "ro"
+	}
+	return specs.Mount{
+		Destination: dest,
+		Type:        "bind",
+		Source:      source,
+		Options:     []string{"rbind", mode, "nosuid", "nodev"},
+	}
+}
+
+// tmpfsMount returns a nosuid, nodev tmpfs mount.
+func tmpfsMount(dest string, size int64, extra ...string) specs.Mount {
+	opts := append([]string{"nosuid", "nodev"}, extra...)
+	if size > 0 {
+		opts = append(opts, "size="+strconv.FormatInt(size, 10))
+	}
+	return specs.Mount{Destination: dest, Type: "tmpfs", Source: "tmpfs", Options: opts}
+}
+
+// config returns the OCI config for spec, whose root is rootPath and whose
+// host-derived root (if any) needs the bind mounts rootMounts.
+func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs.Spec {
+	ws := orDefault(spec.Workspace, DefaultWorkspace)
+
+	env := slices.Clone(spec.Env)
+	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
+		env = append([]string{DefaultPath}, env...)
+	}
+	caps := &specs.LinuxCapabilities{Bounding: defaultCaps}
+	if spec.UID == 0 {
+		caps.Effective, caps.Permitted = defaultCaps, defaultCaps
+	}
+
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	mounts = append(mounts, rootMounts...)
+	mounts = append(mounts, tmpfsMount("/tmp", spec.TmpSizeBytes, "mode=1777"))
+	if spec.WorkspaceHostDir != "" {
+		mounts = append(mounts, bindMount(spec.WorkspaceHostDir, ws, false))
+	} else {
+		mounts = append(mounts, tmpfsMount(ws, spec.WorkspaceSizeBytes, "mode=0755",
+			"uid="+strconv.FormatUint(uint64(spec.UID), 10), "gid="+strconv.FormatUint(uint64(spec.GID), 10)))
+	}
+	for _, m := range spec.Mounts {
+		mounts = append(mounts, bindMount(m.Source, m.Destination, m.ReadOnly))
+	}
+
+	namespaces := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace},
+		{Type: specs.IPCNamespace},
+		{Type: specs.UTSNamespace},
+		{Type: specs.MountNamespace},
+	}
+	if spec.NetNSPath != "" {
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath})
+	}
+
+	var res *specs.LinuxResources
+	if spec.MemoryLimitBytes > 0 || spec.CPUQuota > 0 || spec.PidsLimit > 0 {
+		res = &specs.LinuxResources{}
+		if spec.MemoryLimitBytes > 0 {
+			res.Memory = &specs.LinuxMemory{Limit: &spec.MemoryLimitBytes}
+		}
+		if spec.CPUQuota > 0 {
+			quota, period := int64(spec.CPUQuota*float64(cpuPeriod)), cpuPeriod
+			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+		}
+		if spec.PidsLimit > 0 {
+			res.Pids = &specs.LinuxPids{Limit: spec.PidsLimit}
+		}
+	}
+
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User:            specs.User{UID: spec.UID, GID: spec.GID},
+			Args:            slices.Clone(spec.Args),
+			Env:             env,
+			Cwd:             orDefault(spec.Cwd, ws),
+			Capabilities:    caps,
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFileLimit, Soft: noFileLimit}},
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{Path: rootPath, Readonly: true},
+		Hostname: orDefault(spec.Hostname, DefaultHostname),
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			Namespaces:  namespaces,
+			Resources:   res,
+			CgroupsPath: spec.CgroupsPath,
+		},
+	}
+}

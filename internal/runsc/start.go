@@ -1,0 +1,14 @@
+package runsc
+
+import "context"
+
+// Start runs `runsc start`: the container created by Create starts its
+// process. It returns once the process has been started, not when it is
+// ready to serve. ErrNotFound if the container does not exist.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	_, _, err := r.run(ctx, call{command: "start", id: id, args: []string{id}})
+	return err
+}

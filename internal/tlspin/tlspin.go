@@ -1,0 +1,170 @@
+// Package tlspin builds TLS 1.3 configurations in which each peer is authenticated by exact
+// public-key pinning instead of a certificate authority.
+//
+// Each side generates its keypair in memory and wraps the key in a throwaway self-signed
+// certificate only because TLS carries keys in certificates: nothing about the certificate but
+// its SubjectPublicKeyInfo is trusted. A peer is accepted when the public key in the first
+// certificate it presents equals the pinned key; names, dates and chains are never consulted.
+package tlspin
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+)
+
+// ErrBadKey reports a public key that is not a DER SubjectPublicKeyInfo of a supported type
+// (ECDSA P-256 or Ed25519).
+var ErrBadKey = errors.New("unsupported or malformed public key")
+
+// ErrPinMismatch reports a peer whose certificate key is not the pinned key.
+var ErrPinMismatch = errors.New("peer public key does not match the pinned key")
+
+// GenerateKey returns a new ECDSA P-256 private key, the default for agents and sandboxes.
+func GenerateKey() (crypto.Signer, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating P-256 key: %w", err)
+	}
+	return k, nil
+}
+
+// MarshalPublicKey returns the DER SubjectPublicKeyInfo of a supported public key.
+func MarshalPublicKey(pub crypto.PublicKey) ([]byte, error) {
+	if err := checkType(pub); err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling public key: %w", err)
+	}
+	return der, nil
+}
+
+// ParsePublicKey parses a DER SubjectPublicKeyInfo and accepts only ECDSA P-256 and Ed25519
+// keys. Any other input fails with an error wrapping ErrBadKey.
+func ParsePublicKey(der []byte) (crypto.PublicKey, error) {
+	if len(der) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrBadKey)
+	}
+	if len(der) > 1024 {
+		return nil, fmt.Errorf("%w: %d bytes is too long for a P-256 or Ed25519 key", ErrBadKey, len(der))
+	}
+	pub, err := x509.ParsePKIXPublicKey(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadKey, err)
+	}
+	if err := checkType(pub); err != nil {
+		return nil, err
+	}
+	return pub, nil
+}
+
+func checkType(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() {
+			return fmt.Errorf("%w: ECDSA curve %s (want P-256)", ErrBadKey, k.Curve.Params().Name)
+		}
+		return nil
+	case ed25519.PublicKey:
+		return nil
+	default:
+		return fmt.Errorf("%w: type %T (want ECDSA P-256 or Ed25519)", ErrBadKey, pub)
+	}
+}
+
+// Certificate wraps key in a self-signed certificate for use in a tls.Config. Only its public
+// key matters to a pinning peer.
+func Certificate(key crypto.Signer) (tls.Certificate, error) {
+	if err := checkType(key.Public()); err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("generating serial: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "fusebox pinned key"},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("self-signing certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// ServerConfig returns a TLS 1.3 server configuration presenting key and accepting only clients
+// whose certificate carries exactly the pinned public key.
+func ServerConfig(key crypto.Signer, pinnedClient crypto.PublicKey) (*tls.Config, error) {
+	cert, err := Certificate(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkType(pinnedClient); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		// Chains are not verified: the pin is the whole trust decision.
+		ClientAuth:            tls.RequireAnyClientCert,
+		VerifyPeerCertificate: verifier(pinnedClient),
+		NextProtos:            []string{"h2"},
+	}, nil
+}
+
+// ClientConfig returns a TLS 1.3 client configuration presenting key and accepting only a server
+// whose certificate carries exactly the pinned public key.
+func ClientConfig(key crypto.Signer, pinnedServer crypto.PublicKey) (*tls.Config, error) {
+	cert, err := Certificate(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkType(pinnedServer); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		// Names and chains are not verified (the sandbox has no name a CA could vouch for);
+		// VerifyPeerCertificate enforces the pin instead and always runs.
+		InsecureSkipVerify:    true,
+		VerifyPeerCertificate: verifier(pinnedServer),
+		NextProtos:            []string{"h2"},
+	}, nil
+}
+
+type equaler interface{ Equal(crypto.PublicKey) bool }
+
+func verifier(pinned crypto.PublicKey) func([][]byte, [][]*x509.Certificate) error {
+	want := pinned.(equaler) // checkType admitted only key types with Equal.
+	return func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return fmt.Errorf("%w: no certificate presented", ErrPinMismatch)
+		}
+		cert, err := x509.ParseCertificate(raw[0])
+		if err != nil {
+			return fmt.Errorf("parsing peer certificate: %w", err)
+		}
+		if !want.Equal(cert.PublicKey) {
+			return ErrPinMismatch
+		}
+		return nil
+	}
+}

@@ -1,0 +1,230 @@
+// Package procs starts commands in their own process groups and reaps every child of the
+// sandbox server, including orphans that the server inherits as PID 1 (or as a child
+// subreaper when it runs outside a sandbox).
+//
+// One goroutine owns all waiting. It peeks at an exited child with waitid(WNOWAIT) first, so
+// that for a command's leader it can kill the rest of the process group while the leader's pid
+// (and so the group id) cannot yet be reused, and only then reaps it. Other code never calls
+// wait: a Process reports its end through Done.
+package procs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Status is how a process ended.
+type Status struct {
+	ExitCode int            // exit status, or 128+signal when signalled
+	Signal   syscall.Signal // zero unless a signal ended it
+	Started  time.Time
+	Exited   time.Time
+}
+
+// Spec describes a command. Files are the child's descriptors 0, 1, 2, 3, ... in order; a nil
+// entry leaves that descriptor closed.
+type Spec struct {
+	Path  string
+	Argv  []string
+	Env   []string
+	Dir   string
+	Files []*os.File
+}
+
+// Process is a started command, the leader of its own process group.
+type Process struct {
+	Pid int
+
+	mu     sync.Mutex // guards reaped, status; held by the reaper while it kills and reaps
+	reaped bool
+	status Status
+	done   chan struct{}
+}
+
+// Done is closed when the process has exited, its group has been killed and it was reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Status returns how the process ended; valid after Done is closed.
+func (p *Process) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
+}
+
+// KillGroup sends SIGKILL to the process's whole group. It is a no-op once the leader has been
+// reaped (the group was killed then, and the id may belong to someone else by now).
+func (p *Process) KillGroup() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.reaped {
+		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	}
+}
+
+// Reaper starts processes and waits for all children of this process.
+type Reaper struct {
+	// gate orders spawning against reaping: starters hold it shared from fork until the new
+	// process is registered, the reaper holds it exclusively while it reaps. A child the
+	// reaper finds unregistered is therefore an orphan, never a command still being started.
+	gate sync.RWMutex
+
+	mu    sync.Mutex // guards procs
+	procs map[int]*Process
+
+	sigs chan os.Signal
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewReaper starts reaping. Outside PID 1 it makes this process a child subreaper so that
+// orphaned descendants are reparented here rather than to the host's init.
+func NewReaper() (*Reaper, error) {
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("becoming child subreaper: %w", err)
+		}
+	}
+	r := &Reaper{
+		procs: map[int]*Process{},
+		sigs:  make(chan os.Signal, 1),
+		stop:  make(chan struct{}),
+	}
+	signal.Notify(r.sigs, syscall.SIGCHLD)
+	r.wg.Add(1)
+	go r.loop()
+	return r, nil
+}
+
+// Close stops the reaper goroutine. Processes still running are not killed.
+func (r *Reaper) Close() {
+	signal.Stop(r.sigs)
+	close(r.stop)
+	r.wg.Wait()
+}
+
+// Start starts spec as the leader of a new process group.
+func (r *Reaper) Start(spec Spec) (*Process, error) {
+	fds := make([]uintptr, len(spec.Files))
+	for i, f := range spec.Files {
+		if f == nil {
+			fds[i] = ^uintptr(0) // closed in the child
+		} else {
+			fds[i] = f.Fd()
+		}
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   spec.Dir,
+		Env:   spec.Env,
+		Files: fds,
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	started := time.Now()
+	pid, err := syscall.ForkExec(spec.Path, spec.Argv, attr)
+	if err != nil {
+		return nil, fmt.Errorf("starting %s: %w", spec.Path, err)
+	}
+	p := &Process{Pid: pid, done: make(chan struct{}), status: Status{Started: started}}
+	r.mu.Lock()
+	r.procs[pid] = p
+	r.mu.Unlock()
+	return p, nil
+}
+
+func (r *Reaper) loop() {
+	defer r.wg.Done()
+	tick := time.NewTicker(time.Second) // a backstop in case a SIGCHLD is coalesced away
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.sigs:
+		case <-tick.C:
+		}
+		r.reapAll()
+	}
+}
+
+// siginfo is the prefix of the kernel's siginfo_t for SIGCHLD on 64-bit Linux.
+type siginfo struct {
+	Signo  int32
+	Errno  int32
+	Code   int32
+	_      int32
+	Pid    int32
+	UID    uint32
+	Status int32
+	_      [100]byte
+}
+
+// peek returns the pid of an exited child without reaping it, or 0 when there is none.
+func peek() (int, error) {
+	var info siginfo
+	for {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, unix.P_ALL, 0, uintptr(unsafe.Pointer(&info)),
+			unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, 0, 0)
+		switch e {
+		case 0:
+			return int(info.Pid), nil
+		case syscall.EINTR:
+			continue
+		default:
+			return 0, e
+		}
+	}
+}
+
+func (r *Reaper) reapAll() {
+	r.gate.Lock()
+	defer r.gate.Unlock()
+	for {
+		pid, err := peek()
+		if err != nil || pid == 0 {
+			return // ECHILD: no children at all
+		}
+		r.mu.Lock()
+		p := r.procs[pid]
+		delete(r.procs, pid)
+		r.mu.Unlock()
+		if p == nil {
+			reap(pid) // an orphan we inherited
+			continue
+		}
+		p.mu.Lock()
+		// The leader is a zombie, so its pid and group id cannot have been reused: kill what
+		// is left of the group before the reap below frees the id.
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		ws := reap(pid)
+		p.reaped = true
+		p.status.Exited = time.Now()
+		switch {
+		case ws.Signaled():
+			p.status.Signal = ws.Signal()
+			p.status.ExitCode = 128 + int(ws.Signal())
+		default:
+			p.status.ExitCode = ws.ExitStatus()
+		}
+		p.mu.Unlock()
+		close(p.done)
+	}
+}
+
+func reap(pid int) syscall.WaitStatus {
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			return ws
+		}
+	}
+}

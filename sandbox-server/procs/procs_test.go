@@ -1,0 +1,174 @@
+package procs
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func start(t *testing.T, r *Reaper, script string, files ...*os.File) *Process {
+	t.Helper()
+	if len(files) == 0 {
+		files = []*os.File{nil, nil, nil}
+	}
+	p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func wait(t *testing.T, p *Process) Status {
+	t.Helper()
+	select {
+	case <-p.Done():
+		return p.Status()
+	case <-time.After(20 * time.Second):
+		t.Fatalf("process %d did not finish", p.Pid)
+		return Status{}
+	}
+}
+
+func alive(pid int) bool {
+	// A zombie still answers kill(0); read its state to tell.
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+func TestExitCodesAndSignals(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if st := wait(t, start(t, r, "exit 7")); st.ExitCode != 7 || st.Signal != 0 {
+		t.Fatalf("exit 7: %+v", st)
+	}
+	if st := wait(t, start(t, r, "kill -TERM $$")); st.Signal != syscall.SIGTERM || st.ExitCode != 128+15 {
+		t.Fatalf("SIGTERM: %+v", st)
+	}
+}
+
+func TestKillGroupKillsTheTreeAndLeavesNoZombies(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rd, wr, _ := os.Pipe()
+	defer rd.Close()
+	// A tree: the shell, two background sleeps and a nested shell with its own sleep.
+	p := start(t, r, `sleep 100 & echo $!; sleep 100 & echo $!; sh -c 'sleep 100 & echo $!; wait' & wait`, nil, wr, nil)
+	wr.Close()
+	buf := make([]byte, 256)
+	var pids []int
+	deadline := time.Now().Add(10 * time.Second)
+	var out string
+	for len(pids) < 3 && time.Now().Before(deadline) {
+		n, _ := rd.Read(buf)
+		out += string(buf[:n])
+		pids = pids[:0]
+		for _, f := range strings.Fields(out) {
+			n, _ := strconv.Atoi(f)
+			pids = append(pids, n)
+		}
+	}
+	if len(pids) < 3 {
+		t.Fatalf("tree did not start: %q", out)
+	}
+	p.KillGroup()
+	if st := wait(t, p); st.Signal != syscall.SIGKILL {
+		t.Fatalf("leader status %+v", st)
+	}
+	for _, pid := range pids {
+		deadline := time.Now().Add(5 * time.Second)
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("descendant %d survived", pid)
+		}
+	}
+	// Orphans were reparented to us and must be reaped, not left as zombies.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		var ws syscall.WaitStatus
+		_, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.ECHILD {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("children remain unreaped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// After the reap KillGroup must not signal anything (the id may be reused).
+	p.KillGroup()
+}
+
+func TestLeaderExitKillsBackgroundMembers(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rd, wr, _ := os.Pipe()
+	defer rd.Close()
+	p := start(t, r, `sleep 100 & echo $!`, nil, wr, nil)
+	wr.Close()
+	if st := wait(t, p); st.ExitCode != 0 {
+		t.Fatalf("leader %+v", st)
+	}
+	buf := make([]byte, 64)
+	n, _ := rd.Read(buf)
+	bg, _ := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(bg) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(bg) {
+		t.Fatalf("background member %d outlived its leader", bg)
+	}
+}
+
+func TestConcurrentStarts(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%5)}, Files: []*os.File{nil, nil, nil}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			<-p.Done()
+			if got := p.Status().ExitCode; got != i%5 {
+				t.Errorf("process %d exit %d, want %d", i, got, i%5)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestStartFailure(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Start(Spec{Path: "/nonexistent/bin", Argv: []string{"x"}, Files: []*os.File{nil, nil, nil}}); err == nil {
+		t.Fatal("started a missing binary")
+	}
+}

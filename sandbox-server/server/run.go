@@ -1,0 +1,68 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
+	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
+)
+
+// Config is what the fusebox-sandbox binary is started with.
+type Config struct {
+	InitAddr, DataAddr string // unix:///path or tcp://host:port
+	WorkspaceDir       string
+	Workspace          workspace.Options // Dir and MountPath default to WorkspaceDir
+	Server             Options           // Workspace, Reaper, DataListen and WorkspaceDir are filled in
+}
+
+// Run starts a sandbox server from cfg and serves until ctx ends, the idle TTL passes without
+// initialisation, or serving fails.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	initAddr, err := endpoint.Parse(cfg.InitAddr)
+	if err != nil {
+		return fmt.Errorf("init address: %w", err)
+	}
+	dataAddr, err := endpoint.Parse(cfg.DataAddr)
+	if err != nil {
+		return fmt.Errorf("data address: %w", err)
+	}
+	if initAddr == dataAddr {
+		return fmt.Errorf("init and data addresses must differ (both %s)", initAddr)
+	}
+	wo := cfg.Workspace
+	if wo.Dir == "" {
+		wo.Dir = cfg.WorkspaceDir
+	}
+	if wo.MountPath == "" {
+		wo.MountPath = cfg.WorkspaceDir
+	}
+	ws, err := workspace.Open(wo)
+	if err != nil {
+		return fmt.Errorf("opening workspace: %w", err)
+	}
+	defer ws.Close()
+	reaper, err := procs.NewReaper()
+	if err != nil {
+		return err
+	}
+	defer reaper.Close()
+
+	opts := cfg.Server
+	opts.Workspace, opts.Reaper, opts.WorkspaceDir, opts.Logger = ws, reaper, cfg.WorkspaceDir, log
+	opts.DataListen = func() (net.Listener, error) { return endpoint.Listen(dataAddr) }
+	srv, err := New(opts)
+	if err != nil {
+		return err
+	}
+	initLn, err := endpoint.Listen(initAddr)
+	if err != nil {
+		return err
+	}
+	log.Info("sandbox server waiting for InitializeTLS", "init", initAddr.String(), "data", dataAddr.String(),
+		"workspace", cfg.WorkspaceDir, "idle_ttl", opts.IdleTTL)
+	return srv.Serve(ctx, initLn)
+}

@@ -1,0 +1,228 @@
+package server
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
+	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
+)
+
+// ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
+var ErrIdleTimeout = errors.New("not initialised within the idle TTL")
+
+var errAlreadyInitialised = errors.New("sandbox already initialised: the init fuse is blown")
+
+// Limits bound what one request may cost.
+type Limits struct {
+	// MaxOutputBytes is the most stdout+stderr one Exec streams; the rest is discarded and
+	// the exit event says so.
+	MaxOutputBytes int64
+	// DefaultTimeout applies to an Exec without a timeout; MaxTimeout caps any timeout.
+	DefaultTimeout, MaxTimeout time.Duration
+	// MaxMessageBytes is the largest gRPC message accepted (a WriteFiles batch plus framing).
+	MaxMessageBytes int
+}
+
+// Options configure a Server. Workspace, Reaper, DataListen and IdleTTL are required.
+type Options struct {
+	Workspace *workspace.Workspace
+	// WorkspaceDir is the workspace's absolute path as commands see it: their first working
+	// directory.
+	WorkspaceDir string
+	Reaper       *procs.Reaper
+	// DataListen binds the data listener; it is called once, during initialisation.
+	DataListen func() (net.Listener, error)
+	// IdleTTL is how long the server waits for InitializeTLS before giving up.
+	IdleTTL time.Duration
+	// BaseEnv is the environment of the first task group.
+	BaseEnv map[string]string
+	Limits  Limits
+	Logger  *slog.Logger
+}
+
+// Server is one sandbox's server. It serves one agent once.
+type Server struct {
+	opts  Options
+	log   *slog.Logger
+	state *envstate.State
+	exec  *executor
+
+	mu      sync.Mutex // guards blown and data
+	blown   bool
+	data    *grpc.Server
+	blownCh chan struct{} // closed once the fuse has blown
+	dataErr chan error
+}
+
+// New checks opts and returns a Server.
+func New(opts Options) (*Server, error) {
+	switch {
+	case opts.Workspace == nil:
+		return nil, errors.New("server: a workspace is required")
+	case opts.Reaper == nil:
+		return nil, errors.New("server: a reaper is required")
+	case opts.DataListen == nil:
+		return nil, errors.New("server: a data listener is required")
+	case opts.IdleTTL <= 0:
+		return nil, errors.New("server: an idle TTL is required (a sandbox nobody initialises must exit)")
+	case opts.WorkspaceDir == "":
+		return nil, errors.New("server: the workspace directory is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	l := &opts.Limits
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = 16 << 20
+	}
+	if l.DefaultTimeout <= 0 {
+		l.DefaultTimeout = 10 * time.Minute
+	}
+	if l.MaxTimeout <= 0 {
+		l.MaxTimeout = 24 * time.Hour
+	}
+	if l.MaxMessageBytes <= 0 {
+		l.MaxMessageBytes = 8 << 20
+	}
+	s := &Server{
+		opts:    opts,
+		log:     opts.Logger,
+		state:   envstate.New(opts.BaseEnv, opts.WorkspaceDir),
+		blownCh: make(chan struct{}),
+		dataErr: make(chan error, 1),
+	}
+	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
+	return s, nil
+}
+
+// Serve serves Init on initLn until the fuse blows, then the data plane until ctx ends. It
+// returns ErrIdleTimeout if nobody initialises the sandbox in time.
+func (s *Server) Serve(ctx context.Context, initLn net.Listener) error {
+	initSrv := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
+	sandboxv1.RegisterInitServer(initSrv, &initService{s: s})
+	initErr := make(chan error, 1)
+	go func() { initErr <- initSrv.Serve(initLn) }()
+
+	idle := time.NewTimer(s.opts.IdleTTL)
+	defer idle.Stop()
+	select {
+	case <-ctx.Done():
+		initSrv.Stop()
+		return ctx.Err()
+	case <-idle.C:
+		s.mu.Lock()
+		blown := s.blown
+		if !blown {
+			s.blown = true // refuse a late InitializeTLS racing the exit
+		}
+		s.mu.Unlock()
+		if !blown {
+			initSrv.Stop()
+			return ErrIdleTimeout
+		}
+		<-s.blownCh
+	case err := <-initErr:
+		return fmt.Errorf("serving init: %w", err)
+	case <-s.blownCh:
+	}
+	// GracefulStop lets the InitializeTLS response reach the manager, then closes the
+	// listener (and unlinks its socket) for good.
+	initSrv.GracefulStop()
+	s.log.Info("sandbox initialised; init listener closed")
+
+	select {
+	case <-ctx.Done():
+		s.mu.Lock()
+		s.data.Stop()
+		s.mu.Unlock()
+		return ctx.Err()
+	case err := <-s.dataErr:
+		return fmt.Errorf("serving data plane: %w", err)
+	}
+}
+
+// initialize performs the one initialisation: it pins agentKey, binds the data listener and
+// starts the data plane. It returns the sandbox's public key.
+func (s *Server) initialize(agentDER []byte) ([]byte, error) {
+	agentKey, err := tlspin.ParsePublicKey(agentDER)
+	if err != nil {
+		return nil, fmt.Errorf("agent public key: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blown {
+		return nil, errAlreadyInitialised
+	}
+	key, err := tlspin.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := tlspin.MarshalPublicKey(key.Public())
+	if err != nil {
+		return nil, err
+	}
+	data, ln, err := s.newDataServer(key, agentKey)
+	if err != nil {
+		return nil, err // the fuse stays intact: the manager may try again
+	}
+	s.blown, s.data = true, data
+	go func() { s.dataErr <- data.Serve(ln) }()
+	close(s.blownCh)
+	return pub, nil
+}
+
+func (s *Server) newDataServer(key crypto.Signer, agent crypto.PublicKey) (*grpc.Server, net.Listener, error) {
+	cfg, err := tlspin.ServerConfig(key, agent)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building TLS config: %w", err)
+	}
+	ln, err := s.opts.DataListen()
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding data listener: %w", err)
+	}
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(cfg)),
+		grpc.MaxRecvMsgSize(s.opts.Limits.MaxMessageBytes),
+		grpc.MaxSendMsgSize(s.opts.Limits.MaxMessageBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Large windows: a 3.5 MiB batch should not wait for flow-control round trips.
+		grpc.InitialWindowSize(8<<20),
+		grpc.InitialConnWindowSize(16<<20),
+		grpc.ReadBufferSize(256<<10),
+		grpc.WriteBufferSize(256<<10),
+	)
+	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
+	return srv, ln, nil
+}
+
+type initService struct {
+	sandboxv1.UnimplementedInitServer
+	s *Server
+}
+
+func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
+	pub, err := i.s.initialize(req.GetAgentPublicKey())
+	if err != nil {
+		i.s.log.Warn("InitializeTLS refused", "err", err)
+		return nil, toStatus(err)
+	}
+	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub}, nil
+}
+
+// devNull is shared as the standard input of commands that get none.
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })

@@ -1,0 +1,112 @@
+package workspace
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// handle is an open file: a raw descriptor on Linux (dirhandle_linux.go) or an *os.File.
+type handle interface {
+	io.Reader
+	io.Writer
+	Close() error
+	chmod(m uint32) error
+	stat() (size int64, mode fs.FileMode, err error)
+}
+
+// osFile adapts an *os.File opened through the root to handle.
+type osFile struct{ *os.File }
+
+func (f osFile) chmod(m uint32) error { return f.Chmod(goMode(m)) }
+
+func (f osFile) stat() (int64, fs.FileMode, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	return fi.Size(), fi.Mode(), nil
+}
+
+// errFollow is returned by dirHandle.openRead for a symlink, which must be opened through the
+// root so that the link is followed with the root's checks.
+var errFollow = errors.New("symlink: open through the root")
+
+// tempName returns a fresh temp file name. Uniqueness comes from O_EXCL; the randomness (the
+// runtime's per-thread ChaCha8, no system call) only makes collisions rare.
+func tempName() string {
+	return tempPrefix + strconv.FormatUint(rand.Uint64(), 36)
+}
+
+// splitRel splits a clean relative path other than "." into its directory ("." for the root)
+// and final name.
+func splitRel(rel string) (dir, name string) {
+	i := strings.LastIndexByte(rel, '/')
+	if i < 0 {
+		return ".", rel
+	}
+	return rel[:i], rel[i+1:]
+}
+
+// dirCache opens each directory of one batch once, so that every file of the batch costs only
+// single-component system calls.
+type dirCache struct {
+	root *os.Root
+	mu   sync.Mutex            // guards dirs
+	dirs map[string]*cachedDir // by relative path
+}
+
+type cachedDir struct {
+	once sync.Once
+	d    *dirHandle
+	err  error
+}
+
+func newDirCache(root *os.Root) *dirCache {
+	return &dirCache{root: root, dirs: make(map[string]*cachedDir)}
+}
+
+// get returns the handle of directory rel. With create, a missing directory is created
+// (MkdirAll) and opened again: the common case, an existing directory, costs one open.
+func (c *dirCache) get(rel string, create bool) (*dirHandle, error) {
+	c.mu.Lock()
+	e := c.dirs[rel]
+	if e == nil {
+		e = &cachedDir{}
+		c.dirs[rel] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() {
+		e.d, e.err = openParent(c.root, rel, create)
+	})
+	return e.d, e.err
+}
+
+func (c *dirCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.dirs {
+		if e.d != nil {
+			e.d.close()
+		}
+	}
+	c.dirs = nil
+}
+
+// openParent opens directory rel, creating it and its parents first if create is set and it
+// does not exist.
+func openParent(root *os.Root, rel string, create bool) (*dirHandle, error) {
+	d, err := openDirHandle(root, rel)
+	if err == nil || !create || !errors.Is(err, fs.ErrNotExist) {
+		return d, err
+	}
+	if err := root.MkdirAll(rel, defaultDirMode); err != nil {
+		return nil, err
+	}
+	return openDirHandle(root, rel)
+}
