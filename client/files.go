@@ -198,14 +198,15 @@ func (s *Sandbox) WriteTree(ctx context.Context, localDir, remoteDir string) (Wr
 
 // ReadFiles fetches the files matching paths (plain paths, directories or globs with *, ?,
 // [...] and **) through a plan: the sandbox says which files go in which batch and which are
-// streamed, and the client executes the plan concurrently. Missing paths are reported in the
-// error only when nothing matched them; the plan's Missing list is returned.
-func (s *Sandbox) ReadFiles(ctx context.Context, paths ...string) (files map[string][]byte, missing []string, err error) {
+// streamed, and the client executes the plan concurrently. Paths and patterns that matched
+// nothing are listed in the stats, not treated as errors.
+func (s *Sandbox) ReadFiles(ctx context.Context, paths ...string) (map[string][]byte, ReadStats, error) {
 	plan, err := s.rpc.GetReadFilesPlan(ctx, &sandboxv1.GetReadFilesPlanRequest{Paths: paths, MaxBatchBytes: uint64(s.opts.BatchBytes)})
 	if err != nil {
-		return nil, nil, fmt.Errorf("planning read: %w", err)
+		return nil, ReadStats{}, fmt.Errorf("planning read: %w", err)
 	}
-	files = make(map[string][]byte, len(plan.GetBatches())*16+len(plan.GetStreamed()))
+	st := ReadStats{Missing: plan.GetMissing(), Batches: len(plan.GetBatches()), Streamed: len(plan.GetStreamed()), Bytes: int64(plan.GetTotalBytes())}
+	files := make(map[string][]byte, len(plan.GetBatches())*16+len(plan.GetStreamed()))
 	var mu sync.Mutex // guards files
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(s.opts.Concurrency)
@@ -241,9 +242,16 @@ func (s *Sandbox) ReadFiles(ctx context.Context, paths ...string) (files map[str
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, nil, err
+		return nil, st, err
 	}
-	return files, plan.GetMissing(), nil
+	return files, st, nil
+}
+
+// ReadStats describes a completed read: the plan's size and what matched nothing.
+type ReadStats struct {
+	Missing           []string
+	Batches, Streamed int // ReadFiles and ReadFileStream RPCs (plus one GetReadFilesPlan)
+	Bytes             int64
 }
 
 // ReadFile returns one file's contents.
@@ -344,4 +352,3 @@ func (s *Sandbox) Grep(ctx context.Context, req *sandboxv1.GrepRequest) (*sandbo
 	}
 	return r, nil
 }
-

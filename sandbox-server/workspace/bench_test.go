@@ -37,7 +37,7 @@ func BenchmarkWriteFiles3000x4k(b *testing.B) {
 			name = "default"
 		}
 		b.Run(name, func(b *testing.B) {
-			e := newEnv(b, memBacked, func(o *Options) { o.MaxBatchBytes = 16 << 20 })
+			e := newEnvIn(b, memDir(b), func(o *Options) { o.MaxBatchBytes = 16 << 20 })
 			if workers > 0 {
 				e.w.writeWorkers = workers
 			}
@@ -68,7 +68,7 @@ func BenchmarkWriteFiles3000x4k(b *testing.B) {
 }
 
 func BenchmarkReadFiles(b *testing.B) {
-	e := newEnv(b, memBacked, func(o *Options) { o.MaxBatchBytes = 16 << 20 })
+	e := newEnvIn(b, memDir(b), func(o *Options) { o.MaxBatchBytes = 16 << 20 })
 	ctx := context.Background()
 	wreq := batch3000x4k()
 	if _, err := e.w.WriteFiles(ctx, wreq); err != nil {
@@ -96,6 +96,3 @@ func memDir(b *testing.B) string {
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
-
-// memBacked moves a benchmark workspace onto /dev/shm (see memDir).
-var memBacked = func(o *Options) {}

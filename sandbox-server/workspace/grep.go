@@ -145,8 +145,8 @@ func (g *grepper) searchPath(ctx context.Context, rel string, include, exclude [
 		defer f.Close()
 		return false, g.searchFile(ctx, e.rel, osFile{f})
 	})
-	if err == errStopWalk {
-		return err
+	if err == nil && g.resp.Truncated {
+		return errStopWalk // walk swallowed it; the remaining paths need no search
 	}
 	return wrap("grep", rel, err)
 }

@@ -79,6 +79,7 @@ func TestGrep(t *testing.T) {
 		{"long line", &sandboxv1.GrepRequest{Pattern: "hello", Paths: []string{"long/line.txt"}}, []grepHit{{"long/line.txt", 1}, {"long/line.txt", 2}}, false},
 		{"beyond the matched part of a line", &sandboxv1.GrepRequest{Pattern: "hello|next", Paths: []string{"long/beyond.txt"}}, []grepHit{{"long/beyond.txt", 2}}, false},
 		{"max matches", &sandboxv1.GrepRequest{Pattern: "match", MaxMatches: 3}, []grepHit{{"many/matches.txt", 1}, {"many/matches.txt", 2}, {"many/matches.txt", 3}}, true},
+		{"max matches across paths", &sandboxv1.GrepRequest{Pattern: "match", Paths: []string{"many", "many/matches.txt"}, MaxMatches: 2}, []grepHit{{"many/matches.txt", 1}, {"many/matches.txt", 2}}, true},
 		{"max matches exact", &sandboxv1.GrepRequest{Pattern: "^match$", Paths: []string{"many"}, MaxMatches: 50}, nil, false},
 	}
 	for _, tt := range tests {

@@ -26,7 +26,12 @@ type env struct {
 
 func newEnv(t testing.TB, opts ...func(*Options)) *env {
 	t.Helper()
-	base := t.TempDir()
+	return newEnvIn(t, t.TempDir(), opts...)
+}
+
+// newEnvIn is newEnv in an existing, empty directory base.
+func newEnvIn(t testing.TB, base string, opts ...func(*Options)) *env {
+	t.Helper()
 	e := &env{dir: filepath.Join(base, "ws"), outside: filepath.Join(base, "outside")}
 	for _, d := range []string{e.dir, e.outside, filepath.Join(e.outside, "sub")} {
 		if err := os.Mkdir(d, 0o755); err != nil {

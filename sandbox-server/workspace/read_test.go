@@ -273,3 +273,14 @@ func TestReadStream(t *testing.T) {
 		t.Errorf("over MaxFileBytes: %v", err)
 	}
 }
+
+func TestReadPlanLimit(t *testing.T) {
+	e := newEnv(t, func(o *Options) { o.MaxFindResults = 2 })
+	planTree(t, e, map[string]int{"a": 1, "b": 1, "c": 1})
+	if _, err := e.w.ReadPlan(context.Background(), &sandboxv1.GetReadFilesPlanRequest{Paths: []string{"**"}}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("err = %v, want ErrLimit", err)
+	}
+	if _, err := e.w.ReadPlan(context.Background(), &sandboxv1.GetReadFilesPlanRequest{Paths: []string{"a", "b", "a"}}); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+}

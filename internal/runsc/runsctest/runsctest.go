@@ -17,7 +17,7 @@ import (
 )
 
 // DefaultBinary is where `make runsc` installs the pinned runsc.
-const DefaultBinary = "/var/cache/fusebox/runsc-20260905035102/runsc"
+const DefaultBinary = "/var/cache/fusebox/runsc-v0.0.0-20260905035102-160fafc42237/runsc"
 
 // cleanupTimeout bounds the kill, delete and list of a test's cleanup.
 const cleanupTimeout = 30 * time.Second

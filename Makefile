@@ -1,0 +1,57 @@
+# fusebox — make help lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# The pinned gVisor: built from the Go module proxy into a versioned cache outside the repo.
+RUNSC_VERSION ?= v0.0.0-20260905035102-160fafc42237
+FUSEBOX_CACHE ?= /var/cache/fusebox
+RUNSC_DIR     := $(FUSEBOX_CACHE)/runsc-$(RUNSC_VERSION)
+RUNSC         ?= $(RUNSC_DIR)/runsc
+export FUSEBOX_RUNSC := $(RUNSC)
+
+BIN      := bin
+GOTEST   ?= go test
+TESTFLAGS ?= -race -count=1 -timeout 30m
+
+.PHONY: help build test unit verify generate bench run runsc deps clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+deps: ## Install the Debian packages the build and tests need (root)
+	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
+
+runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
+
+$(RUNSC):
+	@echo "building runsc $(RUNSC_VERSION) into $(RUNSC_DIR) (about 6 minutes cold)"
+	@mkdir -p $(RUNSC_DIR).tmp
+	GOBIN=$(abspath $(RUNSC_DIR)).tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
+	@rm -rf $(RUNSC_DIR) && mv $(RUNSC_DIR).tmp $(RUNSC_DIR)
+	@$(RUNSC) --version | head -1
+
+build: ## Build fusebox and the static fusebox-sandbox into bin/
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 go build -trimpath -o $(BIN)/fusebox-sandbox ./cmd/fusebox-sandbox
+	go build -trimpath -o $(BIN)/fusebox ./cmd/fusebox
+
+generate: ## Regenerate the protobuf Go code with the pinned generators
+	./hack/generate.sh
+
+verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
+	./hack/verify.sh
+
+unit: ## Run the tests that need neither root nor gVisor
+	FUSEBOX_SKIP_RUNSC=1 $(GOTEST) $(TESTFLAGS) ./...
+
+test: deps runsc verify ## Verify, then run every test, gVisor integration tests included (root)
+	$(GOTEST) $(TESTFLAGS) ./...
+
+bench: runsc build ## Run the data-plane benchmark under gVisor and print JSON
+	$(BIN)/fusebox bench dataplane --runsc $(RUNSC) --json
+
+run: runsc build ## Build everything and run a sandbox end to end (the data-plane benchmark)
+	$(BIN)/fusebox bench dataplane --runsc $(RUNSC)
+
+clean: ## Remove build outputs (not the runsc cache)
+	rm -rf $(BIN)

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fusebox-dev/fusebox/test/bench"
+)
+
+// defaultRunsc is where `make runsc` puts the pinned gVisor.
+const defaultRunsc = "/var/cache/fusebox/runsc-v0.0.0-20260905035102-160fafc42237/runsc"
+
+func benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure fusebox against real gVisor sandboxes",
+	}
+	cmd.AddCommand(benchDataplaneCmd())
+	return cmd
+}
+
+// siblingBinary returns the path of name next to the running fusebox binary.
+func siblingBinary(name string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return name
+	}
+	return filepath.Join(filepath.Dir(exe), name)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func benchDataplaneCmd() *cobra.Command {
+	var o bench.DataplaneOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "dataplane",
+		Short: "Exec round trips, file materialisation and streaming against one gVisor sandbox",
+		Long: `Starts one sandbox under the pinned runsc, binds it through sFuse and measures:
+exec round trip and overhead of 'true' (against 'runsc exec' of the same), materialising
+3,000 files of 4 KiB (against the in-sandbox floor and a shell-per-file baseline), reading
+them back through a plan, and streaming one large file. Needs root.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(o.Runsc); err != nil {
+				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+			}
+			if _, err := os.Stat(o.SandboxBinary); err != nil {
+				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
+			}
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.Dataplane(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(r)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "exec round trip of true (p50/p99)\t%.3f / %.3f ms\n", r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms)
+			fmt.Fprintf(w, "  process run time inside (p50)\t%.3f ms\n", r.ExecProcessP50Ms)
+			fmt.Fprintf(w, "  fusebox overhead (p50/p99)\t%.3f / %.3f ms\n", r.ExecOverheadP50Ms, r.ExecOverheadP99Ms)
+			fmt.Fprintf(w, "  runsc exec of true (p50)\t%.3f ms (%.1fx slower)\n", r.RunscExecRoundtripP50Ms, r.RoundtripSpeedupVsRunsc)
+			fmt.Fprintf(w, "materialise 3000 x 4 KiB\t%.3f s in %d RPCs\n", r.Materialize3000x4kS, r.Materialize3000x4kRPCs)
+			fmt.Fprintf(w, "  in-sandbox floor\t%.3f s (%.2fx)\n", r.MaterializeFloor3000x4kS, r.MaterializeVsFloor)
+			fmt.Fprintf(w, "  shell per file\t%.3f s (%.0fx slower)\n", r.ShellPerFile3000x4kS, r.MaterializeSpeedupShell)
+			fmt.Fprintf(w, "read 3000 x 4 KiB via plan\t%.3f s in %d RPCs\n", r.ReadPlan3000x4kS, r.ReadPlan3000x4kRPCs)
+			fmt.Fprintf(w, "stream one %d MiB file\t%.0f MiB/s\n", r.StreamWriteMiB, r.StreamWriteMiBPerS)
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.IntVar(&o.ExecRuns, "exec-runs", 500, "round trips of true")
+	f.IntVar(&o.BaselineRuns, "baseline-runs", 50, "runs of runsc exec true")
+	f.IntVar(&o.ShellFiles, "shell-files", 300, "files timed for the shell-per-file baseline (scaled to 3000)")
+	f.IntVar(&o.StreamMiB, "stream-mib", 256, "size of the streamed file in MiB")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}

@@ -1,0 +1,28 @@
+// Command fusebox is the fusebox command-line interface.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	root := &cobra.Command{
+		Use:           "fusebox",
+		Short:         "Run AI agents' generated code in single-use gVisor sandboxes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(benchCmd())
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "fusebox:", err)
+		os.Exit(1)
+	}
+}
