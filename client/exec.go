@@ -105,6 +105,11 @@ func (s *Sandbox) exec(ctx context.Context, cmd Command, group string, order uin
 			if cmd.Stderr == nil {
 				res.Stderr = errBuf.Bytes()
 			}
+			// Read the trailers (they follow at once) so that the stream ends cleanly instead
+			// of being reset by the deferred cancel.
+			if _, err := stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("exec: after exit: %w", err)
+			}
 			return res, nil
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -102,7 +103,10 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	deadline := time.Now().Add(timeout)
 	initPath := filepath.Join(sock, "init.sock")
 	for {
-		if fi, err := os.Stat(initPath); err == nil && fi.Mode().Type() == os.ModeSocket {
+		// The socket file appears at bind, before listen: only a successful connect says the
+		// server is ready.
+		if c, err := net.Dial("unix", initPath); err == nil {
+			c.Close()
 			return s, nil
 		}
 		if time.Now().After(deadline) {

@@ -2,10 +2,12 @@
 // sandbox server, including orphans that the server inherits as PID 1 (or as a child
 // subreaper when it runs outside a sandbox).
 //
-// One goroutine owns all waiting. It peeks at an exited child with waitid(WNOWAIT) first, so
-// that for a command's leader it can kill the rest of the process group while the leader's pid
-// (and so the group id) cannot yet be reused, and only then reaps it. Other code never calls
-// wait: a Process reports its end through Done.
+// Each started command has a waiter goroutine blocked in waitid(WNOWAIT) on its pid: when the
+// leader exits, the waiter kills the rest of its process group while the leader's pid (and so
+// the group id) cannot yet be reused, and only then reaps it. Waking the waiter straight from
+// the exit, rather than through SIGCHLD delivery and a dispatcher goroutine, keeps a command's
+// end off several goroutine handoffs. A sweeper reaps orphans on SIGCHLD. Other code never
+// calls wait: a Process reports its end through Done.
 package procs
 
 import (
@@ -29,14 +31,15 @@ type Status struct {
 	Exited   time.Time
 }
 
-// Spec describes a command. Files are the child's descriptors 0, 1, 2, 3, ... in order; a nil
-// entry leaves that descriptor closed.
+// Spec describes a command. Files are the descriptors that become the child's 0, 1, 2, 3, ...
+// in order; -1 leaves that descriptor closed. They should be in blocking mode: the child
+// inherits the open file description, flags included.
 type Spec struct {
 	Path  string
 	Argv  []string
 	Env   []string
 	Dir   string
-	Files []*os.File
+	Files []int
 }
 
 // Process is a started command, the leader of its own process group.
@@ -113,12 +116,8 @@ func (r *Reaper) Close() {
 // Start starts spec as the leader of a new process group.
 func (r *Reaper) Start(spec Spec) (*Process, error) {
 	fds := make([]uintptr, len(spec.Files))
-	for i, f := range spec.Files {
-		if f == nil {
-			fds[i] = ^uintptr(0) // closed in the child
-		} else {
-			fds[i] = f.Fd()
-		}
+	for i, fd := range spec.Files {
+		fds[i] = uintptr(fd) // -1 becomes ^0, which ForkExec closes in the child
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Dir,
@@ -137,7 +136,39 @@ func (r *Reaper) Start(spec Spec) (*Process, error) {
 	r.mu.Lock()
 	r.procs[pid] = p
 	r.mu.Unlock()
+	go r.wait(p)
 	return p, nil
+}
+
+// wait blocks until p's leader exits, kills its group, reaps it and closes Done.
+func (r *Reaper) wait(p *Process) {
+	var info siginfo
+	for {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, unix.P_PID, uintptr(p.Pid), uintptr(unsafe.Pointer(&info)),
+			unix.WEXITED|unix.WNOWAIT, 0, 0)
+		if e != syscall.EINTR {
+			break // 0, or ECHILD if someone reaped it anyway: reap below returns at once
+		}
+	}
+	p.mu.Lock()
+	// The leader is a zombie, so its pid and group id cannot have been reused: kill what is
+	// left of the group before the reap below frees the id.
+	_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	ws := reap(p.Pid)
+	p.reaped = true
+	p.status.Exited = time.Now()
+	switch {
+	case ws.Signaled():
+		p.status.Signal = ws.Signal()
+		p.status.ExitCode = 128 + int(ws.Signal())
+	default:
+		p.status.ExitCode = ws.ExitStatus()
+	}
+	p.mu.Unlock()
+	r.mu.Lock()
+	delete(r.procs, p.Pid)
+	r.mu.Unlock()
+	close(p.done)
 }
 
 func (r *Reaper) loop() {
@@ -184,38 +215,26 @@ func peek() (int, error) {
 	}
 }
 
+// reapAll reaps every exited orphan. Exited commands are left to their waiters; while one
+// of them is the first zombie waitid reports, the orphans behind it wait for the next round.
 func (r *Reaper) reapAll() {
-	r.gate.Lock()
-	defer r.gate.Unlock()
-	for {
+	for range 100 {
+		r.gate.Lock()
 		pid, err := peek()
 		if err != nil || pid == 0 {
+			r.gate.Unlock()
 			return // ECHILD: no children at all
 		}
 		r.mu.Lock()
-		p := r.procs[pid]
-		delete(r.procs, pid)
+		_, tracked := r.procs[pid]
 		r.mu.Unlock()
-		if p == nil {
-			reap(pid) // an orphan we inherited
-			continue
+		if !tracked {
+			reap(pid)
 		}
-		p.mu.Lock()
-		// The leader is a zombie, so its pid and group id cannot have been reused: kill what
-		// is left of the group before the reap below frees the id.
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		ws := reap(pid)
-		p.reaped = true
-		p.status.Exited = time.Now()
-		switch {
-		case ws.Signaled():
-			p.status.Signal = ws.Signal()
-			p.status.ExitCode = 128 + int(ws.Signal())
-		default:
-			p.status.ExitCode = ws.ExitStatus()
+		r.gate.Unlock()
+		if tracked {
+			time.Sleep(time.Millisecond) // its waiter is reaping it right now
 		}
-		p.mu.Unlock()
-		close(p.done)
 	}
 }
 

@@ -10,12 +10,23 @@ import (
 	"time"
 )
 
+func fds(files ...*os.File) []int {
+	out := make([]int, len(files))
+	for i, f := range files {
+		out[i] = -1
+		if f != nil {
+			out[i] = int(f.Fd())
+		}
+	}
+	return out
+}
+
 func start(t *testing.T, r *Reaper, script string, files ...*os.File) *Process {
 	t.Helper()
 	if len(files) == 0 {
 		files = []*os.File{nil, nil, nil}
 	}
-	p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", Files: files})
+	p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", Files: fds(files...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +159,7 @@ func TestConcurrentStarts(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
-			p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%5)}, Files: []*os.File{nil, nil, nil}})
+			p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", "exit " + strconv.Itoa(i%5)}, Files: []int{-1, -1, -1}})
 			if err != nil {
 				t.Error(err)
 				return
@@ -168,7 +179,7 @@ func TestStartFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if _, err := r.Start(Spec{Path: "/nonexistent/bin", Argv: []string{"x"}, Files: []*os.File{nil, nil, nil}}); err == nil {
+	if _, err := r.Start(Spec{Path: "/nonexistent/bin", Argv: []string{"x"}, Files: []int{-1, -1, -1}}); err == nil {
 		t.Fatal("started a missing binary")
 	}
 }

