@@ -18,7 +18,7 @@ import (
 )
 
 // streamChunk is the size of one WriteFileStream message.
-const streamChunk = 1 << 20
+var streamChunk = 2 << 20
 
 // File is one file to write. Mode zero means 0644.
 type File struct {

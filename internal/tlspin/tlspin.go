@@ -126,6 +126,9 @@ func ServerConfig(key crypto.Signer, pinnedClient crypto.PublicKey) (*tls.Config
 		ClientAuth:            tls.RequireAnyClientCert,
 		VerifyPeerCertificate: verifier(pinnedClient),
 		NextProtos:            []string{"h2"},
+		// Full-size records from the first byte: fewer writes, and so fewer rounds through
+		// gVisor, for bulk transfers.
+		DynamicRecordSizingDisabled: true,
 	}, nil
 }
 
@@ -147,6 +150,9 @@ func ClientConfig(key crypto.Signer, pinnedServer crypto.PublicKey) (*tls.Config
 		InsecureSkipVerify:    true,
 		VerifyPeerCertificate: verifier(pinnedServer),
 		NextProtos:            []string{"h2"},
+		// Full-size records from the first byte: fewer writes, and so fewer rounds through
+		// gVisor, for bulk transfers.
+		DynamicRecordSizingDisabled: true,
 	}, nil
 }
 

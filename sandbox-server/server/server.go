@@ -207,7 +207,7 @@ func (s *Server) newDataServer(key crypto.Signer, agent crypto.PublicKey) (*grpc
 		grpc.WriteBufferSize(256<<10),
 	)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
-	return srv, ln, nil
+	return srv, bufferedListener{ln}, nil
 }
 
 type initService struct {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -67,6 +68,22 @@ func BenchmarkReadStreamSmall(b *testing.B) {
 	sb.Client.WriteFile(ctx, "small", []byte("hi"), 0o644)
 	for b.Loop() {
 		if _, err := sb.Client.ReadFile(ctx, "small"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStreamWrite64MiB streams one 64 MiB file and reports MiB/s.
+func BenchmarkStreamWrite64MiB(b *testing.B) {
+	sb := sandboxtest.StartBound(b, sandboxtest.Options{})
+	ctx := context.Background()
+	data := make([]byte, 64<<20)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := sb.Client.WriteFileFrom(ctx, "big", 0o644, bytes.NewReader(data), int64(len(data))); err != nil {
 			b.Fatal(err)
 		}
 	}
