@@ -102,7 +102,8 @@ func (s *Sandbox) WriteFile(ctx context.Context, p string, data []byte, mode fs.
 }
 
 // WriteFileFrom streams r into the file at p; the file appears atomically when r is
-// exhausted and never partially. size is checked by the sandbox when it is not negative.
+// exhausted and never partially. When size is not negative the sandbox checks that exactly
+// size bytes arrived (zero included); pass -1 for a stream of unknown length.
 func (s *Sandbox) WriteFileFrom(ctx context.Context, p string, mode fs.FileMode, r io.Reader, size int64) (int64, error) {
 	return s.writeStream(ctx, p, mode, r, size)
 }
@@ -116,7 +117,7 @@ func (s *Sandbox) writeStream(ctx context.Context, p string, mode fs.FileMode, r
 	}
 	hdr := &sandboxv1.WriteFileHeader{Path: p, Mode: uint32(mode.Perm())}
 	if size >= 0 {
-		hdr.Size = size
+		hdr.Size = &size
 	}
 	buf := make([]byte, streamChunk)
 	first := true

@@ -1,7 +1,6 @@
 package envstate
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -12,32 +11,49 @@ import (
 // ErrBadDump reports a state dump that does not have the shape BashTrap writes.
 var ErrBadDump = errors.New("malformed shell state dump")
 
-// BashTrap is prepended to scripts run by bash. On exit it writes the final working directory
-// and the exported variables to file descriptor 3, using only builtins (no extra process: every
-// process start costs about 10 ms under gVisor), and keeps the script's exit status.
-const BashTrap = `trap '__fusebox_rc=$?; { builtin printf "%s\0" "$PWD"; builtin declare -px; } >&3 2>/dev/null; builtin exit $__fusebox_rc' EXIT` + "\n"
+// BashTrap is prepended to scripts run by bash. On exit it writes the final working directory,
+// whether the script changed directory, and the exported variables to file descriptor 3, using
+// only builtins (no extra process: every process start costs about 10 ms under gVisor), and
+// keeps the script's exit status. cd, pushd and popd are wrapped so that a change of
+// directory counts as a write even when it ends where it started.
+const BashTrap = `cd() { builtin cd "$@" && __fusebox_cd=1; }; ` +
+	`pushd() { builtin pushd "$@" && __fusebox_cd=1; }; ` +
+	`popd() { builtin popd "$@" && __fusebox_cd=1; }; ` +
+	`trap '__fusebox_rc=$?; { builtin printf "%s\0%s\0" "$PWD" "${__fusebox_cd:-0}"; builtin declare -px; } >&3 2>/dev/null; builtin exit $__fusebox_rc' EXIT` + "\n"
 
-// ParseBashDump parses what BashTrap wrote: the working directory, a NUL byte, then the output
-// of bash's `declare -px`.
-func ParseBashDump(b []byte) (cwd string, env map[string]string, err error) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return "", nil, fmt.Errorf("%w: no working directory", ErrBadDump)
+// Dump is a script's final state as BashTrap reports it.
+type Dump struct {
+	Cwd        string
+	CwdChanged bool // the script ran cd, pushd or popd successfully
+	Env        map[string]string
+}
+
+// ParseBashDump parses what BashTrap wrote: the working directory, a NUL byte, "1" or "0"
+// (directory changed), a NUL byte, then the output of bash's `declare -px`.
+func ParseBashDump(b []byte) (Dump, error) {
+	cwd, rest, ok := strings.Cut(string(b), "\x00")
+	if !ok {
+		return Dump{}, fmt.Errorf("%w: no working directory", ErrBadDump)
 	}
-	cwd, rest := string(b[:i]), string(b[i+1:])
-	env = map[string]string{}
+	flag, rest, ok := strings.Cut(rest, "\x00")
+	if !ok || (flag != "0" && flag != "1") {
+		return Dump{}, fmt.Errorf("%w: no directory-change flag", ErrBadDump)
+	}
+	d := Dump{Cwd: cwd, CwdChanged: flag == "1", Env: map[string]string{}}
+	env := d.Env
+	var err error
 	for len(rest) > 0 {
 		if rest[0] == '\n' {
 			rest = rest[1:]
 			continue
 		}
 		if !strings.HasPrefix(rest, "declare -") {
-			return "", nil, fmt.Errorf("%w: unexpected %q", ErrBadDump, head(rest))
+			return Dump{}, fmt.Errorf("%w: unexpected %q", ErrBadDump, head(rest))
 		}
 		rest = rest[len("declare -"):]
 		sp := strings.IndexByte(rest, ' ')
 		if sp < 0 {
-			return "", nil, fmt.Errorf("%w: no name", ErrBadDump)
+			return Dump{}, fmt.Errorf("%w: no name", ErrBadDump)
 		}
 		flags := rest[:sp]
 		rest = rest[sp+1:]
@@ -53,14 +69,14 @@ func ParseBashDump(b []byte) (cwd string, env map[string]string, err error) {
 		rest = rest[1:] // '='
 		var val string
 		if val, rest, err = unquote(rest); err != nil {
-			return "", nil, fmt.Errorf("%s: %w", name, err)
+			return Dump{}, fmt.Errorf("%s: %w", name, err)
 		}
 		// Arrays and associative arrays are never exported to children.
 		if !strings.ContainsAny(flags, "aA") {
 			env[name] = val
 		}
 	}
-	return cwd, env, nil
+	return d, nil
 }
 
 func head(s string) string {

@@ -45,12 +45,13 @@ func TestParseBashDumpAgainstRealBash(t *testing.T) {
 		t.Fatalf("exit status not preserved: %v", err)
 	}
 	b, _ := os.ReadFile(dump.Name())
-	cwd, env, err := ParseBashDump(b)
+	d, err := ParseBashDump(b)
 	if err != nil {
 		t.Fatalf("ParseBashDump: %v\n%q", err, b)
 	}
-	if cwd != "/tmp" {
-		t.Errorf("cwd = %q", cwd)
+	env := d.Env
+	if d.Cwd != "/tmp" || !d.CwdChanged {
+		t.Errorf("cwd = %q changed %v", d.Cwd, d.CwdChanged)
 	}
 	for k, v := range want {
 		if env[k] != v {
@@ -65,25 +66,25 @@ func TestParseBashDumpAgainstRealBash(t *testing.T) {
 }
 
 func TestParseBashDumpFormats(t *testing.T) {
-	in := "/w\x00declare -x A=\"x\\\"y\"\ndeclare -rx B=$'\\101\\x42\\u00e9\\cA'\ndeclare -x C\ndeclare -x D=\"multi\nline\"\n"
-	cwd, env, err := ParseBashDump([]byte(in))
+	in := "/w\x000\x00declare -x A=\"x\\\"y\"\ndeclare -rx B=$'\\101\\x42\\u00e9\\cA'\ndeclare -x C\ndeclare -x D=\"multi\nline\"\n"
+	d, err := ParseBashDump([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"A": `x"y`, "B": "ABé\x01", "D": "multi\nline"}
-	if cwd != "/w" || !maps.Equal(env, want) {
-		t.Fatalf("got %q %q", cwd, env)
+	if d.Cwd != "/w" || d.CwdChanged || !maps.Equal(d.Env, want) {
+		t.Fatalf("got %+v", d)
 	}
-	for _, bad := range []string{"", "no-nul", "/w\x00garbage\n", "/w\x00declare -x A=\"open\n", "/w\x00declare -x A=$'open"} {
-		if _, _, err := ParseBashDump([]byte(bad)); err == nil {
+	for _, bad := range []string{"", "no-nul", "/w\x00", "/w\x002\x00", "/w\x000\x00garbage\n", "/w\x000\x00declare -x A=\"open\n", "/w\x000\x00declare -x A=$'open"} {
+		if _, err := ParseBashDump([]byte(bad)); err == nil {
 			t.Errorf("ParseBashDump(%q) accepted", bad)
 		}
 	}
 }
 
 func FuzzParseBashDump(f *testing.F) {
-	f.Add([]byte("/w\x00declare -x A=\"x\"\n"))
-	f.Add([]byte("/w\x00declare -x A=$'\\x41\\u1234\\777'\n"))
+	f.Add([]byte("/w\x001\x00declare -x A=\"x\"\n"))
+	f.Add([]byte("/w\x000\x00declare -x A=$'\\x41\\u1234\\777'\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ParseBashDump(b) // must not panic
 	})

@@ -419,19 +419,22 @@ func readPipe(name string) (*os.File, int, error) {
 }
 
 // record reads a script's state dump and enters its delta into the group's overlay.
-func (e *executor) record(dump *os.File, startEnv map[string]string, startCwd string, t envstate.Ticket) bool {
-	b, err := io.ReadAll(io.NewSectionReader(dump, 0, 64<<20))
+func (e *executor) record(f *os.File, startEnv map[string]string, startCwd string, t envstate.Ticket) bool {
+	b, err := io.ReadAll(io.NewSectionReader(f, 0, 64<<20))
 	if err != nil || len(b) == 0 {
 		return false // the script replaced the trap or closed the descriptor
 	}
-	cwd, env, err := envstate.ParseBashDump(b)
+	dump, err := envstate.ParseBashDump(b)
 	if err != nil {
 		e.log.Debug("discarding unparsable state dump", "err", err)
 		return false
 	}
-	d := envstate.Diff(startEnv, env, skipVar)
-	if cwd != startCwd && filepath.IsAbs(cwd) {
-		d.Cwd = cwd
+	// A variable set back to its value at the start is indistinguishable from one left alone,
+	// so it is not a write; a change of directory is tracked by BashTrap's cd wrappers and
+	// counts even when it returns to where it started.
+	d := envstate.Diff(startEnv, dump.Env, skipVar)
+	if (dump.CwdChanged || dump.Cwd != startCwd) && filepath.IsAbs(dump.Cwd) {
+		d.Cwd = dump.Cwd
 	}
 	return e.state.Record(t, d)
 }

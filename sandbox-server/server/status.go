@@ -45,13 +45,14 @@ func codeOf(err error) codes.Code {
 		errors.Is(err, tlspin.ErrBadKey),
 		errors.Is(err, syscall.ENAMETOOLONG):
 		return codes.InvalidArgument
+	// Before fs.ErrExist: syscall.Errno counts ENOTEMPTY as "exists".
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
+		errors.Is(err, errAlreadyInitialised):
+		return codes.FailedPrecondition
 	case errors.Is(err, fs.ErrNotExist):
 		return codes.NotFound
 	case errors.Is(err, fs.ErrExist):
 		return codes.AlreadyExists
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
-		errors.Is(err, errAlreadyInitialised):
-		return codes.FailedPrecondition
 	case errors.Is(err, fs.ErrPermission):
 		return codes.PermissionDenied
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENOMEM):

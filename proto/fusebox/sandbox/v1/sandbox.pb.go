@@ -826,8 +826,9 @@ type WriteFileHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Mode  uint32                 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
-	// If set, the stream must deliver exactly this many bytes or the write fails.
-	Size          int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// When present (zero included), the stream must deliver exactly this many bytes or the write
+	// fails and leaves no file.
+	Size          *int64 `protobuf:"varint,3,opt,name=size,proto3,oneof" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -877,8 +878,8 @@ func (x *WriteFileHeader) GetMode() uint32 {
 }
 
 func (x *WriteFileHeader) GetSize() int64 {
-	if x != nil {
-		return x.Size
+	if x != nil && x.Size != nil {
+		return *x.Size
 	}
 	return 0
 }
@@ -2556,11 +2557,12 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\rfiles_written\x18\x01 \x01(\rR\ffilesWritten\x12!\n" +
 	"\fdirs_created\x18\x02 \x01(\rR\vdirsCreated\x12)\n" +
 	"\x10symlinks_created\x18\x03 \x01(\rR\x0fsymlinksCreated\x12#\n" +
-	"\rbytes_written\x18\x04 \x01(\x04R\fbytesWritten\"M\n" +
+	"\rbytes_written\x18\x04 \x01(\x04R\fbytesWritten\"[\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
-	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x03R\x04size\"a\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x17\n" +
+	"\x04size\x18\x03 \x01(\x03H\x00R\x04size\x88\x01\x01B\a\n" +
+	"\x05_size\"a\n" +
 	"\x0eWriteFileChunk\x12;\n" +
 	"\x06header\x18\x01 \x01(\v2#.fusebox.sandbox.v1.WriteFileHeaderR\x06header\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\">\n" +
@@ -2823,6 +2825,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 		(*ExecEvent_Output)(nil),
 		(*ExecEvent_Exit)(nil),
 	}
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
+	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
+)
+
+func TestCodeOf(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{context.Canceled, codes.Canceled},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{fmt.Errorf("x: %w", workspace.ErrEscape), codes.PermissionDenied},
+		{workspace.ErrInvalidPath, codes.InvalidArgument},
+		{workspace.ErrLimit, codes.ResourceExhausted},
+		{envstate.ErrDuplicateOrder, codes.InvalidArgument},
+		{tlspin.ErrBadKey, codes.InvalidArgument},
+		{errInvalid, codes.InvalidArgument},
+		{&fs.PathError{Op: "open", Path: "x", Err: syscall.ENOENT}, codes.NotFound},
+		{fs.ErrExist, codes.AlreadyExists},
+		{syscall.ENOTDIR, codes.FailedPrecondition},
+		{syscall.ENOTEMPTY, codes.FailedPrecondition},
+		{errAlreadyInitialised, codes.FailedPrecondition},
+		{syscall.ENOSPC, codes.ResourceExhausted},
+		{errors.New("boom"), codes.Internal},
+		{status.Error(codes.Aborted, "kept"), codes.Aborted},
+	}
+	for _, tc := range tests {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			if got := status.Code(toStatus(tc.err)); got != tc.want {
+				t.Fatalf("code of %v = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+	if toStatus(nil) != nil {
+		t.Fatal("toStatus(nil) != nil")
+	}
+}
+
+func TestNewRefusesMissingOptions(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Fatal("New accepted empty options")
+	}
+}
+
+// startInProcess runs a server on unix sockets in a temp dir, on the host kernel: a unit test
+// of the protocol, not of the isolation (test/dataplane runs it under gVisor).
+func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string, wait func() error) {
+	t.Helper()
+	dir := t.TempDir()
+	ws, err := workspace.Open(workspace.Options{Dir: dir, MountPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := procs.NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := t.TempDir()
+	data := endpoint.Addr{Network: "unix", Address: filepath.Join(sock, "data.sock")}
+	srv, err := New(Options{Workspace: ws, WorkspaceDir: dir, Reaper: r, IdleTTL: ttl,
+		BaseEnv:    map[string]string{"PATH": os.Getenv("PATH")},
+		DataListen: func() (net.Listener, error) { return endpoint.Listen(data) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	initLn, err := endpoint.Listen(endpoint.Addr{Network: "unix", Address: filepath.Join(sock, "init.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var serveErr error
+	go func() { serveErr = srv.Serve(ctx, initLn); close(done) }()
+	wait = func() error {
+		select {
+		case <-done:
+			return serveErr
+		case <-time.After(30 * time.Second):
+			return errors.New("Serve did not return")
+		}
+	}
+	t.Cleanup(func() {
+		cancel()
+		wait()
+		r.Close()
+		ws.Close()
+	})
+	return "unix://" + filepath.Join(sock, "init.sock"), data.String(), wait
+}
+
+func TestFuseBlowsOnce(t *testing.T) {
+	initAddr, dataAddr, _ := startInProcess(t, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := os.Stat(dataAddr[len("unix://"):]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("data socket exists before init: %v", err)
+	}
+	if _, err := sfuse.Initialize(ctx, initAddr, []byte("garbage")); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
+		t.Fatalf("malformed init: %v, want InvalidArgument", err)
+	}
+	key, _ := client.NewKey()
+	pub, err := sfuse.Initialize(ctx, initAddr, key.PublicKey())
+	if err != nil {
+		t.Fatalf("init after a malformed one: %v", err)
+	}
+	other, _ := client.NewKey()
+	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); err == nil {
+		t.Fatal("second InitializeTLS succeeded")
+	}
+	if _, err := os.Stat(initAddr[len("unix://"):]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("init socket still present after the fuse blew: %v", err)
+	}
+	sb, err := client.Dial(dataAddr, pub, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Exec(ctx, client.Command{Script: "export A=1; echo hi"})
+	if err != nil || string(res.Stdout) != "hi\n" || !res.StateRecorded {
+		t.Fatalf("exec: %v %+v", err, res)
+	}
+	res, err = sb.Exec(ctx, client.Command{Script: `printf %s "$A"`})
+	if err != nil || string(res.Stdout) != "1" {
+		t.Fatalf("state not carried: %v %q", err, res.Stdout)
+	}
+	intruder, _ := client.Dial(dataAddr, pub, other)
+	defer intruder.Close()
+	if _, err := intruder.Run(ctx, "true"); status.Code(errors.Unwrap(err)) != codes.Unavailable {
+		t.Fatalf("intruder exec: %v, want Unavailable", err)
+	}
+}
+
+func TestIdleTTL(t *testing.T) {
+	_, _, wait := startInProcess(t, 50*time.Millisecond)
+	if err := wait(); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("Serve = %v, want ErrIdleTimeout", err)
+	}
+}

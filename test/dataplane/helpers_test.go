@@ -1,0 +1,119 @@
+package dataplane
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/client"
+)
+
+// testCtx returns a context that ends when the test ends or after d, whichever comes first.
+// The deadline only keeps a broken server from hanging the test binary; no test asserts on
+// how long anything takes.
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// codeOf is the gRPC status code of err, looking through the client's wrapping.
+func codeOf(err error) codes.Code { return status.Code(err) }
+
+// wantCode fails the test unless err carries one of the codes.
+func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
+	t.Helper()
+	if !slices.Contains(want, codeOf(err)) {
+		t.Errorf("%s: got code %v (err %v), want one of %v", what, codeOf(err), err, want)
+	}
+}
+
+// socketPath is the host path of a unix:// address.
+func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
+
+// sh runs a script that must succeed and returns its standard output.
+func sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) string {
+	t.Helper()
+	res, err := c.Exec(ctx, client.Command{Script: script})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d (signal %q)\nstdout: %s\nstderr: %s", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
+	}
+	return string(res.Stdout)
+}
+
+// eventually polls cond until it reports done or the deadline passes, then fails with cond's
+// last explanation. It is for effects the server completes asynchronously (reaping killed
+// processes, discarding a cancelled stream's temp file, unlinking a socket): it asserts that
+// they happen, never how fast.
+func eventually(t testing.TB, deadline time.Duration, what string, cond func() (done bool, why string)) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for {
+		done, why := cond()
+		if done {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: still not true after %v: %s", what, deadline, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// procScan prints, using shell builtins only (so that the scan starts no process that could
+// show up in it), one line per process whose argv[0] is sleep ("sleep <pid> <args...>") and
+// one line per zombie ("zombie <pid> <stat>").
+const procScan = `
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [ "$p" = "$$" ] && continue
+  if IFS= read -r st < "$d/stat" 2>/dev/null; then
+    rest=${st##*) }
+    [ "${rest%% *}" = Z ] && echo "zombie $p $st"
+  fi
+  args=()
+  mapfile -d '' args < "$d/cmdline" 2>/dev/null || continue
+  [ ${#args[@]} -gt 0 ] || continue
+  [ "${args[0]##*/}" = sleep ] && echo "sleep $p ${args[*]:1}"
+done
+exit 0
+`
+
+// leftovers returns the sleep processes and zombies left in the sandbox.
+func leftovers(t testing.TB, ctx context.Context, c *client.Sandbox) []string {
+	t.Helper()
+	var out []string
+	for line := range strings.Lines(sh(t, ctx, c, procScan)) {
+		if line = strings.TrimSpace(line); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// waitNoLeftovers waits until no sleep process and no zombie remains in the sandbox. Killed
+// processes die and are reaped asynchronously (SIGKILL delivery, then the server's orphan
+// sweeper), so this polls.
+func waitNoLeftovers(t testing.TB, ctx context.Context, c *client.Sandbox) {
+	t.Helper()
+	eventually(t, 30*time.Second, "no sleep process and no zombie left in the sandbox", func() (bool, string) {
+		l := leftovers(t, ctx, c)
+		return len(l) == 0, strings.Join(l, "; ")
+	})
+}
+
+// lsA lists a directory inside the sandbox, one name a line, hidden names included.
+func lsA(t testing.TB, ctx context.Context, c *client.Sandbox, dir string) []string {
+	t.Helper()
+	out := sh(t, ctx, c, "ls -A "+dir)
+	return strings.Fields(out)
+}
