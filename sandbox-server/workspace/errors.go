@@ -60,42 +60,14 @@ var (
 	ErrLimit = errors.New("limit exceeded")
 )
 
-// osRootEscapeMsg is the text of os.Root's unexported escape error (os.errPathEscapes). A test
-// asserts that os.Root still uses it, so a change in a Go release fails loudly rather than
-// silently turning escapes into I/O errors.
-const osRootEscapeMsg = "path escapes from parent"
-
-// isRootEscape reports whether err, anywhere in its chain, is os.Root's escape error.
-func isRootEscape(err error) bool {
-	for err != nil {
-		if err.Error() == osRootEscapeMsg {
-			return true
-		}
-		switch e := err.(type) {
-		case interface{ Unwrap() error }:
-			err = e.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, inner := range e.Unwrap() {
-				if isRootEscape(inner) {
-					return true
-				}
-			}
-			return false
-		default:
-			return false
-		}
-	}
-	return false
-}
-
-// wrap adds what was being done to err and tags os.Root escape errors with ErrEscape. It
-// returns nil for a nil err.
+// wrap adds what was being done to err. It returns nil for a nil err. Escapes are tagged with
+// ErrEscape where they are detected (root_linux.go, root_other.go).
 func wrap(op, p string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if isRootEscape(err) && !errors.Is(err, ErrEscape) {
-		return fmt.Errorf("%s %q: %w: %w", op, p, ErrEscape, err)
-	}
 	return fmt.Errorf("%s %q: %w", op, p, err)
 }
+
+// isEscape reports whether err is ErrEscape.
+func isEscape(err error) bool { return errors.Is(err, ErrEscape) }

@@ -113,7 +113,7 @@ type grepper struct {
 
 // searchPath searches one explicit path; errStopWalk means the match limit was hit.
 func (g *grepper) searchPath(ctx context.Context, rel string, include, exclude []*glob) error {
-	fi, err := g.w.root.Stat(rel)
+	fi, err := g.w.root.stat(rel)
 	if err != nil {
 		return wrap("grep", rel, err)
 	}
@@ -121,12 +121,12 @@ func (g *grepper) searchPath(ctx context.Context, rel string, include, exclude [
 		if !fi.Mode().IsRegular() || fi.Size() > g.w.maxFileBytes {
 			return nil
 		}
-		f, err := g.w.root.OpenFile(rel, readFlags, 0)
+		h, err := g.w.root.openRead(rel)
 		if err != nil {
 			return wrap("grep", rel, err)
 		}
-		defer f.Close()
-		return g.searchFile(ctx, rel, osFile{f})
+		defer h.Close()
+		return g.searchFile(ctx, rel, h)
 	}
 	err = g.w.walk(ctx, rel, 0, func(e *walkEntry) (bool, error) {
 		if len(exclude) > 0 && anyMatch(exclude, e.rel, e.name) {
@@ -138,12 +138,12 @@ func (g *grepper) searchPath(ctx context.Context, rel string, include, exclude [
 		if len(include) > 0 && !anyMatch(include, e.rel, e.name) {
 			return false, nil
 		}
-		f, err := e.dir.OpenFile(e.name, readFlags, 0)
+		h, err := e.dir.openRead(e.name)
 		if err != nil {
-			return false, nil // gone, or swapped for something that is not ours to read
+			return false, nil // gone, or swapped for a symlink (walks follow none)
 		}
-		defer f.Close()
-		return false, g.searchFile(ctx, e.rel, osFile{f})
+		defer h.Close()
+		return false, g.searchFile(ctx, e.rel, h)
 	})
 	if err == nil && g.resp.Truncated {
 		return errStopWalk // walk swallowed it; the remaining paths need no search

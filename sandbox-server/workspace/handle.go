@@ -5,7 +5,6 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,28 +13,20 @@ import (
 // handle is an open file: a raw descriptor on Linux (dirhandle_linux.go) or an *os.File.
 type handle interface {
 	io.Reader
+	io.ReaderAt
 	io.Writer
 	Close() error
 	chmod(m uint32) error
 	stat() (size int64, mode fs.FileMode, err error)
 }
 
-// osFile adapts an *os.File opened through the root to handle.
-type osFile struct{ *os.File }
-
-func (f osFile) chmod(m uint32) error { return f.Chmod(goMode(m)) }
-
-func (f osFile) stat() (int64, fs.FileMode, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, 0, err
-	}
-	return fi.Size(), fi.Mode(), nil
-}
-
 // errFollow is returned by dirHandle.openRead for a symlink, which must be opened through the
 // root so that the link is followed with the root's checks.
 var errFollow = errors.New("symlink: open through the root")
+
+// errSkip is returned by dirHandle.openSubdir for a name that is no longer a directory (removed,
+// or swapped for a symlink or a file since it was listed): a walk skips it.
+var errSkip = errors.New("not a directory any more: skip")
 
 // tempName returns a fresh temp file name. Uniqueness comes from O_EXCL; the randomness (the
 // runtime's per-thread ChaCha8, no system call) only makes collisions rare.
@@ -56,7 +47,7 @@ func splitRel(rel string) (dir, name string) {
 // dirCache opens each directory of one batch once, so that every file of the batch costs only
 // single-component system calls.
 type dirCache struct {
-	root *os.Root
+	root *rootDir
 	mu   sync.Mutex            // guards dirs
 	dirs map[string]*cachedDir // by relative path
 }
@@ -67,7 +58,7 @@ type cachedDir struct {
 	err  error
 }
 
-func newDirCache(root *os.Root) *dirCache {
+func newDirCache(root *rootDir) *dirCache {
 	return &dirCache{root: root, dirs: make(map[string]*cachedDir)}
 }
 
@@ -100,13 +91,13 @@ func (c *dirCache) close() {
 
 // openParent opens directory rel, creating it and its parents first if create is set and it
 // does not exist.
-func openParent(root *os.Root, rel string, create bool) (*dirHandle, error) {
-	d, err := openDirHandle(root, rel)
+func openParent(root *rootDir, rel string, create bool) (*dirHandle, error) {
+	d, err := root.openDir(rel)
 	if err == nil || !create || !errors.Is(err, fs.ErrNotExist) {
 		return d, err
 	}
-	if err := root.MkdirAll(rel, defaultDirMode); err != nil {
+	if err := root.mkdirAll(rel, defaultDirMode); err != nil {
 		return nil, err
 	}
-	return openDirHandle(root, rel)
+	return root.openDir(rel)
 }

@@ -23,17 +23,26 @@ func (w *Workspace) Stat(ctx context.Context, req *sandboxv1.StatRequest) (*sand
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	stat := w.root.Lstat
 	if req.GetFollowSymlinks() {
-		stat = w.root.Stat
+		fi, err := w.root.stat(rel)
+		if err != nil {
+			return nil, wrap("stat", rel, err)
+		}
+		return &sandboxv1.StatResponse{Info: toFileInfo(rel, fi, "")}, nil
 	}
-	fi, err := stat(rel)
+	dir, name := splitRel(rel)
+	d, err := w.root.openDir(dir)
+	if err != nil {
+		return nil, wrap("stat", rel, err)
+	}
+	defer d.close()
+	fi, err := d.lstat(name)
 	if err != nil {
 		return nil, wrap("stat", rel, err)
 	}
 	var target string
 	if fi.Mode()&fs.ModeSymlink != 0 {
-		if target, err = w.root.Readlink(rel); err != nil {
+		if target, err = d.readlink(name); err != nil {
 			return nil, wrap("reading link", rel, err)
 		}
 	}
@@ -73,7 +82,7 @@ func (w *Workspace) List(ctx context.Context, req *sandboxv1.ListRequest) (*sand
 func entryInfo(e *walkEntry) *sandboxv1.FileInfo {
 	var target string
 	if e.info.Mode()&fs.ModeSymlink != 0 {
-		target, _ = e.dir.Readlink(e.name) // best effort: the link may have gone
+		target, _ = e.dir.readlink(e.name) // best effort: the link may have gone
 	}
 	return toFileInfo(e.rel, e.info, target)
 }
@@ -101,9 +110,13 @@ func (w *Workspace) Mkdir(ctx context.Context, req *sandboxv1.MkdirRequest) erro
 		return err
 	}
 	if req.GetParents() {
-		err = w.root.MkdirAll(rel, goMode(mode))
-	} else {
-		err = w.root.Mkdir(rel, goMode(mode))
+		return wrap("creating directory", rel, w.root.mkdirAll(rel, mode))
+	}
+	dir, name := splitRel(rel)
+	d, err := w.root.openDir(dir)
+	if err == nil {
+		err = d.mkdir(name, mode)
+		d.close()
 	}
 	return wrap("creating directory", rel, err)
 }
@@ -119,17 +132,23 @@ func (w *Workspace) Remove(ctx context.Context, req *sandboxv1.RemoveRequest) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if req.GetRecursive() {
-		if !req.GetMissingOk() {
-			// RemoveAll succeeds on a missing path.
-			if _, err := w.root.Lstat(rel); err != nil {
-				return wrap("removing", rel, err)
+	dir, name := splitRel(rel)
+	d, err := w.root.openDir(dir)
+	if err == nil {
+		switch {
+		case !req.GetRecursive():
+			err = d.remove(name)
+		case req.GetMissingOk():
+			err = d.removeAll(name)
+		default:
+			// removeAll succeeds on a missing path.
+			if _, err = d.lstat(name); err == nil {
+				err = d.removeAll(name)
 			}
 		}
-		return wrap("removing", rel, w.root.RemoveAll(rel))
+		d.close()
 	}
-	err = w.root.Remove(rel)
-	if req.GetMissingOk() && errors.Is(err, fs.ErrNotExist) && !isRootEscape(err) {
+	if req.GetMissingOk() && errors.Is(err, fs.ErrNotExist) && !isEscape(err) {
 		return nil
 	}
 	return wrap("removing", rel, err)
@@ -152,30 +171,42 @@ func (w *Workspace) Rename(ctx context.Context, req *sandboxv1.RenameRequest) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	dst, err := w.root.Lstat(to)
+	fromDir, fromName := splitRel(from)
+	fd, err := w.root.openDir(fromDir)
+	if err != nil {
+		return wrap("renaming", from, err)
+	}
+	defer fd.close()
+	toDir, toName := splitRel(to)
+	td := fd
+	if toDir != fromDir {
+		if td, err = w.root.openDir(toDir); err != nil {
+			return wrap(fmt.Sprintf("renaming %q to", from), to, err)
+		}
+		defer td.close()
+	}
+	dst, err := td.lstat(toName)
 	switch {
 	case err == nil && !req.GetOverwrite():
 		return fmt.Errorf("renaming %q to %q: %w", from, to, &fs.PathError{Op: "rename", Path: to, Err: syscall.EEXIST})
 	case err == nil && dst.IsDir():
-		// os.Root (like os.Rename) never replaces a directory; the proto allows replacing an
-		// empty one with a directory, so remove it first (rmdir fails if it is not empty).
-		src, err := w.root.Lstat(from)
+		// Like os.Rename, never replace a directory by renaming over it; the proto allows
+		// replacing an empty one with a directory, so remove it first (rmdir fails if it is
+		// not empty).
+		src, err := fd.lstat(fromName)
 		if err != nil {
 			return wrap("renaming", from, err)
 		}
 		if !src.IsDir() {
 			return fmt.Errorf("renaming %q to %q: %w", from, to, &fs.PathError{Op: "rename", Path: to, Err: syscall.EISDIR})
 		}
-		if err := w.root.Remove(to); err != nil {
-			if errors.Is(err, syscall.EEXIST) {
-				err = &fs.PathError{Op: "rename", Path: to, Err: syscall.ENOTEMPTY}
-			}
+		if err := td.remove(toName); err != nil {
 			return wrap(fmt.Sprintf("renaming %q to", from), to, err)
 		}
-	case err != nil && (!errors.Is(err, fs.ErrNotExist) || isRootEscape(err)):
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return wrap(fmt.Sprintf("renaming %q to", from), to, err)
 	}
-	if err := w.root.Rename(from, to); err != nil {
+	if err := fd.rename(fromName, td, toName); err != nil {
 		return wrap(fmt.Sprintf("renaming %q to", from), to, err)
 	}
 	return nil
@@ -194,7 +225,13 @@ func (w *Workspace) Symlink(ctx context.Context, req *sandboxv1.SymlinkRequest) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return wrap("creating symlink", rel, w.root.Symlink(req.GetTarget(), rel))
+	dir, name := splitRel(rel)
+	d, err := w.root.openDir(dir)
+	if err == nil {
+		err = d.symlink(req.GetTarget(), name)
+		d.close()
+	}
+	return wrap("creating symlink", rel, err)
 }
 
 // Find walks from path (empty: the root) without following symlinks and returns the entries

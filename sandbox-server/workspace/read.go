@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,7 +20,7 @@ const streamChunkBytes = 256 << 10
 // ReadPlan resolves plain paths and globs to regular files and packs them into ReadFiles
 // batches of at most the batch limit (req.MaxBatchBytes when nonzero and smaller than
 // MaxBatchBytes); larger files are to be streamed. A plain directory stands for every regular
-// file below it. Symlinks met while walking are followed through the root when they name a
+// file below it. Symlinks met while walking are followed beneath the root when they name a
 // regular file inside the workspace (dangling and escaping ones are skipped) and never
 // descended into; a directory matching a glob is not expanded. A plain path that leaves the
 // workspace, lexically or through a symlink, is ErrEscape. Patterns matching nothing and plain
@@ -103,9 +102,9 @@ func (pl *planner) add(rel string, fi fs.FileInfo) error {
 
 // addPath plans a plain path: a regular file, or every regular file below a directory.
 func (pl *planner) addPath(ctx context.Context, rel string) error {
-	fi, err := pl.w.root.Stat(rel)
+	fi, err := pl.w.root.stat(rel)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) && !isRootEscape(err) {
+		if errors.Is(err, fs.ErrNotExist) && !isEscape(err) {
 			return errMissing
 		}
 		return wrap("stat", rel, err)
@@ -126,8 +125,8 @@ func (pl *planner) addPath(ctx context.Context, rel string) error {
 func (pl *planner) addGlob(ctx context.Context, g *glob) error {
 	pl.matchedSeen = false
 	start := g.literalPrefix()
-	fi, err := pl.w.root.Stat(start)
-	if isRootEscape(err) {
+	fi, err := pl.w.root.stat(start)
+	if isEscape(err) {
 		return wrap("stat", start, err)
 	}
 	if err != nil || !fi.IsDir() {
@@ -151,7 +150,7 @@ func (pl *planner) addWalked(e *walkEntry) error {
 	case e.info.Mode().IsRegular():
 		return pl.add(e.rel, e.info)
 	case e.info.Mode()&fs.ModeSymlink != 0:
-		fi, err := pl.w.root.Stat(e.rel)
+		fi, err := pl.w.root.stat(e.rel)
 		if err != nil || !fi.Mode().IsRegular() {
 			return nil // dangling, escaping, or not a file
 		}
@@ -273,7 +272,7 @@ func (w *Workspace) readSmall(cache *dirCache, rel string, budget int64) ([]byte
 }
 
 // openRegular opens rel for reading through its cached parent directory, following a final
-// symlink through the root, and refuses anything but a regular file.
+// symlink beneath the root, and refuses anything but a regular file.
 func (w *Workspace) openRegular(cache *dirCache, rel string) (handle, error) {
 	if rel == "." {
 		return nil, &fs.PathError{Op: "read", Path: rel, Err: syscall.EISDIR}
@@ -285,10 +284,7 @@ func (w *Workspace) openRegular(cache *dirCache, rel string) (handle, error) {
 	}
 	h, err := d.openRead(name)
 	if err == errFollow {
-		var f *os.File
-		if f, err = w.root.OpenFile(rel, readFlags, 0); err == nil {
-			h = osFile{f}
-		}
+		h, err = w.root.openRead(rel)
 	}
 	if err != nil {
 		return nil, err
@@ -325,12 +321,11 @@ func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStrea
 	if rel == "." {
 		return &fs.PathError{Op: "read", Path: rel, Err: syscall.EISDIR}
 	}
-	f, err := w.root.OpenFile(rel, readFlags, 0)
+	h, err := w.root.openRead(rel)
 	if err != nil {
 		return wrap("reading", rel, err)
 	}
-	defer f.Close()
-	h := osFile{f}
+	defer h.Close()
 	if err := checkRegular(h, rel); err != nil {
 		return wrap("reading", rel, err)
 	}
@@ -345,7 +340,7 @@ func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStrea
 			return err
 		}
 		buf := make([]byte, min(streamChunkBytes, size-off))
-		n, err := f.ReadAt(buf, off)
+		n, err := h.ReadAt(buf, off)
 		if err != nil && err != io.EOF {
 			return wrap("reading", rel, err)
 		}

@@ -1,10 +1,13 @@
 // Package workspace implements the sandbox server's native filesystem primitives (write, read,
 // stat, list, mkdir, remove, rename, symlink, find, grep) jailed at the workspace root.
 //
-// Every path a client sends is first checked lexically by Resolve and then opened through an
-// os.Root at the workspace root, so "..", absolute paths and symlinks cannot leave the workspace,
-// even when a symlink is swapped in concurrently: nothing is resolved with a plain os function
-// and opened later. Writes are atomic (temp file in the same directory, then rename).
+// Every path a client sends is first checked lexically by Resolve and then resolved by the
+// kernel beneath a descriptor of the workspace root (openat2 with RESOLVE_BENEATH on Linux,
+// see root_linux.go), so "..", absolute paths and symlinks cannot leave the workspace, even
+// when a symlink is swapped in concurrently: nothing is resolved with a plain os function and
+// opened later, and the final step of every change is a single-name *at system call on the
+// parent directory's descriptor. Writes are atomic (temp file in the same directory, then
+// rename).
 package workspace
 
 import (
@@ -62,7 +65,7 @@ type Options struct {
 
 // Workspace serves filesystem requests inside one workspace root. It is safe for concurrent use.
 type Workspace struct {
-	root        *os.Root
+	root        *rootDir
 	mount       string // cleaned MountPath
 	mountPrefix string // mount with a trailing slash
 
@@ -92,7 +95,7 @@ func Open(opts Options) (*Workspace, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("opening workspace %q: not a directory", opts.Dir)
 	}
-	root, err := os.OpenRoot(opts.Dir)
+	root, err := openRootDir(opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("opening workspace %q: %w", opts.Dir, err)
 	}
@@ -123,7 +126,7 @@ func orDefault[T int | int64](v, def T) T {
 // the root) by creating and removing one temp file, so that writes can skip the fchmod when
 // the requested mode survives creation unchanged. A read-only workspace yields ok == false.
 func (w *Workspace) probeUmask() (umask uint32, ok bool) {
-	d, err := openDirHandle(w.root, ".")
+	d, err := w.root.openDir(".")
 	if err != nil {
 		return 0, false
 	}
@@ -143,12 +146,12 @@ func (w *Workspace) probeUmask() (umask uint32, ok bool) {
 
 // Close releases the workspace root. In-flight calls finish first.
 func (w *Workspace) Close() error {
-	return w.root.Close()
+	return w.root.close()
 }
 
 // Resolve validates a client path and returns it as a clean path relative to the workspace
 // root ("." for the root itself). It does no I/O: symlinks are checked when the path is
-// opened through the root.
+// resolved beneath the root.
 func (w *Workspace) Resolve(p string) (string, error) {
 	switch {
 	case p == "":

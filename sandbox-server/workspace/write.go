@@ -62,7 +62,7 @@ func (w *Workspace) WriteFiles(ctx context.Context, req *sandboxv1.WriteFilesReq
 
 	resp := &sandboxv1.WriteFilesResponse{}
 	for _, d := range dirs {
-		if err := w.root.MkdirAll(d, defaultDirMode); err != nil {
+		if err := w.root.mkdirAll(d, defaultDirMode); err != nil {
 			return nil, wrap("creating directory", d, err)
 		}
 		resp.DirsCreated++
@@ -299,8 +299,8 @@ func (w *Workspace) WriteStream(ctx context.Context, hdr *sandboxv1.WriteFileHea
 
 // checkLinkTarget checks that a symlink at rel with the given target resolves inside the
 // workspace: the target must be relative, and the link's directory joined with it must not
-// climb out. The check is lexical; os.Root enforces the same physically whenever the server
-// follows the link.
+// climb out. The check is lexical; path resolution beneath the root enforces the same
+// physically whenever the server follows the link.
 func checkLinkTarget(rel, target string) error {
 	switch {
 	case target == "":
@@ -327,13 +327,15 @@ func checkLinkTarget(rel, target string) error {
 // replaceSymlink creates the link under a temp name and renames it over the destination, so a
 // batch can be re-applied and an existing file or link is replaced atomically.
 func (w *Workspace) replaceSymlink(cache *dirCache, l linkJob) error {
-	if _, err := cache.get(l.dir, true); err != nil { // creates a missing parent
+	d, err := cache.get(l.dir, true) // creates a missing parent
+	if err != nil {
 		return err
 	}
+	_, name := splitRel(l.rel)
 	var tmp string
 	for range 8 {
-		tmp = joinRel(l.dir, tempName())
-		err := w.root.Symlink(l.target, tmp)
+		tmp = tempName()
+		err := d.symlink(l.target, tmp)
 		if err == nil {
 			break
 		}
@@ -345,8 +347,8 @@ func (w *Workspace) replaceSymlink(cache *dirCache, l linkJob) error {
 	if tmp == "" {
 		return fmt.Errorf("creating a temp symlink in %q: too many name collisions", l.dir)
 	}
-	if err := w.root.Rename(tmp, l.rel); err != nil {
-		_ = w.root.Remove(tmp)
+	if err := d.rename(tmp, d, name); err != nil {
+		d.discard(tmp)
 		return err
 	}
 	return nil

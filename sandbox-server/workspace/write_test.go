@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
@@ -198,7 +200,7 @@ func TestWriteFilesWorkers(t *testing.T) {
 func TestWriteStream(t *testing.T) {
 	e := newEnv(t, func(o *Options) { o.MaxFileBytes = 100 })
 	ctx := context.Background()
-	n, err := e.w.WriteStream(ctx, &sandboxv1.WriteFileHeader{Path: "a/b/big", Mode: 0o640, Size: 9}, chunks("abc", "", "def", "ghi"))
+	n, err := e.w.WriteStream(ctx, &sandboxv1.WriteFileHeader{Path: "a/b/big", Mode: 0o640, Size: proto.Int64(9)}, chunks("abc", "", "def", "ghi"))
 	if err != nil || n != 9 {
 		t.Fatalf("WriteStream = %d, %v", n, err)
 	}
@@ -216,8 +218,8 @@ func TestWriteStream(t *testing.T) {
 	}{
 		{"missing header", nil, ErrInvalidArgument},
 		{"empty path", &sandboxv1.WriteFileHeader{}, ErrInvalidPath},
-		{"negative size", &sandboxv1.WriteFileHeader{Path: "x", Size: -1}, ErrInvalidArgument},
-		{"size over limit", &sandboxv1.WriteFileHeader{Path: "x", Size: 101}, ErrLimit},
+		{"negative size", &sandboxv1.WriteFileHeader{Path: "x", Size: proto.Int64(-1)}, ErrInvalidArgument},
+		{"size over limit", &sandboxv1.WriteFileHeader{Path: "x", Size: proto.Int64(101)}, ErrLimit},
 		{"bad mode", &sandboxv1.WriteFileHeader{Path: "x", Mode: 0o10000}, ErrInvalidArgument},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -276,7 +278,11 @@ func TestWriteStreamAtomic(t *testing.T) {
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
-				_, err := e.w.WriteStream(ctx, &sandboxv1.WriteFileHeader{Path: "dir/dst", Size: tt.size}, tt.next(cancel))
+				hdr := &sandboxv1.WriteFileHeader{Path: "dir/dst"}
+				if tt.size != 0 {
+					hdr.Size = proto.Int64(tt.size)
+				}
+				_, err := e.w.WriteStream(ctx, hdr, tt.next(cancel))
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
 				}

@@ -1,0 +1,73 @@
+package manager
+
+import (
+	"context"
+	"time"
+)
+
+// UnitInfo describes one execution unit as its allocator knows it.
+type UnitInfo struct {
+	ID       string
+	Template string
+	// InitAddr is where the manager calls InitializeTLS (unix:// or tcp://).
+	InitAddr string
+	// DataAddr is the endpoint the agent dials.
+	DataAddr string
+	Created  time.Time
+	// Annotations are what the manager stored with Annotate (lease data for adoption).
+	Annotations map[string]string
+}
+
+// Allocator manages the lifecycle of execution units. Implementations are safe for
+// concurrent use.
+type Allocator interface {
+	// Name identifies the allocator ("runsc", "process", "kube", "memory").
+	Name() string
+	// Create provisions unit id from template and returns once its init endpoint accepts
+	// connections. On error nothing of the unit is left behind. ErrUnknownTemplate if the
+	// template does not exist.
+	Create(ctx context.Context, id, template string) (UnitInfo, error)
+	// Destroy removes unit id and everything it holds. A unit that does not exist is not an
+	// error: Destroy is idempotent.
+	Destroy(ctx context.Context, id string) error
+	// List returns every unit the allocator's backend holds, including units created by an
+	// earlier manager process, so that they can be adopted or destroyed.
+	List(ctx context.Context) ([]UnitInfo, error)
+}
+
+// Annotator is implemented by allocators that can store small key-value data with a unit
+// (a file beside a runsc bundle, annotations on a pod). The manager stores the lease there so
+// that a restarted manager can adopt bound units.
+type Annotator interface {
+	// Annotate replaces unit id's annotations. ErrUnitNotFound if the unit is gone.
+	Annotate(ctx context.Context, id string, annotations map[string]string) error
+}
+
+// EgressBinder is implemented by allocators that enforce egress allowlists. BindEgress must
+// have taken effect when it returns; a unit whose binding fails is not handed out.
+type EgressBinder interface {
+	// BindEgress sets unit id's allowlist (entries as "host:port", "*.domain:port"). An empty
+	// list denies all egress.
+	BindEgress(ctx context.Context, id string, allow []string) error
+}
+
+// Warner is implemented by allocators without a kernel boundary: the manager logs the
+// warning on every allocation.
+type Warner interface {
+	AllocationWarning() string
+}
+
+// Initializer performs sFuse on a unit's init endpoint and returns the sandbox's public key
+// (internal/sfuse.Initialize in production; an in-memory fake in benchmarks).
+type Initializer func(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error)
+
+// Clock tells the time; tests pass a fake.
+type Clock interface {
+	Now() time.Time
+}
+
+// RealClock is the system clock.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }

@@ -1,0 +1,16 @@
+// Package manager is fusebox's control plane: it keeps a warm pool of single-use sandboxes,
+// binds one to an agent on Allocate (sFuse: the agent's key is pinned into the sandbox, the
+// manager keeps no key material), holds the lease, and destroys the sandbox on release or
+// expiry. It is never on the data path.
+//
+// Three parts, each behind a small interface:
+//   - an Allocator creates, destroys and lists execution units (runsc, kube, process);
+//   - the StateOperator holds each unit's state (Creating -> Ready -> Initialising -> Bound ->
+//     Destroying -> Gone, or Failed) with atomic per-unit transitions and a FIFO warm pool,
+//     and never holds its lock across I/O;
+//   - an Estimator (package estimator) sets the pool's target size from observed demand.
+//
+// A reconciler loop creates and destroys units toward the target and expires leases; on start
+// the manager adopts the bound units a previous manager left behind and destroys the rest.
+// Units are never reused: a released or expired unit is destroyed.
+package manager

@@ -1,0 +1,15 @@
+package manager
+
+import "errors"
+
+// Sentinel errors. The gRPC service maps them to status codes in one place (service.go).
+var (
+	ErrUnknownTemplate = errors.New("unknown template")
+	ErrUnitNotFound    = errors.New("sandbox not found")
+	ErrBadLeaseToken   = errors.New("lease token does not match")
+	ErrLeaseEnded      = errors.New("lease expired or released")
+	ErrNoCapacity      = errors.New("no ready sandbox within the deadline")
+	ErrInvalid         = errors.New("invalid request")
+	ErrAllocator       = errors.New("allocator failed")
+	ErrBadTransition   = errors.New("unit is not in the expected state")
+)

@@ -1,0 +1,704 @@
+package manager
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/big"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/manager/egress"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+)
+
+// DefaultTemplate is the template used when a request names none.
+const DefaultTemplate = "default"
+
+// Options configure a Manager. Allocator, Estimator, Clock and Initializer are required.
+type Options struct {
+	Allocator   Allocator
+	Estimator   estimator.Estimator
+	Clock       Clock
+	Initializer Initializer
+	// Templates the allocator can create; the warm pool is kept for PoolTemplate only.
+	Templates    []string
+	PoolTemplate string
+	// Lease lengths: DefaultLeaseTTL when a request gives none, capped at MaxLeaseTTL.
+	DefaultLeaseTTL, MaxLeaseTTL time.Duration
+	// AllocateWait bounds how long Allocate waits for a ready unit when the pool is empty.
+	AllocateWait time.Duration
+	// CreateConcurrency bounds units being created at once.
+	CreateConcurrency int
+	// ReconcileInterval is the reconciler's period (it also runs after every allocation).
+	ReconcileInterval time.Duration
+	// NewID returns a fresh unit id; nil uses random fixed-width "fbx-" ids.
+	NewID   func() string
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+// Manager is the control plane. It is safe for concurrent use.
+type Manager struct {
+	o     Options
+	alloc Allocator
+	ops   *StateOperator
+	log   *slog.Logger
+	m     *Metrics
+
+	wake        chan struct{} // nudges the reconciler
+	allocs      atomic.Int64  // allocations since the last observation
+	creating    atomic.Int32  // creations in flight
+	target      atomic.Int32
+	totals      struct{ allocations, creations, destructions, failures atomic.Uint64 }
+	latMu       sync.Mutex // guards latencies
+	latencies   []time.Duration
+	demandMu    sync.Mutex // guards demand
+	demand      []time.Time // allocation times in the last minute
+	bg          sync.WaitGroup
+	cancelLoops context.CancelFunc
+}
+
+// New checks o and returns a Manager. Call Start to adopt leftovers and run the loops.
+func New(o Options) (*Manager, error) {
+	switch {
+	case o.Allocator == nil:
+		return nil, errors.New("manager: an allocator is required")
+	case o.Estimator == nil:
+		return nil, errors.New("manager: an estimator is required")
+	case o.Clock == nil:
+		return nil, errors.New("manager: a clock is required")
+	case o.Initializer == nil:
+		return nil, errors.New("manager: an initializer is required")
+	}
+	if len(o.Templates) == 0 {
+		o.Templates = []string{DefaultTemplate}
+	}
+	if o.PoolTemplate == "" {
+		o.PoolTemplate = o.Templates[0]
+	}
+	if !slices.Contains(o.Templates, o.PoolTemplate) {
+		return nil, fmt.Errorf("manager: pool template %q is not among the templates %q", o.PoolTemplate, o.Templates)
+	}
+	if o.DefaultLeaseTTL <= 0 {
+		o.DefaultLeaseTTL = 10 * time.Minute
+	}
+	if o.MaxLeaseTTL <= 0 {
+		o.MaxLeaseTTL = 24 * time.Hour
+	}
+	o.DefaultLeaseTTL = min(o.DefaultLeaseTTL, o.MaxLeaseTTL)
+	if o.AllocateWait <= 0 {
+		o.AllocateWait = 30 * time.Second
+	}
+	if o.CreateConcurrency <= 0 {
+		o.CreateConcurrency = 4
+	}
+	if o.ReconcileInterval <= 0 {
+		o.ReconcileInterval = 200 * time.Millisecond
+	}
+	if o.NewID == nil {
+		o.NewID = randomID
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
+		wake: make(chan struct{}, 1)}, nil
+}
+
+// randomID returns "fbx-" and 12 random digits: fixed width, as runsc matches ids by prefix.
+func randomID() string {
+	n, err := rand.Int(rand.Reader, big.NewInt(1e12))
+	if err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return fmt.Sprintf("fbx-%012d", n)
+}
+
+// States exposes the state operator (read-only use: tests and status).
+func (m *Manager) States() *StateOperator { return m.ops }
+
+// Start adopts or destroys what a previous manager left behind, then runs the reconciler
+// until ctx ends or Close is called.
+func (m *Manager) Start(ctx context.Context) error {
+	if err := m.adopt(ctx); err != nil {
+		return err
+	}
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.cancelLoops = cancel
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		t := time.NewTicker(m.o.ReconcileInterval)
+		defer t.Stop()
+		for {
+			m.Reconcile(loopCtx)
+			select {
+			case <-loopCtx.Done():
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-m.wake:
+			}
+		}
+	}()
+	return nil
+}
+
+// Close stops the reconciler and destroys the units that are not bound; bound units keep
+// serving their agents and are adopted by the next manager.
+func (m *Manager) Close(ctx context.Context) error {
+	if m.cancelLoops != nil {
+		m.cancelLoops()
+	}
+	m.bg.Wait()
+	var errs []error
+	for _, u := range m.ops.Snapshot() {
+		if u.State == Ready {
+			if err := m.destroy(ctx, u.Info.ID, Ready); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) nudge() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Annotation keys under which a bound unit's lease is stored with its allocator.
+const (
+	annState     = "fusebox.dev/state"
+	annExpires   = "fusebox.dev/lease-expires"
+	annTTL       = "fusebox.dev/lease-ttl"
+	annTokenHash = "fusebox.dev/lease-token-sha256"
+	annEgress    = "fusebox.dev/egress"
+	annLabel     = "fusebox.dev/label."
+)
+
+func leaseAnnotations(l *Lease) map[string]string {
+	a := map[string]string{
+		annState:     "bound",
+		annExpires:   l.Expires.UTC().Format(time.RFC3339Nano),
+		annTTL:       l.TTL.String(),
+		annTokenHash: hex.EncodeToString(l.TokenHash[:]),
+		annEgress:    strings.Join(l.Egress, ","),
+	}
+	for k, v := range l.Labels {
+		a[annLabel+k] = v
+	}
+	return a
+}
+
+func leaseFromAnnotations(a map[string]string) (*Lease, error) {
+	if a[annState] != "bound" {
+		return nil, errors.New("not bound")
+	}
+	exp, err := time.Parse(time.RFC3339Nano, a[annExpires])
+	if err != nil {
+		return nil, fmt.Errorf("lease expiry: %w", err)
+	}
+	ttl, err := time.ParseDuration(a[annTTL])
+	if err != nil {
+		return nil, fmt.Errorf("lease ttl: %w", err)
+	}
+	h, err := hex.DecodeString(a[annTokenHash])
+	if err != nil || len(h) != sha256.Size {
+		return nil, errors.New("lease token hash")
+	}
+	l := &Lease{Expires: exp, TTL: ttl, Labels: map[string]string{}}
+	copy(l.TokenHash[:], h)
+	if e := a[annEgress]; e != "" {
+		l.Egress = strings.Split(e, ",")
+	}
+	for k, v := range a {
+		if name, ok := strings.CutPrefix(k, annLabel); ok {
+			l.Labels[name] = v
+		}
+	}
+	return l, nil
+}
+
+// adopt takes over the bound units with a live lease that a previous manager left and
+// destroys every other unit it finds, so that none leak.
+func (m *Manager) adopt(ctx context.Context) error {
+	units, err := m.alloc.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing units for adoption: %w", err)
+	}
+	now := m.o.Clock.Now()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, m.o.CreateConcurrency)
+	for _, info := range units {
+		lease, lerr := leaseFromAnnotations(info.Annotations)
+		if lerr == nil && now.Before(lease.Expires) {
+			if b, ok := m.alloc.(EgressBinder); ok {
+				if err := b.BindEgress(ctx, info.ID, lease.Egress); err != nil {
+					m.log.Error("re-binding egress of an adopted unit failed; destroying it", "id", info.ID, "err", err)
+					lerr = err
+				}
+			}
+		}
+		if lerr == nil && now.Before(lease.Expires) {
+			if err := m.ops.Insert(info, Bound, lease); err != nil {
+				return err
+			}
+			m.log.Info("adopted bound sandbox", "id", info.ID, "lease_expires", lease.Expires)
+			continue
+		}
+		reason := "not bound"
+		if lerr == nil {
+			reason = "lease expired"
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			m.log.Info("destroying unit left by a previous manager", "id", info.ID, "reason", reason)
+			if err := m.alloc.Destroy(ctx, info.ID); err != nil {
+				m.log.Error("destroying leftover unit", "id", info.ID, "err", err)
+				m.failure("destroy")
+			} else {
+				m.totals.destructions.Add(1)
+				if m.m != nil {
+					m.m.Destructions.Inc()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	m.publishCounts()
+	return nil
+}
+
+// AllocateRequest is a validated-at-entry request to bind a sandbox.
+type AllocateRequest struct {
+	AgentPublicKey []byte
+	Template       string
+	Egress         []string
+	LeaseTTL       time.Duration
+	Labels         map[string]string
+}
+
+// Allocation is the result of Allocate.
+type Allocation struct {
+	ID           string
+	Endpoint     string
+	SandboxKey   []byte
+	LeaseExpires time.Time
+	LeaseToken   string
+}
+
+// Allocate binds a warm unit to the agent whose public key is in req.
+func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation, error) {
+	start := time.Now()
+	if _, err := tlspin.ParsePublicKey(req.AgentPublicKey); err != nil {
+		return Allocation{}, fmt.Errorf("%w: agent public key: %v", ErrInvalid, err)
+	}
+	tmpl := req.Template
+	if tmpl == "" {
+		tmpl = m.o.PoolTemplate
+	}
+	if !slices.Contains(m.o.Templates, tmpl) {
+		return Allocation{}, fmt.Errorf("%w: %q (known: %s)", ErrUnknownTemplate, tmpl, strings.Join(m.o.Templates, ", "))
+	}
+	allow, err := egress.ParseAllowlist(req.Egress)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("%w: egress: %v", ErrInvalid, err)
+	}
+	ttl := req.LeaseTTL
+	switch {
+	case ttl < 0:
+		return Allocation{}, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
+	case ttl == 0:
+		ttl = m.o.DefaultLeaseTTL
+	}
+	ttl = min(ttl, m.o.MaxLeaseTTL)
+	for k := range req.Labels {
+		if k == "" || strings.ContainsAny(k, "=,\x00") {
+			return Allocation{}, fmt.Errorf("%w: bad label name %q", ErrInvalid, k)
+		}
+	}
+	if w, ok := m.alloc.(Warner); ok {
+		m.log.Warn(w.AllocationWarning(), "allocator", m.alloc.Name())
+	}
+
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		u, err := m.takeReady(ctx, tmpl)
+		if err != nil {
+			return Allocation{}, err
+		}
+		a, err := m.bind(ctx, u, req, allow, ttl)
+		if err == nil {
+			d := time.Since(start)
+			m.recordAllocation()
+			if m.m != nil {
+				m.m.AllocationSeconds.Observe(d.Seconds())
+			}
+			m.log.Debug("allocated", "id", a.ID, "took", d)
+			return a, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			return Allocation{}, ctx.Err()
+		}
+		m.log.Warn("binding a unit failed; trying another", "id", u.Info.ID, "err", err)
+	}
+	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
+}
+
+func (m *Manager) recordAllocation() {
+	m.allocs.Add(1)
+	m.totals.allocations.Add(1)
+	if m.m != nil {
+		m.m.Allocations.Inc()
+	}
+	now := m.o.Clock.Now()
+	m.demandMu.Lock()
+	m.demand = append(m.demand, now)
+	cut := 0
+	for cut < len(m.demand) && now.Sub(m.demand[cut]) > time.Minute {
+		cut++
+	}
+	m.demand = m.demand[cut:]
+	m.demandMu.Unlock()
+	m.nudge()
+}
+
+// takeReady pops a Ready unit, waiting for the reconciler to make one if the pool is empty.
+func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
+	var timeout <-chan time.Time
+	for {
+		u, ok, wait := m.ops.TakeReady(tmpl)
+		if ok {
+			m.publishCounts()
+			return u, nil
+		}
+		if tmpl != m.o.PoolTemplate {
+			// Units of other templates are made on demand.
+			m.creating.Add(1)
+			m.bg.Add(1)
+			go func() { defer m.bg.Done(); m.create(context.WithoutCancel(ctx), tmpl) }()
+		}
+		m.nudge()
+		if timeout == nil {
+			timeout = time.After(m.o.AllocateWait)
+		}
+		select {
+		case <-wait:
+		case <-timeout:
+			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
+		case <-ctx.Done():
+			return Unit{}, ctx.Err()
+		}
+	}
+}
+
+// bind performs egress binding, sFuse and lease bookkeeping on an Initialising unit. On any
+// failure the unit is destroyed: a unit that may have been initialised is never handed out
+// again.
+func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow egress.Allowlist, ttl time.Duration) (Allocation, error) {
+	id := u.Info.ID
+	fail := func(stage string, err error) (Allocation, error) {
+		m.failure(stage)
+		m.bg.Add(1)
+		go func() {
+			defer m.bg.Done()
+			if _, terr := m.ops.Transition(id, Initialising, Failed, func(x *Unit) { x.Err = fmt.Sprintf("%s: %v", stage, err) }); terr != nil {
+				return
+			}
+			if derr := m.alloc.Destroy(context.Background(), id); derr != nil {
+				m.log.Error("destroying failed unit", "id", id, "err", derr)
+			}
+		}()
+		return Allocation{}, fmt.Errorf("%s %s: %w", stage, id, err)
+	}
+	if b, ok := m.alloc.(EgressBinder); ok {
+		if err := b.BindEgress(ctx, id, allow.Entries()); err != nil {
+			return fail("egress", err)
+		}
+	}
+	pub, err := m.o.Initializer(ctx, u.Info.InitAddr, req.AgentPublicKey)
+	if err != nil {
+		return fail("init", err)
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return fail("init", err)
+	}
+	token := base64.RawURLEncoding.EncodeToString(raw[:])
+	lease := &Lease{TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
+		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
+	if a, ok := m.alloc.(Annotator); ok {
+		if err := a.Annotate(ctx, id, leaseAnnotations(lease)); err != nil {
+			return fail("annotate", err)
+		}
+	}
+	if _, err := m.ops.Transition(id, Initialising, Bound, func(x *Unit) { x.Lease = lease }); err != nil {
+		return fail("init", err)
+	}
+	m.publishCounts()
+	return Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: pub, LeaseExpires: lease.Expires, LeaseToken: token}, nil
+}
+
+func (m *Manager) checkToken(l *Lease, token string) error {
+	h := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(h[:], l.TokenHash[:]) != 1 {
+		return ErrBadLeaseToken
+	}
+	return nil
+}
+
+// Renew extends the lease of sandbox id; ttl zero means the lease's own length.
+func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
+	if ttl < 0 {
+		return time.Time{}, fmt.Errorf("%w: negative lease TTL", ErrInvalid)
+	}
+	now := m.o.Clock.Now()
+	l, err := m.ops.UpdateLease(id, func(l *Lease) error {
+		if err := m.checkToken(l, token); err != nil {
+			return err
+		}
+		if !now.Before(l.Expires) {
+			return ErrLeaseEnded
+		}
+		d := l.TTL
+		if ttl > 0 {
+			d = min(ttl, m.o.MaxLeaseTTL)
+		}
+		l.Expires = now.Add(d)
+		return nil
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
+	}
+	if a, ok := m.alloc.(Annotator); ok {
+		if err := a.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
+			m.failure("annotate")
+			m.log.Error("persisting renewed lease", "id", id, "err", err)
+		}
+	}
+	return l.Expires, nil
+}
+
+// Release ends the lease of sandbox id and destroys the sandbox.
+func (m *Manager) Release(ctx context.Context, id, token string) error {
+	u, ok := m.ops.Get(id)
+	if !ok {
+		return fmt.Errorf("releasing: %w: %s", ErrUnitNotFound, id)
+	}
+	if u.State != Bound || u.Lease == nil {
+		return fmt.Errorf("releasing %s: %w (%s)", id, ErrLeaseEnded, u.State)
+	}
+	if err := m.checkToken(u.Lease, token); err != nil {
+		return fmt.Errorf("releasing %s: %w", id, err)
+	}
+	if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
+		return fmt.Errorf("releasing %s: %w", id, ErrLeaseEnded)
+	}
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		m.finishDestroy(context.WithoutCancel(ctx), id)
+	}()
+	return nil
+}
+
+// destroy moves a unit from state from to Destroying and destroys it.
+func (m *Manager) destroy(ctx context.Context, id string, from State) error {
+	if _, err := m.ops.Transition(id, from, Destroying, nil); err != nil {
+		return err
+	}
+	return m.finishDestroy(ctx, id)
+}
+
+func (m *Manager) finishDestroy(ctx context.Context, id string) error {
+	m.publishCounts()
+	err := m.alloc.Destroy(ctx, id)
+	if err != nil {
+		m.failure("destroy")
+		m.ops.Transition(id, Destroying, Failed, func(u *Unit) { u.Err = "destroy: " + err.Error() })
+		m.log.Error("destroying unit", "id", id, "err", err)
+	} else {
+		m.ops.Transition(id, Destroying, Gone, nil)
+		m.totals.destructions.Add(1)
+		if m.m != nil {
+			m.m.Destructions.Inc()
+		}
+	}
+	m.publishCounts()
+	return err
+}
+
+func (m *Manager) failure(stage string) {
+	m.totals.failures.Add(1)
+	if m.m != nil {
+		m.m.Failures.WithLabelValues(stage).Inc()
+	}
+}
+
+// create makes one unit of template and puts it into the pool. The caller has counted it in
+// m.creating (before starting the goroutine, so that a reconcile pass in between sees it);
+// create uncounts it when done.
+func (m *Manager) create(ctx context.Context, tmpl string) {
+	defer m.creating.Add(-1)
+	id := m.o.NewID()
+	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
+	if err := m.ops.Insert(info, Creating, nil); err != nil {
+		m.log.Error("registering new unit", "id", id, "err", err)
+		return
+	}
+	m.publishCounts()
+	t0 := time.Now()
+	got, err := m.alloc.Create(ctx, id, tmpl)
+	if err != nil {
+		m.failure("create")
+		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: " + err.Error() })
+		m.publishCounts()
+		return
+	}
+	d := time.Since(t0)
+	m.latMu.Lock()
+	m.latencies = append(m.latencies, d)
+	if len(m.latencies) > 32 {
+		m.latencies = m.latencies[len(m.latencies)-32:]
+	}
+	m.latMu.Unlock()
+	got.ID, got.Template = id, tmpl
+	if got.Created.IsZero() {
+		got.Created = info.Created
+	}
+	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
+		m.log.Error("unit vanished while being created", "id", id, "err", err)
+		m.alloc.Destroy(context.WithoutCancel(ctx), id)
+		return
+	}
+	m.totals.creations.Add(1)
+	if m.m != nil {
+		m.m.Creations.Inc()
+	}
+	m.publishCounts()
+}
+
+// ProvisioningLatency is the median of recent creation times (1 s before any creation).
+func (m *Manager) ProvisioningLatency() time.Duration {
+	m.latMu.Lock()
+	defer m.latMu.Unlock()
+	if len(m.latencies) == 0 {
+		return time.Second
+	}
+	s := slices.Clone(m.latencies)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
+// and create or destroy ready units toward it.
+func (m *Manager) Reconcile(ctx context.Context) {
+	now := m.o.Clock.Now()
+	for _, id := range m.ops.Expired(now) {
+		if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
+			continue // released or expired concurrently
+		}
+		m.log.Info("lease expired; destroying sandbox", "id", id)
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
+	}
+	c := m.ops.Counts(m.o.PoolTemplate)
+	creating := int(m.creating.Load())
+	target := m.o.Estimator.Target(estimator.Observation{
+		Now: now, Allocations: int(m.allocs.Swap(0)), Ready: c[Ready], Creating: creating, Bound: c[Bound],
+		ProvisioningLatency: m.ProvisioningLatency(),
+	})
+	m.target.Store(int32(target))
+	if m.m != nil {
+		m.m.Target.Set(float64(target))
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if deficit := target - c[Ready] - creating; deficit > 0 {
+		n := min(deficit, m.o.CreateConcurrency-creating)
+		for range n {
+			m.creating.Add(1)
+			m.bg.Add(1)
+			go func() {
+				defer m.bg.Done()
+				m.create(ctx, m.o.PoolTemplate)
+			}()
+		}
+	} else if surplus := c[Ready] - target; surplus > 0 {
+		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
+			m.bg.Add(1)
+			go func() { defer m.bg.Done(); m.destroy(context.WithoutCancel(ctx), id, Ready) }()
+		}
+	}
+}
+
+func (m *Manager) publishCounts() {
+	if m.m == nil {
+		return
+	}
+	c := m.ops.Counts("")
+	for s, name := range stateNames {
+		m.m.Units.WithLabelValues(name).Set(float64(c[s]))
+	}
+}
+
+// List returns a snapshot of every unit.
+func (m *Manager) List() []Unit { return m.ops.Snapshot() }
+
+// PoolStatus summarises the pool.
+type PoolStatus struct {
+	Units                  map[string]int
+	Target                 int
+	Estimator, Allocator   string
+	DemandPerSecond        float64
+	ProvisioningLatency    time.Duration
+	Allocations, Creations uint64
+	Destructions, Failures uint64
+}
+
+// Status returns the pool's status.
+func (m *Manager) Status() PoolStatus {
+	c := m.ops.Counts("")
+	units := map[string]int{}
+	for s, n := range c {
+		units[s.String()] = n
+	}
+	now := m.o.Clock.Now()
+	m.demandMu.Lock()
+	n := 0
+	for _, t := range m.demand {
+		if now.Sub(t) <= time.Minute {
+			n++
+		}
+	}
+	m.demandMu.Unlock()
+	return PoolStatus{
+		Units: units, Target: int(m.target.Load()), Estimator: m.o.Estimator.Name(), Allocator: m.alloc.Name(),
+		DemandPerSecond: float64(n) / 60, ProvisioningLatency: m.ProvisioningLatency(),
+		Allocations: m.totals.allocations.Load(), Creations: m.totals.creations.Load(),
+		Destructions: m.totals.destructions.Load(), Failures: m.totals.failures.Load(),
+	}
+}
+

@@ -1,0 +1,376 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/memalloc"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type env struct {
+	m     *manager.Manager
+	alloc *memalloc.Allocator
+	clock *fakeClock
+	svc   *manager.Service
+	met   *manager.Metrics
+	key   []byte
+}
+
+func newEnv(t *testing.T, pool int, mutate func(*manager.Options)) *env {
+	t.Helper()
+	a := memalloc.New()
+	c := &fakeClock{t: time.Unix(1_000_000, 0)}
+	met := manager.NewMetrics(prometheus.NewRegistry())
+	o := manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: c,
+		Initializer: memalloc.Initializer, Metrics: met, ReconcileInterval: 10 * time.Millisecond,
+		AllocateWait: 5 * time.Second}
+	if mutate != nil {
+		mutate(&o)
+	}
+	m, err := manager.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := client.NewKey()
+	return &env{m: m, alloc: a, clock: c, svc: &manager.Service{M: m}, met: met, key: k.PublicKey()}
+}
+
+func (e *env) start(t *testing.T) {
+	t.Helper()
+	if err := e.m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.m.Close(context.Background()) })
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (e *env) ready() int { return e.m.States().Counts("")[manager.Ready] }
+
+func TestAllocateBindReleaseDestroys(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.start(t)
+	eventually(t, "pool of 2", func() bool { return e.ready() == 2 })
+	ctx := context.Background()
+	resp, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key,
+		Egress: []string{"api.example.com:443", "*.pypi.org:443"}, Labels: map[string]string{"session": "s1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.SandboxPublicKey == nil || resp.LeaseToken == "" || resp.Endpoint == "" {
+		t.Fatalf("incomplete response %+v", resp)
+	}
+	if got := e.alloc.Egress(resp.SandboxId); !slices.Equal(got, []string{"api.example.com:443", "*.pypi.org:443"}) {
+		t.Fatalf("egress bound %q", got)
+	}
+	u, _ := e.m.States().Get(resp.SandboxId)
+	if u.State != manager.Bound || u.Lease.Labels["session"] != "s1" {
+		t.Fatalf("unit after allocate: %+v", u)
+	}
+	// The lease is persisted with the allocator for adoption.
+	units, _ := e.alloc.List(ctx)
+	for _, info := range units {
+		if info.ID == resp.SandboxId && info.Annotations["fusebox.dev/state"] != "bound" {
+			t.Fatalf("annotations %v", info.Annotations)
+		}
+	}
+	if _, err := e.svc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.SandboxId, LeaseToken: "wrong"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("release with a wrong token: %v", err)
+	}
+	if _, err := e.svc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.SandboxId, LeaseToken: resp.LeaseToken}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "destroyed", func() bool { return !slices.Contains(e.alloc.Units(), resp.SandboxId) })
+	if _, err := e.svc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.SandboxId, LeaseToken: resp.LeaseToken}); status.Code(err) != codes.NotFound && status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second release: %v", err)
+	}
+	eventually(t, "pool refilled", func() bool { return e.ready() == 2 })
+}
+
+func TestAllocateRejectsBadInput(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		req  *managerv1.AllocateRequest
+	}{
+		{"no key", &managerv1.AllocateRequest{}},
+		{"garbage key", &managerv1.AllocateRequest{AgentPublicKey: []byte("nope")}},
+		{"unknown template", &managerv1.AllocateRequest{AgentPublicKey: e.key, Template: "gpu"}},
+		{"bad egress", &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"http://x.com/"}}},
+		{"egress without port", &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"x.com"}}},
+		{"bare wildcard", &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"*:443"}}},
+		{"negative ttl", &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: durationpb.New(-time.Second)}},
+		{"bad label", &managerv1.AllocateRequest{AgentPublicKey: e.key, Labels: map[string]string{"a=b": "x"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := e.svc.Allocate(ctx, tc.req); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("Allocate = %v, want InvalidArgument", err)
+			}
+		})
+	}
+	// Nothing was taken from the pool by the refusals.
+	if n := e.m.States().Counts("")[manager.Bound]; n != 0 {
+		t.Fatalf("%d units bound by refused requests", n)
+	}
+}
+
+func TestZeroReuse(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.start(t)
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for i := range 20 {
+		a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[a.ID] {
+			t.Fatalf("allocation %d reused %s", i, a.ID)
+		}
+		seen[a.ID] = true
+		if err := e.m.Release(ctx, a.ID, a.LeaseToken); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "released units destroyed", func() bool {
+		for id := range seen {
+			if slices.Contains(e.alloc.Units(), id) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestLeaseExpiryDestroysWithFakeClock(t *testing.T) {
+	e := newEnv(t, 1, func(o *manager.Options) { o.ReconcileInterval = time.Hour })
+	e.start(t)
+	ctx := context.Background()
+	e.m.Reconcile(ctx)
+	eventually(t, "ready", func() bool { return e.ready() == 1 })
+	a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key, LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(30 * time.Second)
+	exp, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0)
+	if err != nil || !exp.Equal(e.clock.Now().Add(time.Minute)) {
+		t.Fatalf("renew: %v %v", exp, err)
+	}
+	e.clock.Advance(59 * time.Second)
+	e.m.Reconcile(ctx)
+	if u, _ := e.m.States().Get(a.ID); u.State != manager.Bound {
+		t.Fatalf("renewed lease expired early: %v", u.State)
+	}
+	e.clock.Advance(2 * time.Second)
+	e.m.Reconcile(ctx)
+	eventually(t, "expired unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), a.ID) })
+	if _, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0); err == nil {
+		t.Fatal("renewed an expired lease")
+	}
+}
+
+func TestCreateFailuresAreVisibleAndRetried(t *testing.T) {
+	var mu sync.Mutex
+	fails := 3
+	e := newEnv(t, 2, nil)
+	e.alloc.Fail = func(method, id string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if method == "Create" && fails > 0 {
+			fails--
+			return errors.New("runsc create: injected failure")
+		}
+		return nil
+	}
+	e.start(t)
+	eventually(t, "pool filled despite failures", func() bool { return e.ready() == 2 })
+	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("create")); got != 3 {
+		t.Fatalf("create failures metric %v, want 3", got)
+	}
+	if n := e.m.States().Counts("")[manager.Failed]; n != 3 {
+		t.Fatalf("%d failed units visible, want 3", n)
+	}
+	for _, u := range e.m.List() {
+		if u.State == manager.Failed && u.Err == "" {
+			t.Fatalf("failed unit without a reason: %+v", u)
+		}
+	}
+}
+
+func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
+	for _, stage := range []string{"init", "BindEgress", "Annotate"} {
+		t.Run(stage, func(t *testing.T) {
+			var mu sync.Mutex
+			failed := map[string]bool{}
+			e := newEnv(t, 2, func(o *manager.Options) {
+				if stage == "init" {
+					first := true
+					o.Initializer = func(ctx context.Context, addr string, key []byte) ([]byte, error) {
+						mu.Lock()
+						defer mu.Unlock()
+						if first {
+							first = false
+							return nil, errors.New("injected init failure")
+						}
+						return memalloc.Initializer(ctx, addr, key)
+					}
+				}
+			})
+			if stage != "init" {
+				first := true
+				e.alloc.Fail = func(method, id string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if method == stage && first {
+						first, failed[id] = false, true
+						return errors.New("injected failure")
+					}
+					return nil
+				}
+			}
+			e.start(t)
+			eventually(t, "pool", func() bool { return e.ready() == 2 })
+			a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+			if err != nil {
+				t.Fatalf("allocate after one injected failure: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if failed[a.ID] {
+				t.Fatalf("the unit whose %s failed was handed out", stage)
+			}
+			eventually(t, "failed unit destroyed", func() bool { return len(e.alloc.Units()) <= 3 })
+		})
+	}
+}
+
+func TestAdoptionAfterRestart(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	ctx := context.Background()
+	eventually(t, "ready", func() bool { return e.ready() == 1 })
+	kept, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"a.example.com:443"}, LeaseTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key, LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ready again", func() bool { return e.ready() == 1 })
+	// The manager dies without cleaning up (no Close); a new one starts on the same allocator
+	// two minutes later: the long lease is adopted, the expired one and the ready unit are
+	// destroyed.
+	e.clock.Advance(2 * time.Minute)
+	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
+		Initializer: memalloc.Initializer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.alloc.Units()
+	if len(before) != 3 {
+		t.Fatalf("units before restart %v", before)
+	}
+	if err := m2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close(ctx)
+	if got := e.alloc.Units(); !slices.Equal(got, []string{kept.ID}) {
+		t.Fatalf("after adoption the allocator holds %v, want only %s (expired %s)", got, kept.ID, short.ID)
+	}
+	u, ok := m2.States().Get(kept.ID)
+	if !ok || u.State != manager.Bound || !slices.Equal(u.Lease.Egress, []string{"a.example.com:443"}) {
+		t.Fatalf("adopted unit %+v", u)
+	}
+	// The adopted lease still answers to its token.
+	if _, err := m2.Renew(ctx, kept.ID, kept.LeaseToken, 0); err != nil {
+		t.Fatalf("renewing an adopted lease: %v", err)
+	}
+	if err := m2.Release(ctx, kept.ID, kept.LeaseToken); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentAllocationsNeverShareAUnit(t *testing.T) {
+	e := newEnv(t, 16, func(o *manager.Options) { o.CreateConcurrency = 16 })
+	e.start(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	ids := map[string]int{}
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			ids[a.ID]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s bound %d times", id, n)
+		}
+	}
+	if len(ids) != 64 {
+		t.Fatalf("%d distinct allocations, want 64", len(ids))
+	}
+}
+
+func TestNoCapacityIsResourceExhausted(t *testing.T) {
+	e := newEnv(t, 0, func(o *manager.Options) { o.AllocateWait = 50 * time.Millisecond })
+	e.alloc.Fail = func(method, id string) error {
+		if method == "Create" {
+			return fmt.Errorf("no capacity")
+		}
+		return nil
+	}
+	e.start(t)
+	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Allocate = %v, want ResourceExhausted", err)
+	}
+}

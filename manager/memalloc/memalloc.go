@@ -1,0 +1,177 @@
+// Package memalloc is an in-memory Allocator: units are records, creation is instant (or
+// takes a configured delay), and every call is recorded. It serves the manager's unit tests
+// (with injected failures) and the manager benchmark, which measures the control plane alone.
+// It never runs code: nothing it "creates" has any isolation.
+package memalloc
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/manager"
+)
+
+// Call is one recorded call.
+type Call struct {
+	Method string // Create, Destroy, List, Annotate, BindEgress
+	ID     string
+	Arg    any
+}
+
+// Allocator is an in-memory manager.Allocator.
+type Allocator struct {
+	// Delay is how long Create takes.
+	Delay time.Duration
+	// Fail, if set, is asked before each call; a non-nil error fails the call.
+	Fail func(method, id string) error
+	// Templates accepted by Create (default: "default").
+	Templates []string
+
+	mu    sync.Mutex // guards units and calls
+	units map[string]*manager.UnitInfo
+	egr   map[string][]string
+	calls []Call
+	// Record controls whether calls are recorded (benchmarks turn it off).
+	NoRecord bool
+}
+
+var (
+	_ manager.Allocator    = (*Allocator)(nil)
+	_ manager.Annotator    = (*Allocator)(nil)
+	_ manager.EgressBinder = (*Allocator)(nil)
+)
+
+// New returns an empty Allocator.
+func New() *Allocator {
+	return &Allocator{units: map[string]*manager.UnitInfo{}, egr: map[string][]string{}}
+}
+
+func (a *Allocator) record(c Call) error {
+	a.mu.Lock()
+	if !a.NoRecord {
+		a.calls = append(a.calls, c)
+	}
+	fail := a.Fail
+	a.mu.Unlock()
+	if fail != nil {
+		return fail(c.Method, c.ID)
+	}
+	return nil
+}
+
+// Calls returns the calls so far.
+func (a *Allocator) Calls() []Call {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.calls)
+}
+
+func (a *Allocator) Name() string { return "memory" }
+
+func (a *Allocator) Create(ctx context.Context, id, template string) (manager.UnitInfo, error) {
+	if err := a.record(Call{Method: "Create", ID: id, Arg: template}); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	ts := a.Templates
+	if len(ts) == 0 {
+		ts = []string{manager.DefaultTemplate}
+	}
+	if !slices.Contains(ts, template) {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnknownTemplate, template)
+	}
+	if a.Delay > 0 {
+		select {
+		case <-time.After(a.Delay):
+		case <-ctx.Done():
+			return manager.UnitInfo{}, ctx.Err()
+		}
+	}
+	info := manager.UnitInfo{ID: id, Template: template, InitAddr: "mem://" + id + "/init",
+		DataAddr: "mem://" + id + "/data", Created: time.Now()}
+	a.mu.Lock()
+	a.units[id] = &info
+	a.mu.Unlock()
+	return info, nil
+}
+
+func (a *Allocator) Destroy(ctx context.Context, id string) error {
+	if err := a.record(Call{Method: "Destroy", ID: id}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	delete(a.units, id)
+	delete(a.egr, id)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
+	if err := a.record(Call{Method: "List"}); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []manager.UnitInfo
+	for _, u := range a.units {
+		c := *u
+		c.Annotations = maps.Clone(u.Annotations)
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (a *Allocator) Annotate(ctx context.Context, id string, ann map[string]string) error {
+	if err := a.record(Call{Method: "Annotate", ID: id, Arg: maps.Clone(ann)}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u, ok := a.units[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	u.Annotations = maps.Clone(ann)
+	return nil
+}
+
+func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {
+	if err := a.record(Call{Method: "BindEgress", ID: id, Arg: slices.Clone(allow)}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.egr[id] = slices.Clone(allow)
+	return nil
+}
+
+// Units returns the ids of the units that exist now, sorted.
+func (a *Allocator) Units() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Sorted(maps.Keys(a.units))
+}
+
+// Egress returns the allowlist bound to unit id.
+func (a *Allocator) Egress(id string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.egr[id])
+}
+
+// Initializer is an in-memory sFuse: it checks nothing about the unit and returns a fresh
+// public key, standing in for internal/sfuse.Initialize when no sandbox runs.
+func Initializer(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	return x509.MarshalPKIXPublicKey(&k.PublicKey)
+}

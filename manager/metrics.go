@@ -1,0 +1,52 @@
+package manager
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the manager's Prometheus metrics.
+type Metrics struct {
+	AllocationSeconds prometheus.Histogram
+	Units             *prometheus.GaugeVec // by state
+	Target            prometheus.Gauge
+	Creations         prometheus.Counter
+	Destructions      prometheus.Counter
+	Failures          *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
+	Allocations       prometheus.Counter
+}
+
+// NewMetrics registers the manager's metrics with reg (a fresh registry in tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		AllocationSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fusebox_manager_allocation_seconds", Help: "Time to serve Allocate, sFuse included.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .021, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+		Units: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fusebox_manager_units", Help: "Units by state.",
+		}, []string{"state"}),
+		Target: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fusebox_manager_estimator_target", Help: "The estimator's target number of ready units.",
+		}),
+		Creations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_creations_total", Help: "Units created (reached Ready).",
+		}),
+		Destructions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_destructions_total", Help: "Units destroyed.",
+		}),
+		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusebox_manager_failures_total", Help: "Failures by stage.",
+		}, []string{"stage"}),
+		Allocations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_allocations_total", Help: "Successful allocations.",
+		}),
+	}
+	reg.MustRegister(m.AllocationSeconds, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations)
+	for _, s := range stateNames {
+		m.Units.WithLabelValues(s)
+	}
+	for _, s := range []string{"create", "init", "egress", "annotate", "destroy"} {
+		m.Failures.WithLabelValues(s)
+	}
+	return m
+}

@@ -1,0 +1,114 @@
+package manager
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// Service serves the Manager gRPC API on a Manager.
+type Service struct {
+	managerv1.UnimplementedManagerServer
+	M *Manager
+}
+
+// toStatus is the one place where manager errors become gRPC status codes.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrUnknownTemplate):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrUnitNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrBadLeaseToken):
+		code = codes.PermissionDenied
+	case errors.Is(err, ErrLeaseEnded):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrNoCapacity):
+		code = codes.ResourceExhausted
+	case errors.Is(err, ErrAllocator):
+		code = codes.Unavailable
+	}
+	return status.Error(code, err.Error())
+}
+
+func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
+	var ttl = req.GetLeaseTtl().AsDuration()
+	if d := req.GetLeaseTtl(); d != nil && d.CheckValid() != nil {
+		return nil, toStatus(errors.Join(ErrInvalid, d.CheckValid()))
+	}
+	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
+		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels()})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &managerv1.AllocateResponse{SandboxId: a.ID, Endpoint: a.Endpoint, SandboxPublicKey: a.SandboxKey,
+		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken}, nil
+}
+
+func (s *Service) Renew(ctx context.Context, req *managerv1.RenewRequest) (*managerv1.RenewResponse, error) {
+	exp, err := s.M.Renew(ctx, req.GetSandboxId(), req.GetLeaseToken(), req.GetLeaseTtl().AsDuration())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &managerv1.RenewResponse{LeaseExpires: timestamppb.New(exp)}, nil
+}
+
+func (s *Service) Release(ctx context.Context, req *managerv1.ReleaseRequest) (*managerv1.ReleaseResponse, error) {
+	if err := s.M.Release(ctx, req.GetSandboxId(), req.GetLeaseToken()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &managerv1.ReleaseResponse{}, nil
+}
+
+var protoStates = map[State]managerv1.UnitState{
+	Creating: managerv1.UnitState_UNIT_STATE_CREATING, Ready: managerv1.UnitState_UNIT_STATE_READY,
+	Initialising: managerv1.UnitState_UNIT_STATE_INITIALISING, Bound: managerv1.UnitState_UNIT_STATE_BOUND,
+	Destroying: managerv1.UnitState_UNIT_STATE_DESTROYING, Gone: managerv1.UnitState_UNIT_STATE_GONE,
+	Failed: managerv1.UnitState_UNIT_STATE_FAILED,
+}
+
+func (s *Service) List(ctx context.Context, _ *managerv1.ListRequest) (*managerv1.ListResponse, error) {
+	var out managerv1.ListResponse
+	for _, u := range s.M.List() {
+		sb := &managerv1.Sandbox{SandboxId: u.Info.ID, State: protoStates[u.State], Template: u.Info.Template,
+			Endpoint: u.Info.DataAddr, Error: u.Err}
+		if !u.Info.Created.IsZero() {
+			sb.Created = timestamppb.New(u.Info.Created)
+		}
+		if u.Lease != nil {
+			sb.LeaseExpires = timestamppb.New(u.Lease.Expires)
+			sb.Egress, sb.Labels = u.Lease.Egress, u.Lease.Labels
+		}
+		out.Sandboxes = append(out.Sandboxes, sb)
+	}
+	return &out, nil
+}
+
+func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest) (*managerv1.PoolStatusResponse, error) {
+	st := s.M.Status()
+	units := map[string]int32{}
+	for k, v := range st.Units {
+		units[k] = int32(v)
+	}
+	return &managerv1.PoolStatusResponse{Units: units, Target: int32(st.Target), Estimator: st.Estimator,
+		DemandPerSecond: st.DemandPerSecond, ProvisioningLatency: durationpb.New(st.ProvisioningLatency),
+		Allocations: st.Allocations, Creations: st.Creations, Destructions: st.Destructions, Failures: st.Failures,
+		Allocator: st.Allocator}, nil
+}

@@ -1,0 +1,268 @@
+package manager
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// State is where a unit is in its life.
+type State int32
+
+// The states of a unit. Gone units are forgotten; Failed units are kept (briefly) for
+// visibility after their resources were cleaned up.
+const (
+	Creating State = iota + 1
+	Ready
+	Initialising
+	Bound
+	Destroying
+	Gone
+	Failed
+)
+
+var stateNames = map[State]string{Creating: "creating", Ready: "ready", Initialising: "initialising",
+	Bound: "bound", Destroying: "destroying", Gone: "gone", Failed: "failed"}
+
+func (s State) String() string {
+	if n, ok := stateNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("state(%d)", int32(s))
+}
+
+// transitions lists the legal moves; anything else is a bug or a race lost, and is refused.
+var transitions = map[State][]State{
+	Creating:     {Ready, Failed},
+	Ready:        {Initialising, Destroying},
+	Initialising: {Bound, Destroying, Failed},
+	Bound:        {Destroying},
+	Destroying:   {Gone, Failed},
+}
+
+// Lease is a bound unit's lease. Only a hash of the token is kept.
+type Lease struct {
+	TokenHash [32]byte
+	Expires   time.Time
+	TTL       time.Duration
+	Egress    []string
+	Labels    map[string]string
+}
+
+// Unit is a snapshot of one unit.
+type Unit struct {
+	Info    UnitInfo
+	State   State
+	Err     string
+	Since   time.Time // when it entered State
+	ReadyAt time.Time
+	Lease   *Lease
+}
+
+type unit struct {
+	Unit
+}
+
+// StateOperator holds the state of every unit and the warm pool: a FIFO of Ready units per
+// template. Its lock guards only in-memory data and is never held across I/O; each transition
+// is atomic (compare-and-set on the unit's state).
+type StateOperator struct {
+	clock Clock
+
+	mu     sync.Mutex // guards units, pool, notify, failed
+	units  map[string]*unit
+	pool   map[string][]*unit // template -> Ready units, oldest first
+	notify chan struct{}      // closed and replaced when a unit becomes Ready
+	failed []string           // ids of Failed units, oldest first (bounded)
+}
+
+// maxFailedKept bounds how many Failed units stay visible.
+const maxFailedKept = 50
+
+// NewStateOperator returns an empty StateOperator.
+func NewStateOperator(clock Clock) *StateOperator {
+	return &StateOperator{clock: clock, units: map[string]*unit{}, pool: map[string][]*unit{}, notify: make(chan struct{})}
+}
+
+// Insert adds a unit in state st (Creating for new units, Bound for adopted ones).
+func (s *StateOperator) Insert(info UnitInfo, st State, lease *Lease) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.units[info.ID]; dup {
+		return fmt.Errorf("unit %s already exists", info.ID)
+	}
+	u := &unit{Unit{Info: info, State: st, Since: s.clock.Now(), Lease: lease}}
+	s.units[info.ID] = u
+	if st == Ready {
+		s.pushReadyLocked(u)
+	}
+	return nil
+}
+
+// Transition moves unit id from one state to another, atomically. It fails with
+// ErrBadTransition if the unit is not in state from (someone else moved it first) or the move
+// is not legal, and with ErrUnitNotFound if there is no such unit. update, if not nil, runs
+// under the lock to change the unit's fields along with its state.
+func (s *StateOperator) Transition(id string, from, to State, update func(*Unit)) (Unit, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.units[id]
+	if !ok {
+		return Unit{}, fmt.Errorf("%w: %s", ErrUnitNotFound, id)
+	}
+	if u.State != from || !slices.Contains(transitions[from], to) {
+		return u.Unit, fmt.Errorf("%w: %s is %s, not %s (wanted %s)", ErrBadTransition, id, u.State, from, to)
+	}
+	if from == Ready {
+		s.removeReadyLocked(u)
+	}
+	u.State, u.Since = to, s.clock.Now()
+	if update != nil {
+		update(&u.Unit)
+	}
+	switch to {
+	case Ready:
+		u.ReadyAt = u.Since
+		s.pushReadyLocked(u)
+	case Gone:
+		delete(s.units, id)
+	case Failed:
+		s.failed = append(s.failed, id)
+		for len(s.failed) > maxFailedKept {
+			delete(s.units, s.failed[0])
+			s.failed = s.failed[1:]
+		}
+	}
+	return u.Unit, nil
+}
+
+// TakeReady pops the oldest Ready unit of template and moves it to Initialising, or returns
+// false when the pool is empty. The returned channel is closed when the next unit becomes
+// Ready, for callers that want to wait.
+func (s *StateOperator) TakeReady(template string) (Unit, bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.pool[template]
+	if len(q) == 0 {
+		return Unit{}, false, s.notify
+	}
+	u := q[0]
+	s.pool[template] = q[1:]
+	u.State, u.Since = Initialising, s.clock.Now()
+	return u.Unit, true, nil
+}
+
+// OldestReady returns up to n Ready units of template, oldest first, without taking them.
+func (s *StateOperator) OldestReady(template string, n int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, u := range s.pool[template] {
+		if len(ids) == n {
+			break
+		}
+		ids = append(ids, u.Info.ID)
+	}
+	return ids
+}
+
+func (s *StateOperator) pushReadyLocked(u *unit) {
+	t := u.Info.Template
+	s.pool[t] = append(s.pool[t], u)
+	close(s.notify)
+	s.notify = make(chan struct{})
+}
+
+func (s *StateOperator) removeReadyLocked(u *unit) {
+	t := u.Info.Template
+	if i := slices.Index(s.pool[t], u); i >= 0 {
+		s.pool[t] = slices.Delete(s.pool[t], i, i+1)
+	}
+}
+
+// Get returns a snapshot of unit id.
+func (s *StateOperator) Get(id string) (Unit, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.units[id]
+	if !ok {
+		return Unit{}, false
+	}
+	return u.copy(), true
+}
+
+func (u *unit) copy() Unit {
+	c := u.Unit
+	if u.Lease != nil {
+		l := *u.Lease
+		l.Labels = maps.Clone(l.Labels)
+		l.Egress = slices.Clone(l.Egress)
+		c.Lease = &l
+	}
+	return c
+}
+
+// UpdateLease changes a Bound unit's lease under the lock; fn may refuse with an error.
+func (s *StateOperator) UpdateLease(id string, fn func(*Lease) error) (Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.units[id]
+	if !ok {
+		return Lease{}, fmt.Errorf("%w: %s", ErrUnitNotFound, id)
+	}
+	if u.State != Bound || u.Lease == nil {
+		return Lease{}, fmt.Errorf("%w: %s is %s", ErrLeaseEnded, id, u.State)
+	}
+	if err := fn(u.Lease); err != nil {
+		return Lease{}, err
+	}
+	return *u.Lease, nil
+}
+
+// Expired returns the Bound units whose lease ended before now.
+func (s *StateOperator) Expired(now time.Time) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for id, u := range s.units {
+		if u.State == Bound && u.Lease != nil && !now.Before(u.Lease.Expires) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// Counts returns the number of units per template and state.
+func (s *StateOperator) Counts(template string) map[State]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := map[State]int{}
+	for _, u := range s.units {
+		if template == "" || u.Info.Template == template {
+			c[u.State]++
+		}
+	}
+	return c
+}
+
+// Snapshot returns every unit, ordered by id.
+func (s *StateOperator) Snapshot() []Unit {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Unit, 0, len(s.units))
+	for _, u := range s.units {
+		out = append(out, u.copy())
+	}
+	slices.SortFunc(out, func(a, b Unit) int {
+		switch {
+		case a.Info.ID < b.Info.ID:
+			return -1
+		case a.Info.ID > b.Info.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
