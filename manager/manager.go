@@ -64,7 +64,7 @@ type Manager struct {
 	totals      struct{ allocations, creations, destructions, failures atomic.Uint64 }
 	latMu       sync.Mutex // guards latencies
 	latencies   []time.Duration
-	demandMu    sync.Mutex // guards demand
+	demandMu    sync.Mutex  // guards demand
 	demand      []time.Time // allocation times in the last minute
 	bg          sync.WaitGroup
 	cancelLoops context.CancelFunc
@@ -701,4 +701,3 @@ func (m *Manager) Status() PoolStatus {
 		Destructions: m.totals.destructions.Load(), Failures: m.totals.failures.Load(),
 	}
 }
-
