@@ -47,11 +47,14 @@ unit: ## Run the tests that need neither root nor gVisor
 test: deps runsc verify ## Verify, then run every test, gVisor integration tests included (root)
 	$(GOTEST) $(TESTFLAGS) ./...
 
-bench: runsc build ## Run the data-plane benchmark under gVisor and print JSON
+bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox bench dataplane --runsc $(RUNSC) --json
+	$(BIN)/fusebox bench allocate --runsc $(RUNSC) --json
+	$(BIN)/fusebox bench manager --json
 
-run: runsc build ## Build everything and run a sandbox end to end (the data-plane benchmark)
-	$(BIN)/fusebox bench dataplane --runsc $(RUNSC)
+run: runsc build ## Build everything and run the local manager (gVisor warm pool) in the foreground
+	@echo "starting fusebox local up; in another terminal: $(BIN)/fusebox run -- uname -a"
+	$(BIN)/fusebox local up --runsc $(RUNSC) $(RUN_FLAGS)
 
 clean: ## Remove build outputs (not the runsc cache)
 	rm -rf $(BIN)

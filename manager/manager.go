@@ -58,6 +58,9 @@ type Manager struct {
 	m     *Metrics
 
 	wake        chan struct{} // nudges the reconciler
+	backoffMu   sync.Mutex    // guards failStreak, holdUntil
+	failStreak  int           // consecutive failed creations
+	holdUntil   time.Time     // no new creations before this (backoff after failures)
 	allocs      atomic.Int64  // allocations since the last observation
 	creating    atomic.Int32  // creations in flight
 	target      atomic.Int32
@@ -383,7 +386,9 @@ func (m *Manager) recordAllocation() {
 	m.nudge()
 }
 
-// takeReady pops a Ready unit, waiting for the reconciler to make one if the pool is empty.
+// takeReady pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
+// starts one creation of its own (whatever the estimator's target), so it never depends on
+// the pool's size alone; spare units it makes join the pool.
 func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 	var timeout <-chan time.Time
 	for {
@@ -392,16 +397,13 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			m.publishCounts()
 			return u, nil
 		}
-		if tmpl != m.o.PoolTemplate {
-			// Units of other templates are made on demand.
+		if timeout == nil {
+			timeout = time.After(m.o.AllocateWait)
 			m.creating.Add(1)
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.create(context.WithoutCancel(ctx), tmpl) }()
 		}
 		m.nudge()
-		if timeout == nil {
-			timeout = time.After(m.o.AllocateWait)
-		}
 		select {
 		case <-wait:
 		case <-timeout:
@@ -569,6 +571,16 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	m.publishCounts()
 	t0 := time.Now()
 	got, err := m.alloc.Create(ctx, id, tmpl)
+	m.backoffMu.Lock()
+	if err != nil {
+		// Back off exponentially (0.5 s doubling to a minute) so that a broken runtime does
+		// not spin: failures stay visible in status and metrics meanwhile.
+		m.failStreak++
+		m.holdUntil = time.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
+	} else {
+		m.failStreak = 0
+	}
+	m.backoffMu.Unlock()
 	if err != nil {
 		m.failure("create")
 		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
@@ -636,7 +648,10 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	if deficit := target - c[Ready] - creating; deficit > 0 {
+	m.backoffMu.Lock()
+	held := time.Now().Before(m.holdUntil)
+	m.backoffMu.Unlock()
+	if deficit := target - c[Ready] - creating; deficit > 0 && !held {
 		n := min(deficit, m.o.CreateConcurrency-creating)
 		for range n {
 			m.creating.Add(1)

@@ -71,8 +71,10 @@ type unit struct {
 type StateOperator struct {
 	clock Clock
 
-	mu     sync.Mutex // guards units, pool, notify, failed
+	mu     sync.Mutex // guards units, pool, notify, failed, counts, bound
 	units  map[string]*unit
+	counts map[string]map[State]int // template -> state -> units, kept on every change
+	bound  map[string]*unit         // the Bound units, for lease expiry
 	pool   map[string][]*unit // template -> Ready units, oldest first
 	notify chan struct{}      // closed and replaced when a unit becomes Ready
 	failed []string           // ids of Failed units, oldest first (bounded)
@@ -83,7 +85,8 @@ const maxFailedKept = 50
 
 // NewStateOperator returns an empty StateOperator.
 func NewStateOperator(clock Clock) *StateOperator {
-	return &StateOperator{clock: clock, units: map[string]*unit{}, pool: map[string][]*unit{}, notify: make(chan struct{})}
+	return &StateOperator{clock: clock, units: map[string]*unit{}, pool: map[string][]*unit{}, notify: make(chan struct{}),
+		counts: map[string]map[State]int{}, bound: map[string]*unit{}}
 }
 
 // Insert adds a unit in state st (Creating for new units, Bound for adopted ones).
@@ -95,10 +98,31 @@ func (s *StateOperator) Insert(info UnitInfo, st State, lease *Lease) error {
 	}
 	u := &unit{Unit{Info: info, State: st, Since: s.clock.Now(), Lease: lease}}
 	s.units[info.ID] = u
+	s.enterLocked(u)
 	if st == Ready {
 		s.pushReadyLocked(u)
 	}
 	return nil
+}
+
+// enterLocked and leaveLocked keep counts and bound in step with a unit's state.
+func (s *StateOperator) enterLocked(u *unit) {
+	c := s.counts[u.Info.Template]
+	if c == nil {
+		c = map[State]int{}
+		s.counts[u.Info.Template] = c
+	}
+	c[u.State]++
+	if u.State == Bound {
+		s.bound[u.Info.ID] = u
+	}
+}
+
+func (s *StateOperator) leaveLocked(u *unit) {
+	s.counts[u.Info.Template][u.State]--
+	if u.State == Bound {
+		delete(s.bound, u.Info.ID)
+	}
 }
 
 // Transition moves unit id from one state to another, atomically. It fails with
@@ -118,20 +142,26 @@ func (s *StateOperator) Transition(id string, from, to State, update func(*Unit)
 	if from == Ready {
 		s.removeReadyLocked(u)
 	}
+	s.leaveLocked(u)
 	u.State, u.Since = to, s.clock.Now()
 	if update != nil {
-		update(&u.Unit)
+		update(&u.Unit) // may change Info (Create fills it in), so count after
 	}
+	s.enterLocked(u)
 	switch to {
 	case Ready:
 		u.ReadyAt = u.Since
 		s.pushReadyLocked(u)
 	case Gone:
+		s.leaveLocked(u)
 		delete(s.units, id)
 	case Failed:
 		s.failed = append(s.failed, id)
 		for len(s.failed) > maxFailedKept {
-			delete(s.units, s.failed[0])
+			if old, ok := s.units[s.failed[0]]; ok && old.State == Failed {
+				s.leaveLocked(old)
+				delete(s.units, s.failed[0])
+			}
 			s.failed = s.failed[1:]
 		}
 	}
@@ -150,7 +180,9 @@ func (s *StateOperator) TakeReady(template string) (Unit, bool, <-chan struct{})
 	}
 	u := q[0]
 	s.pool[template] = q[1:]
+	s.leaveLocked(u)
 	u.State, u.Since = Initialising, s.clock.Now()
+	s.enterLocked(u)
 	return u.Unit, true, nil
 }
 
@@ -226,8 +258,8 @@ func (s *StateOperator) Expired(now time.Time) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []string
-	for id, u := range s.units {
-		if u.State == Bound && u.Lease != nil && !now.Before(u.Lease.Expires) {
+	for id, u := range s.bound {
+		if u.Lease != nil && !now.Before(u.Lease.Expires) {
 			ids = append(ids, id)
 		}
 	}
@@ -239,9 +271,11 @@ func (s *StateOperator) Counts(template string) map[State]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := map[State]int{}
-	for _, u := range s.units {
-		if template == "" || u.Info.Template == template {
-			c[u.State]++
+	for t, byState := range s.counts {
+		if template == "" || t == template {
+			for st, n := range byState {
+				c[st] += n
+			}
 		}
 	}
 	return c

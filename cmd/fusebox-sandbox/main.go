@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/sandbox-server/floor"
+	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
 
@@ -54,6 +56,8 @@ func main() {
 	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
+	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock); empty: no egress at all (no relay, no proxy variables)")
+	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (with -egress-socket)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fusebox-sandbox: unexpected arguments %q\n", flag.Args())
@@ -61,6 +65,19 @@ func main() {
 	}
 	if _, ok := env["HOME"]; !ok {
 		env["HOME"] = cfg.WorkspaceDir
+	}
+	var egressLn net.Listener
+	if *egressSocket != "" {
+		var err error
+		if egressLn, err = relay.Listen(*egressListen); err != nil {
+			fmt.Fprintf(os.Stderr, "fusebox-sandbox: -egress-listen: %v\n", err)
+			os.Exit(2)
+		}
+		for k, v := range relay.ProxyEnv(egressLn.Addr()) {
+			if _, ok := env[k]; !ok { // an explicit -env wins
+				env[k] = v
+			}
+		}
 	}
 	cfg.Server.BaseEnv = env
 	cfg.Server.Limits.MaxMessageBytes = int(cfg.Workspace.MaxBatchBytes) + 1<<20
@@ -73,6 +90,13 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if egressLn != nil {
+		go func() {
+			if err := relay.Serve(ctx, egressLn, *egressSocket, log.With("component", "egress-relay")); err != nil {
+				log.Error("egress relay stopped", "err", err)
+			}
+		}()
+	}
 	err := server.Run(ctx, cfg, log)
 	switch {
 	case err == nil, errors.Is(err, context.Canceled):

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -21,7 +22,7 @@ func benchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure fusebox against real gVisor sandboxes",
 	}
-	cmd.AddCommand(benchDataplaneCmd())
+	cmd.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd())
 	return cmd
 }
 
@@ -64,9 +65,7 @@ them back through a plan, and streaming one large file. Needs root.`,
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(r)
+				return printJSON(r)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "exec round trip of true (p50/p99)\t%.3f / %.3f ms\n", r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms)
@@ -89,5 +88,79 @@ them back through a plan, and streaming one large file. Needs root.`,
 	f.IntVar(&o.ShellFiles, "shell-files", 300, "files timed for the shell-per-file baseline (scaled to 3000)")
 	f.IntVar(&o.StreamMiB, "stream-mib", 256, "size of the streamed file in MiB")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func benchAllocateCmd() *cobra.Command {
+	var o bench.AllocateOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "allocate",
+		Short: "Warm and cold allocation latency and pool refill rate with the runsc allocator",
+		Long: `Runs a manager with the runsc allocator in this process and measures, through the
+real gRPC API and client SDK: warm allocations (Allocate with a ready sandbox waiting, sFuse and
+the first data-plane call included), cold starts (empty pool), and the pool refill rate. Needs root.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(o.Runsc); err != nil {
+				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+			}
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.Allocate(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
+				r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.ColdStartP50Ms, r.PoolRefillPerS)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.IntVar(&o.Runs, "runs", 50, "warm allocations")
+	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
+	f.IntVar(&o.PoolSize, "pool-size", 4, "pool size for the refill measurement")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+func benchManagerCmd() *cobra.Command {
+	var clients []int
+	var rate int
+	var d time.Duration
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "manager",
+		Short: "Allocations per second and latency of the control plane alone (in-memory allocator)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := bench.Manager(cmd.Context(), clients, rate, d)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			for _, l := range r.Levels {
+				fmt.Printf("%3d clients: %8.0f allocations/s, p50 %.3f ms, p99 %.3f ms\n", l.Clients, l.AllocationsPerS, l.AllocateP50Ms, l.AllocateP99Ms)
+			}
+			if ol := r.OpenLoop; ol != nil {
+				fmt.Printf("offered %d/s: %8.0f allocations/s, p50 %.3f ms, p99 %.3f ms\n", ol.RatePerS, ol.AllocationsPerS, ol.AllocateP50Ms, ol.AllocateP99Ms)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntSliceVar(&clients, "clients", []int{1, 8, 64}, "concurrency levels")
+	cmd.Flags().IntVar(&rate, "rate", 1000, "offered allocations per second for the open-loop run (0: skip)")
+	cmd.Flags().DurationVar(&d, "duration", 3*time.Second, "time per level")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

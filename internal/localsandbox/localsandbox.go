@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,6 +103,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	}
 	deadline := time.Now().Add(timeout)
 	initPath := filepath.Join(sock, "init.sock")
+	nextStateCheck := time.Now().Add(250 * time.Millisecond)
 	for {
 		// The socket file appears at bind, before listen: only a successful connect says the
 		// server is ready.
@@ -110,8 +112,15 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 			return s, nil
 		}
 		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(filepath.Join(o.Dir, "server.log"))
-			return nil, fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", o.ID, timeout, out)
+			return nil, fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", o.ID, timeout, s.logTail())
+		}
+		// A server that exited (a bad flag, a failed self-check) fails the start at once
+		// rather than at the deadline.
+		if time.Now().After(nextStateCheck) {
+			nextStateCheck = time.Now().Add(250 * time.Millisecond)
+			if st, err := o.Runtime.State(ctx, o.ID); err == nil && st.Status == runsc.StatusStopped {
+				return nil, fmt.Errorf("sandbox %s: server exited before listening; server log: %s", o.ID, s.logTail())
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -119,6 +128,18 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// logTail returns the last lines of the server's log, for error messages.
+func (s *Sandbox) logTail() string {
+	l := strings.TrimSpace(s.Log())
+	if i := strings.IndexByte(l, '\n'); i >= 0 && len(l) > 600 {
+		l = l[:i] // the first line says what went wrong; usage text follows
+	}
+	if len(l) > 600 {
+		l = l[len(l)-600:]
+	}
+	return l
 }
 
 // Log returns what the sandbox server wrote to its standard output and error.

@@ -219,7 +219,7 @@ func TestEscapes(t *testing.T) {
 }
 
 // TestEscapeRace swaps a directory for a symlink to the outside while writes, reads and
-// removals run through it: os.Root must never let one through.
+// removals run through it: the jail must never let one through.
 func TestEscapeRace(t *testing.T) {
 	e := newEnv(t)
 	before := snapshot(t, e.outside)

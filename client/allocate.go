@@ -1,0 +1,154 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// AllocateOptions describe the sandbox to allocate.
+type AllocateOptions struct {
+	Template string
+	// Egress lists the destinations the sandbox may reach ("host:port", "*.domain:port").
+	// Empty: none.
+	Egress []string
+	// LeaseTTL: zero means the manager's default. The lease is renewed in the background.
+	LeaseTTL time.Duration
+	Labels   map[string]string
+	// Key is the agent key; nil generates a fresh one.
+	Key *Key
+	// ManagerCredentials secure the connection to the manager; nil means none, which is right
+	// for the local manager's unix socket only.
+	ManagerCredentials credentials.TransportCredentials
+	// Sandbox tunes the data-plane connection.
+	Sandbox Options
+}
+
+// Allocation is a bound sandbox: the embedded Sandbox talks to it directly; Close releases it.
+type Allocation struct {
+	*Sandbox
+	ID       string
+	Endpoint string
+
+	mgr   managerv1.ManagerClient
+	conn  *grpc.ClientConn
+	token string
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu      sync.Mutex // guards expires, renewErr
+	expires time.Time
+	renewErr error
+	closed  sync.Once
+}
+
+// Allocate asks the manager at managerAddr (unix:///path or tcp://host:port) for a sandbox,
+// dials it directly with pinned keys, and renews its lease in the background until Close.
+func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
+	addr, err := endpoint.Parse(managerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("manager address: %w", err)
+	}
+	key := o.Key
+	if key == nil {
+		if key, err = NewKey(); err != nil {
+			return nil, err
+		}
+	}
+	creds := o.ManagerCredentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("dialing manager %s: %w", addr, err)
+	}
+	mgr := managerv1.NewManagerClient(conn)
+	req := &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
+	if o.LeaseTTL > 0 {
+		req.LeaseTtl = durationpb.New(o.LeaseTTL)
+	}
+	resp, err := mgr.Allocate(ctx, req)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("allocating sandbox: %w", err)
+	}
+	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: mgr, conn: conn,
+		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
+		expires: resp.GetLeaseExpires().AsTime()}
+	sb, err := Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key, o.Sandbox)
+	if err != nil {
+		a.release(context.WithoutCancel(ctx))
+		conn.Close()
+		return nil, err
+	}
+	a.Sandbox = sb
+	ttl := o.LeaseTTL
+	if ttl <= 0 {
+		ttl = time.Until(a.expires)
+	}
+	go a.renew(max(ttl/3, 100*time.Millisecond))
+	return a, nil
+}
+
+func (a *Allocation) renew(every time.Duration) {
+	defer close(a.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		resp, err := a.mgr.Renew(ctx, &managerv1.RenewRequest{SandboxId: a.ID, LeaseToken: a.token})
+		cancel()
+		a.mu.Lock()
+		if err != nil {
+			a.renewErr = fmt.Errorf("renewing lease of %s: %w", a.ID, err)
+		} else {
+			a.expires, a.renewErr = resp.GetLeaseExpires().AsTime(), nil
+		}
+		a.mu.Unlock()
+	}
+}
+
+// LeaseExpires returns the lease's current expiry and the last renewal error, if any.
+func (a *Allocation) LeaseExpires() (time.Time, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.expires, a.renewErr
+}
+
+func (a *Allocation) release(ctx context.Context) error {
+	_, err := a.mgr.Release(ctx, &managerv1.ReleaseRequest{SandboxId: a.ID, LeaseToken: a.token})
+	return err
+}
+
+// Close stops renewing, releases the sandbox (the manager destroys it) and closes both
+// connections. It is safe to call more than once.
+func (a *Allocation) Close() error {
+	var err error
+	a.closed.Do(func() {
+		close(a.stop)
+		<-a.done
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if rerr := a.release(ctx); rerr != nil {
+			err = fmt.Errorf("releasing %s: %w", a.ID, rerr)
+		}
+		err = errors.Join(err, a.Sandbox.Close(), a.conn.Close())
+	})
+	return err
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fusebox-dev/fusebox/manager/daemon"
+)
+
+// defaultManager is where `fusebox local up` listens and where run and status look first.
+const defaultManager = "unix:///run/fusebox/manager.sock"
+
+func localCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "local", Short: "Run fusebox on this machine with gVisor sandboxes"}
+	cmd.AddCommand(localUpCmd())
+	return cmd
+}
+
+func localUpCmd() *cobra.Command {
+	c := daemon.Config{}
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run the manager in the foreground with a warm pool of gVisor sandboxes",
+		Long: `Runs the fusebox manager in the foreground: it keeps a warm pool of single-use gVisor
+sandboxes (the pinned runsc), binds one to each agent that calls Allocate, and destroys it on
+release or lease expiry. Sandboxes bound when the manager stops keep serving their agents and
+are adopted by the next 'fusebox local up' on the same state directory. Needs root.`,
+		Example: `  sudo fusebox local up --pool-size 4
+  sudo fusebox local up --estimator ewma --pool-size 2 --pool-max 32 --metrics-listen 127.0.0.1:9464`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lvl := slog.LevelInfo
+			if verbose {
+				lvl = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if c.Allocator == "runsc" {
+				if _, err := os.Stat(c.Runsc); err != nil {
+					return fmt.Errorf("runsc not found at %s: build the pinned one with `make runsc` or pass --runsc", c.Runsc)
+				}
+			}
+			if _, err := os.Stat(c.SandboxBinary); err != nil {
+				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", c.SandboxBinary)
+			}
+			c.Ready = func(addr string) {
+				fmt.Fprintf(os.Stderr, "\nfusebox manager listening on %s\n  try:   fusebox run -- uname -a\n  pool:  fusebox status\n\n", addr)
+			}
+			return daemon.Run(cmd.Context(), c, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&c.Listen, "listen", defaultManager, "where the manager API listens (unix:///path or tcp://host:port)")
+	f.StringVar(&c.MetricsListen, "metrics-listen", "", "host:port serving Prometheus /metrics (empty: off)")
+	f.StringVar(&c.Allocator, "allocator", "runsc", "runsc (gVisor) or process (no isolation; needs --insecure-process-runtime)")
+	f.BoolVar(&c.Insecure, "insecure-process-runtime", false, "allow the process allocator, which runs generated code on this host without gVisor")
+	f.StringVar(&c.StateDir, "state-dir", "/var/lib/fusebox", "sandboxes, bundles and leases live here")
+	f.StringVar(&c.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
+	f.StringVar(&c.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox")
+	f.StringVar(&c.Estimator, "estimator", "fixed", "pool sizing: fixed, ewma or pid")
+	f.IntVar(&c.PoolSize, "pool-size", 2, "ready sandboxes to keep (the floor for ewma and pid)")
+	f.IntVar(&c.PoolMax, "pool-max", 16, "most ready sandboxes ewma and pid may ask for")
+	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
+	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+func statusCmd() *cobra.Command {
+	var mgr string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the warm pool and the sandboxes the manager holds",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			addr, err := endpoint.Parse(mgr)
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			c := managerv1.NewManagerClient(conn)
+			ps, err := c.PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
+			if err != nil {
+				return fmt.Errorf("asking %s: %w (is `fusebox local up` running?)", mgr, err)
+			}
+			list, err := c.List(cmd.Context(), &managerv1.ListRequest{})
+			if err != nil {
+				return err
+			}
+			var states []string
+			for _, s := range []string{"ready", "creating", "initialising", "bound", "destroying", "failed"} {
+				states = append(states, fmt.Sprintf("%s %d", s, ps.Units[s]))
+			}
+			fmt.Printf("allocator %s, estimator %s, target %d ready\n%s\n", ps.Allocator, ps.Estimator, ps.Target, strings.Join(states, ", "))
+			fmt.Printf("allocations %d (%.2f/s over the last minute), creations %d, destructions %d, failures %d, provisioning %v\n\n",
+				ps.Allocations, ps.DemandPerSecond, ps.Creations, ps.Destructions, ps.Failures, ps.ProvisioningLatency.AsDuration().Round(time.Millisecond))
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(w, "SANDBOX\tSTATE\tAGE\tLEASE LEFT\tEGRESS\tLABELS / ERROR")
+			sbs := list.Sandboxes
+			slices.SortFunc(sbs, func(a, b *managerv1.Sandbox) int { return strings.Compare(a.SandboxId, b.SandboxId) })
+			for _, s := range sbs {
+				age, left := "-", "-"
+				if s.Created != nil {
+					age = time.Since(s.Created.AsTime()).Round(time.Second).String()
+				}
+				if s.LeaseExpires != nil {
+					left = time.Until(s.LeaseExpires.AsTime()).Round(time.Second).String()
+				}
+				egress := strings.Join(s.Egress, ",")
+				if egress == "" {
+					egress = "-"
+				}
+				extra := strings.ReplaceAll(s.Error, "\n", " ")
+				if len(extra) > 120 {
+					extra = extra[:117] + "..."
+				}
+				if extra == "" {
+					var kv []string
+					for k, v := range s.Labels {
+						kv = append(kv, k+"="+v)
+					}
+					slices.Sort(kv)
+					extra = strings.Join(kv, ",")
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.SandboxId,
+					strings.ToLower(strings.TrimPrefix(s.State.String(), "UNIT_STATE_")), age, left, egress, extra)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&mgr, "manager", envOr("FUSEBOX_MANAGER", defaultManager), "manager address")
+	return cmd
+}

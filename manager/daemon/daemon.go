@@ -1,0 +1,149 @@
+// Package daemon runs a manager as a service: it builds the allocator and estimator from
+// configuration, adopts what a previous run left, and serves the Manager gRPC API with gRPC
+// health and Prometheus metrics until its context ends.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/processalloc"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// Config is the manager's configuration.
+type Config struct {
+	Listen        string // unix:///path or tcp://host:port
+	MetricsListen string // host:port for /metrics; empty disables
+	Allocator     string // runsc or process
+	Insecure      bool   // allows the process allocator
+	StateDir      string
+	Runsc         string
+	SandboxBinary string
+	Estimator     string
+	PoolSize      int
+	PoolMax       int
+	LeaseTTL      time.Duration
+	MaxLeaseTTL   time.Duration
+	// Ready, if set, is called once the manager serves, with the address it listens on.
+	Ready func(addr string)
+}
+
+// Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
+func Run(ctx context.Context, c Config, log *slog.Logger) error {
+	var alloc manager.Allocator
+	switch c.Allocator {
+	case "runsc":
+		a, err := runscalloc.New(runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
+			SandboxBinary: c.SandboxBinary, Logger: log})
+		if err != nil {
+			return err
+		}
+		alloc = a
+	case "process":
+		a, err := processalloc.New(processalloc.Options{Insecure: c.Insecure, StateDir: c.StateDir,
+			SandboxBinary: c.SandboxBinary, Logger: log})
+		if err != nil {
+			return err
+		}
+		alloc = a
+	default:
+		return fmt.Errorf("unknown allocator %q (want runsc or process)", c.Allocator)
+	}
+	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
+		Initializer: sfuse.Initialize, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
+		Logger: log, Metrics: manager.NewMetrics(reg)})
+	if err != nil {
+		return err
+	}
+	addr, err := endpoint.Parse(c.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if addr.Network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
+			return err
+		}
+	}
+	ln, err := endpoint.Listen(addr)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := m.Close(cctx); err != nil {
+			log.Error("destroying the warm pool on exit", "err", err)
+		}
+	}()
+
+	srv := grpc.NewServer()
+	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	var metrics *http.Server
+	if c.MetricsListen != "" {
+		mln, err := net.Listen("tcp", c.MetricsListen)
+		if err != nil {
+			srv.Stop()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- metrics.Serve(mln) }()
+		log.Info("serving metrics", "addr", "http://"+mln.Addr().String()+"/metrics")
+	}
+	log.Info("manager serving", "listen", addr.String(), "allocator", alloc.Name(), "estimator", est.Name(),
+		"pool_size", c.PoolSize)
+	if c.Ready != nil {
+		c.Ready(addr.String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			srv.Stop()
+			return err
+		}
+	}
+	hs.Shutdown()
+	srv.GracefulStop()
+	if metrics != nil {
+		metrics.Close()
+	}
+	return nil
+}

@@ -1,0 +1,219 @@
+// Package processalloc runs each unit's fusebox-sandbox as a plain host process: no kernel
+// boundary, no network isolation, no egress control. It exists for development on machines
+// without gVisor, refuses to start unless explicitly allowed, and makes the manager log a
+// warning on every allocation.
+package processalloc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/manager"
+)
+
+// ErrNotAllowed is returned by New without Insecure.
+var ErrNotAllowed = errors.New("the process runtime has no kernel boundary: it runs generated code directly on this host; start it only with --insecure-process-runtime, for development")
+
+// Options configure the allocator.
+type Options struct {
+	// Insecure must be set: it is the explicit acknowledgement that sandboxes are plain processes.
+	Insecure      bool
+	StateDir      string
+	SandboxBinary string
+	Logger        *slog.Logger
+}
+
+// Allocator runs units as host processes.
+type Allocator struct {
+	o    Options
+	mu   sync.Mutex // guards cmds
+	cmds map[string]*exec.Cmd
+}
+
+var (
+	_ manager.Allocator = (*Allocator)(nil)
+	_ manager.Annotator = (*Allocator)(nil)
+	_ manager.Warner    = (*Allocator)(nil)
+)
+
+// New refuses to return an allocator unless o.Insecure is set.
+func New(o Options) (*Allocator, error) {
+	if !o.Insecure {
+		return nil, ErrNotAllowed
+	}
+	if o.StateDir == "" || o.SandboxBinary == "" {
+		return nil, errors.New("processalloc: StateDir and SandboxBinary are required")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(o.StateDir, "sandboxes"), 0o700); err != nil {
+		return nil, err
+	}
+	o.Logger.Warn("INSECURE: the process runtime runs generated code on this host without gVisor")
+	return &Allocator{o: o, cmds: map[string]*exec.Cmd{}}, nil
+}
+
+func (a *Allocator) Name() string { return "process" }
+
+// AllocationWarning is logged by the manager on every allocation.
+func (a *Allocator) AllocationWarning() string {
+	return "INSECURE: allocating a sandbox from the process runtime: no kernel boundary, host network"
+}
+
+func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
+
+func (a *Allocator) info(id, template string, created time.Time) manager.UnitInfo {
+	d := a.dir(id)
+	return manager.UnitInfo{ID: id, Template: template, Created: created,
+		InitAddr: "unix://" + filepath.Join(d, "init.sock"), DataAddr: "unix://" + filepath.Join(d, "data.sock")}
+}
+
+func validID(id string) bool {
+	return id != "" && !strings.ContainsAny(id, "/\\.\x00") && len(id) < 64
+}
+
+func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.UnitInfo, err error) {
+	if !validID(id) {
+		return manager.UnitInfo{}, fmt.Errorf("processalloc: bad id %q", id)
+	}
+	if template != manager.DefaultTemplate {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	d := a.dir(id)
+	ws := filepath.Join(d, "workspace")
+	if err := os.MkdirAll(ws, 0o700); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	defer func() {
+		if err != nil {
+			a.Destroy(context.WithoutCancel(ctx), id)
+		}
+	}()
+	info := a.info(id, template, time.Now().UTC())
+	log, err := os.Create(filepath.Join(d, "server.log"))
+	if err != nil {
+		return manager.UnitInfo{}, err
+	}
+	defer log.Close()
+	cmd := exec.Command(a.o.SandboxBinary, "-init-listen="+info.InitAddr, "-data-listen="+info.DataAddr,
+		"-workspace="+ws, "-idle-ttl=24h")
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // survives a manager restart
+	if err := cmd.Start(); err != nil {
+		return manager.UnitInfo{}, fmt.Errorf("starting %s: %w", a.o.SandboxBinary, err)
+	}
+	a.mu.Lock()
+	a.cmds[id] = cmd
+	a.mu.Unlock()
+	go cmd.Wait() // reap it whenever it ends
+	if err := os.WriteFile(filepath.Join(d, "pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	if err := writeJSON(filepath.Join(d, "unit.json"), info); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	initPath := strings.TrimPrefix(info.InitAddr, "unix://")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if c, err := net.Dial("unix", initPath); err == nil {
+			c.Close()
+			return info, nil
+		}
+		if time.Now().After(deadline) {
+			return manager.UnitInfo{}, fmt.Errorf("sandbox %s did not listen within 30s", id)
+		}
+		select {
+		case <-ctx.Done():
+			return manager.UnitInfo{}, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+func (a *Allocator) Destroy(ctx context.Context, id string) error {
+	if !validID(id) {
+		return fmt.Errorf("processalloc: bad id %q", id)
+	}
+	d := a.dir(id)
+	if b, err := os.ReadFile(filepath.Join(d, "pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && isOurs(pid, a.o.SandboxBinary) {
+			syscall.Kill(-pid, syscall.SIGKILL) // its session and process group
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	a.mu.Lock()
+	delete(a.cmds, id)
+	a.mu.Unlock()
+	return os.RemoveAll(d)
+}
+
+// isOurs checks that pid still runs the sandbox binary (pids are reused).
+func isOurs(pid int, bin string) bool {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return false
+	}
+	want, _ := filepath.EvalSymlinks(bin)
+	return exe == want || exe == bin
+}
+
+func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
+	entries, err := os.ReadDir(filepath.Join(a.o.StateDir, "sandboxes"))
+	if err != nil {
+		return nil, err
+	}
+	var out []manager.UnitInfo
+	for _, e := range entries {
+		var info manager.UnitInfo
+		if readJSON(filepath.Join(a.dir(e.Name()), "unit.json"), &info) != nil {
+			info = a.info(e.Name(), "", time.Time{})
+		}
+		var ann map[string]string
+		if readJSON(filepath.Join(a.dir(e.Name()), "annotations.json"), &ann) == nil {
+			info.Annotations = ann
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(x, y manager.UnitInfo) int { return strings.Compare(x.ID, y.ID) })
+	return out, nil
+}
+
+func (a *Allocator) Annotate(ctx context.Context, id string, ann map[string]string) error {
+	if _, err := os.Stat(a.dir(id)); err != nil {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	return writeJSON(filepath.Join(a.dir(id), "annotations.json"), maps.Clone(ann))
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}

@@ -1,0 +1,19 @@
+package processalloc
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestRefusesWithoutInsecureFlag(t *testing.T) {
+	if _, err := New(Options{StateDir: t.TempDir(), SandboxBinary: "/bin/true"}); !errors.Is(err, ErrNotAllowed) {
+		t.Fatalf("New without Insecure = %v, want ErrNotAllowed", err)
+	}
+	a, err := New(Options{Insecure: true, StateDir: t.TempDir(), SandboxBinary: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.AllocationWarning() == "" {
+		t.Fatal("no allocation warning")
+	}
+}

@@ -1,0 +1,314 @@
+// Package runscalloc is the local Allocator: each unit is a fusebox-sandbox server in its own
+// gVisor container (runsc, --network=none --host-uds=all), with its workspace in the
+// sandbox's own memory, a read-only root filesystem, memory/CPU/pids limits, and init, data
+// and egress unix sockets in a per-sandbox host directory bind-mounted at /run/fusebox.
+//
+// Egress: the allocator serves an allowlisting HTTP proxy (package egress) on each sandbox's
+// egress.sock; inside, the sandbox server relays 127.0.0.1:3128 to it and gives commands
+// HTTP_PROXY/HTTPS_PROXY. Until BindEgress, the proxy refuses everything.
+//
+// Layout under StateDir: runsc/ (runsc's --root), etc/ (the sanitised /etc shared read-only by
+// all sandboxes), sandboxes/<id>/ (bundle, sock/, server.log, unit.json, annotations.json).
+package runscalloc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/localsandbox"
+	"github.com/fusebox-dev/fusebox/internal/runsc"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/egress"
+)
+
+// Template is how sandboxes of one template are made.
+type Template struct {
+	// Bundle carries the limits and, optionally, an unpacked image as RootFS.
+	Bundle runsc.BundleSpec
+	// ServerArgs are extra fusebox-sandbox flags (limits).
+	ServerArgs []string
+}
+
+// DefaultTemplate is 1 CPU, 1 GiB, 512 pids, the host's /usr as a read-only root.
+func DefaultTemplate() Template {
+	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1, PidsLimit: 512}}
+}
+
+// Options configure the allocator. Runsc, StateDir and SandboxBinary are required.
+type Options struct {
+	// Runsc is the pinned runsc binary; the Runtime's root is StateDir/runsc.
+	Runsc    string
+	StateDir string
+	// SandboxBinary is a static fusebox-sandbox build.
+	SandboxBinary string
+	Templates     map[string]Template
+	// IdleTTL is how long a pool sandbox waits for its InitializeTLS before it exits (it must
+	// outlast a unit's stay in the warm pool).
+	IdleTTL time.Duration
+	Logger  *slog.Logger
+	// Egress configures the per-sandbox proxies (tests inject dialers).
+	Egress egress.ProxyOptions
+}
+
+// Allocator runs units as local gVisor sandboxes.
+type Allocator struct {
+	o  Options
+	rt *runsc.Runtime
+
+	mu      sync.Mutex // guards proxies
+	proxies map[string]*egress.Proxy
+}
+
+var (
+	_ manager.Allocator    = (*Allocator)(nil)
+	_ manager.Annotator    = (*Allocator)(nil)
+	_ manager.EgressBinder = (*Allocator)(nil)
+)
+
+// New checks o, prepares StateDir and returns the allocator.
+func New(o Options) (*Allocator, error) {
+	if o.Runsc == "" || o.StateDir == "" || o.SandboxBinary == "" {
+		return nil, errors.New("runscalloc: Runsc, StateDir and SandboxBinary are required")
+	}
+	for _, p := range []string{o.Runsc, o.SandboxBinary} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("runscalloc: %s is not an executable file", p)
+		}
+	}
+	dir, err := filepath.Abs(o.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	o.StateDir = dir
+	if len(o.Templates) == 0 {
+		o.Templates = map[string]Template{manager.DefaultTemplate: DefaultTemplate()}
+	}
+	if o.IdleTTL <= 0 {
+		o.IdleTTL = 24 * time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Egress.Logger == nil {
+		o.Egress.Logger = o.Logger
+	}
+	for _, d := range []string{"runsc", "sandboxes"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, fmt.Errorf("creating state directory: %w", err)
+		}
+	}
+	etc := filepath.Join(dir, "etc")
+	if _, err := os.Stat(etc); errors.Is(err, fs.ErrNotExist) {
+		tmp := etc + ".tmp"
+		os.RemoveAll(tmp)
+		if err := runsc.WriteSanitizedEtc(tmp); err != nil {
+			return nil, fmt.Errorf("writing sanitised /etc: %w", err)
+		}
+		if err := os.Rename(tmp, etc); err != nil {
+			return nil, err
+		}
+	}
+	return &Allocator{o: o, rt: &runsc.Runtime{Binary: o.Runsc, Root: filepath.Join(dir, "runsc")},
+		proxies: map[string]*egress.Proxy{}}, nil
+}
+
+// Runtime returns the runsc runtime (every call uses the same global flags).
+func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
+
+// Templates returns the template names.
+func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Templates)) }
+
+func (a *Allocator) Name() string { return "runsc" }
+
+func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
+
+type unitFile struct {
+	ID       string    `json:"id"`
+	Template string    `json:"template"`
+	Created  time.Time `json:"created"`
+}
+
+func (a *Allocator) info(id string, u unitFile) manager.UnitInfo {
+	sock := filepath.Join(a.dir(id), "sock")
+	return manager.UnitInfo{ID: id, Template: u.Template, Created: u.Created,
+		InitAddr: "unix://" + filepath.Join(sock, "init.sock"), DataAddr: "unix://" + filepath.Join(sock, "data.sock")}
+}
+
+// Create starts a sandbox and its (deny-all) egress proxy.
+func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.UnitInfo, err error) {
+	if !runsc.ValidID(id) {
+		return manager.UnitInfo{}, fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
+	}
+	t, ok := a.o.Templates[template]
+	if !ok {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	dir := a.dir(id)
+	defer func() {
+		if err != nil {
+			if derr := a.Destroy(context.WithoutCancel(ctx), id); derr != nil {
+				a.o.Logger.Error("cleaning up a failed create", "id", id, "err", derr)
+			}
+		}
+	}()
+	u := unitFile{ID: id, Template: template, Created: time.Now().UTC()}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return manager.UnitInfo{}, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if err := writeJSON(filepath.Join(dir, "unit.json"), u); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	spec := t.Bundle
+	if spec.RootFS == "" && spec.EtcDir == "" {
+		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
+	}
+	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
+	if _, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
+		SandboxBinary: a.o.SandboxBinary, ServerArgs: args, Bundle: spec}); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	if _, err := a.proxy(id); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	return a.info(id, u), nil
+}
+
+// proxy returns unit id's egress proxy, serving it on the unit's egress.sock if it is not
+// served yet (after a manager restart, for instance).
+func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p, ok := a.proxies[id]; ok {
+		return p, nil
+	}
+	path := filepath.Join(a.dir(id), "sock", "egress.sock")
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
+		os.Remove(path) // left by a previous manager
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
+	}
+	p := egress.NewProxy(a.o.Egress)
+	go p.Serve(ln)
+	a.proxies[id] = p
+	return p, nil
+}
+
+// BindEgress sets unit id's allowlist.
+func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {
+	al, err := egress.ParseAllowlist(allow)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(a.dir(id)); err != nil {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	p, err := a.proxy(id)
+	if err != nil {
+		return err
+	}
+	p.SetAllowlist(al)
+	return nil
+}
+
+// Annotate stores annotations beside the unit's bundle.
+func (a *Allocator) Annotate(ctx context.Context, id string, ann map[string]string) error {
+	if _, err := os.Stat(a.dir(id)); err != nil {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	return writeJSON(filepath.Join(a.dir(id), "annotations.json"), ann)
+}
+
+// Destroy stops the proxy, kills and deletes the container and removes its directory.
+func (a *Allocator) Destroy(ctx context.Context, id string) error {
+	if !runsc.ValidID(id) {
+		return fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
+	}
+	a.mu.Lock()
+	p := a.proxies[id]
+	delete(a.proxies, id)
+	a.mu.Unlock()
+	if p != nil {
+		p.Close()
+	}
+	_ = a.rt.Kill(ctx, id, syscall.SIGKILL, true) // fails for a stopped or missing container
+	var errs []error
+	if err := a.rt.Delete(ctx, id, true); err != nil {
+		errs = append(errs, fmt.Errorf("deleting container %s: %w", id, err))
+	}
+	if err := os.RemoveAll(a.dir(id)); err != nil {
+		errs = append(errs, fmt.Errorf("removing %s: %w", a.dir(id), err))
+	}
+	return errors.Join(errs...)
+}
+
+// List returns every unit with a directory or a container under this allocator's root.
+func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
+	ids := map[string]bool{}
+	states, err := a.rt.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing runsc containers: %w", err)
+	}
+	for _, s := range states {
+		ids[s.ID] = true
+	}
+	entries, err := os.ReadDir(filepath.Join(a.o.StateDir, "sandboxes"))
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if runsc.ValidID(e.Name()) {
+			ids[e.Name()] = true
+		}
+	}
+	var out []manager.UnitInfo
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		var u unitFile
+		if err := readJSON(filepath.Join(a.dir(id), "unit.json"), &u); err != nil {
+			u = unitFile{ID: id} // a container without its record: listed so it gets destroyed
+		}
+		info := a.info(id, u)
+		var ann map[string]string
+		if readJSON(filepath.Join(a.dir(id), "annotations.json"), &ann) == nil {
+			info.Annotations = ann
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}

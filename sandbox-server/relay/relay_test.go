@@ -1,0 +1,252 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// noLeaks fails the test if, once its cleanups have run, more goroutines are left than
+// when it started. Call it first, so that its cleanup runs last.
+func noLeaks(t *testing.T) {
+	t.Helper()
+	before := runtime.NumGoroutine()
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > before {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				t.Errorf("goroutine leak: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// echoSocket serves a unix socket at path that echoes each connection until the client
+// half-closes it, then half-closes its side. It returns the number of accepted connections.
+func echoSocket(t *testing.T, path string) *atomic.Int64 {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				io.Copy(c, c)
+				c.(*net.UnixConn).CloseWrite()
+				io.Copy(io.Discard, c)
+				c.Close()
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return &accepted
+}
+
+// startRelay runs Serve on a loopback listener until the test ends and returns the
+// listener's address and Serve's result.
+func startRelay(t *testing.T, ctx context.Context, socketPath string) (string, <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		served <- Serve(ctx, ln, socketPath, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return after its context ended")
+		}
+	})
+	return ln.Addr().String(), served
+}
+
+func dial(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c.(*net.TCPConn)
+}
+
+func expectEcho(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+		t.Fatalf("echo: got %d bytes (%v), want %q", len(got), err, msg[:min(len(msg), 20)])
+	}
+}
+
+func TestRelayPipesBothWays(t *testing.T) {
+	noLeaks(t)
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	accepted := echoSocket(t, sock)
+	addr, _ := startRelay(t, context.Background(), sock)
+
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			c := dial(t, addr)
+			expectEcho(t, c, "hello")
+			expectEcho(t, c, strings.Repeat(string(rune('a'+i)), 300<<10))
+			// Half-close travels through the relay and back.
+			io.WriteString(c, "bye")
+			c.CloseWrite()
+			rest, err := io.ReadAll(c)
+			if err != nil || string(rest) != "bye" {
+				t.Errorf("after half-close: %q, %v", rest, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := accepted.Load(); n != 8 {
+		t.Errorf("the socket accepted %d connections, want one per relayed connection (8)", n)
+	}
+}
+
+func TestRelaySocketMissing(t *testing.T) {
+	noLeaks(t)
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	addr, _ := startRelay(t, context.Background(), sock)
+
+	c := dial(t, addr)
+	io.WriteString(c, "GET http://127.0.0.1:1/ HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusBadGateway || string(body) != "fusebox egress: the egress proxy is not reachable from this sandbox\n" {
+		t.Fatalf("got %s %q (%v)", res.Status, body, err)
+	}
+
+	// The socket is dialled per connection: once the proxy is there, the relay reaches it.
+	echoSocket(t, sock)
+	expectEcho(t, dial(t, addr), "now it works")
+}
+
+func TestRelayContextEnds(t *testing.T) {
+	noLeaks(t)
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	echoSocket(t, sock)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, served := startRelay(t, ctx, sock)
+	c := dial(t, addr)
+	expectEcho(t, c, "live")
+
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve after its context ended = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its context ended")
+	}
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("a relayed connection is still open after Serve returned (read %d)", n)
+	}
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("the listener still accepts after Serve returned")
+	}
+}
+
+func TestRelayListenerFails(t *testing.T) {
+	noLeaks(t)
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	echoSocket(t, sock)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- Serve(context.Background(), ln, sock, nil) }()
+	c := dial(t, ln.Addr().String())
+	expectEcho(t, c, "live")
+	ln.Close()
+	select {
+	case err := <-served:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Serve with a closed listener = %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after its listener failed")
+	}
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("a relayed connection is still open after Serve returned (read %d)", n)
+	}
+}
+
+func TestListenLoopbackOnly(t *testing.T) {
+	for _, bad := range []string{"0.0.0.0:3128", ":3128", "localhost:3128", "10.0.0.1:3128", "[::]:3128", "127.0.0.1", "[fe80::1%lo]:3128"} {
+		if ln, err := Listen(bad); err == nil {
+			ln.Close()
+			t.Errorf("Listen(%q) succeeded, want a refusal", bad)
+		}
+	}
+	ln, err := Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	env := ProxyEnv(ln.Addr())
+	want := "http://" + ln.Addr().String()
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		if env[k] != want {
+			t.Errorf("%s = %q, want %q", k, env[k], want)
+		}
+	}
+	if env["NO_PROXY"] != "localhost,127.0.0.1,::1" || env["no_proxy"] != env["NO_PROXY"] || len(env) != 6 {
+		t.Errorf("ProxyEnv = %q", env)
+	}
+}

@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
+)
+
+// AllocateOptions configure the warm-allocation benchmark.
+type AllocateOptions struct {
+	Runsc, SandboxBinary string
+	Runs                 int // warm allocations measured
+	ColdRuns             int
+	PoolSize             int
+	Log                  *slog.Logger
+}
+
+// AllocateResult is the JSON `fusebox bench allocate --json` prints.
+type AllocateResult struct {
+	Runs           int     `json:"runs"`
+	AllocateP50Ms  float64 `json:"allocate_p50_ms"`
+	AllocateP99Ms  float64 `json:"allocate_p99_ms"`
+	ColdStartP50Ms float64 `json:"cold_start_p50_ms"`
+	ColdRuns       int     `json:"cold_runs"`
+	PoolRefillPerS float64 `json:"pool_refill_per_s"`
+	PoolSize       int     `json:"pool_size"`
+	Note           string  `json:"note"`
+}
+
+// Allocate measures allocation against a real manager with the runsc allocator: warm
+// allocations (a ready unit waiting; Allocate over gRPC, sFuse, the first data-plane call),
+// cold starts (an empty pool) and how fast the pool refills.
+func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
+	if o.Runs <= 0 {
+		o.Runs = 50
+	}
+	if o.ColdRuns <= 0 {
+		o.ColdRuns = 5
+	}
+	if o.PoolSize <= 0 {
+		o.PoolSize = 4
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	dir, err := os.MkdirTemp("", "fusebox-bench-alloc-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary})
+	if err != nil {
+		return nil, err
+	}
+	defer alloc.Runtime().ReleaseRoot()
+	est := &switchable{n: 0}
+	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
+		Initializer: sfuse.Initialize, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer m.Close(context.WithoutCancel(ctx))
+	mgr, stop, err := ServeManager(m, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	r := &AllocateResult{Runs: o.Runs, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize,
+		Note: "warm: a ready unit is waiting; each figure is Allocate over gRPC (sFuse included) plus the first data-plane call (Stat)"}
+
+	ready := func() int { return m.States().Counts("")[manager.Ready] }
+	waitReady := func(n int) error {
+		deadline := time.Now().Add(2 * time.Minute)
+		for ready() < n {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pool did not reach %d ready units (%v)", n, m.Status().Units)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return nil
+	}
+	one := func() (time.Duration, error) {
+		t0 := time.Now()
+		a, err := client.Allocate(ctx, mgr, client.AllocateOptions{})
+		if err != nil {
+			return 0, err
+		}
+		if _, err := a.Stat(ctx, ".", false); err != nil {
+			a.Close()
+			return 0, err
+		}
+		d := time.Since(t0)
+		return d, a.Close()
+	}
+
+	// Cold starts: the pool is empty and kept empty.
+	o.Log.Info("cold starts", "runs", o.ColdRuns)
+	var cold []float64
+	for range o.ColdRuns {
+		d, err := one()
+		if err != nil {
+			return nil, fmt.Errorf("cold allocation: %w", err)
+		}
+		cold = append(cold, ms(d))
+		// Units the waiting allocation made beyond its own are trimmed by the reconciler.
+		time.Sleep(100 * time.Millisecond)
+	}
+	r.ColdStartP50Ms = pct(cold, 50)
+
+	// Refill: from empty to PoolSize ready.
+	o.Log.Info("pool refill", "size", o.PoolSize)
+	if err := waitZero(ready); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	est.set(o.PoolSize)
+	if err := waitReady(o.PoolSize); err != nil {
+		return nil, err
+	}
+	r.PoolRefillPerS = round(float64(o.PoolSize) / time.Since(t0).Seconds())
+
+	o.Log.Info("warm allocations", "runs", o.Runs)
+	var warm []float64
+	for range o.Runs {
+		if err := waitReady(1); err != nil {
+			return nil, err
+		}
+		d, err := one()
+		if err != nil {
+			return nil, fmt.Errorf("warm allocation: %w", err)
+		}
+		warm = append(warm, ms(d))
+	}
+	r.AllocateP50Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 99)
+	return r, nil
+}
+
+func waitZero(ready func() int) error {
+	deadline := time.Now().Add(time.Minute)
+	for ready() > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pool did not drain")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// switchable is a fixed estimator whose target the benchmark changes.
+type switchable struct{ n int32 }
+
+func (s *switchable) Name() string                     { return "bench" }
+func (s *switchable) Target(estimator.Observation) int { return int(atomicLoad(&s.n)) }
+func (s *switchable) set(n int)                        { atomicStore(&s.n, int32(n)) }

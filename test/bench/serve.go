@@ -1,0 +1,29 @@
+package bench
+
+import (
+	"net"
+	"path/filepath"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	"github.com/fusebox-dev/fusebox/manager"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// ServeManager serves m's gRPC API on a unix socket in dir and returns its address and a stop
+// function.
+func ServeManager(m *manager.Manager, dir string) (string, func(), error) {
+	path := filepath.Join(dir, "manager.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := grpc.NewServer()
+	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
+	go srv.Serve(ln)
+	return "unix://" + path, srv.Stop, nil
+}
+
+func atomicLoad(p *int32) int32     { return atomic.LoadInt32(p) }
+func atomicStore(p *int32, v int32) { atomic.StoreInt32(p, v) }
