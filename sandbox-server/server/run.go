@@ -40,6 +40,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if wo.MountPath == "" {
 		wo.MountPath = cfg.WorkspaceDir
 	}
+	// Refuse to serve when the kernel would let a path leave the workspace (it must resolve
+	// with openat2 beneath the root and never follow a link under O_NOFOLLOW).
+	if err := workspace.CheckJail(wo.Dir); err != nil {
+		return fmt.Errorf("workspace jail self-check: %w", err)
+	}
 	ws, err := workspace.Open(wo)
 	if err != nil {
 		return fmt.Errorf("opening workspace: %w", err)

@@ -242,7 +242,7 @@ func (w *Workspace) WriteStream(ctx context.Context, hdr *sandboxv1.WriteFileHea
 	if err != nil {
 		return 0, fmt.Errorf("writing %q: %w", rel, err)
 	}
-	size := hdr.GetSize()
+	size, sized := hdr.GetSize(), hdr.Size != nil // a declared 0 is a size too
 	switch {
 	case size < 0:
 		return 0, fmt.Errorf("writing %q: %w: negative size %d", rel, ErrInvalidArgument, size)
@@ -272,7 +272,7 @@ func (w *Workspace) WriteStream(ctx context.Context, hdr *sandboxv1.WriteFileHea
 			if n+int64(len(b)) > w.maxFileBytes {
 				return fmt.Errorf("%w: stream over %d bytes", ErrLimit, w.maxFileBytes)
 			}
-			if size > 0 && n+int64(len(b)) > size {
+			if sized && n+int64(len(b)) > size {
 				return fmt.Errorf("%w: stream longer than its header's size %d", ErrInvalidArgument, size)
 			}
 			if len(b) > 0 {
@@ -285,7 +285,7 @@ func (w *Workspace) WriteStream(ctx context.Context, hdr *sandboxv1.WriteFileHea
 				break
 			}
 		}
-		if size > 0 && n != size {
+		if sized && n != size {
 			return fmt.Errorf("%w: stream of %d bytes, its header says %d", ErrInvalidArgument, n, size)
 		}
 		// A cancellation that arrived with the last chunk still aborts the write.
