@@ -33,3 +33,6 @@ func KeyFromSigner(s crypto.Signer) (*Key, error) {
 
 // PublicKey returns the DER SubjectPublicKeyInfo to send with an allocation.
 func (k *Key) PublicKey() []byte { return append([]byte(nil), k.pub...) }
+
+// Signer returns the private key, for callers that build their own TLS configuration.
+func (k *Key) Signer() crypto.Signer { return k.signer }

@@ -116,6 +116,11 @@ func ServerConfig(key crypto.Signer, pinnedClient crypto.PublicKey) (*tls.Config
 	if err != nil {
 		return nil, err
 	}
+	return ServerConfigCert(cert, pinnedClient)
+}
+
+// ServerConfigCert is ServerConfig with a certificate made earlier by Certificate.
+func ServerConfigCert(cert tls.Certificate, pinnedClient crypto.PublicKey) (*tls.Config, error) {
 	if err := checkType(pinnedClient); err != nil {
 		return nil, err
 	}

@@ -63,6 +63,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// A self-test of the data plane on a private socket with throwaway keys, which also
+	// warms its code paths before the sandbox waits in the pool.
+	if err := srv.WarmUp(ctx); err != nil {
+		return fmt.Errorf("data-plane self-test: %w", err)
+	}
 	initLn, err := endpoint.Listen(initAddr)
 	if err != nil {
 		return err

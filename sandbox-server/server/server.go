@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,6 +63,11 @@ type Server struct {
 	state *envstate.State
 	exec  *executor
 
+	// The sandbox's identity, made before initialisation so that InitializeTLS does no key
+	// generation: nothing untrusted runs in the sandbox before the fuse blows.
+	cert tls.Certificate
+	pub  []byte
+
 	mu      sync.Mutex // guards blown and data
 	blown   bool
 	data    *grpc.Server
@@ -107,6 +113,16 @@ func New(opts Options) (*Server, error) {
 		dataErr: make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
+	key, err := tlspin.GenerateKey()
+	if err != nil {
+		return nil, err
+	}
+	if s.cert, err = tlspin.Certificate(key); err != nil {
+		return nil, err
+	}
+	if s.pub, err = tlspin.MarshalPublicKey(key.Public()); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -168,30 +184,22 @@ func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	if s.blown {
 		return nil, errAlreadyInitialised
 	}
-	key, err := tlspin.GenerateKey()
-	if err != nil {
-		return nil, err
-	}
-	pub, err := tlspin.MarshalPublicKey(key.Public())
-	if err != nil {
-		return nil, err
-	}
-	data, ln, err := s.newDataServer(key, agentKey)
+	data, ln, err := s.newDataServer(s.cert, agentKey, s.opts.DataListen)
 	if err != nil {
 		return nil, err // the fuse stays intact: the manager may try again
 	}
 	s.blown, s.data = true, data
 	go func() { s.dataErr <- data.Serve(ln) }()
 	close(s.blownCh)
-	return pub, nil
+	return s.pub, nil
 }
 
-func (s *Server) newDataServer(key crypto.Signer, agent crypto.PublicKey) (*grpc.Server, net.Listener, error) {
-	cfg, err := tlspin.ServerConfig(key, agent)
+func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, listen func() (net.Listener, error)) (*grpc.Server, net.Listener, error) {
+	cfg, err := tlspin.ServerConfigCert(cert, agent)
 	if err != nil {
 		return nil, nil, fmt.Errorf("building TLS config: %w", err)
 	}
-	ln, err := s.opts.DataListen()
+	ln, err := listen()
 	if err != nil {
 		return nil, nil, fmt.Errorf("binding data listener: %w", err)
 	}

@@ -1,0 +1,196 @@
+package managere2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/fusebox-dev/fusebox/client"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// An allocation through the in-process daemon runs commands under gVisor, and releasing it
+// destroys its container and its state directory.
+func TestAllocateExecRelease(t *testing.T) {
+	e := newEnv(t)
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	if err != nil {
+		t.Fatalf("Allocate: %v", err)
+	}
+	id := a.ID
+	if !slices.Contains(e.containers(t), id) || !slices.Contains(e.sandboxDirs(t), id) {
+		t.Errorf("allocated %s, but runsc lists %v and the state directory holds %v", id, e.containers(t), e.sandboxDirs(t))
+	}
+	if want := "unix://" + e.StateDir + "/sandboxes/" + id + "/sock/data.sock"; a.Endpoint != want {
+		t.Errorf("endpoint %q, want %q", a.Endpoint, want)
+	}
+	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
+		t.Errorf("uname -r = %q, want gVisor's kernel", out)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	e.waitUnitGone(t, id)
+	eventually(t, pollDeadline, "released unit forgotten by List", func() (bool, string) {
+		s, ok := list(t, ctx, dialManager(t, e.Addr))[id]
+		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
+	})
+	if strings.Contains(m.Log.String(), "level=ERROR") {
+		t.Errorf("manager logged errors:\n%s", m.Log)
+	}
+}
+
+// Twenty allocations in a row each get a fresh sandbox: a distinct id and a workspace with
+// nothing an earlier allocation wrote.
+func TestAllocationsNeverReuseSandboxes(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, 10*time.Minute)
+
+	const n = 20
+	var ids []string
+	for i := range n {
+		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+		if err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		if slices.Contains(ids, a.ID) {
+			t.Errorf("allocation %d got sandbox %s again (earlier: %v)", i, a.ID, ids)
+		}
+		ids = append(ids, a.ID)
+		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
+			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
+		before, after, _ := strings.Cut(out, "@@\n")
+		for _, name := range strings.Fields(before) {
+			if strings.HasPrefix(name, "marker-") {
+				t.Errorf("allocation %d (%s) sees %s from an earlier allocation; /workspace: %q", i, a.ID, name, before)
+			}
+		}
+		if !slices.Contains(strings.Fields(after), fmt.Sprintf("marker-%d", i)) {
+			t.Errorf("allocation %d: marker not written; /workspace after: %q", i, after)
+		}
+		if err := a.Close(); err != nil {
+			t.Fatalf("releasing allocation %d: %v", i, err)
+		}
+	}
+	slices.Sort(ids)
+	if len(slices.Compact(slices.Clone(ids))) != n {
+		t.Errorf("sandbox ids repeat: %v", ids)
+	}
+	for _, id := range ids {
+		e.waitUnitGone(t, id)
+	}
+}
+
+// After the warm pool is drained by allocations that are kept, it refills to its target.
+func TestWarmPoolRefills(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 2})
+	ctx := testCtx(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+	waitPoolSettled(t, ctx, mc, 2)
+
+	var held []string
+	for i := range 2 {
+		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+		if err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		t.Cleanup(func() { a.Close() })
+		held = append(held, a.ID)
+	}
+	eventually(t, pollDeadline, "pool back to 2 ready", func() (bool, string) {
+		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return ps.GetUnits()["ready"] == 2 && ps.GetUnits()["bound"] == 2, fmt.Sprint(ps.GetUnits())
+	})
+	ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.GetTarget() != 2 || ps.GetEstimator() != "fixed" || ps.GetAllocator() != "runsc" || ps.GetAllocations() != 2 || ps.GetCreations() < 4 {
+		t.Errorf("PoolStatus = %v, want target 2, fixed, runsc, 2 allocations, at least 4 creations", ps)
+	}
+	units := list(t, ctx, mc)
+	ready := idsIn(units, managerv1.UnitState_UNIT_STATE_READY)
+	slices.Sort(held)
+	if bound := idsIn(units, managerv1.UnitState_UNIT_STATE_BOUND); !slices.Equal(bound, held) {
+		t.Errorf("bound units %v, want the held ones %v", bound, held)
+	}
+	for _, id := range ready {
+		if slices.Contains(held, id) {
+			t.Errorf("unit %s is both held and ready", id)
+		}
+	}
+	if got, want := e.containers(t), slices.Sorted(slices.Values(append(ready, held...))); !slices.Equal(got, want) {
+		t.Errorf("runsc lists %v, want the ready and bound units %v", got, want)
+	}
+}
+
+// A lease that is not renewed expires: the manager destroys the sandbox and its data plane
+// stops answering.
+func TestExpiredLeaseDestroysSandbox(t *testing.T) {
+	e := newEnv(t)
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+
+	// Control: the same raw allocation and dialling, with a long lease, answers.
+	ctrl, ctrlSB := rawAllocate(t, ctx, mc, newKey(t), 10*time.Minute)
+	if out := sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
+		t.Fatalf("control sandbox: %q", out)
+	}
+
+	key := newKey(t)
+	resp, sb := rawAllocate(t, ctx, mc, key, time.Second)
+	id := resp.GetSandboxId()
+	if d := resp.GetLeaseExpires().AsTime().Sub(time.Now()); d > time.Minute {
+		t.Errorf("lease expires in %v, asked for 1s", d)
+	}
+	eventually(t, pollDeadline, "expired unit gone from List", func() (bool, string) {
+		s, ok := list(t, ctx, mc)[id]
+		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
+	})
+	e.waitUnitGone(t, id)
+	eventually(t, pollDeadline, "data plane of the expired sandbox stops answering", func() (bool, string) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		res, err := sb.Exec(cctx, client.Command{Argv: []string{"true"}})
+		return err != nil, fmt.Sprintf("exec still answers: %+v", res)
+	})
+	// A fresh connection with the same keys fails too.
+	sb2, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb2.Close()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if res, err := sb2.Exec(cctx, client.Command{Argv: []string{"true"}}); err == nil {
+		t.Errorf("exec on a fresh connection to the expired sandbox succeeded: %+v", res)
+	}
+	_, err = mc.Renew(ctx, &managerv1.RenewRequest{SandboxId: id, LeaseToken: resp.GetLeaseToken()})
+	wantCode(t, "Renew after expiry", err, codes.NotFound)
+	if !strings.Contains(m.Log.String(), "lease expired") {
+		t.Errorf("manager did not log the expiry:\n%s", m.Log)
+	}
+
+	// The control, whose lease is live, is untouched.
+	if out := sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
+		t.Errorf("control sandbox after the expiry: %q", out)
+	}
+	if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: ctrl.GetSandboxId(), LeaseToken: ctrl.GetLeaseToken()}); err != nil {
+		t.Errorf("releasing the control: %v", err)
+	}
+	e.waitUnitGone(t, ctrl.GetSandboxId())
+}

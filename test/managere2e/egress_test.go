@@ -1,0 +1,145 @@
+package managere2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/client"
+)
+
+// loopbackServer is an HTTP server on 127.0.0.1 that counts its requests.
+type loopbackServer struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newLoopbackServer(t *testing.T, body string) *loopbackServer {
+	t.Helper()
+	s := &loopbackServer{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.hits.Add(1)
+		fmt.Fprint(w, body)
+	}))
+	t.Cleanup(s.Close)
+	if ap, err := netip.ParseAddrPort(s.Listener.Addr().String()); err != nil || ap.Addr() != netip.MustParseAddr("127.0.0.1") {
+		t.Fatalf("test server on %s, want 127.0.0.1", s.Listener.Addr())
+	}
+	return s
+}
+
+func (s *loopbackServer) hostPort() string { return s.Listener.Addr().String() }
+
+// curlResult is what a curl inside the sandbox did.
+type curlResult struct {
+	exit          int
+	body, stderr  string
+	code, connect string // HTTP status of the request and of the CONNECT ("000": none)
+}
+
+// curl runs `prefix curl -sS flags url` inside the sandbox.
+func curl(t *testing.T, ctx context.Context, sb *client.Sandbox, prefix, flags, url string) curlResult {
+	t.Helper()
+	script := prefix + " curl -sS --max-time 20 -w '\n@@%{http_code} %{http_connect}' " + flags + " " + url
+	res, err := sb.Exec(ctx, client.Command{Script: script})
+	if err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	out := string(res.Stdout)
+	i := strings.LastIndex(out, "\n@@")
+	if i < 0 {
+		t.Fatalf("%s: no status; exit %d, stdout %q, stderr %q", script, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	r := curlResult{exit: res.ExitCode, body: out[:i], stderr: string(res.Stderr)}
+	if _, err := fmt.Sscanf(out[i+3:], "%s %s", &r.code, &r.connect); err != nil {
+		t.Fatalf("%s: status %q: %v", script, out[i+3:], err)
+	}
+	return r
+}
+
+// An allocation's egress allowlist is enforced by the manager's proxy: the allowed loopback
+// server is reachable through HTTP_PROXY, the other one is refused with a 403 that says why,
+// direct connections fail (the sandbox has no network), and the manager's own socket does
+// not exist inside the sandbox.
+func TestEgressThroughManager(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	allowed := newLoopbackServer(t, "hello from the allowed server")
+	other := newLoopbackServer(t, "must not be reached")
+
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Egress: []string{allowed.hostPort()}})
+	if err != nil {
+		t.Fatalf("Allocate: %v", err)
+	}
+	defer a.Close()
+	if out := sh(t, ctx, a.Sandbox, `echo "$HTTP_PROXY"`); !strings.HasPrefix(out, "http://127.0.0.1:") {
+		t.Fatalf("HTTP_PROXY in the sandbox = %q", out)
+	}
+	// The sandbox sets NO_PROXY for loopback, and every test server is on loopback.
+	const viaProxy = "env -u NO_PROXY -u no_proxy"
+
+	t.Run("allowed", func(t *testing.T) {
+		for _, flags := range []string{"", "-p"} { // absolute-URI GET, then a CONNECT tunnel
+			r := curl(t, ctx, a.Sandbox, viaProxy, flags, "http://"+allowed.hostPort()+"/")
+			if r.exit != 0 || r.code != "200" || r.body != "hello from the allowed server" {
+				t.Errorf("curl %s to the allowed server: %+v", flags, r)
+			}
+		}
+		if n := allowed.hits.Load(); n != 2 {
+			t.Errorf("allowed server saw %d requests, want 2", n)
+		}
+	})
+
+	t.Run("refused", func(t *testing.T) {
+		r := curl(t, ctx, a.Sandbox, viaProxy, "", "http://"+other.hostPort()+"/")
+		if r.code != "403" || !strings.Contains(r.body, other.hostPort()) || !strings.Contains(r.body, "not on this sandbox's egress allowlist") {
+			t.Errorf("curl to the server not on the allowlist: %+v; want 403 naming %s as not on the allowlist", r, other.hostPort())
+		}
+		if !strings.Contains(r.body, allowed.hostPort()) {
+			t.Errorf("the refusal does not say what is allowed: %q", r.body)
+		}
+		r = curl(t, ctx, a.Sandbox, viaProxy, "-p", "http://"+other.hostPort()+"/")
+		if r.exit == 0 || r.connect != "403" {
+			t.Errorf("CONNECT to the server not on the allowlist: %+v; want the CONNECT refused with 403", r)
+		}
+		if n := other.hits.Load(); n != 0 {
+			t.Errorf("the server not on the allowlist saw %d requests", n)
+		}
+	})
+
+	t.Run("direct", func(t *testing.T) {
+		before := allowed.hits.Load()
+		for _, s := range []*loopbackServer{allowed, other} {
+			r := curl(t, ctx, a.Sandbox, "", "--noproxy '*'", "http://"+s.hostPort()+"/")
+			if r.exit == 0 || r.code != "000" {
+				t.Errorf("direct curl to %s: %+v; want a failed connection", s.hostPort(), r)
+			}
+		}
+		if allowed.hits.Load() != before || other.hits.Load() != 0 {
+			t.Errorf("a direct connection reached a server: allowed %d (was %d), other %d", allowed.hits.Load(), before, other.hits.Load())
+		}
+	})
+	t.Run("manager socket unreachable", func(t *testing.T) {
+		if fi, err := os.Stat(e.Socket); err != nil || fi.Mode().Type() != os.ModeSocket {
+			t.Fatalf("manager socket on the host: %v %v", fi, err)
+		}
+		res, err := a.Exec(ctx, client.Command{Script: fmt.Sprintf(
+			`test -e %[1]q && echo EXISTS; python3 -c 'import socket, sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("CONNECTED")' %[1]q`, e.Socket)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode == 0 || strings.Contains(string(res.Stdout), "CONNECTED") || strings.Contains(string(res.Stdout), "EXISTS") {
+			t.Errorf("from inside the sandbox, %s: exit %d, stdout %q, stderr %q; want no such path", e.Socket, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		if !strings.Contains(string(res.Stderr), "FileNotFoundError") {
+			t.Errorf("connecting to the manager's socket path failed, but not with FileNotFoundError: %q", res.Stderr)
+		}
+	})
+}
