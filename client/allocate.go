@@ -46,10 +46,10 @@ type Allocation struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	mu      sync.Mutex // guards expires, renewErr
-	expires time.Time
+	mu       sync.Mutex // guards expires, renewErr
+	expires  time.Time
 	renewErr error
-	closed  sync.Once
+	closed   sync.Once
 }
 
 // Allocate asks the manager at managerAddr (unix:///path or tcp://host:port) for a sandbox,
