@@ -32,6 +32,9 @@ type Options struct {
 	Estimator   estimator.Estimator
 	Clock       Clock
 	Initializer Initializer
+	// Prepare, if set, is called with a unit's init address when it joins the warm pool (to
+	// connect ahead of time), and Forget when it leaves the pool other than by Initializer.
+	Prepare, Forget func(initAddr string)
 	// Templates the allocator can create; the warm pool is kept for PoolTemplate only.
 	Templates    []string
 	PoolTemplate string
@@ -526,8 +529,12 @@ func (m *Manager) Release(ctx context.Context, id, token string) error {
 
 // destroy moves a unit from state from to Destroying and destroys it.
 func (m *Manager) destroy(ctx context.Context, id string, from State) error {
-	if _, err := m.ops.Transition(id, from, Destroying, nil); err != nil {
+	u, err := m.ops.Transition(id, from, Destroying, nil)
+	if err != nil {
 		return err
+	}
+	if from == Ready && m.o.Forget != nil {
+		m.o.Forget(u.Info.InitAddr)
 	}
 	return m.finishDestroy(ctx, id)
 }
@@ -607,6 +614,9 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	m.totals.creations.Add(1)
 	if m.m != nil {
 		m.m.Creations.Inc()
+	}
+	if m.o.Prepare != nil {
+		m.o.Prepare(got.InitAddr)
 	}
 	m.publishCounts()
 }

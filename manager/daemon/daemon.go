@@ -75,8 +75,9 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: sfuse.Initialize, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
+		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
 		Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err

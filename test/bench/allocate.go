@@ -62,8 +62,9 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	}
 	defer alloc.Runtime().ReleaseRoot()
 	est := &switchable{n: 0}
+	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: sfuse.Initialize, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize})
+		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize})
 	if err != nil {
 		return nil, err
 	}
