@@ -75,9 +75,9 @@ type StateOperator struct {
 	units  map[string]*unit
 	counts map[string]map[State]int // template -> state -> units, kept on every change
 	bound  map[string]*unit         // the Bound units, for lease expiry
-	pool   map[string][]*unit // template -> Ready units, oldest first
-	notify chan struct{}      // closed and replaced when a unit becomes Ready
-	failed []string           // ids of Failed units, oldest first (bounded)
+	pool   map[string][]*unit       // template -> Ready units, oldest first
+	notify chan struct{}            // closed and replaced when a unit becomes Ready
+	failed []string                 // ids of Failed units, oldest first (bounded)
 }
 
 // maxFailedKept bounds how many Failed units stay visible.

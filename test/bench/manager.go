@@ -19,11 +19,11 @@ import (
 
 // ManagerLevel is the manager benchmark's result at one concurrency.
 type ManagerLevel struct {
-	Clients          int     `json:"clients"`
-	Allocations      int     `json:"allocations"`
-	AllocationsPerS  float64 `json:"allocations_per_s"`
-	AllocateP50Ms    float64 `json:"allocate_p50_ms"`
-	AllocateP99Ms    float64 `json:"allocate_p99_ms"`
+	Clients         int     `json:"clients"`
+	Allocations     int     `json:"allocations"`
+	AllocationsPerS float64 `json:"allocations_per_s"`
+	AllocateP50Ms   float64 `json:"allocate_p50_ms"`
+	AllocateP99Ms   float64 `json:"allocate_p99_ms"`
 }
 
 // OpenLoop is the manager benchmark's result at a fixed offered rate.

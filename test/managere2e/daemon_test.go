@@ -180,7 +180,7 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 		t.Errorf("exec on a fresh connection to the expired sandbox succeeded: %+v", res)
 	}
 	_, err = mc.Renew(ctx, &managerv1.RenewRequest{SandboxId: id, LeaseToken: resp.GetLeaseToken()})
-	wantCode(t, "Renew after expiry", err, codes.NotFound)
+	wantCode(t, "Renew after expiry", err, codes.NotFound, codes.FailedPrecondition)
 	if !strings.Contains(m.Log.String(), "lease expired") {
 		t.Errorf("manager did not log the expiry:\n%s", m.Log)
 	}

