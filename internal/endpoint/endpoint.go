@@ -56,13 +56,21 @@ func (a Addr) GRPCTarget() string {
 	return "passthrough:///" + a.Address
 }
 
+// ErrInUse reports a unix socket on which another process still accepts connections.
+var ErrInUse = errors.New("another process is listening there")
+
 // Listen listens on a. For a unix socket it removes a stale socket file first (never any other
-// kind of file) and restricts the new socket to its owner.
+// kind of file, and never a socket someone still accepts on) and restricts the new socket to
+// its owner.
 func Listen(a Addr) (net.Listener, error) {
 	if a.Network == "unix" {
 		if fi, err := os.Lstat(a.Address); err == nil {
 			if fi.Mode().Type() != os.ModeSocket {
 				return nil, fmt.Errorf("listening on %s: %s exists and is not a socket", a, a.Address)
+			}
+			if c, err := net.Dial("unix", a.Address); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("listening on %s: %w", a, ErrInUse)
 			}
 			if err := os.Remove(a.Address); err != nil {
 				return nil, fmt.Errorf("removing stale socket %s: %w", a.Address, err)

@@ -45,6 +45,10 @@ func TestListenUnixReplacesOnlySockets(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v, want 0600", fi.Mode().Perm())
 	}
+	// A live socket is not taken over.
+	if _, err := Listen(a); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Listen over a live socket = %v, want ErrInUse", err)
+	}
 	// A stale socket (listener gone, file left) is replaced.
 	ln.(interface{ SetUnlinkOnClose(bool) }).SetUnlinkOnClose(false)
 	ln.Close()

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,20 @@ type Config struct {
 
 // Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
+	// One manager per state directory: a second one would adopt (destroy) the first one's
+	// pool. The kernel drops the lock when the holder dies, even by SIGKILL, so a restart
+	// after a crash takes it over and adopts.
+	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(c.StateDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening state directory lock: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("state directory %s is in use by another manager (%v)", c.StateDir, err)
+	}
 	var alloc manager.Allocator
 	switch c.Allocator {
 	case "runsc":

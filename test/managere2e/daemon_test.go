@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
@@ -39,10 +40,23 @@ func TestAllocateExecRelease(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	e.waitUnitGone(t, id)
+	mc := dialManager(t, e.Addr)
 	eventually(t, pollDeadline, "released unit forgotten by List", func() (bool, string) {
-		s, ok := list(t, ctx, dialManager(t, e.Addr))[id]
+		s, ok := list(t, ctx, mc)[id]
 		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
 	})
+	hc, err := healthpb.NewHealthClient(dialConn(t, e.Addr)).Check(ctx, &healthpb.HealthCheckRequest{Service: managerv1.Manager_ServiceDesc.ServiceName})
+	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health check: %v %v", hc, err)
+	}
+
+	// A graceful stop destroys the warm pool.
+	if err := m.Stop(); err != nil {
+		t.Fatalf("daemon.Run: %v", err)
+	}
+	if c, d := e.containers(t), e.sandboxDirs(t); len(c) != 0 || len(d) != 0 {
+		t.Errorf("after the daemon stopped: containers %v, sandbox directories %v", c, d)
+	}
 	if strings.Contains(m.Log.String(), "level=ERROR") {
 		t.Errorf("manager logged errors:\n%s", m.Log)
 	}

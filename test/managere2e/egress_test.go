@@ -7,11 +7,13 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/client"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
 // loopbackServer is an HTTP server on 127.0.0.1 that counts its requests.
@@ -126,20 +128,36 @@ func TestEgressThroughManager(t *testing.T) {
 			t.Errorf("a direct connection reached a server: allowed %d (was %d), other %d", allowed.hits.Load(), before, other.hits.Load())
 		}
 	})
-	t.Run("manager socket unreachable", func(t *testing.T) {
-		if fi, err := os.Stat(e.Socket); err != nil || fi.Mode().Type() != os.ModeSocket {
-			t.Fatalf("manager socket on the host: %v %v", fi, err)
+	// connectFails asserts that, from inside the sandbox, path does not exist and a unix
+	// connection to it fails, while it is a socket on the host.
+	connectFails := func(t *testing.T, path string) {
+		t.Helper()
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Type() != os.ModeSocket {
+			t.Fatalf("%s on the host: %v %v; want a socket", path, fi, err)
 		}
 		res, err := a.Exec(ctx, client.Command{Script: fmt.Sprintf(
-			`test -e %[1]q && echo EXISTS; python3 -c 'import socket, sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("CONNECTED")' %[1]q`, e.Socket)})
+			`test -e %[1]q && echo EXISTS; python3 -c 'import socket, sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("CONNECTED")' %[1]q`, path)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.ExitCode == 0 || strings.Contains(string(res.Stdout), "CONNECTED") || strings.Contains(string(res.Stdout), "EXISTS") {
-			t.Errorf("from inside the sandbox, %s: exit %d, stdout %q, stderr %q; want no such path", e.Socket, res.ExitCode, res.Stdout, res.Stderr)
+			t.Errorf("from inside the sandbox, %s: exit %d, stdout %q, stderr %q; want no such path", path, res.ExitCode, res.Stdout, res.Stderr)
 		}
 		if !strings.Contains(string(res.Stderr), "FileNotFoundError") {
-			t.Errorf("connecting to the manager's socket path failed, but not with FileNotFoundError: %q", res.Stderr)
+			t.Errorf("connecting to %s failed, but not with FileNotFoundError: %q", path, res.Stderr)
 		}
+	}
+
+	t.Run("manager socket unreachable", func(t *testing.T) { connectFails(t, e.Socket) })
+
+	t.Run("other sandboxes unreachable", func(t *testing.T) {
+		units := waitPoolSettled(t, ctx, dialManager(t, e.Addr), 1)
+		ready := idsIn(units, managerv1.UnitState_UNIT_STATE_READY)
+		if len(ready) != 1 {
+			t.Fatalf("ready units %v", ready)
+		}
+		sock := filepath.Join(e.StateDir, "sandboxes", ready[0], "sock")
+		connectFails(t, filepath.Join(sock, "init.sock"))
+		connectFails(t, filepath.Join(sock, "egress.sock"))
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
@@ -17,7 +18,7 @@ import (
 // leave the bound one alone.
 func TestBadRequests(t *testing.T) {
 	e := newEnv(t)
-	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
 	ctx := testCtx(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 
@@ -47,6 +48,7 @@ func TestBadRequests(t *testing.T) {
 		{"egress bare wildcard", &managerv1.AllocateRequest{AgentPublicKey: good.PublicKey(), Egress: []string{"*:443"}}, `"*:443"`},
 		{"egress one bad among good", &managerv1.AllocateRequest{AgentPublicKey: good.PublicKey(), Egress: []string{"127.0.0.1:80", "*:443"}}, `"*:443"`},
 		{"negative lease", &managerv1.AllocateRequest{AgentPublicKey: good.PublicKey(), LeaseTtl: durationpb.New(-time.Second)}, "lease"},
+		{"bad label name", &managerv1.AllocateRequest{AgentPublicKey: good.PublicKey(), Labels: map[string]string{"a=b": "x"}}, "label"},
 		{"malformed lease", &managerv1.AllocateRequest{AgentPublicKey: good.PublicKey(), LeaseTtl: &durationpb.Duration{Seconds: 1, Nanos: -1}}, "duration"},
 	}
 	for _, tc := range allocs {
@@ -104,6 +106,18 @@ func TestBadRequests(t *testing.T) {
 	}
 	if s := list(t, ctx, mc)[id]; s.GetState() != managerv1.UnitState_UNIT_STATE_BOUND {
 		t.Errorf("the bound unit after the refusals: %v", s)
+	}
+
+	// The lease token is a secret: List does not show it and the manager does not log it.
+	lr, err := mc.List(ctx, &managerv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(prototext.Format(lr), token) {
+		t.Errorf("List shows the lease token")
+	}
+	if strings.Contains(m.Log.String(), token) {
+		t.Errorf("the manager logged the lease token")
 	}
 
 	// The lease still belongs to its owner, and the sandbox still answers.

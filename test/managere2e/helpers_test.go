@@ -278,15 +278,22 @@ func (m *manager) Stop() error {
 	}
 }
 
-// dialManager returns a raw Manager client for addr, closed when the test ends.
-func dialManager(t testing.TB, addr string) managerv1.ManagerClient {
+// dialConn returns a plaintext connection to the manager's unix socket at addr, closed when
+// the test ends.
+func dialConn(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(addr, "unix://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return managerv1.NewManagerClient(conn)
+	return conn
+}
+
+// dialManager returns a raw Manager client for addr, closed when the test ends.
+func dialManager(t testing.TB, addr string) managerv1.ManagerClient {
+	t.Helper()
+	return managerv1.NewManagerClient(dialConn(t, addr))
 }
 
 // newKey returns a fresh agent key.
