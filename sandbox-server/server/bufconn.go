@@ -1,17 +1,20 @@
 package server
 
 import (
-	"bufio"
 	"net"
 )
 
-// connReadBuffer is the read buffer under TLS on data-plane connections. TLS reads a record
-// (at most 16 KiB) at a time; under gVisor every read is a round through the sentry to the
-// host socket, so without this buffer a 256 MiB upload costs some 16,000 reads. With it, one
-// read drains whatever the socket holds.
-const connReadBuffer = 1 << 20
+// Read buffering under TLS on data-plane connections. TLS reads a record (at most 16 KiB) at a
+// time; under gVisor every read is a round through the sentry to the host socket, so without
+// a buffer a 256 MiB upload costs some 16,000 reads. The buffer starts small, because every
+// fresh page costs a fault under gVisor and a new connection sits on the allocation path, and
+// doubles up to a maximum whenever one read fills it, which only bulk transfers do.
+const (
+	connReadBufferMin = 32 << 10
+	connReadBufferMax = 1 << 20
+)
 
-// bufferedListener wraps accepted connections in a large read buffer.
+// bufferedListener wraps accepted connections in a growing read buffer.
 type bufferedListener struct{ net.Listener }
 
 func (l bufferedListener) Accept() (net.Conn, error) {
@@ -19,12 +22,33 @@ func (l bufferedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, connReadBuffer)}, nil
+	return &bufferedConn{Conn: c, buf: make([]byte, connReadBufferMin)}, nil
 }
 
+// bufferedConn is read by one goroutine at a time (the TLS layer's reader).
 type bufferedConn struct {
 	net.Conn
-	r *bufio.Reader
+	buf  []byte
+	r, w int // buf[r:w] is unread
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if c.r == c.w {
+		if len(p) >= len(c.buf) {
+			return c.Conn.Read(p)
+		}
+		n, err := c.Conn.Read(c.buf)
+		c.r, c.w = 0, n
+		if n == len(c.buf) && len(c.buf) < connReadBufferMax {
+			grown := make([]byte, min(2*len(c.buf), connReadBufferMax))
+			copy(grown, c.buf[:n])
+			c.buf = grown
+		}
+		if n == 0 {
+			return 0, err
+		}
+	}
+	n := copy(p, c.buf[c.r:c.w])
+	c.r += n
+	return n, nil
+}

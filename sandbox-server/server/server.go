@@ -211,8 +211,8 @@ func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, lis
 		// Large windows: a 3.5 MiB batch should not wait for flow-control round trips.
 		grpc.InitialWindowSize(8<<20),
 		grpc.InitialConnWindowSize(16<<20),
-		grpc.ReadBufferSize(256<<10),
-		grpc.WriteBufferSize(256<<10),
+		grpc.ReadBufferSize(32<<10),
+		grpc.WriteBufferSize(32<<10),
 	)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
 	return srv, bufferedListener{ln}, nil
