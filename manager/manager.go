@@ -588,6 +588,12 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 		m.failStreak = 0
 	}
 	m.backoffMu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
+		m.log.Info("unit creation cancelled", "id", id)
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: cancelled" })
+		return
+	}
 	if err != nil {
 		m.failure("create")
 		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
