@@ -63,7 +63,12 @@ func (s *Sandbox) exec(ctx context.Context, cmd Command, group string, order uin
 		req.Timeout = durationpb.New(cmd.Timeout)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the stream, and with it the command, on every early return
+	done := false
+	defer func() {
+		if !done {
+			cancel() // ends the stream, and with it the command, on every early return
+		}
+	}()
 	stream, err := s.rpc.Exec(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
@@ -105,11 +110,13 @@ func (s *Sandbox) exec(ctx context.Context, cmd Command, group string, order uin
 			if cmd.Stderr == nil {
 				res.Stderr = errBuf.Bytes()
 			}
-			// Read the trailers (they follow at once) so that the stream ends cleanly instead
-			// of being reset by the deferred cancel.
-			if _, err := stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
-				return nil, fmt.Errorf("exec: after exit: %w", err)
-			}
+			// The trailers follow at once: read them in the background so that the stream
+			// ends cleanly (not reset by a cancel) without the caller waiting for them.
+			done = true
+			go func() {
+				stream.Recv()
+				cancel()
+			}()
 			return res, nil
 		}
 	}
