@@ -374,3 +374,55 @@ func TestNoCapacityIsResourceExhausted(t *testing.T) {
 		t.Fatalf("Allocate = %v, want ResourceExhausted", err)
 	}
 }
+
+// TestCountsMatchUnits checks that the counts the state operator keeps incrementally agree
+// with its units after a burst of allocations, releases, failures and expiries.
+func TestCountsMatchUnits(t *testing.T) {
+	e := newEnv(t, 4, nil)
+	var mu sync.Mutex
+	n := 0
+	e.alloc.Fail = func(method, id string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if method == "Create" && n%7 == 0 {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e.start(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key, LeaseTTL: time.Minute})
+			if err != nil {
+				return
+			}
+			if i%2 == 0 {
+				e.m.Release(ctx, a.ID, a.LeaseToken)
+			}
+		})
+	}
+	wg.Wait()
+	e.clock.Advance(2 * time.Minute)
+	e.m.Reconcile(ctx)
+	eventually(t, "counts to match the units", func() bool {
+		want := map[manager.State]int{}
+		for _, u := range e.m.List() {
+			want[u.State]++
+		}
+		got := e.m.States().Counts("")
+		for s, c := range got {
+			if c != want[s] {
+				return false
+			}
+		}
+		for s, c := range want {
+			if got[s] != c {
+				return false
+			}
+		}
+		return true
+	})
+}
