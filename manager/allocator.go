@@ -71,3 +71,23 @@ type RealClock struct{}
 
 // Now returns time.Now().
 func (RealClock) Now() time.Time { return time.Now() }
+
+// SharedPool is implemented by allocators whose warm pool is shared by several manager
+// replicas: the ready units live in an API server, not in this process. The manager then
+// claims units from the allocator instead of keeping its own FIFO, reads leases from the
+// units' annotations (so that any replica can renew or release any lease), and leaves pool
+// sizing and lease expiry to the replica that holds leadership.
+//
+// A unit's state is carried in its annotations under "fusebox.dev/state": "ready", "claimed"
+// (taken by a replica, being initialised) or "bound" (with the lease annotations the manager
+// writes through Annotate).
+type SharedPool interface {
+	// Claim takes one ready unit of template for this replica, atomically across replicas: no
+	// two calls anywhere return the same unit (e.g. an update with a resourceVersion
+	// precondition). ErrNoReadyUnit when none is ready now.
+	Claim(ctx context.Context, template string) (UnitInfo, error)
+	// Counts returns the ready and creating units of template as the allocator sees them.
+	Counts(template string) (ready, creating int)
+	// Lookup returns unit id. ErrUnitNotFound if there is no such unit.
+	Lookup(ctx context.Context, id string) (UnitInfo, error)
+}

@@ -12,4 +12,5 @@ var (
 	ErrInvalid         = errors.New("invalid request")
 	ErrAllocator       = errors.New("allocator failed")
 	ErrBadTransition   = errors.New("unit is not in the expected state")
+	ErrNoReadyUnit     = errors.New("no ready unit")
 )

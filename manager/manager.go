@@ -46,6 +46,9 @@ type Options struct {
 	CreateConcurrency int
 	// ReconcileInterval is the reconciler's period (it also runs after every allocation).
 	ReconcileInterval time.Duration
+	// IsLeader tells whether this replica runs the pool-wide duties with a SharedPool
+	// allocator (pool sizing, lease expiry); nil means always (a single manager).
+	IsLeader func() bool
 	// NewID returns a fresh unit id; nil uses random fixed-width "fbx-" ids.
 	NewID   func() string
 	Logger  *slog.Logger
@@ -54,11 +57,12 @@ type Options struct {
 
 // Manager is the control plane. It is safe for concurrent use.
 type Manager struct {
-	o     Options
-	alloc Allocator
-	ops   *StateOperator
-	log   *slog.Logger
-	m     *Metrics
+	o      Options
+	alloc  Allocator
+	shared SharedPool // non-nil when the allocator's pool is shared by several replicas
+	ops    *StateOperator
+	log    *slog.Logger
+	m      *Metrics
 
 	wake        chan struct{} // nudges the reconciler
 	backoffMu   sync.Mutex    // guards failStreak, holdUntil
@@ -74,6 +78,34 @@ type Manager struct {
 	demand      []time.Time // allocation times in the last minute
 	bg          sync.WaitGroup
 	cancelLoops context.CancelFunc
+	expiring    idSet // shared pool: expiries in progress
+}
+
+// idSet is a set of ids safe for concurrent use.
+type idSet struct {
+	mu  sync.Mutex // guards ids
+	ids map[string]bool
+}
+
+// Add adds id and reports whether it was absent.
+func (s *idSet) Add(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids[id] {
+		return false
+	}
+	if s.ids == nil {
+		s.ids = map[string]bool{}
+	}
+	s.ids[id] = true
+	return true
+}
+
+// Remove removes id.
+func (s *idSet) Remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
 }
 
 // New checks o and returns a Manager. Call Start to adopt leftovers and run the loops.
@@ -119,8 +151,15 @@ func New(o Options) (*Manager, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
-		wake: make(chan struct{}, 1)}, nil
+	m := &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
+		wake: make(chan struct{}, 1)}
+	if sp, ok := o.Allocator.(SharedPool); ok {
+		if _, ok := o.Allocator.(Annotator); !ok {
+			return nil, errors.New("manager: a shared-pool allocator must also be an Annotator (leases live in annotations)")
+		}
+		m.shared = sp
+	}
+	return m, nil
 }
 
 // randomID returns "fbx-" and 12 random digits: fixed width, as runsc matches ids by prefix.
@@ -138,8 +177,11 @@ func (m *Manager) States() *StateOperator { return m.ops }
 // Start adopts or destroys what a previous manager left behind, then runs the reconciler
 // until ctx ends or Close is called.
 func (m *Manager) Start(ctx context.Context) error {
-	if err := m.adopt(ctx); err != nil {
-		return err
+	// A shared pool has nothing to adopt: leases live with the units, for every replica.
+	if m.shared == nil {
+		if err := m.adopt(ctx); err != nil {
+			return err
+		}
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancelLoops = cancel
@@ -170,6 +212,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		m.cancelLoops()
 	}
 	m.bg.Wait()
+	if m.shared != nil {
+		return nil // the pool belongs to every replica
+	}
 	var errs []error
 	for _, u := range m.ops.Snapshot() {
 		if u.State == Ready {
@@ -346,9 +391,13 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		m.log.Warn(w.AllocationWarning(), "allocator", m.alloc.Name())
 	}
 
+	take := m.takeReady
+	if m.shared != nil {
+		take = m.claim
+	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		u, err := m.takeReady(ctx, tmpl)
+		u, err := take(ctx, tmpl)
 		if err != nil {
 			return Allocation{}, err
 		}
@@ -477,6 +526,9 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 	if ttl < 0 {
 		return time.Time{}, fmt.Errorf("%w: negative lease TTL", ErrInvalid)
 	}
+	if m.shared != nil {
+		return m.sharedRenew(ctx, id, token, ttl)
+	}
 	now := m.o.Clock.Now()
 	l, err := m.ops.UpdateLease(id, func(l *Lease) error {
 		if err := m.checkToken(l, token); err != nil {
@@ -506,6 +558,9 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 
 // Release ends the lease of sandbox id and destroys the sandbox.
 func (m *Manager) Release(ctx context.Context, id, token string) error {
+	if m.shared != nil {
+		return m.sharedRelease(ctx, id, token)
+	}
 	u, ok := m.ops.Get(id)
 	if !ok {
 		return fmt.Errorf("releasing: %w: %s", ErrUnitNotFound, id)
@@ -571,6 +626,10 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	defer m.creating.Add(-1)
 	id := m.o.NewID()
 	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
+	if m.shared != nil {
+		m.createShared(ctx, id, tmpl)
+		return
+	}
 	if err := m.ops.Insert(info, Creating, nil); err != nil {
 		m.log.Error("registering new unit", "id", id, "err", err)
 		return
@@ -578,16 +637,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	m.publishCounts()
 	t0 := time.Now()
 	got, err := m.alloc.Create(ctx, id, tmpl)
-	m.backoffMu.Lock()
-	if err != nil {
-		// Back off exponentially (0.5 s doubling to a minute) so that a broken runtime does
-		// not spin: failures stay visible in status and metrics meanwhile.
-		m.failStreak++
-		m.holdUntil = time.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
-	} else {
-		m.failStreak = 0
-	}
-	m.backoffMu.Unlock()
+	m.noteCreate(err)
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
 		m.log.Info("unit creation cancelled", "id", id)
@@ -601,13 +651,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 		m.publishCounts()
 		return
 	}
-	d := time.Since(t0)
-	m.latMu.Lock()
-	m.latencies = append(m.latencies, d)
-	if len(m.latencies) > 32 {
-		m.latencies = m.latencies[len(m.latencies)-32:]
-	}
-	m.latMu.Unlock()
+	m.recordLatency(time.Since(t0))
 	got.ID, got.Template = id, tmpl
 	if got.Created.IsZero() {
 		got.Created = info.Created
@@ -627,6 +671,60 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	m.publishCounts()
 }
 
+// noteCreate keeps the creation backoff: exponential (0.5 s doubling to a minute) after
+// consecutive failures, so that a broken runtime does not spin; failures stay visible in
+// status and metrics meanwhile.
+func (m *Manager) noteCreate(err error) {
+	m.backoffMu.Lock()
+	defer m.backoffMu.Unlock()
+	if err != nil {
+		m.failStreak++
+		m.holdUntil = time.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
+	} else {
+		m.failStreak = 0
+	}
+}
+
+// heldBack reports whether creations wait for the backoff.
+func (m *Manager) heldBack() bool {
+	m.backoffMu.Lock()
+	defer m.backoffMu.Unlock()
+	return time.Now().Before(m.holdUntil)
+}
+
+func (m *Manager) recordLatency(d time.Duration) {
+	m.latMu.Lock()
+	defer m.latMu.Unlock()
+	m.latencies = append(m.latencies, d)
+	if len(m.latencies) > 32 {
+		m.latencies = m.latencies[len(m.latencies)-32:]
+	}
+}
+
+// createShared creates a unit into a shared pool: it is not tracked locally until claimed.
+func (m *Manager) createShared(ctx context.Context, id, tmpl string) {
+	t0 := time.Now()
+	_, err := m.alloc.Create(ctx, id, tmpl)
+	m.noteCreate(err)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.failure("create")
+			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		}
+		return
+	}
+	m.recordLatency(time.Since(t0))
+	m.totals.creations.Add(1)
+	if m.m != nil {
+		m.m.Creations.Inc()
+	}
+}
+
+func estimatorObservation(now time.Time, allocs, ready, creating, bound int, lat time.Duration) estimator.Observation {
+	return estimator.Observation{Now: now, Allocations: allocs, Ready: ready, Creating: creating, Bound: bound,
+		ProvisioningLatency: lat}
+}
+
 // ProvisioningLatency is the median of recent creation times (1 s before any creation).
 func (m *Manager) ProvisioningLatency() time.Duration {
 	m.latMu.Lock()
@@ -642,6 +740,10 @@ func (m *Manager) ProvisioningLatency() time.Duration {
 // Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
 // and create or destroy ready units toward it.
 func (m *Manager) Reconcile(ctx context.Context) {
+	if m.shared != nil {
+		m.reconcileShared(ctx)
+		return
+	}
 	now := m.o.Clock.Now()
 	for _, id := range m.ops.Expired(now) {
 		if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
@@ -653,10 +755,7 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	}
 	c := m.ops.Counts(m.o.PoolTemplate)
 	creating := int(m.creating.Load())
-	target := m.o.Estimator.Target(estimator.Observation{
-		Now: now, Allocations: int(m.allocs.Swap(0)), Ready: c[Ready], Creating: creating, Bound: c[Bound],
-		ProvisioningLatency: m.ProvisioningLatency(),
-	})
+	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), c[Ready], creating, c[Bound], m.ProvisioningLatency()))
 	m.target.Store(int32(target))
 	if m.m != nil {
 		m.m.Target.Set(float64(target))
@@ -664,10 +763,7 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	m.backoffMu.Lock()
-	held := time.Now().Before(m.holdUntil)
-	m.backoffMu.Unlock()
-	if deficit := target - c[Ready] - creating; deficit > 0 && !held {
+	if deficit := target - c[Ready] - creating; deficit > 0 && !m.heldBack() {
 		n := min(deficit, m.o.CreateConcurrency-creating)
 		for range n {
 			m.creating.Add(1)
@@ -695,8 +791,13 @@ func (m *Manager) publishCounts() {
 	}
 }
 
-// List returns a snapshot of every unit.
-func (m *Manager) List() []Unit { return m.ops.Snapshot() }
+// List returns a snapshot of every unit (with a shared pool: every replica's units).
+func (m *Manager) List() []Unit {
+	if m.shared != nil {
+		return m.sharedList()
+	}
+	return m.ops.Snapshot()
+}
 
 // PoolStatus summarises the pool.
 type PoolStatus struct {
@@ -712,6 +813,12 @@ type PoolStatus struct {
 // Status returns the pool's status.
 func (m *Manager) Status() PoolStatus {
 	c := m.ops.Counts("")
+	if m.shared != nil {
+		c = map[State]int{}
+		for _, u := range m.sharedList() {
+			c[u.State]++
+		}
+	}
 	units := map[string]int{}
 	for s, n := range c {
 		units[s.String()] = n

@@ -14,6 +14,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/manager"
@@ -174,4 +175,80 @@ func Initializer(ctx context.Context, initAddr string, agentKey []byte) ([]byte,
 		return nil, err
 	}
 	return x509.MarshalPKIXPublicKey(&k.PublicKey)
+}
+
+// Shared is an Allocator whose pool is shared by several managers, as pods in an API server
+// are: units wait with state "ready" in their annotations until a manager claims one.
+type Shared struct {
+	*Allocator
+	creating atomic.Int32
+}
+
+var _ manager.SharedPool = (*Shared)(nil)
+
+// NewShared returns an empty shared-pool allocator.
+func NewShared() *Shared { return &Shared{Allocator: New()} }
+
+// Create makes a unit and puts it into the shared pool.
+func (s *Shared) Create(ctx context.Context, id, template string) (manager.UnitInfo, error) {
+	s.creating.Add(1)
+	defer s.creating.Add(-1)
+	info, err := s.Allocator.Create(ctx, id, template)
+	if err != nil {
+		return info, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if u, ok := s.units[id]; ok {
+		u.Annotations = map[string]string{"fusebox.dev/state": "ready"}
+		info = *u
+	}
+	return info, nil
+}
+
+// Claim takes the oldest ready unit of template.
+func (s *Shared) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
+	if err := s.record(Call{Method: "Claim", Arg: template}); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *manager.UnitInfo
+	for _, u := range s.units {
+		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" && (best == nil || u.Created.Before(best.Created)) {
+			best = u
+		}
+	}
+	if best == nil {
+		return manager.UnitInfo{}, manager.ErrNoReadyUnit
+	}
+	best.Annotations = map[string]string{"fusebox.dev/state": "claimed"}
+	c := *best
+	c.Annotations = maps.Clone(best.Annotations)
+	return c, nil
+}
+
+// Counts returns the ready and creating units of template.
+func (s *Shared) Counts(template string) (ready, creating int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range s.units {
+		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" {
+			ready++
+		}
+	}
+	return ready, int(s.creating.Load())
+}
+
+// Lookup returns unit id.
+func (s *Shared) Lookup(ctx context.Context, id string) (manager.UnitInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.units[id]
+	if !ok {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	c := *u
+	c.Annotations = maps.Clone(u.Annotations)
+	return c, nil
 }
