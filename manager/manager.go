@@ -490,10 +490,6 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 			return fail("egress", err)
 		}
 	}
-	pub, err := m.o.Initializer(ctx, u.Info.InitAddr, req.AgentPublicKey)
-	if err != nil {
-		return fail("init", err)
-	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return fail("init", err)
@@ -501,10 +497,21 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
 	lease := &Lease{TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
 		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
+	// The lease is persisted while sFuse runs: both must succeed before the agent hears of
+	// the unit, and a failure of either destroys it, so the order does not matter.
+	annotated := make(chan error, 1)
 	if a, ok := m.alloc.(Annotator); ok {
-		if err := a.Annotate(ctx, id, leaseAnnotations(lease)); err != nil {
-			return fail("annotate", err)
-		}
+		go func() { annotated <- a.Annotate(ctx, id, leaseAnnotations(lease)) }()
+	} else {
+		annotated <- nil
+	}
+	pub, err := m.o.Initializer(ctx, u.Info.InitAddr, req.AgentPublicKey)
+	aerr := <-annotated
+	if err != nil {
+		return fail("init", err)
+	}
+	if aerr != nil {
+		return fail("annotate", aerr)
 	}
 	if _, err := m.ops.Transition(id, Initialising, Bound, func(x *Unit) { x.Lease = lease }); err != nil {
 		return fail("init", err)
