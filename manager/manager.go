@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/big"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,10 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 )
+
+// labelName is what a label name may be: it becomes part of an annotation key, which must
+// be valid on Kubernetes objects too.
+var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
 // DefaultTemplate is the template used when a request names none.
 const DefaultTemplate = "default"
@@ -382,9 +387,12 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		ttl = m.o.DefaultLeaseTTL
 	}
 	ttl = min(ttl, m.o.MaxLeaseTTL)
-	for k := range req.Labels {
-		if k == "" || strings.ContainsAny(k, "=,\x00") {
-			return Allocation{}, fmt.Errorf("%w: bad label name %q", ErrInvalid, k)
+	for k, v := range req.Labels {
+		if !labelName.MatchString(k) {
+			return Allocation{}, fmt.Errorf("%w: bad label name %q (letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends)", ErrInvalid, k)
+		}
+		if len(v) > 1024 {
+			return Allocation{}, fmt.Errorf("%w: label %s is over 1024 bytes", ErrInvalid, k)
 		}
 	}
 	if w, ok := m.alloc.(Warner); ok {
