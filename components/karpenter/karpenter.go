@@ -1,0 +1,265 @@
+// Package karpenter provides the Karpenter component: a karpenter.sh/v1 NodePool for sandbox
+// pods only (a taint that only sandbox pods tolerate, a label they select, CPU/memory limits and
+// a disruption budget) and the cloud's node class: an EC2NodeClass on EKS (with the gVisor
+// install as userData) or an AKSNodeClass on AKS.
+//
+// On GKE Karpenter is not used: sandbox nodes are a GKE node pool created with the cluster,
+// e.g. `gcloud container node-pools create fusebox-sandbox --sandbox type=gvisor
+// --node-labels=fusebox.dev/pool=sandbox --node-taints=fusebox.dev/sandbox=true:NoSchedule`
+// (node pool config sandboxConfig.type: GVISOR). GKE adds its own sandbox.gke.io/runtime taint,
+// which its "gvisor" RuntimeClass tolerates. The component then creates nothing and reports
+// this placement in its GKENodePool output. On local clusters it creates nothing.
+package karpenter
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/internal/customresource"
+	"github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apiextensions"
+	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+// Type is the component's type token.
+const Type = "fusebox:components:Karpenter"
+
+// API versions and kinds of the objects created.
+const (
+	NodePoolAPIVersion     = "karpenter.sh/v1"
+	NodePoolKind           = "NodePool"
+	EC2NodeClassAPIVersion = "karpenter.k8s.aws/v1"
+	EC2NodeClassKind       = "EC2NodeClass"
+	AKSNodeClassAPIVersion = "karpenter.azure.com/v1beta1"
+	AKSNodeClassKind       = "AKSNodeClass"
+)
+
+// KarpenterArgs configure the Karpenter component.
+type KarpenterArgs struct {
+	Cloud components.Cloud `pulumi:"cloud"`
+	// Name is the Kubernetes name of the NodePool and node class. Required.
+	Name string `pulumi:"name"`
+	// CPULimit and MemoryLimit cap the pool's total resources (e.g. "1000", "4000Gi"). Required
+	// on EKS and AKS: an unbounded sandbox pool is an unbounded bill.
+	CPULimit    string `pulumi:"cpuLimit"`
+	MemoryLimit string `pulumi:"memoryLimit"`
+	// Requirements constrain instance types, zones, capacity type, architecture.
+	Requirements []Requirement `pulumi:"requirements"`
+	// ConsolidateAfter is how long a node stays empty or underused before consolidation
+	// (default "5m"); DisruptionBudget caps nodes disrupted at once (default "10%").
+	ConsolidateAfter string `pulumi:"consolidateAfter"`
+	DisruptionBudget string `pulumi:"disruptionBudget"`
+	// ExpireAfter bounds a node's lifetime (default "720h").
+	ExpireAfter string `pulumi:"expireAfter"`
+	// EC2 is required on EKS.
+	EC2 *EC2Args `pulumi:"ec2"`
+	// AKS is used on AKS (zero value: the provider's defaults).
+	AKS *AKSArgs `pulumi:"aks"`
+	// GKENodePool names the GKE Sandbox node pool, for the GKENodePool output.
+	GKENodePool string `pulumi:"gkeNodePool"`
+}
+
+// EC2Args configure the EC2NodeClass.
+type EC2Args struct {
+	Role                      string            `pulumi:"role"`
+	AMIAlias                  string            `pulumi:"amiAlias"` // default al2023@latest
+	SubnetSelectorTags        map[string]string `pulumi:"subnetSelectorTags"`
+	SecurityGroupSelectorTags map[string]string `pulumi:"securityGroupSelectorTags"`
+	// UserData installs gVisor; build it with gvisor.EKSUserData.
+	UserData   string            `pulumi:"userData"`
+	VolumeSize string            `pulumi:"volumeSize"` // default 100Gi
+	Tags       map[string]string `pulumi:"tags"`
+}
+
+// AKSArgs configure the AKSNodeClass.
+type AKSArgs struct {
+	ImageFamily  string            `pulumi:"imageFamily"` // default AzureLinux
+	OSDiskSizeGB int               `pulumi:"osDiskSizeGB"`
+	VNETSubnetID string            `pulumi:"vnetSubnetID"`
+	Tags         map[string]string `pulumi:"tags"`
+}
+
+// Karpenter is the sandbox node pool.
+type Karpenter struct {
+	pulumi.ResourceState
+
+	// NodePoolName is the NodePool's name, or "" where none is created.
+	NodePoolName pulumi.StringOutput `pulumi:"nodePoolName"`
+	// NodeClassKind is EC2NodeClass, AKSNodeClass or "".
+	NodeClassKind pulumi.StringOutput `pulumi:"nodeClassKind"`
+	// GKENodePool describes the GKE Sandbox node pool sandboxes use, on GKE.
+	GKENodePool pulumi.StringOutput `pulumi:"gkeNodePool"`
+}
+
+// ErrMissingSetting is wrapped by NewKarpenter's errors for a required setting left empty.
+var ErrMissingSetting = errors.New("missing setting")
+
+// NewKarpenter registers the component and, on EKS and AKS, the NodePool and node class.
+func NewKarpenter(ctx *pulumi.Context, name string, args *KarpenterArgs, opts ...pulumi.ResourceOption) (*Karpenter, error) {
+	if args == nil {
+		return nil, fmt.Errorf("karpenter %s: args are required", name)
+	}
+	if _, err := components.ParseCloud(string(args.Cloud)); err != nil {
+		return nil, fmt.Errorf("karpenter %s: %w", name, err)
+	}
+	uses := args.Cloud == components.EKS || args.Cloud == components.AKS
+	if uses {
+		if err := args.validate(); err != nil {
+			return nil, fmt.Errorf("karpenter %s: %w", name, err)
+		}
+	}
+	c := &Karpenter{}
+	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
+		return nil, err
+	}
+
+	var poolName, classKind, gke string
+	switch args.Cloud {
+	case components.EKS, components.AKS:
+		classArgs, kind, err := args.nodeClass()
+		if err != nil {
+			return nil, fmt.Errorf("karpenter %s: %w", name, err)
+		}
+		class, err := apiextensions.NewCustomResource(ctx, name+"-nodeclass", classArgs, pulumi.Parent(c))
+		if err != nil {
+			return nil, fmt.Errorf("karpenter %s: %s: %w", name, kind, err)
+		}
+		poolArgs, err := customresource.Args(NodePoolAPIVersion, NodePoolKind, args.meta(), args.nodePoolSpec())
+		if err != nil {
+			return nil, fmt.Errorf("karpenter %s: %w", name, err)
+		}
+		if _, err := apiextensions.NewCustomResource(ctx, name+"-nodepool", poolArgs,
+			pulumi.Parent(c), pulumi.DependsOn([]pulumi.Resource{class})); err != nil {
+			return nil, fmt.Errorf("karpenter %s: NodePool: %w", name, err)
+		}
+		poolName, classKind = args.Name, kind
+	case components.GKE:
+		pool := args.GKENodePool
+		if pool == "" {
+			pool = "fusebox-sandbox"
+		}
+		gke = fmt.Sprintf("GKE node pool %q with sandboxConfig type gvisor, label %s=%s and taint %s=%s:%s (created with the cluster, not by this stack)",
+			pool, components.SandboxPoolLabelKey, components.SandboxPoolLabelValue,
+			components.SandboxTaintKey, components.SandboxTaintValue, components.SandboxTaintEffect)
+	}
+
+	c.NodePoolName = pulumi.String(poolName).ToStringOutput()
+	c.NodeClassKind = pulumi.String(classKind).ToStringOutput()
+	c.GKENodePool = pulumi.String(gke).ToStringOutput()
+	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
+		"nodePoolName":  c.NodePoolName,
+		"nodeClassKind": c.NodeClassKind,
+		"gkeNodePool":   c.GKENodePool,
+	}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (a *KarpenterArgs) validate() error {
+	switch {
+	case a.Name == "":
+		return fmt.Errorf("%w: name", ErrMissingSetting)
+	case a.CPULimit == "" || a.MemoryLimit == "":
+		return fmt.Errorf("%w: cpuLimit and memoryLimit (the sandbox pool must be bounded)", ErrMissingSetting)
+	}
+	if a.Cloud == components.EKS {
+		switch {
+		case a.EC2 == nil:
+			return fmt.Errorf("%w: ec2 settings on eks", ErrMissingSetting)
+		case a.EC2.Role == "":
+			return fmt.Errorf("%w: ec2 role", ErrMissingSetting)
+		case len(a.EC2.SubnetSelectorTags) == 0 || len(a.EC2.SecurityGroupSelectorTags) == 0:
+			return fmt.Errorf("%w: ec2 subnet and security group selector tags", ErrMissingSetting)
+		case a.EC2.UserData == "":
+			return fmt.Errorf("%w: ec2 userData (the gVisor install)", ErrMissingSetting)
+		}
+	}
+	return nil
+}
+
+func (a *KarpenterArgs) meta() metav1.ObjectMetaArgs {
+	return metav1.ObjectMetaArgs{
+		Name:   pulumi.String(a.Name),
+		Labels: pulumi.StringMap{"app.kubernetes.io/part-of": pulumi.String("fusebox")},
+	}
+}
+
+func (a *KarpenterArgs) nodeClass() (*apiextensions.CustomResourceArgs, string, error) {
+	if a.Cloud == components.EKS {
+		e := a.EC2
+		alias := orDefault(e.AMIAlias, "al2023@latest")
+		spec := EC2NodeClassSpec{
+			Role:                       e.Role,
+			AMISelectorTerms:           []AMISelectorTerm{{Alias: alias}},
+			SubnetSelectorTerms:        []SelectorTerm{{Tags: e.SubnetSelectorTags}},
+			SecurityGroupSelectorTerms: []SelectorTerm{{Tags: e.SecurityGroupSelectorTags}},
+			UserData:                   e.UserData,
+			// IMDSv2 with a hop limit of 1: pods (one hop further) cannot reach the node's
+			// credentials even before the sandbox network policy blocks the address.
+			MetadataOptions: &MetadataOptions{HTTPEndpoint: "enabled", HTTPProtocolIPv6: "disabled", HTTPPutResponseHopLimit: 1, HTTPTokens: "required"},
+			BlockDeviceMappings: []BlockDeviceMapping{{
+				DeviceName: "/dev/xvda",
+				EBS:        EBSVolume{VolumeSize: orDefault(e.VolumeSize, "100Gi"), VolumeType: "gp3", Encrypted: true},
+			}},
+			Tags: e.Tags,
+		}
+		args, err := customresource.Args(EC2NodeClassAPIVersion, EC2NodeClassKind, a.meta(), spec)
+		return args, EC2NodeClassKind, err
+	}
+	var z AKSArgs
+	if a.AKS != nil {
+		z = *a.AKS
+	}
+	spec := AKSNodeClassSpec{
+		ImageFamily:  orDefault(z.ImageFamily, "AzureLinux"),
+		OSDiskSizeGB: z.OSDiskSizeGB,
+		VNETSubnetID: z.VNETSubnetID,
+		Tags:         z.Tags,
+	}
+	args, err := customresource.Args(AKSNodeClassAPIVersion, AKSNodeClassKind, a.meta(), spec)
+	return args, AKSNodeClassKind, err
+}
+
+// nodePoolSpec is the sandbox-only pool: nodes carry the pool label and the sandbox taint,
+// which only pods of the gvisor RuntimeClass tolerate.
+func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
+	group, kind := "karpenter.k8s.aws", EC2NodeClassKind
+	if a.Cloud == components.AKS {
+		group, kind = "karpenter.azure.com", AKSNodeClassKind
+	}
+	reqs := a.Requirements
+	if len(reqs) == 0 {
+		reqs = []Requirement{
+			{Key: "kubernetes.io/os", Operator: "In", Values: []string{"linux"}},
+			{Key: "karpenter.sh/capacity-type", Operator: "In", Values: []string{"on-demand"}},
+		}
+	}
+	return NodePoolSpec{
+		Template: NodeClaimTemplate{
+			Metadata: TemplateMetadata{Labels: map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue}},
+			Spec: NodeClaimSpec{
+				NodeClassRef: NodeClassRef{Group: group, Kind: kind, Name: a.Name},
+				Taints: []Taint{{
+					Key: components.SandboxTaintKey, Value: components.SandboxTaintValue, Effect: components.SandboxTaintEffect,
+				}},
+				Requirements: reqs,
+				ExpireAfter:  orDefault(a.ExpireAfter, "720h"),
+			},
+		},
+		Disruption: Disruption{
+			ConsolidationPolicy: "WhenEmptyOrUnderutilized",
+			ConsolidateAfter:    orDefault(a.ConsolidateAfter, "5m"),
+			Budgets:             []Budget{{Nodes: orDefault(a.DisruptionBudget, "10%")}},
+		},
+		Limits: map[string]string{"cpu": a.CPULimit, "memory": a.MemoryLimit},
+	}
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}

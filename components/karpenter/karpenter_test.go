@@ -1,0 +1,162 @@
+package karpenter
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+const (
+	nodePoolType = "kubernetes:karpenter.sh/v1:NodePool"
+	ec2Type      = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+	aksType      = "kubernetes:karpenter.azure.com/v1beta1:AKSNodeClass"
+)
+
+func eksArgs() *KarpenterArgs {
+	return &KarpenterArgs{
+		Cloud: components.EKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
+		EC2: &EC2Args{
+			Role:                      "KarpenterNodeRole-x",
+			SubnetSelectorTags:        map[string]string{"karpenter.sh/discovery": "x"},
+			SecurityGroupSelectorTags: map[string]string{"karpenter.sh/discovery": "x"},
+			UserData:                  "MIME-Version: 1.0\n...io.containerd.cri.v1.runtime...",
+		},
+	}
+}
+
+func run(t *testing.T, args *KarpenterArgs) (*mocktest.Mocks, map[string]string) {
+	t.Helper()
+	out := map[string]string{}
+	m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+		k, err := NewKarpenter(ctx, "fb", args)
+		if err != nil {
+			return err
+		}
+		for key, o := range map[string]pulumi.StringOutput{"pool": k.NodePoolName, "kind": k.NodeClassKind, "gke": k.GKENodePool} {
+			if out[key], err = mocktest.Await[string](ctx, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	m.One(t, Type)
+	m.AssertParented(t, Type)
+	return m, out
+}
+
+func checkNodePool(t *testing.T, m *mocktest.Mocks, group, kind string) {
+	t.Helper()
+	np := m.One(t, nodePoolType)
+	p := np.Props()
+	if np.Name != "fb-nodepool" || mocktest.Str(p, "metadata", "name") != "fusebox-sandbox" {
+		t.Errorf("NodePool %s %v", np.Name, mocktest.Dig(p, "metadata"))
+	}
+	tmpl := mocktest.Dig(p, "spec", "template")
+	if got := mocktest.Str(tmpl, "metadata", "labels", "fusebox.dev/pool"); got != "sandbox" {
+		t.Errorf("pool label %q", got)
+	}
+	taints, _ := mocktest.Dig(tmpl, "spec", "taints").([]any)
+	if len(taints) != 1 || mocktest.Str(taints[0], "key") != "fusebox.dev/sandbox" ||
+		mocktest.Str(taints[0], "value") != "true" || mocktest.Str(taints[0], "effect") != "NoSchedule" {
+		t.Errorf("taints %v", taints)
+	}
+	ref := mocktest.Dig(tmpl, "spec", "nodeClassRef")
+	if mocktest.Str(ref, "group") != group || mocktest.Str(ref, "kind") != kind || mocktest.Str(ref, "name") != "fusebox-sandbox" {
+		t.Errorf("nodeClassRef %v", ref)
+	}
+	if mocktest.Str(p, "spec", "limits", "cpu") != "64" || mocktest.Str(p, "spec", "limits", "memory") != "256Gi" {
+		t.Errorf("limits %v", mocktest.Dig(p, "spec", "limits"))
+	}
+	if mocktest.Str(p, "spec", "disruption", "budgets", 0, "nodes") != "10%" ||
+		mocktest.Str(p, "spec", "disruption", "consolidationPolicy") != "WhenEmptyOrUnderutilized" {
+		t.Errorf("disruption %v", mocktest.Dig(p, "spec", "disruption"))
+	}
+	if reqs, _ := mocktest.Dig(tmpl, "spec", "requirements").([]any); len(reqs) == 0 {
+		t.Errorf("no requirements")
+	}
+}
+
+func TestEKS(t *testing.T) {
+	m, out := run(t, eksArgs())
+	checkNodePool(t, m, "karpenter.k8s.aws", "EC2NodeClass")
+	if len(m.ByType(aksType)) != 0 {
+		t.Error("AKSNodeClass on EKS")
+	}
+	nc := m.One(t, ec2Type)
+	p := nc.Props()
+	if nc.Name != "fb-nodeclass" || mocktest.Str(p, "metadata", "name") != "fusebox-sandbox" {
+		t.Errorf("EC2NodeClass %s", nc.Name)
+	}
+	if ud := mocktest.Str(p, "spec", "userData"); !strings.Contains(ud, "io.containerd.cri.v1.runtime") {
+		t.Errorf("userData %q", ud)
+	}
+	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@latest" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
+		t.Errorf("spec %v", mocktest.Dig(p, "spec"))
+	}
+	if hop := mocktest.Dig(p, "spec", "metadataOptions", "httpPutResponseHopLimit"); hop != 1.0 ||
+		mocktest.Str(p, "spec", "metadataOptions", "httpTokens") != "required" {
+		t.Errorf("metadataOptions %v", mocktest.Dig(p, "spec", "metadataOptions"))
+	}
+	if out["pool"] != "fusebox-sandbox" || out["kind"] != "EC2NodeClass" || out["gke"] != "" {
+		t.Errorf("outputs %v", out)
+	}
+}
+
+func TestAKS(t *testing.T) {
+	m, out := run(t, &KarpenterArgs{Cloud: components.AKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
+		AKS: &AKSArgs{OSDiskSizeGB: 128}})
+	checkNodePool(t, m, "karpenter.azure.com", "AKSNodeClass")
+	if len(m.ByType(ec2Type)) != 0 {
+		t.Error("EC2NodeClass on AKS")
+	}
+	p := m.One(t, aksType).Props()
+	if mocktest.Str(p, "spec", "imageFamily") != "AzureLinux" || mocktest.Dig(p, "spec", "osDiskSizeGB") != 128.0 {
+		t.Errorf("AKSNodeClass spec %v", mocktest.Dig(p, "spec"))
+	}
+	if out["kind"] != "AKSNodeClass" {
+		t.Errorf("outputs %v", out)
+	}
+}
+
+func TestGKEAndLocalCreateNothing(t *testing.T) {
+	for _, cloud := range []components.Cloud{components.GKE, components.Local} {
+		t.Run(string(cloud), func(t *testing.T) {
+			m, out := run(t, &KarpenterArgs{Cloud: cloud, GKENodePool: "sbx"})
+			if n := len(m.All()); n != 1 {
+				t.Fatalf("want only the component, got %d resources", n)
+			}
+			if out["pool"] != "" || out["kind"] != "" {
+				t.Errorf("outputs %v", out)
+			}
+			if cloud == components.GKE && !strings.Contains(out["gke"], `"sbx"`) {
+				t.Errorf("gke output %q", out["gke"])
+			}
+		})
+	}
+}
+
+func TestRefusesIncompleteSettings(t *testing.T) {
+	for name, mut := range map[string]func(*KarpenterArgs){
+		"no limits":   func(a *KarpenterArgs) { a.CPULimit = "" },
+		"no ec2":      func(a *KarpenterArgs) { a.EC2 = nil },
+		"no role":     func(a *KarpenterArgs) { a.EC2.Role = "" },
+		"no userData": func(a *KarpenterArgs) { a.EC2.UserData = "" },
+		"no subnets":  func(a *KarpenterArgs) { a.EC2.SubnetSelectorTags = nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := eksArgs()
+			mut(a)
+			_, err := mocktest.Run(func(ctx *pulumi.Context) error {
+				_, err := NewKarpenter(ctx, "fb", a)
+				return err
+			})
+			if !errors.Is(err, ErrMissingSetting) {
+				t.Fatalf("want ErrMissingSetting, got %v", err)
+			}
+		})
+	}
+}

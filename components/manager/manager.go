@@ -1,0 +1,380 @@
+// Package manager provides the components that run fusebox's container manager in a cluster:
+// Namespaces (the manager's and the sandboxes') and Manager (ServiceAccount, least-privilege
+// RBAC, the sandbox pod template as a ConfigMap, a Deployment of at least two replicas with
+// anti-affinity, gRPC health probes and a restricted security context, a Service and a
+// PodDisruptionBudget). Images are referenced by digest only.
+package manager
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fusebox-dev/fusebox/components"
+	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
+	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
+	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
+	policyv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/policy/v1"
+	rbacv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/rbac/v1"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+// Type is the Manager component's type token.
+const Type = "fusebox:components:Manager"
+
+// Ports and paths of the manager's pods.
+const (
+	DefaultGRPCPort    = 9090
+	DefaultMetricsPort = 9464
+	templateMountPath  = "/etc/fusebox/sandbox"
+	// nonRootUID is the distroless "nonroot" user.
+	nonRootUID = 65532
+)
+
+// ManagerArgs configure the Manager component.
+type ManagerArgs struct {
+	// Namespace and SandboxNamespace: pass the Namespaces component's outputs. Required.
+	Namespace        pulumi.StringInput `pulumi:"namespace"`
+	SandboxNamespace pulumi.StringInput `pulumi:"sandboxNamespace"`
+	// Image is the manager image, by digest. Required.
+	Image string `pulumi:"image"`
+	// Sandbox describes the sandbox pods the manager creates. Its Image is required.
+	Sandbox SandboxTemplate `pulumi:"-"`
+	// Replicas is at least 2 (default 2): one manager is a single point of failure.
+	Replicas int `pulumi:"replicas"`
+	// RequiredAntiAffinity forbids two replicas on one node; otherwise it is only preferred
+	// (single-node dev clusters).
+	RequiredAntiAffinity bool `pulumi:"requiredAntiAffinity"`
+	// PoolSize and PoolMax are the warm pool's floor and ceiling (defaults 2 and 16).
+	PoolSize int `pulumi:"poolSize"`
+	PoolMax  int `pulumi:"poolMax"`
+	// Estimator sizes the pool: fixed, ewma or pid (default ewma).
+	Estimator string `pulumi:"estimator"`
+	// GRPCPort and MetricsPort default to 9090 and 9464.
+	GRPCPort    int `pulumi:"grpcPort"`
+	MetricsPort int `pulumi:"metricsPort"`
+	// ServiceType is ClusterIP (default) or LoadBalancer.
+	ServiceType string `pulumi:"serviceType"`
+	// CPU and Memory are the manager container's requests (memory is also its limit).
+	CPU    string `pulumi:"cpu"`
+	Memory string `pulumi:"memory"`
+	// After lists resources the Deployment waits for: the sandbox namespace's network and
+	// admission policies, so that no sandbox pod exists before they do.
+	After []pulumi.Resource `pulumi:"-"`
+}
+
+// Manager is the deployed manager.
+type Manager struct {
+	pulumi.ResourceState
+
+	// Endpoint is the manager's in-cluster gRPC address (host:port).
+	Endpoint pulumi.StringOutput `pulumi:"endpoint"`
+	// ServiceAccount is the manager's service account name.
+	ServiceAccount pulumi.StringOutput `pulumi:"serviceAccount"`
+	// Replicas is the Deployment's replica count.
+	Replicas pulumi.IntOutput `pulumi:"replicas"`
+}
+
+// Errors for refused arguments.
+var (
+	ErrTooFewReplicas = errors.New("manager needs at least 2 replicas")
+	ErrNoNamespace    = errors.New("manager and sandbox namespaces are required")
+)
+
+// Names of the Kubernetes objects (fixed, so the manager and operators can find them).
+const (
+	ObjectName       = "fusebox-manager"
+	TemplateCMName   = "fusebox-sandbox-template"
+	sandboxRoleName  = "fusebox-manager-sandboxes"
+	electionRoleName = "fusebox-manager-leader-election"
+)
+
+// managerVerbs are the verbs the manager has on its sandbox pods and their network policies.
+var managerVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+
+// leaseVerbs are what client-go's leader election needs on its Lease.
+var leaseVerbs = []string{"get", "create", "update"}
+
+// NewManager registers the component and its children.
+func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pulumi.ResourceOption) (*Manager, error) {
+	if args == nil {
+		return nil, fmt.Errorf("manager %s: args are required", name)
+	}
+	a := *args
+	if err := a.defaults(); err != nil {
+		return nil, fmt.Errorf("manager %s: %w", name, err)
+	}
+	tmpl, err := a.Sandbox.YAML()
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: %w", name, err)
+	}
+	c := &Manager{}
+	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
+		return nil, err
+	}
+	parent := pulumi.Parent(c)
+	labels := pulumi.StringMap{
+		"app.kubernetes.io/name":    pulumi.String(components.ManagerAppLabel),
+		"app.kubernetes.io/part-of": pulumi.String("fusebox"),
+	}
+	meta := func(n string, ns pulumi.StringInput) metav1.ObjectMetaArgs {
+		return metav1.ObjectMetaArgs{Name: pulumi.String(n), Namespace: ns, Labels: labels}
+	}
+
+	sa, err := corev1.NewServiceAccount(ctx, name+"-sa", &corev1.ServiceAccountArgs{
+		Metadata: meta(ObjectName, a.Namespace),
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: service account: %w", name, err)
+	}
+	subjects := rbacv1.SubjectArray{rbacv1.SubjectArgs{
+		Kind: pulumi.String("ServiceAccount"), Name: pulumi.String(ObjectName), Namespace: a.Namespace,
+	}}
+
+	// RBAC: namespaced Roles only. Sandbox pods and their per-sandbox network policies in the
+	// sandbox namespace; the leader-election Lease in the manager's own namespace.
+	roles := []struct {
+		suffix, role string
+		ns           pulumi.StringInput
+		rules        rbacv1.PolicyRuleArray
+	}{
+		{"sandbox-role", sandboxRoleName, a.SandboxNamespace, rbacv1.PolicyRuleArray{
+			rule("", "pods", managerVerbs),
+			rule("cilium.io", "ciliumnetworkpolicies", managerVerbs),
+		}},
+		{"election-role", electionRoleName, a.Namespace, rbacv1.PolicyRuleArray{
+			rule("coordination.k8s.io", "leases", leaseVerbs),
+		}},
+	}
+	var rbac []pulumi.Resource
+	for _, r := range roles {
+		role, err := rbacv1.NewRole(ctx, name+"-"+r.suffix, &rbacv1.RoleArgs{
+			Metadata: meta(r.role, r.ns), Rules: r.rules,
+		}, parent)
+		if err != nil {
+			return nil, fmt.Errorf("manager %s: role %s: %w", name, r.role, err)
+		}
+		rb, err := rbacv1.NewRoleBinding(ctx, name+"-"+r.suffix+"-binding", &rbacv1.RoleBindingArgs{
+			Metadata: meta(r.role, r.ns),
+			RoleRef: rbacv1.RoleRefArgs{
+				ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("Role"), Name: pulumi.String(r.role),
+			},
+			Subjects: subjects,
+		}, parent, pulumi.DependsOn([]pulumi.Resource{role, sa}))
+		if err != nil {
+			return nil, fmt.Errorf("manager %s: role binding %s: %w", name, r.role, err)
+		}
+		rbac = append(rbac, role, rb)
+	}
+
+	cm, err := corev1.NewConfigMap(ctx, name+"-sandbox-template", &corev1.ConfigMapArgs{
+		Metadata: meta(TemplateCMName, a.Namespace),
+		Data:     pulumi.StringMap{SandboxTemplateKey: pulumi.String(tmpl)},
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: sandbox template: %w", name, err)
+	}
+
+	deps := append(append([]pulumi.Resource{cm}, rbac...), a.After...)
+	if _, err := appsv1.NewDeployment(ctx, name+"-deployment", &appsv1.DeploymentArgs{
+		Metadata: meta(ObjectName, a.Namespace),
+		Spec:     a.deploymentSpec(labels),
+	}, parent, pulumi.DependsOn(deps)); err != nil {
+		return nil, fmt.Errorf("manager %s: deployment: %w", name, err)
+	}
+
+	svc, err := corev1.NewService(ctx, name+"-service", &corev1.ServiceArgs{
+		Metadata: meta(ObjectName, a.Namespace),
+		Spec: corev1.ServiceSpecArgs{
+			Type:     pulumi.String(a.ServiceType),
+			Selector: selectorLabels(),
+			Ports: corev1.ServicePortArray{
+				corev1.ServicePortArgs{Name: pulumi.String("grpc"), Port: pulumi.Int(a.GRPCPort), TargetPort: pulumi.String("grpc"), AppProtocol: pulumi.String("grpc")},
+				corev1.ServicePortArgs{Name: pulumi.String("metrics"), Port: pulumi.Int(a.MetricsPort), TargetPort: pulumi.String("metrics")},
+			},
+		},
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: service: %w", name, err)
+	}
+
+	if _, err := policyv1.NewPodDisruptionBudget(ctx, name+"-pdb", &policyv1.PodDisruptionBudgetArgs{
+		Metadata: meta(ObjectName, a.Namespace),
+		Spec: policyv1.PodDisruptionBudgetSpecArgs{
+			MinAvailable: pulumi.Int(1),
+			Selector:     metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
+		},
+	}, parent); err != nil {
+		return nil, fmt.Errorf("manager %s: pod disruption budget: %w", name, err)
+	}
+
+	c.Endpoint = pulumi.Sprintf("%s.%s.svc:%d", svc.Metadata.Name().Elem(), a.Namespace, a.GRPCPort)
+	c.ServiceAccount = sa.Metadata.Name().Elem()
+	c.Replicas = pulumi.Int(a.Replicas).ToIntOutput()
+	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
+		"endpoint":       c.Endpoint,
+		"serviceAccount": c.ServiceAccount,
+		"replicas":       c.Replicas,
+	}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (a *ManagerArgs) defaults() error {
+	if a.Namespace == nil || a.SandboxNamespace == nil {
+		return ErrNoNamespace
+	}
+	if err := components.ValidateImage(a.Image); err != nil {
+		return fmt.Errorf("manager image: %w", err)
+	}
+	if err := components.ValidateImage(a.Sandbox.Image); err != nil {
+		return fmt.Errorf("sandbox image: %w", err)
+	}
+	if a.Replicas == 0 {
+		a.Replicas = 2
+	}
+	if a.Replicas < 2 {
+		return fmt.Errorf("%w (got %d)", ErrTooFewReplicas, a.Replicas)
+	}
+	if a.PoolSize == 0 {
+		a.PoolSize = 2
+	}
+	if a.PoolMax == 0 {
+		a.PoolMax = 16
+	}
+	if a.PoolSize < 0 || a.PoolMax < a.PoolSize {
+		return fmt.Errorf("pool size %d and max %d: want 0 <= size <= max", a.PoolSize, a.PoolMax)
+	}
+	a.Estimator = or(a.Estimator, "ewma")
+	switch a.Estimator {
+	case "fixed", "ewma", "pid":
+	default:
+		return fmt.Errorf("estimator %q: want fixed, ewma or pid", a.Estimator)
+	}
+	if a.GRPCPort == 0 {
+		a.GRPCPort = DefaultGRPCPort
+	}
+	if a.MetricsPort == 0 {
+		a.MetricsPort = DefaultMetricsPort
+	}
+	a.ServiceType = or(a.ServiceType, "ClusterIP")
+	if a.ServiceType != "ClusterIP" && a.ServiceType != "LoadBalancer" {
+		return fmt.Errorf("service type %q: want ClusterIP or LoadBalancer", a.ServiceType)
+	}
+	a.CPU = or(a.CPU, "250m")
+	a.Memory = or(a.Memory, "256Mi")
+	return nil
+}
+
+func selectorLabels() pulumi.StringMap {
+	return pulumi.StringMap{"app.kubernetes.io/name": pulumi.String(components.ManagerAppLabel)}
+}
+
+func rule(group, resource string, verbs []string) rbacv1.PolicyRuleArgs {
+	return rbacv1.PolicyRuleArgs{
+		ApiGroups: pulumi.StringArray{pulumi.String(group)},
+		Resources: pulumi.StringArray{pulumi.String(resource)},
+		Verbs:     pulumi.ToStringArray(verbs),
+	}
+}
+
+func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentSpecArgs {
+	yes, no := pulumi.Bool(true), pulumi.Bool(false)
+	term := corev1.PodAffinityTermArgs{
+		LabelSelector: metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
+		TopologyKey:   pulumi.String("kubernetes.io/hostname"),
+	}
+	anti := corev1.PodAntiAffinityArgs{}
+	if a.RequiredAntiAffinity {
+		anti.RequiredDuringSchedulingIgnoredDuringExecution = corev1.PodAffinityTermArray{term}
+	} else {
+		anti.PreferredDuringSchedulingIgnoredDuringExecution = corev1.WeightedPodAffinityTermArray{
+			corev1.WeightedPodAffinityTermArgs{Weight: pulumi.Int(100), PodAffinityTerm: term},
+		}
+	}
+	probe := func(period, failures int) corev1.ProbeArgs {
+		return corev1.ProbeArgs{
+			Grpc:             corev1.GRPCActionArgs{Port: pulumi.Int(a.GRPCPort)},
+			PeriodSeconds:    pulumi.Int(period),
+			FailureThreshold: pulumi.Int(failures),
+		}
+	}
+	return appsv1.DeploymentSpecArgs{
+		Replicas: pulumi.Int(a.Replicas),
+		Selector: metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
+		Strategy: appsv1.DeploymentStrategyArgs{
+			Type: pulumi.String("RollingUpdate"),
+			RollingUpdate: appsv1.RollingUpdateDeploymentArgs{
+				MaxUnavailable: pulumi.Int(0), MaxSurge: pulumi.Int(1),
+			},
+		},
+		Template: corev1.PodTemplateSpecArgs{
+			Metadata: metav1.ObjectMetaArgs{Labels: labels},
+			Spec: corev1.PodSpecArgs{
+				ServiceAccountName: pulumi.String(ObjectName),
+				Affinity:           corev1.AffinityArgs{PodAntiAffinity: anti},
+				SecurityContext: corev1.PodSecurityContextArgs{
+					RunAsNonRoot:   yes,
+					RunAsUser:      pulumi.Int(nonRootUID),
+					RunAsGroup:     pulumi.Int(nonRootUID),
+					FsGroup:        pulumi.Int(nonRootUID),
+					SeccompProfile: corev1.SeccompProfileArgs{Type: pulumi.String("RuntimeDefault")},
+				},
+				Containers: corev1.ContainerArray{corev1.ContainerArgs{
+					Name:  pulumi.String("manager"),
+					Image: pulumi.String(a.Image),
+					Args: pulumi.StringArray{
+						pulumi.Sprintf("--listen=tcp://0.0.0.0:%d", a.GRPCPort),
+						pulumi.Sprintf("--metrics-listen=0.0.0.0:%d", a.MetricsPort),
+						pulumi.String("--allocator=kubernetes"),
+						pulumi.Sprintf("--sandbox-namespace=%s", a.SandboxNamespace),
+						pulumi.String("--sandbox-template=" + templateMountPath + "/" + SandboxTemplateKey),
+						pulumi.String("--leader-elect"),
+						pulumi.Sprintf("--estimator=%s", a.Estimator),
+						pulumi.Sprintf("--pool-size=%d", a.PoolSize),
+						pulumi.Sprintf("--pool-max=%d", a.PoolMax),
+					},
+					Env: corev1.EnvVarArray{corev1.EnvVarArgs{
+						Name: pulumi.String("POD_NAMESPACE"),
+						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
+							FieldPath: pulumi.String("metadata.namespace"),
+						}},
+					}},
+					Ports: corev1.ContainerPortArray{
+						corev1.ContainerPortArgs{Name: pulumi.String("grpc"), ContainerPort: pulumi.Int(a.GRPCPort)},
+						corev1.ContainerPortArgs{Name: pulumi.String("metrics"), ContainerPort: pulumi.Int(a.MetricsPort)},
+					},
+					StartupProbe:   probe(2, 30),
+					ReadinessProbe: probe(5, 2),
+					LivenessProbe:  probe(10, 3),
+					Resources: corev1.ResourceRequirementsArgs{
+						Requests: pulumi.StringMap{"cpu": pulumi.String(a.CPU), "memory": pulumi.String(a.Memory)},
+						Limits:   pulumi.StringMap{"memory": pulumi.String(a.Memory)},
+					},
+					SecurityContext: corev1.SecurityContextArgs{
+						RunAsNonRoot:             yes,
+						AllowPrivilegeEscalation: no,
+						ReadOnlyRootFilesystem:   yes,
+						Privileged:               no,
+						Capabilities:             corev1.CapabilitiesArgs{Drop: pulumi.StringArray{pulumi.String("ALL")}},
+						SeccompProfile:           corev1.SeccompProfileArgs{Type: pulumi.String("RuntimeDefault")},
+					},
+					VolumeMounts: corev1.VolumeMountArray{
+						corev1.VolumeMountArgs{Name: pulumi.String("sandbox-template"), MountPath: pulumi.String(templateMountPath), ReadOnly: yes},
+						corev1.VolumeMountArgs{Name: pulumi.String("tmp"), MountPath: pulumi.String("/tmp")},
+					},
+				}},
+				Volumes: corev1.VolumeArray{
+					corev1.VolumeArgs{
+						Name:      pulumi.String("sandbox-template"),
+						ConfigMap: corev1.ConfigMapVolumeSourceArgs{Name: pulumi.String(TemplateCMName)},
+					},
+					corev1.VolumeArgs{
+						Name:     pulumi.String("tmp"),
+						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("64Mi")},
+					},
+				},
+			},
+		},
+	}
+}

@@ -1,0 +1,258 @@
+package manager
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	digest      = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+	mgrImage    = "registry.example.com/fusebox/manager@sha256:" + digest
+	sbxImage    = "registry.example.com/fusebox/sandbox@sha256:" + digest
+	deployType  = "kubernetes:apps/v1:Deployment"
+	roleType    = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+	bindingType = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+)
+
+func args() *ManagerArgs {
+	return &ManagerArgs{
+		Namespace: pulumi.String("mgr"), SandboxNamespace: pulumi.String("sbx"),
+		Image: mgrImage, Sandbox: SandboxTemplate{Image: sbxImage},
+	}
+}
+
+func run(t *testing.T, a *ManagerArgs) (*mocktest.Mocks, string) {
+	t.Helper()
+	var endpoint string
+	m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+		mg, err := NewManager(ctx, "fb", a)
+		if err != nil {
+			return err
+		}
+		endpoint, err = mocktest.Await[string](ctx, mg.Endpoint)
+		return err
+	})
+	m.One(t, Type)
+	m.AssertParented(t, Type)
+	return m, endpoint
+}
+
+func strs(v any) []string {
+	var out []string
+	l, _ := v.([]any)
+	for _, x := range l {
+		s, _ := x.(string)
+		out = append(out, s)
+	}
+	return out
+}
+
+func TestRBACIsLeastPrivilege(t *testing.T) {
+	m, _ := run(t, args())
+	for _, r := range m.All() {
+		if strings.Contains(r.Type, "ClusterRole") {
+			t.Errorf("cluster-wide RBAC: %s %s", r.Type, r.Name)
+		}
+	}
+	type rule struct{ ns, group, resource string }
+	got := map[rule][]string{}
+	for _, r := range m.ByType(roleType) {
+		p := r.Props()
+		ns := mocktest.Str(p, "metadata", "namespace")
+		if ns == "" {
+			t.Errorf("role %s is not namespaced", r.Name)
+		}
+		rules, _ := mocktest.Dig(p, "rules").([]any)
+		for _, ru := range rules {
+			groups, res, verbs := strs(mocktest.Dig(ru, "apiGroups")), strs(mocktest.Dig(ru, "resources")), strs(mocktest.Dig(ru, "verbs"))
+			if len(groups) != 1 || len(res) != 1 {
+				t.Errorf("rule %v: want one group and one resource", ru)
+				continue
+			}
+			for _, s := range append(append(groups, res...), verbs...) {
+				if s == "*" {
+					t.Errorf("wildcard in %v", ru)
+				}
+			}
+			got[rule{ns, groups[0], res[0]}] = verbs
+		}
+	}
+	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+	want := map[rule][]string{
+		{"sbx", "", "pods"}:                           all,
+		{"sbx", "cilium.io", "ciliumnetworkpolicies"}: all,
+		{"mgr", "coordination.k8s.io", "leases"}:      {"get", "create", "update"},
+	}
+	if len(got) != len(want) {
+		t.Errorf("rules %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if !slices.Equal(got[k], v) {
+			t.Errorf("%+v: verbs %v, want %v", k, got[k], v)
+		}
+	}
+	for _, b := range m.ByType(bindingType) {
+		p := b.Props()
+		if mocktest.Str(p, "roleRef", "kind") != "Role" || mocktest.Str(p, "subjects", 0, "name") != ObjectName ||
+			mocktest.Str(p, "subjects", 0, "namespace") != "mgr" || mocktest.Str(p, "metadata", "namespace") == "" {
+			t.Errorf("binding %s: %v", b.Name, p)
+		}
+	}
+}
+
+func TestDeployment(t *testing.T) {
+	m, endpoint := run(t, args())
+	if endpoint != "fusebox-manager.mgr.svc:9090" {
+		t.Errorf("endpoint %q", endpoint)
+	}
+	d := m.One(t, deployType)
+	p := d.Props()
+	if d.Name != "fb-deployment" || mocktest.Str(p, "metadata", "namespace") != "mgr" {
+		t.Errorf("deployment %s %v", d.Name, mocktest.Dig(p, "metadata"))
+	}
+	if r, _ := mocktest.Dig(p, "spec", "replicas").(float64); r < 2 {
+		t.Errorf("replicas %v", mocktest.Dig(p, "spec", "replicas"))
+	}
+	pod := mocktest.Dig(p, "spec", "template", "spec")
+	if mocktest.Dig(pod, "securityContext", "runAsNonRoot") != true || mocktest.Str(pod, "securityContext", "seccompProfile", "type") != "RuntimeDefault" {
+		t.Errorf("pod securityContext %v", mocktest.Dig(pod, "securityContext"))
+	}
+	if mocktest.Dig(pod, "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution", 0, "podAffinityTerm", "topologyKey") != "kubernetes.io/hostname" {
+		t.Errorf("anti-affinity %v", mocktest.Dig(pod, "affinity"))
+	}
+	c := mocktest.Dig(pod, "containers", 0)
+	if mocktest.Str(c, "image") != mgrImage {
+		t.Errorf("image %v", mocktest.Dig(c, "image"))
+	}
+	sc := mocktest.Dig(c, "securityContext")
+	if mocktest.Dig(sc, "runAsNonRoot") != true || mocktest.Dig(sc, "readOnlyRootFilesystem") != true ||
+		mocktest.Dig(sc, "allowPrivilegeEscalation") != false || !slices.Equal(strs(mocktest.Dig(sc, "capabilities", "drop")), []string{"ALL"}) ||
+		mocktest.Str(sc, "seccompProfile", "type") != "RuntimeDefault" {
+		t.Errorf("container securityContext %v", sc)
+	}
+	for _, probe := range []string{"livenessProbe", "readinessProbe", "startupProbe"} {
+		if mocktest.Dig(c, probe, "grpc", "port") != 9090.0 {
+			t.Errorf("%s %v", probe, mocktest.Dig(c, probe))
+		}
+	}
+	if !slices.Contains(strs(mocktest.Dig(c, "args")), "--sandbox-namespace=sbx") {
+		t.Errorf("args %v", mocktest.Dig(c, "args"))
+	}
+
+	svc := m.One(t, "kubernetes:core/v1:Service").Props()
+	if mocktest.Str(svc, "spec", "ports", 0, "name") != "grpc" || mocktest.Str(svc, "spec", "selector", "app.kubernetes.io/name") != components.ManagerAppLabel {
+		t.Errorf("service %v", svc)
+	}
+	pdb := m.One(t, "kubernetes:policy/v1:PodDisruptionBudget").Props()
+	if mocktest.Dig(pdb, "spec", "minAvailable") != 1.0 {
+		t.Errorf("pdb %v", pdb)
+	}
+	m.One(t, "kubernetes:core/v1:ServiceAccount")
+}
+
+func TestRequiredAntiAffinity(t *testing.T) {
+	a := args()
+	a.RequiredAntiAffinity, a.Replicas = true, 3
+	m, _ := run(t, a)
+	p := m.One(t, deployType).Props()
+	if mocktest.Dig(p, "spec", "replicas") != 3.0 ||
+		mocktest.Str(p, "spec", "template", "spec", "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution", 0, "topologyKey") != "kubernetes.io/hostname" {
+		t.Errorf("spec %v", mocktest.Dig(p, "spec"))
+	}
+}
+
+func TestSandboxTemplateConfigMap(t *testing.T) {
+	m, _ := run(t, args())
+	cm := m.One(t, "kubernetes:core/v1:ConfigMap").Props()
+	if mocktest.Str(cm, "metadata", "name") != TemplateCMName {
+		t.Errorf("configmap %v", mocktest.Dig(cm, "metadata"))
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict([]byte(mocktest.Str(cm, "data", SandboxTemplateKey)), &pod); err != nil {
+		t.Fatalf("template: %v", err)
+	}
+	s := pod.Spec
+	if s.RuntimeClassName == nil || *s.RuntimeClassName != "gvisor" || s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
+		t.Errorf("template spec %+v", s)
+	}
+	if s.HostNetwork || s.HostPID || s.HostIPC || len(s.Volumes) != 0 {
+		t.Errorf("template has host access: %+v", s)
+	}
+	c := s.Containers[0]
+	if c.Image != sbxImage || c.Ports[0].ContainerPort != components.InitPort || c.Ports[1].ContainerPort != components.DataPort {
+		t.Errorf("container %+v", c)
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || *c.SecurityContext.Privileged ||
+		(c.SecurityContext.Capabilities != nil && len(c.SecurityContext.Capabilities.Add) != 0) {
+		t.Errorf("container securityContext %+v", c.SecurityContext)
+	}
+}
+
+func TestRefusesBadArgs(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mut  func(*ManagerArgs)
+		want error
+	}{
+		"manager tag":    {func(a *ManagerArgs) { a.Image = "registry.example.com/fusebox/manager:v1" }, components.ErrImageNotPinned},
+		"sandbox tag":    {func(a *ManagerArgs) { a.Sandbox.Image = "registry.example.com/fusebox/sandbox:latest" }, components.ErrImageNotPinned},
+		"tag and digest": {func(a *ManagerArgs) { a.Image = "registry.example.com/fusebox/manager:v1@sha256:" + digest }, components.ErrImageNotPinned},
+		"one replica":    {func(a *ManagerArgs) { a.Replicas = 1 }, ErrTooFewReplicas},
+		"no sandbox ns":  {func(a *ManagerArgs) { a.SandboxNamespace = nil }, ErrNoNamespace},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := args()
+			tc.mut(a)
+			m, err := mocktest.Run(func(ctx *pulumi.Context) error {
+				_, err := NewManager(ctx, "fb", a)
+				return err
+			})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("want %v, got %v", tc.want, err)
+			}
+			if n := len(m.All()); n != 0 {
+				t.Errorf("%d resources registered before refusing", n)
+			}
+		})
+	}
+}
+
+func TestNamespaces(t *testing.T) {
+	var mgr, sbx string
+	m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+		n, err := NewNamespaces(ctx, "fb", &NamespacesArgs{Manager: "mgr", Sandbox: "sbx"})
+		if err != nil {
+			return err
+		}
+		if mgr, err = mocktest.Await[string](ctx, n.Manager); err != nil {
+			return err
+		}
+		sbx, err = mocktest.Await[string](ctx, n.Sandbox)
+		return err
+	})
+	m.AssertParented(t, NamespacesType)
+	if mgr != "mgr" || sbx != "sbx" {
+		t.Errorf("outputs %q %q", mgr, sbx)
+	}
+	pss := map[string]string{}
+	for _, r := range m.ByType("kubernetes:core/v1:Namespace") {
+		p := r.Props()
+		pss[mocktest.Str(p, "metadata", "name")] = mocktest.Str(p, "metadata", "labels", "pod-security.kubernetes.io/enforce")
+	}
+	if pss["mgr"] != "restricted" || pss["sbx"] != "baseline" || len(pss) != 2 {
+		t.Errorf("namespaces %v", pss)
+	}
+	if _, err := mocktest.Run(func(ctx *pulumi.Context) error {
+		_, err := NewNamespaces(ctx, "fb", &NamespacesArgs{Manager: "x", Sandbox: "x"})
+		return err
+	}); !errors.Is(err, ErrSameNamespace) {
+		t.Errorf("want ErrSameNamespace, got %v", err)
+	}
+}

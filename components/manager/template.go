@@ -1,0 +1,99 @@
+package manager
+
+import (
+	"fmt"
+
+	"github.com/fusebox-dev/fusebox/components"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// SandboxTemplateKey is the ConfigMap key holding the sandbox pod template.
+const SandboxTemplateKey = "pod.yaml"
+
+// SandboxTemplate describes the pods the manager creates for sandboxes.
+type SandboxTemplate struct {
+	// Image is the sandbox server image, by digest. Required.
+	Image string
+	// RuntimeClassName defaults to "gvisor".
+	RuntimeClassName string
+	// CPU and Memory are each sandbox's requests and limits (defaults "1" and "2Gi").
+	CPU, Memory string
+	// EphemeralStorage caps the workspace (default "10Gi").
+	EphemeralStorage string
+}
+
+// Pod returns the sandbox pod template. It satisfies the sandbox admission policy: gVisor, no
+// service-account token, nothing privileged, no host access, no added capabilities.
+func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
+	if err := components.ValidateImage(t.Image); err != nil {
+		return nil, fmt.Errorf("sandbox image: %w", err)
+	}
+	rc := or(t.RuntimeClassName, components.RuntimeClassName)
+	res := corev1.ResourceList{}
+	for k, v := range map[corev1.ResourceName]string{
+		corev1.ResourceCPU:              or(t.CPU, "1"),
+		corev1.ResourceMemory:           or(t.Memory, "2Gi"),
+		corev1.ResourceEphemeralStorage: or(t.EphemeralStorage, "10Gi"),
+	} {
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s %q: %w", k, v, err)
+		}
+		res[k] = q
+	}
+	no := false
+	return &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{
+			"app.kubernetes.io/name":    components.SandboxAppLabel,
+			"app.kubernetes.io/part-of": "fusebox",
+		}},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:             &rc,
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name:  "sandbox",
+				Image: t.Image,
+				Args: []string{
+					fmt.Sprintf("-init-listen=tcp://0.0.0.0:%d", components.InitPort),
+					fmt.Sprintf("-data-listen=tcp://0.0.0.0:%d", components.DataPort),
+				},
+				Ports: []corev1.ContainerPort{
+					{Name: "init", ContainerPort: components.InitPort, Protocol: corev1.ProtocolTCP},
+					{Name: "data", ContainerPort: components.DataPort, Protocol: corev1.ProtocolTCP},
+				},
+				Resources: corev1.ResourceRequirements{Requests: res, Limits: res},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(components.InitPort)},
+				}, PeriodSeconds: 1},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, Privileged: &no},
+			}},
+		},
+	}, nil
+}
+
+// YAML returns the template as the manager reads it from the ConfigMap.
+func (t SandboxTemplate) YAML() (string, error) {
+	p, err := t.Pod()
+	if err != nil {
+		return "", err
+	}
+	b, err := yaml.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("encoding sandbox template: %w", err)
+	}
+	return string(b), nil
+}
+
+func or(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}

@@ -1,0 +1,177 @@
+// Package infra is fusebox's Pulumi program: Program reads the stack's typed configuration
+// (LoadConfig; the only place that reads configuration) and composes the components that
+// install fusebox into an existing cluster on EKS, GKE, AKS or a local control plane.
+//
+// Layout: Program lives here, in an importable package, so that both the standard Pulumi CLI
+// (infra/Pulumi.yaml points its `main` at infra/cmd/pulumi-program, a main calling
+// pulumi.Run(infra.Program)) and the fusebox CLI (Automation API inline program) run the same
+// function. Stack files live in ../stacks (stackConfigDir).
+package infra
+
+import (
+	"fmt"
+
+	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/admission"
+	"github.com/fusebox-dev/fusebox/components/cilium"
+	"github.com/fusebox-dev/fusebox/components/gvisor"
+	"github.com/fusebox-dev/fusebox/components/karpenter"
+	"github.com/fusebox-dev/fusebox/components/manager"
+	"github.com/fusebox-dev/fusebox/policies"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+// Program installs fusebox as the stack's configuration says and exports:
+// managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, nodePool,
+// nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicies, admissionPolicy.
+func Program(ctx *pulumi.Context) error {
+	c, err := LoadConfig(ctx)
+	if err != nil {
+		return err
+	}
+	return Install(ctx, c)
+}
+
+// Install composes the components for a loaded configuration.
+func Install(ctx *pulumi.Context, c *Config) error {
+	karpenterCloud := c.Cloud == components.EKS || c.Cloud == components.AKS
+
+	ns, err := manager.NewNamespaces(ctx, "fusebox", &manager.NamespacesArgs{
+		Manager: c.Namespaces.Manager, Sandbox: c.Namespaces.Sandbox,
+	})
+	if err != nil {
+		return err
+	}
+
+	gv, err := gvisor.NewGVisor(ctx, "fusebox", &gvisor.GVisorArgs{
+		Cloud: c.Cloud, ScheduleOnSandboxNodes: karpenterCloud,
+	})
+	if err != nil {
+		return err
+	}
+
+	kargs, err := karpenterArgs(c)
+	if err != nil {
+		return err
+	}
+	kp, err := karpenter.NewKarpenter(ctx, "fusebox", kargs)
+	if err != nil {
+		return err
+	}
+
+	cil, err := cilium.NewCilium(ctx, "fusebox", &cilium.CiliumArgs{
+		Install:         c.Cilium.Install,
+		Chart:           cilium.ChartSource(c.Cilium.Chart),
+		PolicyNamespace: ns.Sandbox,
+		Network: policies.SandboxNetwork{
+			SandboxNamespace:     c.Namespaces.Sandbox,
+			ManagerNamespace:     c.Namespaces.Manager,
+			InitPort:             components.InitPort,
+			DataPort:             components.DataPort,
+			ManagerLabels:        map[string]string{"app.kubernetes.io/name": components.ManagerAppLabel},
+			DataClientNamespaces: c.Egress.DataClientNamespaces,
+			DataClientCIDRs:      c.Egress.DataClientCIDRs,
+			EgressCIDRs:          c.Egress.AllowCIDRs,
+			EgressFQDNs:          c.Egress.AllowFQDNs,
+		},
+	})
+	if err != nil {
+		return err
+	}
+
+	adm, err := admission.NewSandboxAdmission(ctx, "fusebox", &admission.SandboxAdmissionArgs{
+		SandboxNamespace: c.Namespaces.Sandbox,
+	})
+	if err != nil {
+		return err
+	}
+
+	// The manager creates sandbox pods as soon as it runs: it waits for every policy that
+	// protects them and for the runtime.
+	after := []pulumi.Resource{adm.Policy, adm.Binding, gv}
+	for _, p := range cil.Policies {
+		after = append(after, p)
+	}
+	mgr, err := manager.NewManager(ctx, "fusebox", &manager.ManagerArgs{
+		Namespace:        ns.Manager,
+		SandboxNamespace: ns.Sandbox,
+		Image:            c.Images.Manager,
+		Sandbox: manager.SandboxTemplate{
+			Image:  c.Images.Sandbox,
+			CPU:    c.Pool.SandboxCPU,
+			Memory: c.Pool.SandboxMemory,
+		},
+		Replicas:             c.Manager.Replicas,
+		RequiredAntiAffinity: c.Manager.RequiredAntiAffinity,
+		PoolSize:             c.Pool.Size,
+		PoolMax:              c.Pool.Max,
+		Estimator:            c.Pool.Estimator,
+		ServiceType:          c.Manager.ServiceType,
+		CPU:                  c.Manager.CPU,
+		Memory:               c.Manager.Memory,
+		After:                after,
+	})
+	if err != nil {
+		return err
+	}
+
+	ctx.Export("managerEndpoint", mgr.Endpoint)
+	ctx.Export("cloud", pulumi.String(string(c.Cloud)))
+	ctx.Export("namespaces", pulumi.StringMap{"manager": ns.Manager, "sandbox": ns.Sandbox})
+	ctx.Export("runtimeClass", gv.RuntimeClassName)
+	ctx.Export("runtimeClassSource", gv.RuntimeClassSource)
+	ctx.Export("nodePool", kp.NodePoolName)
+	ctx.Export("nodeClassKind", kp.NodeClassKind)
+	ctx.Export("gkeNodePool", kp.GKENodePool)
+	ctx.Export("ciliumInstalled", cil.Installed)
+	ctx.Export("networkPolicies", cil.PolicyNames)
+	ctx.Export("admissionPolicy", adm.PolicyName)
+	return nil
+}
+
+func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {
+	n := c.NodePool
+	a := &karpenter.KarpenterArgs{
+		Cloud:            c.Cloud,
+		Name:             orDefault(n.Name, "fusebox-sandbox"),
+		CPULimit:         n.CPULimit,
+		MemoryLimit:      n.MemoryLimit,
+		Requirements:     n.Requirements,
+		ConsolidateAfter: n.ConsolidateAfter,
+		DisruptionBudget: n.DisruptionBudget,
+		ExpireAfter:      n.ExpireAfter,
+		GKENodePool:      n.GKENodePool,
+	}
+	if c.Cloud == components.EKS {
+		ud, err := gvisor.EKSUserData(gvisor.UserDataOptions{
+			BinaryBaseURL: orDefault(c.GVisor.BinaryBaseURL, gvisor.DefaultBinaryBaseURL),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s:gvisor.binaryBaseURL: %v", ErrConfig, Namespace, err)
+		}
+		e := n.EC2
+		a.EC2 = &karpenter.EC2Args{
+			Role:                      e.Role,
+			AMIAlias:                  e.AMIAlias,
+			SubnetSelectorTags:        e.SubnetSelectorTags,
+			SecurityGroupSelectorTags: e.SecurityGroupSelectorTags,
+			UserData:                  ud,
+			VolumeSize:                e.VolumeSize,
+			Tags:                      e.Tags,
+		}
+	}
+	if c.Cloud == components.AKS && n.AKS != nil {
+		a.AKS = &karpenter.AKSArgs{
+			ImageFamily: n.AKS.ImageFamily, OSDiskSizeGB: n.AKS.OSDiskSizeGB,
+			VNETSubnetID: n.AKS.VNETSubnetID, Tags: n.AKS.Tags,
+		}
+	}
+	return a, nil
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}

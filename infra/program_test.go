@@ -1,0 +1,207 @@
+package infra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	runtimeClassType = "kubernetes:node.k8s.io/v1:RuntimeClass"
+	nodePoolType     = "kubernetes:karpenter.sh/v1:NodePool"
+	ec2Type          = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+	aksType          = "kubernetes:karpenter.azure.com/v1beta1:AKSNodeClass"
+	cnpType          = "kubernetes:cilium.io/v2:CiliumNetworkPolicy"
+	vapType          = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+	vapBindingType   = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+	deploymentType   = "kubernetes:apps/v1:Deployment"
+	releaseType      = "kubernetes:helm.sh/v3:Release"
+)
+
+// stackConfig loads stacks/Pulumi.<stack>.yaml the way the Pulumi engine hands it to a Go
+// program: strings as they are, structured values as JSON.
+func stackConfig(t *testing.T, stack string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Config map[string]any `json:"config"`
+	}
+	if err := yaml.UnmarshalStrict(b, &f); err != nil {
+		t.Fatalf("%s: %v", stack, err)
+	}
+	out := map[string]string{}
+	for k, v := range f.Config {
+		if !strings.HasPrefix(k, Namespace+":") {
+			t.Errorf("%s: key %s outside the %s namespace", stack, k, Namespace)
+		}
+		switch v := v.(type) {
+		case string:
+			out[k] = v
+		case bool, float64:
+			out[k] = fmt.Sprint(v)
+		default:
+			j, err := json.Marshal(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[k] = string(j)
+		}
+	}
+	return out
+}
+
+func runStack(stack string, cfg map[string]string) (*mocktest.Mocks, error) {
+	return mocktest.Run(Program, mocktest.WithConfig(cfg), func(info *pulumi.RunInfo) { info.Stack = stack })
+}
+
+func TestStacks(t *testing.T) {
+	stacks, err := filepath.Glob(filepath.Join("..", "stacks", "Pulumi.*.yaml"))
+	if err != nil || len(stacks) < 5 {
+		t.Fatalf("stack files: %v %v", stacks, err)
+	}
+	want := map[string]struct {
+		runtimeClass, nodePool bool
+		nodeClass              string
+		userDataURL            string
+	}{
+		"eks-dev":  {true, true, ec2Type, "https://storage.googleapis.com/gvisor/releases/release/latest"},
+		"eks-prod": {true, true, ec2Type, "https://mirror.example.com/gvisor/releases/release/20250120"},
+		"gke-dev":  {false, false, "", ""},
+		"aks-dev":  {true, true, aksType, ""},
+		"local":    {true, false, "", ""},
+	}
+	for _, path := range stacks {
+		stack := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "Pulumi."), ".yaml")
+		t.Run(stack, func(t *testing.T) {
+			w, ok := want[stack]
+			if !ok {
+				t.Fatalf("no expectations for stack %s", stack)
+			}
+			m, err := runStack(stack, stackConfig(t, stack))
+			if err != nil {
+				t.Fatalf("Program: %v", err)
+			}
+
+			// Every Kubernetes object belongs to a fusebox component.
+			for _, r := range m.All() {
+				if strings.HasPrefix(r.Type, "fusebox:components:") {
+					continue
+				}
+				if !strings.Contains(r.Parent, "fusebox:components:") {
+					t.Errorf("%s %s is not parented to a component (parent %q)", r.Type, r.Name, r.Parent)
+				}
+			}
+
+			if got := len(m.ByType(runtimeClassType)); got != map[bool]int{true: 1}[w.runtimeClass] {
+				t.Errorf("RuntimeClasses: %d", got)
+			}
+			if got := len(m.ByType(nodePoolType)); got != map[bool]int{true: 1}[w.nodePool] {
+				t.Errorf("NodePools: %d", got)
+			}
+			for _, nc := range []string{ec2Type, aksType} {
+				n := len(m.ByType(nc))
+				if (nc == w.nodeClass) != (n == 1) || n > 1 {
+					t.Errorf("%s: %d", nc, n)
+				}
+			}
+			if w.nodeClass == ec2Type {
+				ud := mocktest.Str(m.One(t, ec2Type).Props(), "spec", "userData")
+				for _, f := range []string{`plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`, "base='" + w.userDataURL + "'"} {
+					if !strings.Contains(ud, f) {
+						t.Errorf("userData lacks %q", f)
+					}
+				}
+			}
+			if w.runtimeClass {
+				p := m.One(t, runtimeClassType).Props()
+				if sched := mocktest.Dig(p, "scheduling"); (sched != nil) != w.nodePool {
+					t.Errorf("RuntimeClass scheduling %v with node pool %v", sched, w.nodePool)
+				}
+			}
+
+			m.One(t, vapType)
+			if ns := mocktest.Str(m.One(t, vapBindingType).Props(), "spec", "matchResources", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name"); ns != "fusebox-sandboxes" {
+				t.Errorf("admission binding namespace %q", ns)
+			}
+			if n := len(m.ByType(cnpType)); n < 5 {
+				t.Errorf("%d network policies", n)
+			}
+			if n := len(m.ByType(releaseType)); n != 0 {
+				t.Errorf("%d Cilium releases with install: false", n)
+			}
+
+			d := m.One(t, deploymentType)
+			if r, _ := mocktest.Dig(d.Props(), "spec", "replicas").(float64); r < 2 {
+				t.Errorf("manager replicas %v", r)
+			}
+			var waitsForBinding, waitsForDeny bool
+			for _, dep := range d.Deps {
+				waitsForBinding = waitsForBinding || strings.HasSuffix(dep, "::fusebox-binding")
+				waitsForDeny = waitsForDeny || strings.HasSuffix(dep, "::fusebox-fusebox-default-deny")
+			}
+			if !waitsForBinding || !waitsForDeny {
+				t.Errorf("manager Deployment does not wait for the sandbox policies: %v", d.Deps)
+			}
+		})
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	base := func() map[string]string { return stackConfig(t, "eks-dev") }
+	for name, tc := range map[string]struct {
+		mut  func(map[string]string)
+		want string
+	}{
+		"missing cloud":  {func(c map[string]string) { delete(c, "fusebox:cloud") }, "fusebox:cloud in stacks/Pulumi.eks-dev.yaml"},
+		"unknown cloud":  {func(c map[string]string) { c["fusebox:cloud"] = "openstack" }, "fusebox:cloud"},
+		"missing images": {func(c map[string]string) { delete(c, "fusebox:images") }, "fusebox:images"},
+		"image by tag": {func(c map[string]string) {
+			c["fusebox:images"] = `{"manager":"registry.example.com/m:v1","sandbox":"registry.example.com/s:v1"}`
+		}, "fusebox:images.manager"},
+		"misspelt field":  {func(c map[string]string) { c["fusebox:pool"] = `{"size":2,"maxx":4}` }, "fusebox:pool"},
+		"ill-typed field": {func(c map[string]string) { c["fusebox:pool"] = `{"size":"two","max":4}` }, "fusebox:pool"},
+		"not an object":   {func(c map[string]string) { c["fusebox:cilium"] = "yes" }, "fusebox:cilium"},
+		"no node pool":    {func(c map[string]string) { delete(c, "fusebox:nodePool") }, "fusebox:nodePool"},
+		"one replica":     {func(c map[string]string) { c["fusebox:manager"] = `{"replicas":1}` }, "fusebox:manager.replicas"},
+		"unpinned chart": {func(c map[string]string) {
+			c["fusebox:cilium"] = `{"install":true,"chart":{"repo":"https://helm.cilium.io"}}`
+		}, "fusebox:cilium.chart"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := base()
+			tc.mut(cfg)
+			m, err := runStack("eks-dev", cfg)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want a configuration error naming %q, got %v", tc.want, err)
+			}
+			if n := len(m.All()); n != 0 {
+				t.Errorf("%d resources registered despite the bad configuration", n)
+			}
+		})
+	}
+}
+
+func TestLocalStackNeedsNoNodePool(t *testing.T) {
+	cfg := stackConfig(t, "local")
+	if _, ok := cfg["fusebox:nodePool"]; ok {
+		t.Skip("local stack sets a node pool")
+	}
+	if _, err := runStack("local", cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := components.ParseCloud(cfg["fusebox:cloud"]); c != components.Local {
+		t.Errorf("local stack cloud %q", cfg["fusebox:cloud"])
+	}
+}
