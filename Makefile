@@ -9,14 +9,25 @@ RUNSC_DIR     := $(FUSEBOX_CACHE)/runsc-$(RUNSC_VERSION)
 RUNSC         ?= $(RUNSC_DIR)/runsc
 export FUSEBOX_RUNSC := $(RUNSC)
 
+# The Kubernetes test control plane (etcd, kube-apiserver, kubectl, kwok), built from the Go
+# module proxy by hack/k8s/build-bins.sh into a versioned cache outside the repo.
+K8S_VERSION ?= v1.37.2
+K8S_BIN     ?= $(FUSEBOX_CACHE)/k8s-$(K8S_VERSION)
+# The Pulumi CLI and Kubernetes provider, built from the Go module proxy by
+# hack/pulumi/build-tools.sh and laid out (bin/pulumi, home/ = PULUMI_HOME) by setup-tools.sh.
+PULUMI_TOOLS ?= $(FUSEBOX_CACHE)/pulumi-v3.274.1-k8s-4.25.0
+export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
+# Packages of the main test run: test/kube runs only through test-kube.
+MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
+
 BIN      := bin
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate bench run runsc deps clean
+.PHONY: help build test unit verify generate bench run runsc deps clean k8s-bins test-kube tools
 
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 deps: ## Install the Debian packages the build and tests need (root)
 	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
@@ -42,10 +53,23 @@ verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
 	./hack/verify.sh
 
 unit: ## Run the tests that need neither root nor gVisor
-	FUSEBOX_SKIP_RUNSC=1 $(GOTEST) $(TESTFLAGS) ./...
+	FUSEBOX_SKIP_RUNSC=1 FUSEBOX_SKIP_KUBE=1 $(GOTEST) $(TESTFLAGS) ./...
 
-test: deps runsc verify ## Verify, then run every test, gVisor integration tests included (root)
-	$(GOTEST) $(TESTFLAGS) ./...
+test: deps runsc verify k8s-bins tools ## Verify, then run every test, gVisor and Kubernetes integration tests included (root)
+	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
+	$(MAKE) test-kube
+
+k8s-bins: ## Build etcd, kube-apiserver, kubectl and kwok into the cache when absent (about 30 CPU-min cold)
+	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
+		echo "kubernetes test binaries present in $(K8S_BIN)"; \
+	else ./hack/k8s/build-bins.sh $(K8S_BIN); fi
+
+tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent (about 40 CPU-min cold)
+	./hack/pulumi/build-tools.sh $(PULUMI_TOOLS)
+	./hack/pulumi/setup-tools.sh $(PULUMI_TOOLS)
+
+test-kube: k8s-bins ## Run the kube allocator's tests against a real API server (etcd, kube-apiserver, kwok on loopback)
+	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 10m ./test/kube/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox bench dataplane --runsc $(RUNSC) --json

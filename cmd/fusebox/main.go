@@ -22,6 +22,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(benchCmd(), localCmd(), runCmd(), statusCmd())
+	root.AddCommand(deployCmds()...)
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

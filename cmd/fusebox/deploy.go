@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fusebox-dev/fusebox/infra/deploy"
+)
+
+// defaultTools is where `make tools` lays out the Pulumi CLI and provider.
+const defaultTools = "/var/cache/fusebox/pulumi-v3.274.1-k8s-4.25.0"
+
+// findRepo walks up from the working directory to the directory holding infra/Pulumi.yaml.
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "infra", "Pulumi.yaml")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no infra/Pulumi.yaml here or above: run from the fusebox repository or pass --repo")
+		}
+		dir = parent
+	}
+}
+
+func deployCmds() []*cobra.Command {
+	var cmds []*cobra.Command
+	for _, op := range []struct {
+		op    deploy.Op
+		short string
+	}{
+		{deploy.Preview, "Show what `up` would change in a stack's cluster"},
+		{deploy.Up, "Install or update fusebox in a stack's cluster (gVisor, Karpenter, Cilium policies, admission policies, manager)"},
+		{deploy.Destroy, "Remove everything `up` installed in a stack's cluster"},
+	} {
+		var o deploy.Options
+		var kubeconfig string
+		cmd := &cobra.Command{
+			Use:   string(op.op) + " --stack STACK",
+			Short: op.short,
+			Long: op.short + `.
+
+Runs the Pulumi program in infra/ (infra.Program) through the Automation API with the stack's
+configuration from stacks/Pulumi.<stack>.yaml; it needs the Pulumi CLI and the Kubernetes
+provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_URL or
+~/.fusebox/pulumi-state; the cluster is the one in $KUBECONFIG (or --kubeconfig).`,
+			Example: "  fusebox " + string(op.op) + " --stack eks-dev",
+			Args:    cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if o.Stack == "" {
+					return errors.New("--stack is required (one of the stacks/Pulumi.<stack>.yaml files)")
+				}
+				if o.RepoDir == "" {
+					dir, err := findRepo()
+					if err != nil {
+						return err
+					}
+					o.RepoDir = dir
+				}
+				if kubeconfig != "" {
+					o.Env = map[string]string{"KUBECONFIG": kubeconfig}
+				}
+				o.Progress = os.Stdout
+				fmt.Fprintf(os.Stderr, "fusebox: %s of stack %s\n", op.op, o.Stack)
+				res, err := deploy.Run(cmd.Context(), op.op, o)
+				if err != nil {
+					return err
+				}
+				var parts []string
+				for _, k := range slices.Sorted(maps.Keys(res.Changes)) {
+					parts = append(parts, fmt.Sprintf("%s %d", k, res.Changes[k]))
+				}
+				fmt.Printf("\nsummary: %s\n", strings.Join(parts, ", "))
+				if len(res.Outputs) > 0 {
+					fmt.Println("outputs:")
+					for _, k := range slices.Sorted(maps.Keys(res.Outputs)) {
+						fmt.Printf("  %s: %v\n", k, res.Outputs[k])
+					}
+				}
+				return nil
+			},
+		}
+		f := cmd.Flags()
+		f.StringVarP(&o.Stack, "stack", "s", "", "stack name (stacks/Pulumi.<stack>.yaml)")
+		f.StringVar(&o.RepoDir, "repo", "", "repository root (default: found from the working directory)")
+		f.StringVar(&o.Tools, "tools", envOr("FUSEBOX_PULUMI_TOOLS", defaultTools), "directory laid out by make tools (bin/pulumi, home/)")
+		f.StringVar(&o.Backend, "backend", "", "Pulumi state backend URL")
+		f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the target cluster (default $KUBECONFIG)")
+		cmds = append(cmds, cmd)
+	}
+	return cmds
+}

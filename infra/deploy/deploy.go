@@ -1,0 +1,192 @@
+// Package deploy runs infra.Program through the Pulumi Automation API as an inline program:
+// it needs the Pulumi CLI and the Kubernetes provider plugin, not the Go language host. The
+// project settings come from infra/Pulumi.yaml and each stack's configuration from
+// stacks/Pulumi.<stack>.yaml, exactly as a standard `cd infra && pulumi up -s STACK` reads
+// them, so both ways deploy the same thing.
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/blang/semver"
+	"github.com/pulumi/pulumi/sdk/v3/go/auto"
+	"github.com/pulumi/pulumi/sdk/v3/go/auto/optdestroy"
+	"github.com/pulumi/pulumi/sdk/v3/go/auto/optpreview"
+	"github.com/pulumi/pulumi/sdk/v3/go/auto/optup"
+	"github.com/pulumi/pulumi/sdk/v3/go/common/workspace"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fusebox-dev/fusebox/infra"
+)
+
+// CLIVersion is the Pulumi CLI fusebox pins (make tools builds it).
+const CLIVersion = "3.274.1"
+
+// Op is what to do with a stack.
+type Op string
+
+// The operations.
+const (
+	Preview Op = "preview"
+	Up      Op = "up"
+	Destroy Op = "destroy"
+)
+
+// Options configure a run. Stack, RepoDir and Tools are required.
+type Options struct {
+	Stack string
+	// RepoDir is the repository root (holding infra/Pulumi.yaml and stacks/).
+	RepoDir string
+	// Tools is a directory with bin/pulumi (the CLI) and home/ (PULUMI_HOME with the
+	// Kubernetes provider plugin installed), as `make tools` prepares it.
+	Tools string
+	// Backend is the state backend URL; empty means $PULUMI_BACKEND_URL, else
+	// file://$HOME/.fusebox/pulumi-state.
+	Backend string
+	// Env is added to the Pulumi CLI's environment (KUBECONFIG, PULUMI_CONFIG_PASSPHRASE...).
+	Env map[string]string
+	// Progress receives the CLI's progress output.
+	Progress io.Writer
+}
+
+// Result is what a run changed and, for up, the stack's outputs.
+type Result struct {
+	Changes map[string]int
+	Outputs map[string]any
+}
+
+// Run performs op on the stack.
+func Run(ctx context.Context, op Op, o Options) (Result, error) {
+	if o.Stack == "" || o.RepoDir == "" || o.Tools == "" {
+		return Result{}, errors.New("deploy: Stack, RepoDir and Tools are required")
+	}
+	stackFile := filepath.Join(o.RepoDir, "stacks", "Pulumi."+o.Stack+".yaml")
+	if _, err := os.Stat(stackFile); err != nil {
+		return Result{}, fmt.Errorf("stack %q: %w (stacks live in %s)", o.Stack, err, filepath.Join(o.RepoDir, "stacks"))
+	}
+	proj, err := loadProject(filepath.Join(o.RepoDir, "infra", "Pulumi.yaml"))
+	if err != nil {
+		return Result{}, err
+	}
+	// Inline programs have no main, and the CLI reads the stack file from the (temporary)
+	// project directory: a copy of the reviewed file in stacks/, never written back.
+	proj.Main, proj.StackConfigDir = "", ""
+	cmd, err := auto.NewPulumiCommand(&auto.PulumiCommandOptions{Root: o.Tools, Version: semver.MustParse(CLIVersion)})
+	if err != nil {
+		return Result{}, fmt.Errorf("pulumi CLI in %s (run make tools): %w", o.Tools, err)
+	}
+	backend := o.Backend
+	if backend == "" {
+		backend = os.Getenv("PULUMI_BACKEND_URL")
+	}
+	if backend == "" {
+		home, _ := os.UserHomeDir()
+		dir := filepath.Join(home, ".fusebox", "pulumi-state")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return Result{}, err
+		}
+		backend = "file://" + dir
+	}
+	env := map[string]string{
+		"PULUMI_HOME":                                 filepath.Join(o.Tools, "home"),
+		"PULUMI_BACKEND_URL":                          backend,
+		"PULUMI_SKIP_UPDATE_CHECK":                    "true",
+		"PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+	}
+	if _, ok := os.LookupEnv("PULUMI_CONFIG_PASSPHRASE"); !ok {
+		if _, ok := os.LookupEnv("PULUMI_CONFIG_PASSPHRASE_FILE"); !ok {
+			env["PULUMI_CONFIG_PASSPHRASE"] = "" // no secrets in fusebox's stack files
+		}
+	}
+	for k, v := range o.Env {
+		env[k] = v
+	}
+	work, err := os.MkdirTemp("", "fusebox-pulumi-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(work)
+	cfg, err := os.ReadFile(stackFile)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := os.WriteFile(filepath.Join(work, "Pulumi."+o.Stack+".yaml"), cfg, 0o600); err != nil {
+		return Result{}, err
+	}
+	stack, err := auto.UpsertStackInlineSource(ctx, o.Stack, proj.Name.String(), infra.Program,
+		auto.Project(proj), auto.WorkDir(work), auto.Pulumi(cmd), auto.EnvVars(env))
+	if err != nil {
+		return Result{}, fmt.Errorf("selecting stack %s: %w", o.Stack, err)
+	}
+	progress := o.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	var res Result
+	switch op {
+	case Preview:
+		r, err := stack.Preview(ctx, optpreview.ProgressStreams(progress))
+		if err != nil {
+			return Result{}, fmt.Errorf("preview of %s: %w", o.Stack, err)
+		}
+		res.Changes = changes(r.ChangeSummary)
+	case Up:
+		r, err := stack.Up(ctx, optup.ProgressStreams(progress))
+		if err != nil {
+			return Result{}, fmt.Errorf("up of %s: %w", o.Stack, err)
+		}
+		if r.Summary.ResourceChanges != nil {
+			res.Changes = map[string]int{}
+			for k, v := range *r.Summary.ResourceChanges {
+				res.Changes[k] = v
+			}
+		}
+		res.Outputs = map[string]any{}
+		for k, v := range r.Outputs {
+			res.Outputs[k] = v.Value
+		}
+	case Destroy:
+		r, err := stack.Destroy(ctx, optdestroy.ProgressStreams(progress))
+		if err != nil {
+			return Result{}, fmt.Errorf("destroy of %s: %w", o.Stack, err)
+		}
+		if r.Summary.ResourceChanges != nil {
+			res.Changes = map[string]int{}
+			for k, v := range *r.Summary.ResourceChanges {
+				res.Changes[k] = v
+			}
+		}
+	default:
+		return Result{}, fmt.Errorf("deploy: unknown operation %q", op)
+	}
+	return res, nil
+}
+
+func changes[K ~string](m map[K]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		out[string(k)] = v
+	}
+	return out
+}
+
+// loadProject reads Pulumi.yaml.
+func loadProject(path string) (workspace.Project, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return workspace.Project{}, fmt.Errorf("reading project settings: %w", err)
+	}
+	var p workspace.Project
+	if err := yaml.Unmarshal(b, &p); err != nil {
+		return workspace.Project{}, fmt.Errorf("parsing %s: %w", path, err)
+	}
+	if p.Name == "" {
+		return workspace.Project{}, fmt.Errorf("%s has no project name", path)
+	}
+	return p, nil
+}

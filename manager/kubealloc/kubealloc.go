@@ -1,0 +1,552 @@
+// Package kubealloc is the Kubernetes Allocator: each unit is a gVisor pod (runtimeClassName
+// gvisor) in one sandbox namespace, made by BuildPod, with a per-sandbox CiliumNetworkPolicy
+// (SandboxPolicy) applied at bind time on top of the namespace's default-deny policy
+// (DefaultDenyPolicy, checked by CheckDefaultDeny).
+//
+// Everything the allocator reads comes from one shared pod informer (filtered to
+// app.kubernetes.io/name=fusebox-sandbox in the namespace): no polling, no GET or LIST per
+// request once the cache has synced. Writes per operation: Create 1 (plus 1 delete on
+// failure), Claim 1 per attempt (a Conflict moves to the next candidate), BindEgress 1
+// (server-side apply), Annotate 1, Destroy 2.
+//
+// Several manager replicas share the pods. The pod's fusebox.dev/state label carries the
+// unit's state (ready -> claimed -> bound); Claim moves ready -> claimed with an Update that
+// carries the cached resourceVersion, so the API server lets exactly one replica win each
+// pod and no lock is needed.
+package kubealloc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/manager"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// ErrNoReady is returned by Claim when no ready pod of the template could be claimed.
+var ErrNoReady = errors.New("no ready sandbox pod to claim")
+
+// FieldManager is the field manager of every write.
+const FieldManager = "fusebox-manager"
+
+// EndpointResolver returns a Ready pod's init and data endpoints ("tcp://host:port").
+// Tests map pods to endpoints they own; the default is the pod IP with InitPort/DataPort.
+type EndpointResolver func(*corev1.Pod) (initAddr, dataAddr string, err error)
+
+// PodIPEndpoints is the default EndpointResolver.
+func PodIPEndpoints(p *corev1.Pod) (string, string, error) {
+	if p.Status.PodIP == "" {
+		return "", "", fmt.Errorf("pod %s has no IP", p.Name)
+	}
+	host := p.Status.PodIP
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return "tcp://" + host + ":" + strconv.Itoa(int(InitPort)), "tcp://" + host + ":" + strconv.Itoa(int(DataPort)), nil
+}
+
+// Options configure the allocator. Client, Dynamic, Namespace, Identity, Templates (each
+// with an Image) and both Selectors are required.
+type Options struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface // CiliumNetworkPolicies
+	// Namespace holds the sandbox pods and their policies.
+	Namespace string
+	// Identity names this replica (pod name); it is recorded on the pods it claims.
+	Identity  string
+	Templates map[string]Template
+	// Selectors say who may reach the data port (agents) and the init port (the manager).
+	Selectors PolicySelectors
+	// RuntimeClassName defaults to "gvisor".
+	RuntimeClassName string
+	// Pool defaults to DefaultNodePool.
+	Pool *NodePool
+	// NodeName puts every pod on one node directly: only for control planes without a
+	// scheduler (tests with kwok).
+	NodeName string
+	// Endpoints defaults to PodIPEndpoints.
+	Endpoints EndpointResolver
+	// ReadyTimeout bounds Create's wait for a Ready pod (default 2 minutes).
+	ReadyTimeout time.Duration
+	Clock        manager.Clock
+	Logger       *slog.Logger
+}
+
+// Allocator runs units as gVisor pods. Call Start before anything else.
+type Allocator struct {
+	o       Options
+	factory informers.SharedInformerFactory
+	pods    listersv1.PodLister
+	index   cache.Indexer
+	synced  atomic.Bool
+
+	conflicts atomic.Uint64
+
+	mu      sync.Mutex // guards waiters and written
+	waiters map[string]*waiter
+	// written maps a pod we updated to the resourceVersion it had before our write: while
+	// the cache still shows that version, the pod is known to be stale and is skipped.
+	written map[string]string
+}
+
+var (
+	_ manager.Allocator    = (*Allocator)(nil)
+	_ manager.Annotator    = (*Allocator)(nil)
+	_ manager.EgressBinder = (*Allocator)(nil)
+)
+
+type waiter struct {
+	ch      chan struct{} // capacity 1: "the pod changed"
+	deleted atomic.Bool
+}
+
+const indexTemplateState = "template-state"
+
+func templateStateKey(template, state string) string { return template + "/" + state }
+
+// New checks o and sets up the informer; Start runs it.
+func New(o Options) (*Allocator, error) {
+	switch {
+	case o.Client == nil || o.Dynamic == nil:
+		return nil, errors.New("kubealloc: Client and Dynamic are required")
+	case o.Namespace == "" || o.Identity == "":
+		return nil, errors.New("kubealloc: Namespace and Identity are required")
+	case len(o.Templates) == 0:
+		return nil, errors.New("kubealloc: at least one template is required")
+	case len(o.Selectors.Agents) == 0 || len(o.Selectors.Manager) == 0:
+		return nil, errors.New("kubealloc: Selectors.Agents and Selectors.Manager are required (an empty selector would admit every pod)")
+	}
+	for name, t := range o.Templates {
+		if t.Image == "" {
+			return nil, fmt.Errorf("kubealloc: template %q has no image", name)
+		}
+	}
+	if o.RuntimeClassName == "" {
+		o.RuntimeClassName = "gvisor"
+	}
+	if o.Pool == nil {
+		p := DefaultNodePool()
+		o.Pool = &p
+	}
+	if o.Endpoints == nil {
+		o.Endpoints = PodIPEndpoints
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = 2 * time.Minute
+	}
+	if o.Clock == nil {
+		o.Clock = manager.RealClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Allocator{o: o, waiters: map[string]*waiter{}, written: map[string]string{}}
+	a.factory = informers.NewSharedInformerFactoryWithOptions(o.Client, 0,
+		informers.WithNamespace(o.Namespace),
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.LabelSelector = labels.Set{LabelApp: AppName}.String()
+		}))
+	inf := a.factory.Core().V1().Pods()
+	if err := inf.Informer().AddIndexers(cache.Indexers{indexTemplateState: func(obj any) ([]string, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return nil, nil
+		}
+		return []string{templateStateKey(p.Labels[LabelTemplate], p.Labels[LabelState])}, nil
+	}}); err != nil {
+		return nil, err
+	}
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { a.notify(obj, false) },
+		UpdateFunc: func(_, obj any) { a.notify(obj, false) },
+		DeleteFunc: func(obj any) { a.notify(obj, true) },
+	}); err != nil {
+		return nil, err
+	}
+	a.pods = inf.Lister()
+	a.index = inf.Informer().GetIndexer()
+	return a, nil
+}
+
+// Start runs the informer until ctx ends and returns once its cache has synced.
+func (a *Allocator) Start(ctx context.Context) error {
+	a.factory.Start(ctx.Done())
+	for typ, ok := range a.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("kubealloc: syncing the %v informer: %w", typ, context.Cause(ctx))
+		}
+	}
+	a.synced.Store(true)
+	return nil
+}
+
+// Shutdown waits for the informer goroutines to end (after Start's ctx ended).
+func (a *Allocator) Shutdown() { a.factory.Shutdown() }
+
+func (a *Allocator) notify(obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	w := a.waiters[p.Name]
+	if w != nil && deleted {
+		w.deleted.Store(true)
+	}
+	if deleted {
+		delete(a.written, p.Name)
+	}
+	a.mu.Unlock()
+	if w != nil {
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (a *Allocator) ready() error {
+	if !a.synced.Load() {
+		return fmt.Errorf("%w: kubealloc used before Start synced its informer", manager.ErrAllocator)
+	}
+	return nil
+}
+
+// Name returns "kube".
+func (a *Allocator) Name() string { return "kube" }
+
+// ClaimConflicts is how many claim attempts lost an optimistic-concurrency race so far.
+func (a *Allocator) ClaimConflicts() uint64 { return a.conflicts.Load() }
+
+// Create creates pod id (labelled ready) and returns once the informer shows it Running and
+// Ready (its readiness probe is the init port) with an IP. On any error, the pod is deleted,
+// unless it already existed (then it belongs to someone else and is left alone).
+func (a *Allocator) Create(ctx context.Context, id, template string) (manager.UnitInfo, error) {
+	if err := a.ready(); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	t, ok := a.o.Templates[template]
+	if !ok {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	if errs := validation.IsDNS1123Label(id); len(errs) > 0 {
+		return manager.UnitInfo{}, fmt.Errorf("%w: sandbox id %q: %s", manager.ErrInvalid, id, strings.Join(errs, "; "))
+	}
+	w := &waiter{ch: make(chan struct{}, 1)}
+	a.mu.Lock()
+	if a.waiters[id] != nil {
+		a.mu.Unlock()
+		return manager.UnitInfo{}, fmt.Errorf("%w: sandbox %s is already being created", manager.ErrInvalid, id)
+	}
+	a.waiters[id] = w
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.waiters, id)
+		a.mu.Unlock()
+	}()
+
+	pod := BuildPod(PodSpec{
+		ID: id, Namespace: a.o.Namespace, TemplateName: template, Template: t,
+		RuntimeClassName: a.o.RuntimeClassName, Pool: *a.o.Pool, NodeName: a.o.NodeName,
+	})
+	created, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil {
+		return manager.UnitInfo{}, fmt.Errorf("%w: creating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
+	}
+	info, err := a.waitReady(ctx, w, id, created.UID)
+	if err != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		uid := created.UID
+		if derr := a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(dctx, id, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &uid},
+		}); derr != nil && !apierrors.IsNotFound(derr) {
+			a.o.Logger.Warn("deleting a pod that did not become ready", "pod", id, "err", derr)
+		}
+		return manager.UnitInfo{}, fmt.Errorf("%w: sandbox pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
+	}
+	return info, nil
+}
+
+func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid types.UID) (manager.UnitInfo, error) {
+	timer := time.NewTimer(a.o.ReadyTimeout)
+	defer timer.Stop()
+	for {
+		p, err := a.pods.Pods(a.o.Namespace).Get(id)
+		switch {
+		case err == nil && p.UID == uid && podReady(p):
+			return a.unitInfo(p)
+		case err == nil && p.UID == uid && podEnded(p):
+			return manager.UnitInfo{}, fmt.Errorf("pod ended before it was ready (phase %s)", p.Status.Phase)
+		case err == nil && p.UID != uid, apierrors.IsNotFound(err) && w.deleted.Load():
+			return manager.UnitInfo{}, errors.New("pod was deleted before it was ready")
+		}
+		select {
+		case <-w.ch:
+		case <-timer.C:
+			state := "not in the informer's cache"
+			if p != nil {
+				state = fmt.Sprintf("phase %s, IP %q, conditions %v", p.Status.Phase, p.Status.PodIP, p.Status.Conditions)
+			}
+			return manager.UnitInfo{}, fmt.Errorf("not ready within %v (%s)", a.o.ReadyTimeout, state)
+		case <-ctx.Done():
+			return manager.UnitInfo{}, fmt.Errorf("waiting for readiness: %w", context.Cause(ctx))
+		}
+	}
+}
+
+func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
+	info := manager.UnitInfo{
+		ID:          p.Name,
+		Template:    p.Labels[LabelTemplate],
+		Created:     p.CreationTimestamp.Time,
+		Annotations: managerAnnotations(p.Annotations),
+	}
+	if p.Status.PodIP != "" {
+		var err error
+		if info.InitAddr, info.DataAddr, err = a.o.Endpoints(p); err != nil {
+			return manager.UnitInfo{}, fmt.Errorf("resolving the endpoints of pod %s: %w", p.Name, err)
+		}
+	}
+	return info, nil
+}
+
+// managerAnnotations drops the allocator's own annotations (and returns nil for none).
+func managerAnnotations(in map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range in {
+		if strings.HasPrefix(k, internalAnnotationPrefix) {
+			continue
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// Destroy deletes pod id and its policy; either being gone already is success. The policy
+// also carries an owner reference to the pod, so the garbage collector removes it if this
+// second delete is lost.
+func (a *Allocator) Destroy(ctx context.Context, id string) error {
+	err := a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(ctx, id, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: deleting pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
+	}
+	err = a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Delete(ctx, PolicyName(id), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: deleting CiliumNetworkPolicy %s/%s: %w", manager.ErrAllocator, a.o.Namespace, PolicyName(id), err)
+	}
+	return nil
+}
+
+// List returns every sandbox pod in the informer's cache that is not being deleted, in any
+// state, with the manager's annotations (the allocator's own are left out). Units without a
+// pod IP yet have empty addresses.
+func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
+	if err := a.ready(); err != nil {
+		return nil, err
+	}
+	pods, err := a.pods.Pods(a.o.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]manager.UnitInfo, 0, len(pods))
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		info, err := a.unitInfo(p)
+		if err != nil {
+			a.o.Logger.Warn("listing sandbox pod", "pod", p.Name, "err", err)
+			info = manager.UnitInfo{ID: p.Name, Template: p.Labels[LabelTemplate], Created: p.CreationTimestamp.Time, Annotations: managerAnnotations(p.Annotations)}
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Counts returns, from the informer's cache, how many pods of template are ready to claim
+// (state ready, pod Ready) and how many are on their way (state ready, not Ready yet, not
+// ended).
+func (a *Allocator) Counts(template string) (ready, creating int) {
+	objs, _ := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	for _, o := range objs {
+		p := o.(*corev1.Pod)
+		switch {
+		case a.staleAfterOurWrite(p):
+		case podReady(p):
+			ready++
+		case !podEnded(p):
+			creating++
+		}
+	}
+	return ready, creating
+}
+
+func (a *Allocator) staleAfterOurWrite(p *corev1.Pod) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rv, ok := a.written[p.Name]
+	if ok && rv != p.ResourceVersion {
+		delete(a.written, p.Name) // the cache has caught up
+		return false
+	}
+	return ok
+}
+
+// Claim takes one Ready pod of template for this replica: state ready -> claimed and
+// AnnotationClaimedBy = Identity, written with an Update that carries the cached
+// resourceVersion. A Conflict (another replica won, or the pod changed) or NotFound moves
+// on to the next candidate, in random order so that replicas rarely race for the same pod.
+// ErrNoReady when every candidate is gone. Other API errors are returned.
+func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
+	if err := a.ready(); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	if _, ok := a.o.Templates[template]; !ok {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	if err != nil {
+		return manager.UnitInfo{}, err
+	}
+	rand.Shuffle(len(objs), func(i, j int) { objs[i], objs[j] = objs[j], objs[i] })
+	for _, o := range objs {
+		if err := ctx.Err(); err != nil {
+			return manager.UnitInfo{}, context.Cause(ctx)
+		}
+		p := o.(*corev1.Pod)
+		if !podReady(p) || a.staleAfterOurWrite(p) {
+			continue
+		}
+		c := p.DeepCopy()
+		c.Labels[LabelState] = StateClaimed
+		if c.Annotations == nil {
+			c.Annotations = map[string]string{}
+		}
+		c.Annotations[AnnotationClaimedBy] = a.o.Identity
+		c.Annotations[AnnotationClaimedAt] = a.o.Clock.Now().UTC().Format(time.RFC3339Nano)
+		got, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Update(ctx, c, metav1.UpdateOptions{FieldManager: FieldManager})
+		switch {
+		case apierrors.IsConflict(err):
+			a.conflicts.Add(1)
+			continue
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return manager.UnitInfo{}, fmt.Errorf("%w: claiming pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, p.Name, err)
+		}
+		a.mu.Lock()
+		a.written[p.Name] = p.ResourceVersion
+		a.mu.Unlock()
+		return a.unitInfo(got)
+	}
+	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
+}
+
+// Annotate replaces unit id's manager annotations (the allocator's own stay) and marks the
+// pod bound, with one merge patch built from the cache. It refuses (ErrBadTransition) a pod
+// that another replica claimed, and ErrUnitNotFound if the pod is not in the cache.
+func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[string]string) error {
+	if err := a.ready(); err != nil {
+		return err
+	}
+	p, err := a.pods.Pods(a.o.Namespace).Get(id)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	} else if err != nil {
+		return err
+	}
+	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity {
+		return fmt.Errorf("%w: pod %s was claimed by %s", manager.ErrBadTransition, id, by)
+	}
+	ann := map[string]any{}
+	for k := range managerAnnotations(p.Annotations) {
+		ann[k] = nil
+	}
+	for k, v := range annotations {
+		if !strings.HasPrefix(k, internalAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	meta := map[string]any{
+		"annotations": ann,
+		"labels":      map[string]any{LabelState: StateBound},
+	}
+	if p.Labels[LabelState] == StateReady && !a.staleAfterOurWrite(p) {
+		// Not claimed through this replica's Claim (a stale cache still showing our own
+		// claim is recognised above): take it here, guarded by the cached resourceVersion.
+		ann[AnnotationClaimedBy] = a.o.Identity
+		meta["resourceVersion"] = p.ResourceVersion
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return err
+	}
+	_, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("%w: pod %s changed while it was being bound (claim it with Claim): %w", manager.ErrBadTransition, id, err)
+	case err != nil:
+		return fmt.Errorf("%w: annotating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
+	}
+	return nil
+}
+
+// BindEgress applies (server-side apply: create or update, one request) sandbox id's
+// CiliumNetworkPolicy for allow, owned by the pod. When it returns nil the policy object
+// exists with exactly that allowlist; Cilium enforces it asynchronously, which the default
+// deny covers until then. ErrUnitNotFound if the pod is not in the cache; a malformed entry
+// wraps manager.ErrInvalid.
+func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {
+	if err := a.ready(); err != nil {
+		return err
+	}
+	p, err := a.pods.Pods(a.o.Namespace).Get(id)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	} else if err != nil {
+		return err
+	}
+	pol, err := SandboxPolicy(a.o.Namespace, id, allow, a.o.Selectors)
+	if err != nil {
+		return fmt.Errorf("%w: %w", manager.ErrInvalid, err)
+	}
+	yes := true
+	pol.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, BlockOwnerDeletion: &yes,
+	}})
+	_, err = a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Apply(ctx, pol.GetName(), pol,
+		metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
+		return fmt.Errorf("%w: applying CiliumNetworkPolicy %s/%s: %w", manager.ErrAllocator, a.o.Namespace, pol.GetName(), err)
+	}
+	return nil
+}

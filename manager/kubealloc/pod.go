@@ -1,0 +1,208 @@
+package kubealloc
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Labels and annotations on sandbox pods.
+const (
+	// LabelApp selects every sandbox pod (the informers watch only these).
+	LabelApp      = "app.kubernetes.io/name"
+	AppName       = "fusebox-sandbox"
+	LabelTemplate = "fusebox.dev/template"
+	// LabelState is StateReady, StateClaimed or StateBound.
+	LabelState     = "fusebox.dev/state"
+	LabelSandboxID = "fusebox.dev/sandbox-id"
+
+	StateReady   = "ready"   // warm: claimable once the pod is Ready
+	StateClaimed = "claimed" // taken by one replica's Claim
+	StateBound   = "bound"   // the manager stored a lease (Annotate)
+
+	// internalAnnotationPrefix marks annotations the allocator owns; List hides them and
+	// Annotate never replaces them.
+	internalAnnotationPrefix = "kube.fusebox.dev/"
+	// AnnotationClaimedBy is the identity of the replica whose Claim took the pod.
+	AnnotationClaimedBy = internalAnnotationPrefix + "claimed-by"
+	// AnnotationClaimedAt is when (RFC 3339) it was taken.
+	AnnotationClaimedAt = internalAnnotationPrefix + "claimed-at"
+)
+
+// Ports of the sandbox server inside the pod.
+const (
+	InitPort int32 = 7070
+	DataPort int32 = 7071
+	// SandboxUID is the non-root user the sandbox server runs as.
+	SandboxUID int64 = 65532
+)
+
+// Template is how sandbox pods of one template are made.
+type Template struct {
+	// Image holds fusebox-sandbox as its entrypoint. Required.
+	Image string
+	// ServerArgs are extra fusebox-sandbox flags (limits); they come after the allocator's own
+	// and so override them (Go's flag package keeps the last value).
+	ServerArgs []string
+	// Requests and Limits of the sandbox container; DefaultTemplate's when nil.
+	Requests corev1.ResourceList
+	Limits   corev1.ResourceList
+	// WorkspaceSize bounds the memory-backed /workspace (counted against the memory limit).
+	WorkspaceSize resource.Quantity
+}
+
+// DefaultTemplate is 250m/256Mi requested, 1 CPU/1Gi limit, a 512Mi workspace.
+func DefaultTemplate(image string) Template {
+	return Template{
+		Image: image,
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("250m"),
+			corev1.ResourceMemory: resource.MustParse("256Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("1"),
+			corev1.ResourceMemory: resource.MustParse("1Gi"),
+		},
+		WorkspaceSize: resource.MustParse("512Mi"),
+	}
+}
+
+// NodePool is where sandbox pods run: a dedicated, tainted node pool.
+type NodePool struct {
+	NodeSelector map[string]string
+	Tolerations  []corev1.Toleration
+}
+
+// DefaultNodePool selects fusebox.dev/pool=sandbox and tolerates the fusebox.dev/sandbox taint.
+func DefaultNodePool() NodePool {
+	return NodePool{
+		NodeSelector: map[string]string{"fusebox.dev/pool": "sandbox"},
+		Tolerations: []corev1.Toleration{{
+			Key: "fusebox.dev/sandbox", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
+		}},
+	}
+}
+
+// PodSpec is the input of BuildPod.
+type PodSpec struct {
+	ID, Namespace, TemplateName string
+	Template                    Template
+	RuntimeClassName            string
+	Pool                        NodePool
+	// NodeName binds the pod to a node directly (tests without a scheduler); empty in
+	// production.
+	NodeName string
+}
+
+// BuildPod returns the sandbox pod: gVisor runtime class, no service-account token, non-root
+// with every capability dropped, no privilege escalation, seccomp RuntimeDefault, read-only
+// root filesystem, no host namespaces or host paths, a memory-backed workspace, resource
+// requests and limits, the sandbox node pool, and a readiness probe on the init port (Ready
+// therefore means "init endpoint accepts connections"). Pods are single-use: restartPolicy
+// Never.
+func BuildPod(s PodSpec) *corev1.Pod {
+	t := s.Template
+	def := DefaultTemplate(t.Image)
+	if t.Requests == nil {
+		t.Requests = def.Requests
+	}
+	if t.Limits == nil {
+		t.Limits = def.Limits
+	}
+	if t.WorkspaceSize.IsZero() {
+		t.WorkspaceSize = def.WorkspaceSize
+	}
+	no, yes := false, true
+	uid := SandboxUID
+	args := append([]string{
+		"-init-listen=tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
+		"-data-listen=tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
+		"-workspace=/workspace",
+		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
+	}, t.ServerArgs...)
+	size := t.WorkspaceSize
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      s.ID,
+			Namespace: s.Namespace,
+			Labels: map[string]string{
+				LabelApp:       AppName,
+				LabelTemplate:  s.TemplateName,
+				LabelState:     StateReady,
+				LabelSandboxID: s.ID,
+			},
+		},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:             &s.RuntimeClassName,
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			NodeName:                     s.NodeName,
+			NodeSelector:                 maps.Clone(s.Pool.NodeSelector),
+			Tolerations:                  slices.Clone(s.Pool.Tolerations),
+			HostNetwork:                  false,
+			HostPID:                      false,
+			HostIPC:                      false,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   &yes,
+				RunAsUser:      &uid,
+				RunAsGroup:     &uid,
+				FSGroup:        &uid,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:  "sandbox",
+				Image: t.Image,
+				Args:  args,
+				Ports: []corev1.ContainerPort{
+					{Name: "init", ContainerPort: InitPort, Protocol: corev1.ProtocolTCP},
+					{Name: "data", ContainerPort: DataPort, Protocol: corev1.ProtocolTCP},
+				},
+				Resources: corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
+				SecurityContext: &corev1.SecurityContext{
+					RunAsNonRoot:             &yes,
+					RunAsUser:                &uid,
+					AllowPrivilegeEscalation: &no,
+					Privileged:               &no,
+					ReadOnlyRootFilesystem:   &yes,
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("init")}},
+					PeriodSeconds: 1,
+				},
+				VolumeMounts: []corev1.VolumeMount{{Name: "workspace", MountPath: "/workspace"}},
+			}},
+			Volumes: []corev1.Volume{{
+				Name: "workspace",
+				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					Medium: corev1.StorageMediumMemory, SizeLimit: &size,
+				}},
+			}},
+		},
+	}
+}
+
+// podReady reports whether p is Running, Ready, has an IP and is not being deleted.
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// podEnded reports whether p can never become Ready.
+func podEnded(p *corev1.Pod) bool {
+	return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
