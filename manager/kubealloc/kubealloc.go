@@ -42,8 +42,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// ErrNoReady is returned by Claim when no ready pod of the template could be claimed.
-var ErrNoReady = errors.New("no ready sandbox pod to claim")
+// ErrNoReady is returned by Claim when no ready pod of the template could be claimed; it
+// wraps manager.ErrNoReadyUnit, which the manager waits on.
+var ErrNoReady = fmt.Errorf("%w: no ready sandbox pod to claim", manager.ErrNoReadyUnit)
+
+var _ manager.SharedPool = (*Allocator)(nil)
 
 // FieldManager is the field manager of every write.
 const FieldManager = "fusebox-manager"
@@ -390,6 +393,19 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	return out, nil
 }
 
+// Lookup returns sandbox pod id from the informer's cache (no API request).
+// manager.ErrUnitNotFound when there is no such pod or it is being deleted.
+func (a *Allocator) Lookup(ctx context.Context, id string) (manager.UnitInfo, error) {
+	if err := a.ready(); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	p, err := a.pods.Pods(a.o.Namespace).Get(id)
+	if err != nil || p.DeletionTimestamp != nil {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	}
+	return a.unitInfo(p)
+}
+
 // Counts returns, from the informer's cache, how many pods of template are ready to claim
 // (state ready, pod Ready) and how many are on their way (state ready, not Ready yet, not
 // ended).
@@ -482,7 +498,10 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	} else if err != nil {
 		return err
 	}
-	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity {
+	// A pod claimed by another replica and not yet bound is that replica's to bind. Once it
+	// is bound, any replica may rewrite its lease (renewals go to whichever replica the
+	// agent reaches).
+	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity && p.Labels[LabelState] != StateBound {
 		return fmt.Errorf("%w: pod %s was claimed by %s", manager.ErrBadTransition, id, by)
 	}
 	ann := map[string]any{}

@@ -445,9 +445,18 @@ func TestNewReplicaListsExistingPods(t *testing.T) {
 	if p.Labels[kubealloc.LabelState] != kubealloc.StateBound || p.Annotations[kubealloc.AnnotationClaimedBy] != "replica-a" {
 		t.Errorf("bound pod labels %v annotations %v", p.Labels, p.Annotations)
 	}
-	// Replica c may not bind the pod replica a claimed.
-	if err := c.Annotate(ctx, info.ID, lease); !errors.Is(err, manager.ErrBadTransition) {
-		t.Errorf("Annotate of another replica's pod: %v", err)
+	// Replica c may rewrite the bound pod's lease (a renewal reaching another replica)...
+	if err := c.Annotate(ctx, info.ID, lease); err != nil {
+		t.Errorf("renewing another replica's bound pod: %v", err)
+	}
+	// ...but not bind a pod that replica a claimed and has not bound yet (whether or not c's
+	// cache has seen the claim: a stale view fails the resourceVersion precondition).
+	claimed, err := a.Claim(ctx, manager.DefaultTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Annotate(ctx, claimed.ID, lease); !errors.Is(err, manager.ErrBadTransition) {
+		t.Errorf("binding a pod another replica claimed: %v, want ErrBadTransition", err)
 	}
 	if err := c.Annotate(ctx, "missing", lease); !errors.Is(err, manager.ErrUnitNotFound) {
 		t.Errorf("Annotate of a missing pod: %v", err)

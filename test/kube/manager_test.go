@@ -1,0 +1,102 @@
+package kube
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/manager/memalloc"
+)
+
+// TestManagersOverKube runs two manager replicas on the kube allocator against the real API
+// server: the leader keeps the shared pool of pods at its target, both replicas allocate
+// (60 concurrent allocations over a pool of 20, no pod bound twice), a lease bound by one replica is renewed
+// and released by the other, and the released pod is deleted. sFuse is the in-memory one:
+// kwok's pods run no sandbox server (the runsc-backed end-to-end path is still to come).
+func TestManagersOverKube(t *testing.T) {
+	ns := env.Namespace(t)
+	allocs := [2]*kubealloc.Allocator{newAllocator(t, ns, "replica-a", nil), newAllocator(t, ns, "replica-b", nil)}
+	var ms [2]*manager.Manager
+	for i := range ms {
+		leader := i == 0
+		m, err := manager.New(manager.Options{Allocator: allocs[i], Estimator: estimator.Fixed{N: 20}, Clock: manager.RealClock{},
+			Initializer: memalloc.Initializer, IsLeader: func() bool { return leader }, CreateConcurrency: 8,
+			ReconcileInterval: 20 * time.Millisecond, AllocateWait: 3 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close(context.Background()) })
+		ms[i] = m
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if r, _ := allocs[1].Counts(manager.DefaultTemplate); r >= 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader did not fill the pool: %v", ms[0].Status().Units)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	key, _ := client.NewKey()
+	ctx := ctxT(t)
+	var mu sync.Mutex
+	bound := map[string]int{}
+	var first manager.Allocation
+	var wg sync.WaitGroup
+	for i := range 60 {
+		wg.Go(func() {
+			a, err := ms[i%2].Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey(), LeaseTTL: time.Hour,
+				Egress: []string{"api.example.com:443"}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			bound[a.ID]++
+			if i == 1 {
+				first = a
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if len(bound) != 60 {
+		t.Fatalf("%d distinct pods bound by 60 allocations", len(bound))
+	}
+	for id, n := range bound {
+		if n != 1 {
+			t.Fatalf("pod %s bound %d times", id, n)
+		}
+	}
+	// first was allocated by replica b (i == 1); replica a renews and releases it.
+	if _, err := ms[0].Renew(ctx, first.ID, first.LeaseToken, 0); err != nil {
+		t.Fatalf("renewing on the other replica: %v", err)
+	}
+	if err := ms[0].Release(ctx, first.ID, first.LeaseToken); err != nil {
+		t.Fatalf("releasing on the other replica: %v", err)
+	}
+	deadline = time.Now().Add(time.Minute)
+	for {
+		units, _ := allocs[0].List(ctx)
+		if !slices.ContainsFunc(units, func(u manager.UnitInfo) bool { return u.ID == first.ID }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("released pod %s still listed", first.ID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
