@@ -21,7 +21,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchCmd(), localCmd(), runCmd(), statusCmd())
+	root.AddCommand(benchCmd(), localCmd(), runCmd(), statusCmd(), managerCmd())
 	root.AddCommand(deployCmds()...)
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee exitError

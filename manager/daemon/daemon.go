@@ -45,8 +45,26 @@ type Config struct {
 	PoolMax       int
 	LeaseTTL      time.Duration
 	MaxLeaseTTL   time.Duration
+	// Kube configures --allocator kube.
+	Kube KubeConfig
 	// Ready, if set, is called once the manager serves, with the address it listens on.
 	Ready func(addr string)
+}
+
+// KubeConfig configures the Kubernetes allocator: sandbox pods in SandboxNamespace, leader
+// election through a Lease in ManagerNamespace.
+type KubeConfig struct {
+	Kubeconfig       string // empty: in-cluster configuration
+	SandboxNamespace string
+	ManagerNamespace string
+	Identity         string // this replica (the pod's name)
+	SandboxImage     string // repository@sha256:... holding fusebox-sandbox
+	AgentSelector    map[string]string
+	ManagerSelector  map[string]string
+	LeaderElect      bool
+	// NodeName places every sandbox pod on one node: only for control planes without a
+	// scheduler (tests).
+	NodeName string
 }
 
 // Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
@@ -66,7 +84,15 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		return fmt.Errorf("state directory %s is in use by another manager (%v)", c.StateDir, err)
 	}
 	var alloc manager.Allocator
+	var isLeader func() bool
 	switch c.Allocator {
+	case "kube":
+		a, leader, err := startKube(ctx, c.Kube, log)
+		if err != nil {
+			return err
+		}
+		defer a.Shutdown()
+		alloc, isLeader = a, leader
 	case "runsc":
 		a, err := runscalloc.New(runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
 			SandboxBinary: c.SandboxBinary, Logger: log})
@@ -82,7 +108,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		}
 		alloc = a
 	default:
-		return fmt.Errorf("unknown allocator %q (want runsc or process)", c.Allocator)
+		return fmt.Errorf("unknown allocator %q (want runsc, kube or process)", c.Allocator)
 	}
 	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
 	if err != nil {
@@ -92,7 +118,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
+		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
 		Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err

@@ -1,0 +1,72 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/manager/leader"
+)
+
+// startKube checks the cluster (the sandbox namespace must already deny by default), starts
+// the informer-fed allocator and, with LeaderElect, joins the election for the pool duties.
+func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
+	if k.SandboxNamespace == "" || k.Identity == "" || k.SandboxImage == "" {
+		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image")
+	}
+	if len(k.AgentSelector) == 0 || len(k.ManagerSelector) == 0 {
+		return nil, nil, errors.New("--allocator kube needs --agent-selector and --manager-selector (who may reach the data and init ports)")
+	}
+	var cfg *rest.Config
+	var err error
+	if k.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := kubealloc.CheckDefaultDeny(ctx, dyn, k.SandboxNamespace); err != nil {
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: k.SandboxNamespace, Identity: k.Identity,
+		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(k.SandboxImage)},
+		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, Manager: k.ManagerSelector}, NodeName: k.NodeName,
+		Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := a.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	if !k.LeaderElect {
+		return a, nil, nil
+	}
+	ns := k.ManagerNamespace
+	if ns == "" {
+		ns = k.SandboxNamespace
+	}
+	e, err := leader.Start(ctx, leader.Options{Client: cs, Namespace: ns, Name: "fusebox-manager", Identity: k.Identity, Logger: log})
+	if err != nil {
+		a.Shutdown()
+		return nil, nil, err
+	}
+	return a, e.IsLeader, nil
+}
