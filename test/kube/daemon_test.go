@@ -57,7 +57,9 @@ func TestManagerFillsSharedPool(t *testing.T) {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- daemon.Run(runCtx, daemonConfig(t, ns), slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() {
+		done <- daemon.Run(runCtx, daemonConfig(t, ns), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		pods, _ := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kubealloc.LabelState + "=" + kubealloc.StateReady})
