@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,6 +42,9 @@ import (
 
 //go:embed crds/*.yaml
 var crds embed.FS
+
+//go:embed control-plane.sh
+var controlPlaneScript []byte
 
 // DefaultBinDir is where make k8s-bins puts the binaries.
 const DefaultBinDir = "/var/cache/fusebox/k8s-v1.37.2"
@@ -111,10 +113,13 @@ func Start(ctx context.Context) (_ *Env, err error) {
 			return nil, fmt.Errorf("%w (%s: %v)", ErrNoBinaries, bin, err)
 		}
 	}
-	_, self, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(self), "..", "..", "hack", "k8s", "control-plane.sh")
 	dir, err := os.MkdirTemp("", "kubetest-")
 	if err != nil {
+		return nil, err
+	}
+	// The script is embedded, so that binaries (fusebox bench) can start a control plane too.
+	script := filepath.Join(dir, "control-plane.sh")
+	if err := os.WriteFile(script, controlPlaneScript, 0o755); err != nil {
 		return nil, err
 	}
 	apiPort, err := freePort(1)
