@@ -326,10 +326,17 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 					Args: pulumi.StringArray{
 						pulumi.Sprintf("--listen=tcp://0.0.0.0:%d", a.GRPCPort),
 						pulumi.Sprintf("--metrics-listen=0.0.0.0:%d", a.MetricsPort),
-						pulumi.String("--allocator=kubernetes"),
+						// The flags of `fusebox manager` (cmd/fusebox/manager.go); Kubernetes
+						// expands $(POD_NAMESPACE) and $(POD_NAME) from the env below. Agents
+						// are the pods labelled fusebox.dev/agent=true.
+						pulumi.String("--allocator=kube"),
 						pulumi.Sprintf("--sandbox-namespace=%s", a.SandboxNamespace),
-						pulumi.String("--sandbox-template=" + templateMountPath + "/" + SandboxTemplateKey),
-						pulumi.String("--leader-elect"),
+						pulumi.String("--manager-namespace=$(POD_NAMESPACE)"),
+						pulumi.String("--identity=$(POD_NAME)"),
+						pulumi.String("--sandbox-image=" + a.Sandbox.Image),
+						pulumi.String("--agent-selector=fusebox.dev/agent=true"),
+						pulumi.String("--manager-selector=app.kubernetes.io/name=" + components.ManagerAppLabel),
+						pulumi.String("--leader-elect=true"),
 						pulumi.Sprintf("--estimator=%s", a.Estimator),
 						pulumi.Sprintf("--pool-size=%d", a.PoolSize),
 						pulumi.Sprintf("--pool-max=%d", a.PoolMax),
@@ -338,6 +345,11 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						Name: pulumi.String("POD_NAMESPACE"),
 						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
 							FieldPath: pulumi.String("metadata.namespace"),
+						}},
+					}, corev1.EnvVarArgs{
+						Name: pulumi.String("POD_NAME"),
+						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
+							FieldPath: pulumi.String("metadata.name"),
 						}},
 					}},
 					Ports: corev1.ContainerPortArray{
