@@ -83,7 +83,8 @@ type Manager struct {
 	demand      []time.Time // allocation times in the last minute
 	bg          sync.WaitGroup
 	cancelLoops context.CancelFunc
-	expiring    idSet // shared pool: expiries in progress
+	life        context.Context // ends at Close: creations run under it, not under a request
+	expiring    idSet           // shared pool: expiries in progress
 }
 
 // idSet is a set of ids safe for concurrent use.
@@ -190,6 +191,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancelLoops = cancel
+	m.life = loopCtx
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
@@ -229,6 +231,14 @@ func (m *Manager) Close(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// lifetime is the context of work that outlives a request but not the manager.
+func (m *Manager) lifetime() context.Context {
+	if m.life == nil {
+		return context.Background() // Reconcile driven by hand, without Start
+	}
+	return m.life
 }
 
 func (m *Manager) nudge() {
@@ -461,7 +471,7 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			timeout = time.After(m.o.AllocateWait)
 			m.creating.Add(1)
 			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.create(context.WithoutCancel(ctx), tmpl) }()
+			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
 		}
 		m.nudge()
 		select {

@@ -37,7 +37,7 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 			asked = true
 			m.creating.Add(1)
 			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.create(context.WithoutCancel(ctx), tmpl) }()
+			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
 		}
 		if time.Now().After(deadline) {
 			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
