@@ -58,6 +58,8 @@ type ManagerConfig struct {
 	ServiceType          string `json:"serviceType"`
 	CPU                  string `json:"cpu"`
 	Memory               string `json:"memory"`
+	// SkipAwait: do not wait for the manager to become ready (test control planes only).
+	SkipAwait bool `json:"skipAwait"`
 }
 
 // PoolConfig sizes the warm pool and each sandbox.

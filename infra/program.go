@@ -102,6 +102,7 @@ func Install(ctx *pulumi.Context, c *Config) error {
 			Memory: c.Pool.SandboxMemory,
 		},
 		Replicas:             c.Manager.Replicas,
+		SkipAwait:            c.Manager.SkipAwait,
 		RequiredAntiAffinity: c.Manager.RequiredAntiAffinity,
 		PoolSize:             c.Pool.Size,
 		PoolMax:              c.Pool.Max,

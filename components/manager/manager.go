@@ -39,6 +39,9 @@ type ManagerArgs struct {
 	Image string `pulumi:"image"`
 	// Sandbox describes the sandbox pods the manager creates. Its Image is required.
 	Sandbox SandboxTemplate `pulumi:"-"`
+	// SkipAwait stops Pulumi from waiting for the Deployment and Service to become ready: only
+	// for control planes that cannot run the manager's pods (tests without controllers).
+	SkipAwait bool `pulumi:"skipAwait"`
 	// Replicas is at least 2 (default 2): one manager is a single point of failure.
 	Replicas int `pulumi:"replicas"`
 	// RequiredAntiAffinity forbids two replicas on one node; otherwise it is only preferred
@@ -116,8 +119,12 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 		"app.kubernetes.io/name":    pulumi.String(components.ManagerAppLabel),
 		"app.kubernetes.io/part-of": pulumi.String("fusebox"),
 	}
+	var annotations pulumi.StringMap
+	if a.SkipAwait {
+		annotations = pulumi.StringMap{"pulumi.com/skipAwait": pulumi.String("true")}
+	}
 	meta := func(n string, ns pulumi.StringInput) metav1.ObjectMetaArgs {
-		return metav1.ObjectMetaArgs{Name: pulumi.String(n), Namespace: ns, Labels: labels}
+		return metav1.ObjectMetaArgs{Name: pulumi.String(n), Namespace: ns, Labels: labels, Annotations: annotations}
 	}
 
 	sa, err := corev1.NewServiceAccount(ctx, name+"-sa", &corev1.ServiceAccountArgs{
