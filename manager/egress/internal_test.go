@@ -15,8 +15,9 @@ func TestIsInternal(t *testing.T) {
 		"64:ff9b::a9fe:a9fe", "2002:7f00:1::1", "2002:a00:1::", "2001::1", "64:ff9b:1::1", "100::1",
 	}
 	public := []string{
-		"8.8.8.8", "1.1.1.1", "203.0.113.5", "100.128.0.1", "172.32.0.1", "::ffff:8.8.8.8",
-		"2606:4700:4700::1111", "64:ff9b::808:808", "2002:808:808::1",
+		// Documentation and other non-internal addresses: classified, never dialled.
+		"198.51.100.7", "192.0.2.1", "203.0.113.5", "100.128.0.1", "172.32.0.1", "::ffff:198.51.100.7",
+		"2001:db8::1", "64:ff9b::c633:6407", "2002:c633:6407::1",
 	}
 	for _, s := range internal {
 		if !isInternal(netip.MustParseAddr(s)) {
