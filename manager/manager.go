@@ -51,6 +51,9 @@ type Options struct {
 	CreateConcurrency int
 	// ReconcileInterval is the reconciler's period (it also runs after every allocation).
 	ReconcileInterval time.Duration
+	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
+	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
+	ClaimGrace time.Duration
 	// IsLeader tells whether this replica runs the pool-wide duties with a SharedPool
 	// allocator (pool sizing, lease expiry); nil means always (a single manager).
 	IsLeader func() bool
@@ -154,6 +157,9 @@ func New(o Options) (*Manager, error) {
 	if o.NewID == nil {
 		o.NewID = randomID
 	}
+	if o.ClaimGrace <= 0 {
+		o.ClaimGrace = 2 * time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -247,6 +253,13 @@ func (m *Manager) nudge() {
 	default:
 	}
 }
+
+// AnnotationState and AnnotationClaimedAt are what a SharedPool allocator reports for a
+// unit a replica has claimed but not bound yet: "claimed", and when (RFC 3339).
+const (
+	AnnotationState     = annState
+	AnnotationClaimedAt = "fusebox.dev/claimed-at"
+)
 
 // Annotation keys under which a bound unit's lease is stored with its allocator.
 const (

@@ -137,6 +137,20 @@ func (m *Manager) reconcileShared(ctx context.Context) {
 	}
 	bound := 0
 	for _, u := range units {
+		if u.Annotations[AnnotationState] == "claimed" {
+			// Claimed but never bound: its replica died mid-allocation (no agent has it).
+			at, err := time.Parse(time.RFC3339Nano, u.Annotations[AnnotationClaimedAt])
+			if err == nil && now.Sub(at) > m.o.ClaimGrace && m.expiring.Add(u.ID) {
+				m.log.Info("destroying a unit claimed but never bound", "id", u.ID, "claimed_at", at)
+				m.bg.Add(1)
+				go func() {
+					defer m.bg.Done()
+					defer m.expiring.Remove(u.ID)
+					m.destroyShared(context.WithoutCancel(ctx), u.ID)
+				}()
+			}
+			continue
+		}
 		l, err := leaseFromAnnotations(u.Annotations)
 		if err != nil {
 			continue

@@ -328,6 +328,15 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 		Created:     p.CreationTimestamp.Time,
 		Annotations: managerAnnotations(p.Annotations),
 	}
+	if p.Labels[LabelState] == StateClaimed {
+		// Reported (not stored) for the manager's orphan collection: a unit claimed by a
+		// replica that died before binding it.
+		if info.Annotations == nil {
+			info.Annotations = map[string]string{}
+		}
+		info.Annotations[manager.AnnotationState] = "claimed"
+		info.Annotations[manager.AnnotationClaimedAt] = p.Annotations[AnnotationClaimedAt]
+	}
 	if p.Status.PodIP != "" {
 		var err error
 		if info.InitAddr, info.DataAddr, err = a.o.Endpoints(p); err != nil {

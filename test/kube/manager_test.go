@@ -100,3 +100,37 @@ func TestManagersOverKube(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestLeaderCollectsOrphanedClaims: a replica that claimed a pod and died before binding it
+// leaves the pod claimed forever; the leader destroys it once the claim is older than the
+// grace period.
+func TestLeaderCollectsOrphanedClaims(t *testing.T) {
+	ns := env.Namespace(t)
+	dead := newAllocator(t, ns, "replica-dead", nil)
+	live := newAllocator(t, ns, "replica-live", nil)
+	createPool(t, dead, "orph", 2, live)
+	ctx := ctxT(t)
+	orphan, err := dead.Claim(ctx, manager.DefaultTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manager.New(manager.Options{Allocator: live, Estimator: estimator.Fixed{N: 0}, Clock: manager.RealClock{},
+		Initializer: memalloc.Initializer, ClaimGrace: 500 * time.Millisecond, ReconcileInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := live.Lookup(ctx, orphan.ID); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphaned claim %s not collected", orphan.ID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
