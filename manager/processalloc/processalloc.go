@@ -6,7 +6,6 @@ package processalloc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/manager"
 )
 
@@ -124,7 +124,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if err := os.WriteFile(filepath.Join(d, "pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
 		return manager.UnitInfo{}, err
 	}
-	if err := writeJSON(filepath.Join(d, "unit.json"), info); err != nil {
+	if err := jsonfile.Write(filepath.Join(d, "unit.json"), info); err != nil {
 		return manager.UnitInfo{}, err
 	}
 	initPath := strings.TrimPrefix(info.InitAddr, "unix://")
@@ -179,11 +179,11 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	var out []manager.UnitInfo
 	for _, e := range entries {
 		var info manager.UnitInfo
-		if readJSON(filepath.Join(a.dir(e.Name()), "unit.json"), &info) != nil {
+		if jsonfile.Read(filepath.Join(a.dir(e.Name()), "unit.json"), &info) != nil {
 			info = a.info(e.Name(), "", time.Time{})
 		}
 		var ann map[string]string
-		if readJSON(filepath.Join(a.dir(e.Name()), "annotations.json"), &ann) == nil {
+		if jsonfile.Read(filepath.Join(a.dir(e.Name()), "annotations.json"), &ann) == nil {
 			info.Annotations = ann
 		}
 		out = append(out, info)
@@ -196,24 +196,5 @@ func (a *Allocator) Annotate(ctx context.Context, id string, ann map[string]stri
 	if _, err := os.Stat(a.dir(id)); err != nil {
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	}
-	return writeJSON(filepath.Join(a.dir(id), "annotations.json"), maps.Clone(ann))
-}
-
-func writeJSON(path string, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(path+".tmp", path)
-}
-
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
+	return jsonfile.Write(filepath.Join(a.dir(id), "annotations.json"), maps.Clone(ann))
 }

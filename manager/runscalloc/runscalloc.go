@@ -13,7 +13,6 @@ package runscalloc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -27,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/manager"
@@ -167,7 +167,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return manager.UnitInfo{}, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	if err := writeJSON(filepath.Join(dir, "unit.json"), u); err != nil {
+	if err := jsonfile.Write(filepath.Join(dir, "unit.json"), u); err != nil {
 		return manager.UnitInfo{}, err
 	}
 	spec := t.Bundle
@@ -229,7 +229,7 @@ func (a *Allocator) Annotate(ctx context.Context, id string, ann map[string]stri
 	if _, err := os.Stat(a.dir(id)); err != nil {
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	}
-	return writeJSON(filepath.Join(a.dir(id), "annotations.json"), ann)
+	return jsonfile.Write(filepath.Join(a.dir(id), "annotations.json"), ann)
 }
 
 // Destroy stops the proxy, kills and deletes the container and removes its directory.
@@ -277,38 +277,15 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	var out []manager.UnitInfo
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		var u unitFile
-		if err := readJSON(filepath.Join(a.dir(id), "unit.json"), &u); err != nil {
+		if err := jsonfile.Read(filepath.Join(a.dir(id), "unit.json"), &u); err != nil {
 			u = unitFile{ID: id} // a container without its record: listed so it gets destroyed
 		}
 		info := a.info(id, u)
 		var ann map[string]string
-		if readJSON(filepath.Join(a.dir(id), "annotations.json"), &ann) == nil {
+		if jsonfile.Read(filepath.Join(a.dir(id), "annotations.json"), &ann) == nil {
 			info.Annotations = ann
 		}
 		out = append(out, info)
 	}
 	return out, nil
-}
-
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
-}
-
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
 }
