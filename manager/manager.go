@@ -355,10 +355,7 @@ func (m *Manager) adopt(ctx context.Context) error {
 				m.log.Error("destroying leftover unit", "id", info.ID, "err", err)
 				m.failure("destroy")
 			} else {
-				m.totals.destructions.Add(1)
-				if m.m != nil {
-					m.m.Destructions.Inc()
-				}
+				m.destroyed()
 			}
 		}()
 	}
@@ -641,13 +638,18 @@ func (m *Manager) finishDestroy(ctx context.Context, id string) error {
 		m.log.Error("destroying unit", "id", id, "err", err)
 	} else {
 		m.ops.Transition(id, Destroying, Gone, nil)
-		m.totals.destructions.Add(1)
-		if m.m != nil {
-			m.m.Destructions.Inc()
-		}
+		m.destroyed()
 	}
 	m.publishCounts()
 	return err
+}
+
+// destroyed counts a destruction.
+func (m *Manager) destroyed() {
+	m.totals.destructions.Add(1)
+	if m.m != nil {
+		m.m.Destructions.Inc()
+	}
 }
 
 func (m *Manager) failure(stage string) {

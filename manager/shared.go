@@ -116,10 +116,7 @@ func (m *Manager) destroyShared(ctx context.Context, id string) {
 		return
 	}
 	m.ops.Transition(id, Destroying, Gone, nil)
-	m.totals.destructions.Add(1)
-	if m.m != nil {
-		m.m.Destructions.Inc()
-	}
+	m.destroyed()
 }
 
 // reconcileShared is the leader's pass over the shared pool: expire leases (read from the
@@ -217,14 +214,6 @@ func (m *Manager) sharedList() []Unit {
 		}
 		out = append(out, u)
 	}
-	slices.SortFunc(out, func(a, b Unit) int {
-		switch {
-		case a.Info.ID < b.Info.ID:
-			return -1
-		case a.Info.ID > b.Info.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, byID)
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -289,14 +290,9 @@ func (s *StateOperator) Snapshot() []Unit {
 	for _, u := range s.units {
 		out = append(out, u.copy())
 	}
-	slices.SortFunc(out, func(a, b Unit) int {
-		switch {
-		case a.Info.ID < b.Info.ID:
-			return -1
-		case a.Info.ID > b.Info.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, byID)
 	return out
 }
+
+// byID orders units by id.
+func byID(a, b Unit) int { return strings.Compare(a.Info.ID, b.Info.ID) }
