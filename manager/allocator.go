@@ -88,6 +88,9 @@ type SharedPool interface {
 	Claim(ctx context.Context, template string) (UnitInfo, error)
 	// Counts returns the ready and creating units of template as the allocator sees them.
 	Counts(template string) (ready, creating int)
-	// Lookup returns unit id. ErrUnitNotFound if there is no such unit.
+	// Lookup returns unit id as it is now: it reflects every write any replica had acknowledged
+	// before the call (a read from the store of record, not a cache that may lag), because a
+	// lease bound through one replica may be renewed through another a moment later.
+	// ErrUnitNotFound if there is no such unit.
 	Lookup(ctx context.Context, id string) (UnitInfo, error)
 }

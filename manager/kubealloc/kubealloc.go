@@ -402,14 +402,22 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	return out, nil
 }
 
-// Lookup returns sandbox pod id from the informer's cache (no API request).
-// manager.ErrUnitNotFound when there is no such pod or it is being deleted.
+// Lookup returns sandbox pod id read from the API server (one GET: the informer's cache may
+// not yet hold a lease another replica bound a moment ago). manager.ErrUnitNotFound when there
+// is no such sandbox pod or it is being deleted.
 func (a *Allocator) Lookup(ctx context.Context, id string) (manager.UnitInfo, error) {
 	if err := a.ready(); err != nil {
 		return manager.UnitInfo{}, err
 	}
-	p, err := a.pods.Pods(a.o.Namespace).Get(id)
-	if err != nil || p.DeletionTimestamp != nil {
+	// A live read, not the informer's cache: the lease may have been written by another
+	// replica a moment ago and this replica's watch may not have delivered it yet.
+	p, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	case err != nil:
+		return manager.UnitInfo{}, fmt.Errorf("reading pod %s: %w", id, err)
+	case p.DeletionTimestamp != nil || p.Labels[LabelApp] != AppName:
 		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	}
 	return a.unitInfo(p)
