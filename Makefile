@@ -9,8 +9,9 @@ RUNSC_DIR     := $(FUSEBOX_CACHE)/runsc-$(RUNSC_VERSION)
 RUNSC         ?= $(RUNSC_DIR)/runsc
 export FUSEBOX_RUNSC := $(RUNSC)
 
-# The Kubernetes test control plane (etcd, kube-apiserver, kubectl, kwok), built from the Go
-# module proxy by hack/k8s/build-bins.sh into a versioned cache outside the repo.
+# The Kubernetes test control plane (etcd, kube-apiserver, kube-controller-manager, kubectl,
+# kwok), built from the Go module proxy by hack/k8s/build-bins.sh into a versioned cache
+# outside the repo.
 K8S_VERSION ?= v1.37.2
 K8S_BIN     ?= $(FUSEBOX_CACHE)/k8s-$(K8S_VERSION)
 # The Pulumi CLI and Kubernetes provider, built from the Go module proxy by
@@ -59,8 +60,9 @@ test: deps runsc verify k8s-bins tools ## Verify, then run every test, gVisor an
 	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-kube
 
-k8s-bins: ## Build etcd, kube-apiserver, kubectl and kwok into the cache when absent (about 30 CPU-min cold)
-	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
+k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent (about 35 CPU-min cold)
+	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \
+		[ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
 		echo "kubernetes test binaries present in $(K8S_BIN)"; \
 	else ./hack/k8s/build-bins.sh $(K8S_BIN); fi
 

@@ -1,8 +1,10 @@
 // Package kubetest runs a real Kubernetes control plane for integration tests: etcd,
 // kube-apiserver (loopback, free ports, RBAC, --endpoint-reconciler-type=none, no
-// ServiceAccount admission) and kwok with one fake node, started by hack/k8s/control-plane.sh
-// in a temporary directory, with the CRDs in crds/ installed and Established and a
-// RuntimeClass gvisor (handler runsc).
+// ServiceAccount admission), kube-controller-manager with only the namespace and
+// garbage-collector controllers (so deleted namespaces finish terminating and owned objects
+// follow their owners) and kwok with one fake node, started by control-plane.sh in a
+// temporary directory, with the CRDs in crds/ installed and Established and a RuntimeClass
+// gvisor (handler runsc).
 //
 // Binaries come from $FUSEBOX_K8S_BIN or /var/cache/fusebox/k8s-v1.37.2 (make k8s-bins).
 // With FUSEBOX_SKIP_KUBE=1 and no binaries, Main skips the package's tests.
@@ -104,11 +106,11 @@ func Main(m *testing.M, env **Env) int {
 	return code
 }
 
-// Start starts etcd, kube-apiserver and kwok, labels and taints the fake node, installs the
-// CRDs and waits until they are Established.
+// Start starts etcd, kube-apiserver, kube-controller-manager and kwok, labels and taints the
+// fake node, installs the CRDs and waits until they are Established.
 func Start(ctx context.Context) (_ *Env, err error) {
 	bin := BinDir()
-	for _, b := range []string{"etcd", "kube-apiserver", "kwok", "kwok-stages.yaml"} {
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "kwok-stages.yaml"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			return nil, fmt.Errorf("%w (%s: %v)", ErrNoBinaries, bin, err)
 		}
@@ -130,8 +132,13 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
+	kcmPort, err := freePort(1)
+	if err != nil {
+		return nil, err
+	}
 	e := &Env{Dir: dir, script: script, env: append(os.Environ(),
-		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort), "KWOK=1", "SCHEDULER=0")}
+		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
+		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0")}
 	defer func() {
 		if err != nil {
 			e.Stop()
@@ -169,7 +176,7 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	return e, nil
 }
 
-// Stop stops kwok and kube-apiserver, then etcd, and removes Dir (kept if KUBETEST_KEEP=1).
+// Stop stops kwok, kube-controller-manager and kube-apiserver, then etcd, and removes Dir (kept if KUBETEST_KEEP=1).
 func (e *Env) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -291,8 +298,8 @@ func (e *Env) installCRDs(ctx context.Context) error {
 	return nil
 }
 
-// Namespace creates a namespace with a unique name for t. Namespaces are not deleted (no
-// namespace controller runs); the whole control plane goes at the end.
+// Namespace creates a namespace with a unique name for t. Namespaces are not deleted; the
+// whole control plane goes at the end.
 func (e *Env) Namespace(t testing.TB) string {
 	t.Helper()
 	name := "t-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
