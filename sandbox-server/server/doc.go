@@ -3,10 +3,11 @@
 // initialisation.
 //
 // The life of a server:
-//  1. Serve starts the Init service on the init listener. The data listener does not exist
-//     yet: before initialisation there is nothing to connect to.
-//  2. The first valid InitializeTLS generates the sandbox's keypair, pins the agent's key,
-//     binds the data listener and starts the data plane, and returns the sandbox's public key.
+//  1. Serve starts the Init service on the init listener. The data listener is bound already
+//     (binding a host socket from gVisor is a round trip to the host, kept off the allocation
+//     path) but shut: every connection to it is closed unserved, before a byte is exchanged.
+//  2. The first valid InitializeTLS pins the agent's key, opens the data listener and starts
+//     the data plane, and returns the sandbox's public key (made when the server started).
 //     A malformed request is refused and changes nothing.
 //  3. Once that response is written, the init server is stopped and its listener closed; no
 //     code path starts it again ("the fuse blows").

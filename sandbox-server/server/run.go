@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
@@ -16,7 +15,7 @@ type Config struct {
 	InitAddr, DataAddr string // unix:///path or tcp://host:port
 	WorkspaceDir       string
 	Workspace          workspace.Options // Dir and MountPath default to WorkspaceDir
-	Server             Options           // Workspace, Reaper, DataListen and WorkspaceDir are filled in
+	Server             Options           // Workspace, Reaper and WorkspaceDir are filled in
 }
 
 // Run starts a sandbox server from cfg and serves until ctx ends, the idle TTL passes without
@@ -58,7 +57,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	opts := cfg.Server
 	opts.Workspace, opts.Reaper, opts.WorkspaceDir, opts.Logger = ws, reaper, cfg.WorkspaceDir, log
-	opts.DataListen = func() (net.Listener, error) { return endpoint.Listen(dataAddr) }
 	srv, err := New(opts)
 	if err != nil {
 		return err
@@ -68,11 +66,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := srv.WarmUp(ctx); err != nil {
 		return fmt.Errorf("data-plane self-test: %w", err)
 	}
+	// The data socket is bound first (binding one is a round trip to the host under gVisor,
+	// kept off the allocation path) and serves nothing until the fuse blows.
+	dataLn, err := endpoint.Listen(dataAddr)
+	if err != nil {
+		return fmt.Errorf("binding data listener: %w", err)
+	}
 	initLn, err := endpoint.Listen(initAddr)
 	if err != nil {
+		dataLn.Close()
 		return err
 	}
 	log.Info("sandbox server waiting for InitializeTLS", "init", initAddr.String(), "data", dataAddr.String(),
 		"workspace", cfg.WorkspaceDir, "idle_ttl", opts.IdleTTL)
-	return srv.Serve(ctx, initLn)
+	return srv.Serve(ctx, initLn, dataLn)
 }

@@ -39,15 +39,13 @@ type Limits struct {
 	MaxMessageBytes int
 }
 
-// Options configure a Server. Workspace, Reaper, DataListen and IdleTTL are required.
+// Options configure a Server. Workspace, Reaper and IdleTTL are required.
 type Options struct {
 	Workspace *workspace.Workspace
 	// WorkspaceDir is the workspace's absolute path as commands see it: their first working
 	// directory.
 	WorkspaceDir string
 	Reaper       *procs.Reaper
-	// DataListen binds the data listener; it is called once, during initialisation.
-	DataListen func() (net.Listener, error)
 	// IdleTTL is how long the server waits for InitializeTLS before giving up.
 	IdleTTL time.Duration
 	// BaseEnv is the environment of the first task group.
@@ -68,6 +66,8 @@ type Server struct {
 	cert tls.Certificate
 	pub  []byte
 
+	dataLn *gate // set by Serve before the init listener is served
+
 	mu      sync.Mutex // guards blown and data
 	blown   bool
 	data    *grpc.Server
@@ -82,8 +82,6 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("server: a workspace is required")
 	case opts.Reaper == nil:
 		return nil, errors.New("server: a reaper is required")
-	case opts.DataListen == nil:
-		return nil, errors.New("server: a data listener is required")
 	case opts.IdleTTL <= 0:
 		return nil, errors.New("server: an idle TTL is required (a sandbox nobody initialises must exit)")
 	case opts.WorkspaceDir == "":
@@ -126,9 +124,14 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Serve serves Init on initLn until the fuse blows, then the data plane until ctx ends. It
-// returns ErrIdleTimeout if nobody initialises the sandbox in time.
-func (s *Server) Serve(ctx context.Context, initLn net.Listener) error {
+// Serve serves Init on initLn until the fuse blows, then the data plane on dataLn until ctx
+// ends. dataLn is bound by the caller before the init listener, so that a sandbox whose init
+// socket exists has its data socket too, but it serves nothing before initialisation: until
+// the fuse blows every connection to it is closed unserved (see gate). Serve closes both
+// listeners. It returns ErrIdleTimeout if nobody initialises the sandbox in time.
+func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
+	s.dataLn = newGate(dataLn)
+	defer s.dataLn.Close() // the data server's Stop closes it too; Close is idempotent
 	initSrv := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
 	sandboxv1.RegisterInitServer(initSrv, &initService{s: s})
 	initErr := make(chan error, 1)
@@ -172,8 +175,8 @@ func (s *Server) Serve(ctx context.Context, initLn net.Listener) error {
 	}
 }
 
-// initialize performs the one initialisation: it pins agentKey, binds the data listener and
-// starts the data plane. It returns the sandbox's public key.
+// initialize performs the one initialisation: it pins agentKey, opens the data listener's
+// gate and starts the data plane. It returns the sandbox's public key.
 func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	agentKey, err := tlspin.ParsePublicKey(agentDER)
 	if err != nil {
@@ -184,10 +187,11 @@ func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	if s.blown {
 		return nil, errAlreadyInitialised
 	}
-	data, ln, err := s.newDataServer(s.cert, agentKey, s.opts.DataListen)
+	data, ln, err := s.newDataServer(s.cert, agentKey, func() (net.Listener, error) { return s.dataLn, nil })
 	if err != nil {
 		return nil, err // the fuse stays intact: the manager may try again
 	}
+	s.dataLn.Open()
 	s.blown, s.data = true, data
 	go func() { s.dataErr <- data.Serve(ln) }()
 	close(s.blownCh)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -80,8 +81,11 @@ func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string,
 	sock := t.TempDir()
 	data := endpoint.Addr{Network: "unix", Address: filepath.Join(sock, "data.sock")}
 	srv, err := New(Options{Workspace: ws, WorkspaceDir: dir, Reaper: r, IdleTTL: ttl,
-		BaseEnv:    map[string]string{"PATH": os.Getenv("PATH")},
-		DataListen: func() (net.Listener, error) { return endpoint.Listen(data) }})
+		BaseEnv: map[string]string{"PATH": os.Getenv("PATH")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataLn, err := endpoint.Listen(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +96,7 @@ func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string,
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var serveErr error
-	go func() { serveErr = srv.Serve(ctx, initLn); close(done) }()
+	go func() { serveErr = srv.Serve(ctx, initLn, dataLn); close(done) }()
 	wait = func() error {
 		select {
 		case <-done:
@@ -114,12 +118,11 @@ func TestFuseBlowsOnce(t *testing.T) {
 	initAddr, dataAddr, _ := startInProcess(t, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := os.Stat(dataAddr[len("unix://"):]); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("data socket exists before init: %v", err)
-	}
+	servesNothing(t, dataAddr[len("unix://"):])
 	if _, err := sfuse.Initialize(ctx, initAddr, []byte("garbage")); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
 		t.Fatalf("malformed init: %v, want InvalidArgument", err)
 	}
+	servesNothing(t, dataAddr[len("unix://"):]) // a malformed init leaves the gate shut
 	key, _ := client.NewKey()
 	pub, err := sfuse.Initialize(ctx, initAddr, key.PublicKey())
 	if err != nil {
@@ -156,5 +159,22 @@ func TestIdleTTL(t *testing.T) {
 	_, _, wait := startInProcess(t, 50*time.Millisecond)
 	if err := wait(); !errors.Is(err, ErrIdleTimeout) {
 		t.Fatalf("Serve = %v, want ErrIdleTimeout", err)
+	}
+}
+
+// servesNothing checks that the data socket at path, bound before initialisation, closes a
+// connection without reading a request or writing a byte.
+func servesNothing(t *testing.T, path string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dialing the pre-bound data socket: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
+	n, err := c.Read(make([]byte, 64))
+	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
 	}
 }

@@ -8,12 +8,14 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -105,9 +107,7 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := sfuse.Initialize(ctx, sb.InitAddr, tc.key)
 			wantCode(t, "InitializeTLS with a malformed key", err, codes.InvalidArgument)
-			if _, err := os.Stat(socketPath(sb.DataAddr)); !errors.Is(err, fs.ErrNotExist) {
-				t.Errorf("data socket after a refused init: stat = %v, want it not to exist", err)
-			}
+			servesNothing(t, socketPath(sb.DataAddr)) // the gate stays shut
 		})
 	}
 
@@ -209,20 +209,33 @@ func TestInitializeTLSConcurrentExactlyOneWins(t *testing.T) {
 
 func TestDataSocketServesNothingBeforeInit(t *testing.T) {
 	sb := sandboxtest.Start(t, sandboxtest.Options{})
-	data := socketPath(sb.DataAddr)
-	if _, err := os.Lstat(data); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("data socket before init: lstat = %v, want it not to exist", err)
+	// The data socket is bound before the sandbox joins the pool (binding costs a round trip
+	// to the host under gVisor), but until the fuse blows every connection is closed unserved:
+	// no TLS handshake, no byte back.
+	for range 3 {
+		servesNothing(t, socketPath(sb.DataAddr))
 	}
-	if c, err := net.Dial("unix", data); err == nil {
-		c.Close()
-		t.Fatal("connected to the data socket before init")
-	}
-	// The init socket, by contrast, is there (the control for the check above).
-	c, err := net.Dial("unix", socketPath(sb.InitAddr))
+	// A client with a key is refused too, and after that the sandbox still initialises.
+	key, _ := client.NewKey()
+	other, _ := client.NewKey()
+	early, err := client.Dial(sb.DataAddr, other.PublicKey(), key)
 	if err != nil {
-		t.Fatalf("init socket before init: %v", err)
+		t.Fatal(err)
 	}
-	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := early.Stat(ctx, ".", false); err == nil {
+		t.Fatal("a data-plane call before init succeeded")
+	}
+	early.Close()
+	pub, err := sfuse.Initialize(ctx, sb.InitAddr, key.PublicKey())
+	if err != nil {
+		t.Fatalf("init after refused early connections: %v", err)
+	}
+	good := dial(t, sb.DataAddr, pub, key)
+	if _, err := good.Stat(ctx, ".", false); err != nil {
+		t.Fatalf("data plane after init: %v", err)
+	}
 }
 
 // waitSocketGone waits until the socket file at p is removed. The server closes the init
@@ -295,4 +308,21 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 	// And it can no longer be initialised.
 	_, err = sfuse.Initialize(ctx, sb.InitAddr, newKey(t).PublicKey())
 	wantCode(t, "InitializeTLS after the idle TTL", err, codes.Unavailable)
+}
+
+// servesNothing checks that the data socket at path, bound before initialisation, closes a
+// connection without reading a request or writing a byte.
+func servesNothing(t *testing.T, path string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dialing the pre-bound data socket: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
+	n, err := c.Read(make([]byte, 64))
+	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
+	}
 }
