@@ -82,6 +82,9 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 				for _, k := range slices.Sorted(maps.Keys(res.Changes)) {
 					parts = append(parts, fmt.Sprintf("%s %d", k, res.Changes[k]))
 				}
+				if len(parts) == 0 {
+					parts = []string{"no changes"} // e.g. destroy of a stack that holds nothing
+				}
 				fmt.Printf("\nsummary: %s\n", strings.Join(parts, ", "))
 				if len(res.Outputs) > 0 {
 					fmt.Println("outputs:")

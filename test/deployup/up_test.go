@@ -1,22 +1,32 @@
 // Package deployup runs `fusebox up` (infra.Program through the Automation API) for the local
-// stack against a real kube-apiserver, then checks what the API server holds and that it
-// enforces the sandbox admission policy itself.
+// stack against a real kube-apiserver, checks what the API server holds and that it enforces
+// the sandbox admission policy itself, then runs `fusebox destroy` and checks that nothing is
+// left behind. It also creates every stack's objects, as the Pulumi mocks record them, in the
+// API server with server-side dry run, so that the server validates each against its schema.
 package deployup
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
+	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 )
@@ -43,8 +53,8 @@ func TestUpLocalStack(t *testing.T) {
 	// The harness made a gvisor RuntimeClass for the allocator tests; the program makes its own.
 	env.Client.NodeV1().RuntimeClasses().Delete(ctx, "gvisor", metav1.DeleteOptions{})
 
-	// The local stack, with skipAwait: this control plane runs no controllers, so the
-	// manager's Deployment never gets pods.
+	// The local stack, with skipAwait: this control plane runs no deployment controller or
+	// scheduler, so the manager's Deployment never gets pods.
 	repo := t.TempDir()
 	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
 	os.MkdirAll(filepath.Join(repo, "stacks"), 0o755)
@@ -60,10 +70,14 @@ func TestUpLocalStack(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(repo, "stacks", "Pulumi.local.yaml"), []byte(stack), 0o644)
 
+	// Everything the API server holds before up, to compare with what is left after destroy.
+	before := snapshot(ctx, t)
+
 	var progress strings.Builder
-	res, err := deploy.Run(ctx, deploy.Up, deploy.Options{Stack: "local", RepoDir: repo, Tools: tools,
+	opts := deploy.Options{Stack: "local", RepoDir: repo, Tools: tools,
 		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": filepath.Join(env.Dir, "kubeconfig")},
-		Progress: &progress})
+		Progress: &progress}
+	res, err := deploy.Run(ctx, deploy.Up, opts)
 	if err != nil {
 		t.Fatalf("up: %v\n%s", err, progress.String())
 	}
@@ -119,5 +133,134 @@ func TestUpLocalStack(t *testing.T) {
 	}
 	if _, err := env.Client.CoreV1().Pods(sandboxNS).Create(ctx, pod(ptr.To("gvisor")), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatalf("a compliant gVisor pod was refused: %v", err)
+	}
+	// So is the sandbox pod template the manager reads from its ConfigMap.
+	cm, err := env.Client.CoreV1().ConfigMaps(managerNS).Get(ctx, manager.TemplateCMName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("sandbox template ConfigMap: %v", err)
+	}
+	tmpl := &corev1.Pod{}
+	if err := yaml.UnmarshalStrict([]byte(cm.Data[manager.SandboxTemplateKey]), tmpl); err != nil {
+		t.Fatalf("sandbox template: %v", err)
+	}
+	tmpl.GenerateName = "template-"
+	if _, err := env.Client.CoreV1().Pods(sandboxNS).Create(ctx, tmpl, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"}); err != nil {
+		t.Fatalf("the manager's sandbox pod template was refused in %s: %v", sandboxNS, err)
+	}
+
+	created := diff(snapshot(ctx, t), before)
+	for _, want := range []string{"namespaces//" + sandboxNS, "namespaces//" + managerNS, "runtimeclasses.node.k8s.io//gvisor",
+		"deployments.apps/" + managerNS + "/fusebox-manager"} {
+		if !slices.Contains(created, want) {
+			t.Fatalf("up created %v, not %s", created, want)
+		}
+	}
+
+	// destroy removes everything up made: the namespaces finish terminating (the control
+	// plane runs the namespace controller), and nothing else the program created is left.
+	progress.Reset()
+	res, err = deploy.Run(ctx, deploy.Destroy, opts)
+	if err != nil {
+		t.Fatalf("destroy: %v\n%s", err, progress.String())
+	}
+	if res.Changes["delete"] < len(created) {
+		t.Errorf("destroy deleted %v; up created %d objects", res.Changes, len(created))
+	}
+	for _, ns := range []string{sandboxNS, managerNS} {
+		// destroy waits for a Namespace to be gone, so this deadline is only a backstop.
+		waitGone(t, 30*time.Second, "namespace "+ns, func() error {
+			_, err := env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return err
+		})
+	}
+	if _, err := env.Client.NodeV1().RuntimeClasses().Get(ctx, "gvisor", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("RuntimeClass gvisor after destroy: %v", err)
+	}
+	vaps, err := env.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
+	if err != nil || len(vaps.Items) != 0 {
+		t.Errorf("ValidatingAdmissionPolicies after destroy: %v %v", err, vaps.Items)
+	}
+	bindings, err := env.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil || len(bindings.Items) != 0 {
+		t.Errorf("ValidatingAdmissionPolicyBindings after destroy: %v %v", err, bindings.Items)
+	}
+	if pols, err := env.Dynamic.Resource(cnp).List(ctx, metav1.ListOptions{}); err != nil || len(pols.Items) != 0 {
+		t.Errorf("CiliumNetworkPolicies after destroy: %v %v", err, pols)
+	}
+	if left := diff(snapshot(ctx, t), before); len(left) > 0 {
+		t.Errorf("destroy left behind %d objects:\n%s", len(left), strings.Join(left, "\n"))
+	}
+}
+
+// snapshot names every object the API server holds, as "resource.group/namespace/name", for
+// every listable resource in its preferred version; events are left out (the control plane
+// writes them on its own).
+func snapshot(ctx context.Context, t *testing.T) map[string]bool {
+	t.Helper()
+	// Listing every resource warns about the deprecated ones (Endpoints, ComponentStatus).
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = rest.NoWarnings{}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists, err := dc.ServerPreferredResources()
+	if err != nil {
+		t.Fatalf("discovery: %v", err)
+	}
+	out := map[string]bool{}
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range l.APIResources {
+			if strings.Contains(r.Name, "/") || !slices.Contains(r.Verbs, "list") || r.Name == "events" {
+				continue
+			}
+			gvr := gv.WithResource(r.Name)
+			items, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatalf("listing %s: %v", gvr, err)
+			}
+			key := gvr.GroupResource().String()
+			for _, it := range items.Items {
+				out[fmt.Sprintf("%s/%s/%s", key, it.GetNamespace(), it.GetName())] = true
+			}
+		}
+	}
+	return out
+}
+
+// diff returns the keys of a that b lacks, sorted.
+func diff(a, b map[string]bool) []string {
+	var out []string
+	for k := range a {
+		if !b[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// waitGone polls get until it reports NotFound, failing the test after timeout.
+func waitGone(t *testing.T, timeout time.Duration, what string, get func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := get()
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s still exists %s after destroy (last get: %v)", what, timeout, err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -106,8 +106,8 @@ func Main(m *testing.M, env **Env) int {
 	return code
 }
 
-// Start starts etcd, kube-apiserver, kube-controller-manager and kwok, labels and taints the
-// fake node, installs the CRDs and waits until they are Established.
+// Start starts etcd, kube-apiserver and kwok, labels and taints the fake node, installs the
+// CRDs, waits until they are Established and starts kube-controller-manager.
 func Start(ctx context.Context) (_ *Env, err error) {
 	bin := BinDir()
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "kwok-stages.yaml"} {
@@ -138,7 +138,7 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	}
 	e := &Env{Dir: dir, script: script, env: append(os.Environ(),
 		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
-		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0")}
+		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0", "KCM=0")}
 	defer func() {
 		if err != nil {
 			e.Stop()
@@ -167,6 +167,11 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	}
 	if err := e.installCRDs(ctx); err != nil {
 		return nil, err
+	}
+	// Only now: the garbage collector discovers resource types at start and then every 30s,
+	// and a custom resource deleted in the foreground waits for it.
+	if out, err := e.run(ctx, "start-kcm"); err != nil {
+		return nil, fmt.Errorf("starting kube-controller-manager: %w\n%s", err, out)
 	}
 	// The gVisor RuntimeClass a sandbox cluster has (kwok ignores the handler).
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}
