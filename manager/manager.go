@@ -51,6 +51,14 @@ type Options struct {
 	CreateConcurrency int
 	// ReconcileInterval is the reconciler's period (it also runs after every allocation).
 	ReconcileInterval time.Duration
+	// RefillDelay is how long the pool may stay below its target, while it still holds a
+	// ready unit, before creations start. A creation is CPU-heavy (a runsc create is some
+	// 100 ms of work); started at once it competes with the allocation that emptied the slot
+	// and with that agent's TLS handshake and first calls. The wait is measured from when the
+	// deficit began, so steady demand cannot postpone a refill further, and an empty pool
+	// never waits. Real (monotonic) time, not Clock: it is about CPU contention, not leases.
+	// 0 means the default, 30 ms; negative means no delay.
+	RefillDelay time.Duration
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
 	ClaimGrace time.Duration
@@ -72,22 +80,26 @@ type Manager struct {
 	log    *slog.Logger
 	m      *Metrics
 
-	wake        chan struct{} // nudges the reconciler
-	backoffMu   sync.Mutex    // guards failStreak, holdUntil
-	failStreak  int           // consecutive failed creations
-	holdUntil   time.Time     // no new creations before this (backoff after failures)
-	allocs      atomic.Int64  // allocations since the last observation
-	creating    atomic.Int32  // creations in flight
-	target      atomic.Int32
-	totals      struct{ allocations, creations, destructions, failures atomic.Uint64 }
-	latMu       sync.Mutex // guards latencies
-	latencies   []time.Duration
-	demandMu    sync.Mutex  // guards demand
-	demand      []time.Time // allocation times in the last minute
-	bg          sync.WaitGroup
-	cancelLoops context.CancelFunc
-	life        context.Context // ends at Close: creations run under it, not under a request
-	expiring    idSet           // shared pool: expiries in progress
+	wake chan struct{} // nudges the reconciler
+
+	refillMu     sync.Mutex   // guards deficitSince and refillTimer
+	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
+	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
+	backoffMu    sync.Mutex   // guards failStreak, holdUntil
+	failStreak   int          // consecutive failed creations
+	holdUntil    time.Time    // no new creations before this (backoff after failures)
+	allocs       atomic.Int64 // allocations since the last observation
+	creating     atomic.Int32 // creations in flight
+	target       atomic.Int32
+	totals       struct{ allocations, creations, destructions, failures atomic.Uint64 }
+	latMu        sync.Mutex // guards latencies
+	latencies    []time.Duration
+	demandMu     sync.Mutex  // guards demand
+	demand       []time.Time // allocation times in the last minute
+	bg           sync.WaitGroup
+	cancelLoops  context.CancelFunc
+	life         context.Context // ends at Close: creations run under it, not under a request
+	expiring     idSet           // shared pool: expiries in progress
 }
 
 // idSet is a set of ids safe for concurrent use.
@@ -153,6 +165,9 @@ func New(o Options) (*Manager, error) {
 	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = 200 * time.Millisecond
+	}
+	if o.RefillDelay == 0 {
+		o.RefillDelay = 30 * time.Millisecond
 	}
 	if o.NewID == nil {
 		o.NewID = randomID
@@ -803,7 +818,13 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	if deficit := target - c[Ready] - creating; deficit > 0 && !m.heldBack() {
+	deficit := target - c[Ready] - creating
+	if deficit <= 0 {
+		m.refillMu.Lock()
+		m.deficitSince = time.Time{}
+		m.refillMu.Unlock()
+	}
+	if deficit > 0 && !m.heldBack() && m.refillDue(c[Ready]) {
 		n := min(deficit, m.o.CreateConcurrency-creating)
 		for range n {
 			m.creating.Add(1)
@@ -813,12 +834,40 @@ func (m *Manager) Reconcile(ctx context.Context) {
 				m.create(ctx, m.o.PoolTemplate)
 			}()
 		}
+	} else if deficit > 0 {
+		// Waiting out the refill delay (or backing off after failures).
 	} else if surplus := c[Ready] - target; surplus > 0 {
 		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.destroy(context.WithoutCancel(ctx), id, Ready) }()
 		}
 	}
+}
+
+// refillDue reports whether creations may start now for a pool below its target that holds
+// ready units; otherwise it schedules a reconcile for when they may (see RefillDelay).
+func (m *Manager) refillDue(ready int) bool {
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	now := time.Now()
+	if m.deficitSince.IsZero() {
+		m.deficitSince = now
+	}
+	wait := m.o.RefillDelay - now.Sub(m.deficitSince)
+	if ready == 0 || wait <= 0 {
+		m.deficitSince = time.Time{}
+		return true
+	}
+	if !m.refillTimer {
+		m.refillTimer = true
+		time.AfterFunc(wait, func() {
+			m.refillMu.Lock()
+			m.refillTimer = false
+			m.refillMu.Unlock()
+			m.nudge()
+		})
+	}
+	return false
 }
 
 func (m *Manager) publishCounts() {

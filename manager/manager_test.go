@@ -426,3 +426,36 @@ func TestCountsMatchUnits(t *testing.T) {
 		return true
 	})
 }
+
+// TestRefillWaitsWhileThePoolHoldsReadyUnits: an allocation that leaves ready units behind
+// does not start a creation until the refill delay has passed; one that empties the pool
+// starts one at once.
+func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
+	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = time.Hour })
+	e.start(t)
+	eventually(t, "pool of 2", func() bool { return e.ready() == 2 })
+	ctx := context.Background()
+	created := func() int { return len(e.alloc.Units()) }
+	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // the reconciler runs every 10 ms
+		e.m.Reconcile(ctx)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := created(); n != 2 {
+		t.Fatalf("%d units after one allocation from a pool of 2, want 2 (the refill should wait)", n)
+	}
+	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "an empty pool refilled at once", func() bool { return e.ready() == 2 })
+
+	e2 := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = 50 * time.Millisecond })
+	e2.start(t)
+	eventually(t, "pool of 2", func() bool { return e2.ready() == 2 })
+	if _, err := e2.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e2.key}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "refilled after the delay", func() bool { return e2.ready() == 2 })
+}
