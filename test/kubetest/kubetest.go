@@ -266,6 +266,14 @@ func (e *Env) installCRDs(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The vendored Cilium CRDs use the "idn-hostname" format, which the API server does not
+	// know and warns about on every install.
+	cfg := rest.CopyConfig(e.Config)
+	cfg.WarningHandler = rest.NoWarnings{}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
 	var names []string
 	for _, f := range files {
 		b, err := crds.ReadFile(f)
@@ -276,7 +284,7 @@ func (e *Env) installCRDs(ctx context.Context) error {
 		if err := yaml.Unmarshal(b, &u.Object); err != nil {
 			return fmt.Errorf("parsing %s: %w", f, err)
 		}
-		if _, err := e.Dynamic.Resource(crdGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		if _, err := dyn.Resource(crdGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("creating CRD from %s: %w", f, err)
 		}
 		names = append(names, u.GetName())
