@@ -2,7 +2,9 @@ package client
 
 import (
 	"crypto"
+	"crypto/tls"
 	"fmt"
+	"sync"
 
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 )
@@ -11,6 +13,8 @@ import (
 type Key struct {
 	signer crypto.Signer
 	pub    []byte
+	// cert is the key's self-signed certificate, made on the first dial and reused.
+	cert func() (tls.Certificate, error)
 }
 
 // NewKey generates an ECDSA P-256 keypair.
@@ -28,7 +32,7 @@ func KeyFromSigner(s crypto.Signer) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent key: %w", err)
 	}
-	return &Key{signer: s, pub: pub}, nil
+	return &Key{signer: s, pub: pub, cert: sync.OnceValues(func() (tls.Certificate, error) { return tlspin.Certificate(s) })}, nil
 }
 
 // PublicKey returns the DER SubjectPublicKeyInfo to send with an allocation.

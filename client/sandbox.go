@@ -49,7 +49,11 @@ func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, 
 	if err != nil {
 		return nil, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
 	}
-	cfg, err := tlspin.ClientConfig(key.signer, pinned)
+	cert, err := key.cert()
+	if err != nil {
+		return nil, fmt.Errorf("dialing sandbox: %w", err)
+	}
+	cfg, err := tlspin.ClientConfigCert(cert, pinned)
 	if err != nil {
 		return nil, fmt.Errorf("dialing sandbox: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -84,6 +85,9 @@ func (c *Conns) Forget(initAddr string) {
 	}
 }
 
+// closeDelay is how long a prepared connection stays open after its InitializeTLS.
+const closeDelay = 500 * time.Millisecond
+
 // Initialize is Initialize over the prepared connection when there is one.
 func (c *Conns) Initialize(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error) {
 	c.mu.Lock()
@@ -93,6 +97,9 @@ func (c *Conns) Initialize(ctx context.Context, initAddr string, agentKey []byte
 	if conn == nil {
 		return Initialize(ctx, initAddr, agentKey)
 	}
-	defer conn.Close()
+	// Closed a little later, off the allocation path: the sandbox closes its end once the
+	// agent's first call is answered, and a close now would be work for the sandbox during
+	// the agent's handshake.
+	defer time.AfterFunc(closeDelay, func() { conn.Close() })
 	return initialize(ctx, conn, initAddr, agentKey)
 }

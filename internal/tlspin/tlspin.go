@@ -144,6 +144,12 @@ func ClientConfig(key crypto.Signer, pinnedServer crypto.PublicKey) (*tls.Config
 	if err != nil {
 		return nil, err
 	}
+	return ClientConfigCert(cert, pinnedServer)
+}
+
+// ClientConfigCert is ClientConfig with a certificate made earlier by Certificate (self-signing
+// one costs a signature and its check, worth keeping off every dial).
+func ClientConfigCert(cert tls.Certificate, pinnedServer crypto.PublicKey) (*tls.Config, error) {
 	if err := checkType(pinnedServer); err != nil {
 		return nil, err
 	}

@@ -9,8 +9,10 @@
 //  2. The first valid InitializeTLS pins the agent's key, opens the data listener and starts
 //     the data plane, and returns the sandbox's public key (made when the server started).
 //     A malformed request is refused and changes nothing.
-//  3. Once that response is written, the init server is stopped and its listener closed; no
-//     code path starts it again ("the fuse blows").
+//  3. From then on every InitializeTLS is refused ("the fuse blows"). Once the agent's first
+//     data-plane call has been answered (or 250 ms have passed), the init server is stopped
+//     and its listener closed, so that this work does not compete with the agent's
+//     handshake; no code path starts it again.
 //  4. If no InitializeTLS succeeds within the idle TTL, Serve returns ErrIdleTimeout and the
 //     process exits.
 package server

@@ -23,6 +23,10 @@ import (
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
+// initCloseDelay bounds how long the init listener outlives the fuse when the agent makes no
+// data-plane call (see Serve).
+const initCloseDelay = 250 * time.Millisecond
+
 // ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
 var ErrIdleTimeout = errors.New("not initialised within the idle TTL")
 
@@ -72,7 +76,10 @@ type Server struct {
 	blown   bool
 	data    *grpc.Server
 	blownCh chan struct{} // closed once the fuse has blown
-	dataErr chan error
+
+	firstCall     chan struct{} // closed when the first data-plane call has returned
+	firstCallOnce sync.Once
+	dataErr       chan error
 }
 
 // New checks opts and returns a Server.
@@ -104,11 +111,12 @@ func New(opts Options) (*Server, error) {
 		l.MaxMessageBytes = 8 << 20
 	}
 	s := &Server{
-		opts:    opts,
-		log:     opts.Logger,
-		state:   envstate.New(opts.BaseEnv, opts.WorkspaceDir),
-		blownCh: make(chan struct{}),
-		dataErr: make(chan error, 1),
+		opts:      opts,
+		log:       opts.Logger,
+		state:     envstate.New(opts.BaseEnv, opts.WorkspaceDir),
+		blownCh:   make(chan struct{}),
+		firstCall: make(chan struct{}),
+		dataErr:   make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
 	key, err := tlspin.GenerateKey()
@@ -159,8 +167,17 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 		return fmt.Errorf("serving init: %w", err)
 	case <-s.blownCh:
 	}
-	// GracefulStop lets the InitializeTLS response reach the manager, then closes the
-	// listener (and unlinks its socket) for good.
+	// The fuse has blown: initialize refuses every later call whatever the listener's state.
+	// Closing the listener (an unlink on the host, through the gofer) and the manager's
+	// connection is work for this sandbox's few cores, so it waits until the agent's first
+	// data-plane call has been answered (or a short while has passed) instead of competing
+	// with the agent's TLS handshake. GracefulStop lets the InitializeTLS response reach the
+	// manager, then closes the listener (and unlinks its socket) for good.
+	select {
+	case <-s.firstCall:
+	case <-time.After(initCloseDelay):
+	case <-ctx.Done():
+	}
 	initSrv.GracefulStop()
 	s.log.Info("sandbox initialised; init listener closed")
 
@@ -187,7 +204,8 @@ func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	if s.blown {
 		return nil, errAlreadyInitialised
 	}
-	data, ln, err := s.newDataServer(s.cert, agentKey, func() (net.Listener, error) { return s.dataLn, nil })
+	data, ln, err := s.newDataServer(s.cert, agentKey, func() (net.Listener, error) { return s.dataLn, nil },
+		func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
 	if err != nil {
 		return nil, err // the fuse stays intact: the manager may try again
 	}
@@ -198,7 +216,9 @@ func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	return s.pub, nil
 }
 
-func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, listen func() (net.Listener, error)) (*grpc.Server, net.Listener, error) {
+// newDataServer builds the data plane's gRPC server. onCall, if set, runs after every call
+// returns.
+func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, listen func() (net.Listener, error), onCall func()) (*grpc.Server, net.Listener, error) {
 	cfg, err := tlspin.ServerConfigCert(cert, agent)
 	if err != nil {
 		return nil, nil, fmt.Errorf("building TLS config: %w", err)
@@ -207,17 +227,29 @@ func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, lis
 	if err != nil {
 		return nil, nil, fmt.Errorf("binding data listener: %w", err)
 	}
-	srv := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(cfg)),
 		grpc.MaxRecvMsgSize(s.opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(s.opts.Limits.MaxMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// Large windows: a 3.5 MiB batch should not wait for flow-control round trips.
-		grpc.InitialWindowSize(8<<20),
-		grpc.InitialConnWindowSize(16<<20),
-		grpc.ReadBufferSize(32<<10),
-		grpc.WriteBufferSize(32<<10),
-	)
+		grpc.InitialWindowSize(8 << 20),
+		grpc.InitialConnWindowSize(16 << 20),
+		grpc.ReadBufferSize(32 << 10),
+		grpc.WriteBufferSize(32 << 10),
+	}
+	if onCall != nil {
+		opts = append(opts,
+			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				defer onCall()
+				return h(ctx, req)
+			}),
+			grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				defer onCall()
+				return h(srv, ss)
+			}))
+	}
+	srv := grpc.NewServer(opts...)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
 	return srv, bufferedListener{ln}, nil
 }

@@ -129,11 +129,10 @@ func TestFuseBlowsOnce(t *testing.T) {
 		t.Fatalf("init after a malformed one: %v", err)
 	}
 	other, _ := client.NewKey()
-	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); err == nil {
-		t.Fatal("second InitializeTLS succeeded")
-	}
-	if _, err := os.Stat(initAddr[len("unix://"):]); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("init socket still present after the fuse blew: %v", err)
+	// The init listener outlives the fuse until the agent's first call (so closing it does
+	// not compete with the agent's handshake), refusing everything meanwhile.
+	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
+		t.Fatalf("second InitializeTLS: %v, want FailedPrecondition", err)
 	}
 	sb, err := client.Dial(dataAddr, pub, key)
 	if err != nil {
@@ -143,6 +142,17 @@ func TestFuseBlowsOnce(t *testing.T) {
 	res, err := sb.Exec(ctx, client.Command{Script: "export A=1; echo hi"})
 	if err != nil || string(res.Stdout) != "hi\n" || !res.StateRecorded {
 		t.Fatalf("exec: %v %+v", err, res)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(initAddr[len("unix://"):]); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("init socket still present after the agent's first call")
+		}
+	}
+	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); err == nil {
+		t.Fatal("InitializeTLS after the init listener closed succeeded")
 	}
 	res, err = sb.Exec(ctx, client.Command{Script: `printf %s "$A"`})
 	if err != nil || string(res.Stdout) != "1" {

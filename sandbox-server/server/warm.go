@@ -41,7 +41,7 @@ func (s *Server) WarmUp(ctx context.Context) error {
 		return err
 	}
 	sock := filepath.Join(dir, "warm.sock")
-	srv, ln, err := s.newDataServer(cert, clientKey.Public(), func() (net.Listener, error) { return net.Listen("unix", sock) })
+	srv, ln, err := s.newDataServer(cert, clientKey.Public(), func() (net.Listener, error) { return net.Listen("unix", sock) }, nil)
 	if err != nil {
 		return err
 	}
