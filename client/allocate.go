@@ -65,6 +65,7 @@ func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allo
 			return nil, err
 		}
 	}
+	go key.cert() // the certificate Dial presents, made while the manager allocates
 	creds := o.ManagerCredentials
 	if creds == nil {
 		creds = insecure.NewCredentials()

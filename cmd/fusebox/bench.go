@@ -149,6 +149,7 @@ to the real API server, and the API requests each allocation makes.`,
 	f.IntVar(&o.Runs, "runs", 50, "warm allocations")
 	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
 	f.IntVar(&o.PoolSize, "pool-size", 4, "pool size for the refill measurement")
+	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
 	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
