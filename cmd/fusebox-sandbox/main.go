@@ -46,7 +46,7 @@ func main() {
 	}
 	lim := &cfg.Server.Limits
 	flag.StringVar(&cfg.InitAddr, "init-listen", "unix:///run/fusebox/init.sock", "init listener (unix:///path or tcp://host:port), served until InitializeTLS succeeds once")
-	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound only after initialisation")
+	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound at start and serving nothing until initialisation")
 	flag.StringVar(&cfg.WorkspaceDir, "workspace", "/workspace", "workspace root: every file operation stays inside it")
 	flag.Int64Var(&lim.MaxOutputBytes, "max-output-bytes", 16<<20, "stdout+stderr streamed per exec; the rest is discarded and flagged")
 	flag.Int64Var(&cfg.Workspace.MaxFileBytes, "max-file-bytes", 1<<30, "largest file written or read")
