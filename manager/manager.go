@@ -528,11 +528,6 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		}()
 		return Allocation{}, fmt.Errorf("%s %s: %w", stage, id, err)
 	}
-	if b, ok := m.alloc.(EgressBinder); ok {
-		if err := b.BindEgress(ctx, id, allow.Entries()); err != nil {
-			return fail("egress", err)
-		}
-	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return fail("init", err)
@@ -540,16 +535,26 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
 	lease := &Lease{TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
 		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
-	// The lease is persisted while sFuse runs: both must succeed before the agent hears of
-	// the unit, and a failure of either destroys it, so the order does not matter.
-	annotated := make(chan error, 1)
+	// The egress policy is bound and the lease persisted while sFuse runs: all three must
+	// succeed before the agent hears of the unit (nothing in it runs agent code before the
+	// agent connects, which it can only do after this returns), and a failure of any destroys
+	// it, so their order does not matter and each is an API write for the kube allocator.
+	egressed, annotated := make(chan error, 1), make(chan error, 1)
+	if b, ok := m.alloc.(EgressBinder); ok {
+		go func() { egressed <- b.BindEgress(ctx, id, allow.Entries()) }()
+	} else {
+		egressed <- nil
+	}
 	if a, ok := m.alloc.(Annotator); ok {
 		go func() { annotated <- a.Annotate(ctx, id, leaseAnnotations(lease)) }()
 	} else {
 		annotated <- nil
 	}
 	pub, err := m.o.Initializer(ctx, u.Info.InitAddr, req.AgentPublicKey)
-	aerr := <-annotated
+	eerr, aerr := <-egressed, <-annotated
+	if eerr != nil {
+		return fail("egress", eerr)
+	}
 	if err != nil {
 		return fail("init", err)
 	}
