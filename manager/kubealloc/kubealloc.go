@@ -9,6 +9,14 @@
 // failure), Claim 1 per attempt (a Conflict moves to the next candidate), BindEgress 1
 // (server-side apply), Annotate 1, Destroy 2.
 //
+// Transient API errors (timeouts, 429 with its Retry-After, 500, 503, refused or reset
+// connections) are retried with Backoff wherever repeating the call is safe, which is every
+// call here: reads, deletes, server-side apply, creates with a fixed name and updates guarded
+// by a resourceVersion. When a retried write meets AlreadyExists or Conflict, the object is
+// read back to see whether the lost attempt was this allocator's own (create nonce, claim
+// identity and time) before the error is believed. Other errors are returned at once, wrapped
+// with what was being done to which object.
+//
 // Several manager replicas share the pods. The pod's fusebox.dev/state label carries the
 // unit's state (ready -> claimed -> bound); Claim moves ready -> claimed with an Update that
 // carries the cached resourceVersion, so the API server lets exactly one replica win each
@@ -17,10 +25,12 @@ package kubealloc
 
 import (
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -90,13 +100,16 @@ type Options struct {
 	Endpoints EndpointResolver
 	// ReadyTimeout bounds Create's wait for a Ready pod (default 2 minutes).
 	ReadyTimeout time.Duration
-	Clock        manager.Clock
-	Logger       *slog.Logger
+	// Backoff bounds the retries of transient API errors (default DefaultBackoff).
+	Backoff Backoff
+	Clock   manager.Clock
+	Logger  *slog.Logger
 }
 
 // Allocator runs units as gVisor pods. Call Start before anything else.
 type Allocator struct {
 	o       Options
+	retry   retrier
 	factory informers.SharedInformerFactory
 	pods    listersv1.PodLister
 	index   cache.Indexer
@@ -162,7 +175,7 @@ func New(o Options) (*Allocator, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &Allocator{o: o, waiters: map[string]*waiter{}, written: map[string]string{}}
+	a := &Allocator{o: o, retry: newRetrier(o.Backoff), waiters: map[string]*waiter{}, written: map[string]string{}}
 	a.factory = informers.NewSharedInformerFactoryWithOptions(o.Client, 0,
 		informers.WithNamespace(o.Namespace),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -275,7 +288,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (manager.Un
 		ID: id, Namespace: a.o.Namespace, TemplateName: template, Template: t,
 		RuntimeClassName: a.o.RuntimeClassName, Pool: *a.o.Pool, NodeName: a.o.NodeName,
 	})
-	created, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
+	created, err := a.createPod(ctx, pod)
 	if err != nil {
 		return manager.UnitInfo{}, fmt.Errorf("%w: creating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
@@ -284,14 +297,53 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (manager.Un
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		uid := created.UID
-		if derr := a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(dctx, id, metav1.DeleteOptions{
-			Preconditions: &metav1.Preconditions{UID: &uid},
-		}); derr != nil && !apierrors.IsNotFound(derr) {
+		// The UID precondition makes the retried delete safe: it can only ever remove this
+		// pod, never a later one of the same name.
+		_, derr := a.retry.do(dctx, func(ctx context.Context) error {
+			return a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(ctx, id, metav1.DeleteOptions{
+				Preconditions: &metav1.Preconditions{UID: &uid},
+			})
+		})
+		if derr != nil && !apierrors.IsNotFound(derr) {
 			a.o.Logger.Warn("deleting a pod that did not become ready", "pod", id, "err", derr)
 		}
 		return manager.UnitInfo{}, fmt.Errorf("%w: sandbox pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
 	return info, nil
+}
+
+// createPod creates pod, retrying transient errors. The pod carries a random
+// AnnotationCreateNonce: when an attempt failed transiently and a later one finds the name
+// taken, the existing pod is read back and is ours (the lost attempt created it) only if it
+// carries the same nonce; otherwise AlreadyExists is returned and the pod is left alone.
+func (a *Allocator) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	nonce := crand.Text()
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[AnnotationCreateNonce] = nonce
+	pods := a.o.Client.CoreV1().Pods(a.o.Namespace)
+	var created *corev1.Pod
+	retried, err := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		created, err = pods.Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
+		return err
+	})
+	if err == nil || !retried || !apierrors.IsAlreadyExists(err) {
+		return created, err
+	}
+	var got *corev1.Pod
+	if _, gerr := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		got, err = pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		return err
+	}); gerr != nil {
+		return nil, fmt.Errorf("%w (and reading it back to see whether a lost attempt created it: %w)", err, gerr)
+	}
+	if got.Annotations[AnnotationCreateNonce] != nonce {
+		return nil, fmt.Errorf("%w (made by someone else: its create nonce differs)", err)
+	}
+	return got, nil
 }
 
 func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid types.UID) (manager.UnitInfo, error) {
@@ -365,11 +417,16 @@ func managerAnnotations(in map[string]string) map[string]string {
 // also carries an owner reference to the pod, so the garbage collector removes it if this
 // second delete is lost.
 func (a *Allocator) Destroy(ctx context.Context, id string) error {
-	err := a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(ctx, id, metav1.DeleteOptions{})
+	// Both deletes are idempotent (NotFound is success), so transient errors are retried.
+	_, err := a.retry.do(ctx, func(ctx context.Context) error {
+		return a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(ctx, id, metav1.DeleteOptions{})
+	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: deleting pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
-	err = a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Delete(ctx, PolicyName(id), metav1.DeleteOptions{})
+	_, err = a.retry.do(ctx, func(ctx context.Context) error {
+		return a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Delete(ctx, PolicyName(id), metav1.DeleteOptions{})
+	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: deleting CiliumNetworkPolicy %s/%s: %w", manager.ErrAllocator, a.o.Namespace, PolicyName(id), err)
 	}
@@ -411,12 +468,17 @@ func (a *Allocator) Lookup(ctx context.Context, id string) (manager.UnitInfo, er
 	}
 	// A live read, not the informer's cache: the lease may have been written by another
 	// replica a moment ago and this replica's watch may not have delivered it yet.
-	p, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
+	var p *corev1.Pod
+	_, err := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
+		return err
+	})
 	switch {
 	case apierrors.IsNotFound(err):
 		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	case err != nil:
-		return manager.UnitInfo{}, fmt.Errorf("reading pod %s: %w", id, err)
+		return manager.UnitInfo{}, fmt.Errorf("%w: reading pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	case p.DeletionTimestamp != nil || p.Labels[LabelApp] != AppName:
 		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	}
@@ -484,7 +546,18 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 		}
 		c.Annotations[AnnotationClaimedBy] = a.o.Identity
 		c.Annotations[AnnotationClaimedAt] = a.o.Clock.Now().UTC().Format(time.RFC3339Nano)
-		got, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Update(ctx, c, metav1.UpdateOptions{FieldManager: FieldManager})
+		var got *corev1.Pod
+		// The resourceVersion guards the update, so repeating it after a transient error
+		// cannot claim a pod that changed meanwhile.
+		retried, err := a.retry.do(ctx, func(ctx context.Context) error {
+			var err error
+			got, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Update(ctx, c, metav1.UpdateOptions{FieldManager: FieldManager})
+			return err
+		})
+		if retried && apierrors.IsConflict(err) {
+			// An attempt whose response was lost may have been our own winning claim.
+			got, err = a.ownClaim(ctx, c, err)
+		}
 		switch {
 		case apierrors.IsConflict(err):
 			a.conflicts.Add(1)
@@ -492,6 +565,8 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 		case apierrors.IsNotFound(err):
 			continue
 		case err != nil:
+			// A transient error that outlasted the retries may hide a claim that was applied;
+			// the leader collects such a pod once its claim is older than the claim grace.
 			return manager.UnitInfo{}, fmt.Errorf("%w: claiming pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, p.Name, err)
 		}
 		a.mu.Lock()
@@ -500,6 +575,25 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 		return a.unitInfo(got)
 	}
 	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
+}
+
+// ownClaim re-reads pod c after a Conflict that followed a transient error: if it carries
+// exactly the claim c wrote (this replica's identity and claim time), that claim won and the
+// pod is returned; otherwise conflict is returned.
+func (a *Allocator) ownClaim(ctx context.Context, c *corev1.Pod, conflict error) (*corev1.Pod, error) {
+	var p *corev1.Pod
+	if _, err := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	if p.Labels[LabelState] == StateClaimed && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
+		p.Annotations[AnnotationClaimedAt] == c.Annotations[AnnotationClaimedAt] {
+		return p, nil
+	}
+	return nil, conflict
 }
 
 // Annotate replaces unit id's manager annotations (the allocator's own stay) and marks the
@@ -544,7 +638,15 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	if err != nil {
 		return err
 	}
-	_, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+	// The patch sets fixed values, so repeating it is harmless; when it carries a
+	// resourceVersion, a Conflict after a lost attempt is resolved by reading the pod back.
+	retried, err := a.retry.do(ctx, func(ctx context.Context) error {
+		_, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+		return err
+	})
+	if retried && apierrors.IsConflict(err) && a.annotated(ctx, id, annotations) {
+		err = nil
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
@@ -554,6 +656,22 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 		return fmt.Errorf("%w: annotating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
 	return nil
+}
+
+// annotated reports whether pod id, read from the API server, is bound by this replica with
+// exactly annotations as its manager annotations.
+func (a *Allocator) annotated(ctx context.Context, id string, annotations map[string]string) bool {
+	var p *corev1.Pod
+	if _, err := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
+		return err
+	}); err != nil {
+		return false
+	}
+	want := managerAnnotations(annotations)
+	return p.Labels[LabelState] == StateBound && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
+		maps.Equal(managerAnnotations(p.Annotations), want)
 }
 
 // BindEgress applies (server-side apply: create or update, one request) sandbox id's
@@ -579,10 +697,14 @@ func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) e
 	pol.SetOwnerReferences([]metav1.OwnerReference{{
 		APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, BlockOwnerDeletion: &yes,
 	}})
-	_, err = a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Apply(ctx, pol.GetName(), pol,
-		metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	// Server-side apply of a whole object is idempotent: retried as is.
+	_, err = a.retry.do(ctx, func(ctx context.Context) error {
+		_, err := a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Apply(ctx, pol.GetName(), pol,
+			metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("%w: applying CiliumNetworkPolicy %s/%s: %w", manager.ErrAllocator, a.o.Namespace, pol.GetName(), err)
+		return fmt.Errorf("%w: applying CiliumNetworkPolicy %s/%s for pod %s: %w", manager.ErrAllocator, a.o.Namespace, pol.GetName(), id, err)
 	}
 	return nil
 }

@@ -32,6 +32,10 @@ const (
 	AnnotationClaimedBy = internalAnnotationPrefix + "claimed-by"
 	// AnnotationClaimedAt is when (RFC 3339) it was taken.
 	AnnotationClaimedAt = internalAnnotationPrefix + "claimed-at"
+	// AnnotationCreateNonce is a random value per Create call: it tells a pod this call
+	// created (in an attempt whose response was lost) from one of the same name made by
+	// someone else.
+	AnnotationCreateNonce = internalAnnotationPrefix + "create-nonce"
 )
 
 // Ports of the sandbox server inside the pod.

@@ -194,7 +194,16 @@ func newPolicy(namespace, name string, labels map[string]string, spec cnpSpec) (
 // spec under DefaultDenyName. Run it at manager start: sandboxes must never exist in a
 // namespace where an unbound pod could reach the network.
 func CheckDefaultDeny(ctx context.Context, dyn dynamic.Interface, namespace string) error {
-	got, err := dyn.Resource(CiliumNetworkPolicyGVR).Namespace(namespace).Get(ctx, DefaultDenyName, metav1.GetOptions{})
+	return checkDefaultDeny(ctx, newRetrier(DefaultBackoff()), dyn, namespace)
+}
+
+func checkDefaultDeny(ctx context.Context, r retrier, dyn dynamic.Interface, namespace string) error {
+	var got *unstructured.Unstructured
+	_, err := r.do(ctx, func(ctx context.Context) error {
+		var err error
+		got, err = dyn.Resource(CiliumNetworkPolicyGVR).Namespace(namespace).Get(ctx, DefaultDenyName, metav1.GetOptions{})
+		return err
+	})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: CiliumNetworkPolicy %s/%s not found (install it with the infra module or kubealloc.DefaultDenyPolicy)", ErrNoDefaultDeny, namespace, DefaultDenyName)
 	}
