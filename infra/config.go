@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
@@ -104,10 +108,34 @@ type AKSConfig struct {
 	Tags         map[string]string `json:"tags"`
 }
 
-// GVisorConfig says where nodes get gVisor (a mirror for in-VPC installs).
+// GVisorConfig says which gVisor release nodes install and where they get it (a mirror for
+// in-VPC installs).
 type GVisorConfig struct {
+	// BinaryBaseURL serves <arch>/runsc; with Version it is the releases root (default
+	// gVisor's bucket) and the binaries come from <binaryBaseURL>/<version>/<arch>/runsc.
+	// Environment-specific: promotion leaves it alone.
 	BinaryBaseURL string `json:"binaryBaseURL"`
+	// Version is the gVisor release (e.g. "20250120"). Release-defining: promoted.
+	Version string `json:"version"`
+	// InstallerImage runs the node installer on AKS (by digest). Required on aks.
+	InstallerImage string `json:"installerImage"`
+	// SHA256 are the expected digests of runsc and containerd-shim-runsc-v1 per architecture
+	// (x86_64, aarch64), checked by the AKS node installer. Required on aks.
+	SHA256 map[string]gvisor.BinarySHA256 `json:"sha256"`
 }
+
+// baseURL is where nodes download <arch>/runsc from.
+func (g GVisorConfig) baseURL() string {
+	if g.Version == "" {
+		return orDefault(g.BinaryBaseURL, gvisor.DefaultBinaryBaseURL)
+	}
+	return strings.TrimRight(orDefault(g.BinaryBaseURL, gvisor.ReleasesURL), "/") + "/" + g.Version
+}
+
+var (
+	gvisorVersion = regexp.MustCompile(`^[0-9]{8}(\.[0-9]+)?$`)
+	sha256Hex     = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
 
 // CiliumConfig installs Cilium from a chart source, or uses the cluster's own.
 type CiliumConfig struct {
@@ -208,6 +236,35 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 	}
 	if c.GVisor.BinaryBaseURL != "" && !strings.HasPrefix(c.GVisor.BinaryBaseURL, "http") {
 		return nil, fail("gvisor.binaryBaseURL", fmt.Errorf("%q: want an http(s) URL", c.GVisor.BinaryBaseURL))
+	}
+	if c.GVisor.Version != "" && !gvisorVersion.MatchString(c.GVisor.Version) {
+		return nil, fail("gvisor.version", fmt.Errorf("%q: want a release such as \"20250120\" (quoted)", c.GVisor.Version))
+	}
+	if c.Cloud == components.AKS {
+		// AKS nodes install gVisor with the node-installer DaemonSet, which needs an image and
+		// the digests to check the downloads against.
+		if c.GVisor.InstallerImage == "" {
+			return nil, fail("gvisor.installerImage", errors.New("required on aks (the node installer's image, by digest)"))
+		}
+		if len(c.GVisor.SHA256) == 0 {
+			return nil, fail("gvisor.sha256", errors.New("required on aks (SHA-256 of runsc and containerd-shim-runsc-v1 per architecture)"))
+		}
+	}
+	for _, arch := range slices.Sorted(maps.Keys(c.GVisor.SHA256)) {
+		if arch != "x86_64" && arch != "aarch64" {
+			return nil, fail("gvisor.sha256."+arch, errors.New("want architecture x86_64 or aarch64"))
+		}
+		sums := c.GVisor.SHA256[arch]
+		for _, b := range []struct{ key, sum string }{{"runsc", sums.Runsc}, {"containerd-shim-runsc-v1", sums.Shim}} {
+			if !sha256Hex.MatchString(b.sum) {
+				return nil, fail("gvisor.sha256."+arch+"."+b.key, fmt.Errorf("%q: want 64 lowercase hex digits", b.sum))
+			}
+		}
+	}
+	if c.GVisor.InstallerImage != "" {
+		if err := components.ValidateImage(c.GVisor.InstallerImage); err != nil {
+			return nil, fail("gvisor.installerImage", err)
+		}
 	}
 	return &c, nil
 }

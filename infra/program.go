@@ -22,7 +22,7 @@ import (
 )
 
 // Program installs fusebox as the stack's configuration says and exports:
-// managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, nodePool,
+// managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, gvisorNodeInstaller, nodePool,
 // nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicies, admissionPolicy.
 func Program(ctx *pulumi.Context) error {
 	c, err := LoadConfig(ctx)
@@ -43,9 +43,15 @@ func Install(ctx *pulumi.Context, c *Config) error {
 		return err
 	}
 
-	gv, err := gvisor.NewGVisor(ctx, "fusebox", &gvisor.GVisorArgs{
-		Cloud: c.Cloud, ScheduleOnSandboxNodes: karpenterCloud,
-	})
+	gargs := &gvisor.GVisorArgs{Cloud: c.Cloud, ScheduleOnSandboxNodes: karpenterCloud}
+	if c.Cloud == components.AKS {
+		gargs.NodeInstaller = &gvisor.NodeInstallerArgs{
+			Image:         c.GVisor.InstallerImage,
+			BinaryBaseURL: c.GVisor.baseURL(),
+			SHA256:        c.GVisor.SHA256,
+		}
+	}
+	gv, err := gvisor.NewGVisor(ctx, "fusebox", gargs)
 	if err != nil {
 		return err
 	}
@@ -121,6 +127,7 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	ctx.Export("namespaces", pulumi.StringMap{"manager": ns.Manager, "sandbox": ns.Sandbox})
 	ctx.Export("runtimeClass", gv.RuntimeClassName)
 	ctx.Export("runtimeClassSource", gv.RuntimeClassSource)
+	ctx.Export("gvisorNodeInstaller", gv.NodeInstaller)
 	ctx.Export("nodePool", kp.NodePoolName)
 	ctx.Export("nodeClassKind", kp.NodeClassKind)
 	ctx.Export("gkeNodePool", kp.GKENodePool)
@@ -145,7 +152,7 @@ func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {
 	}
 	if c.Cloud == components.EKS {
 		ud, err := gvisor.EKSUserData(gvisor.UserDataOptions{
-			BinaryBaseURL: orDefault(c.GVisor.BinaryBaseURL, gvisor.DefaultBinaryBaseURL),
+			BinaryBaseURL: c.GVisor.baseURL(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s:gvisor.binaryBaseURL: %v", ErrConfig, Namespace, err)

@@ -25,13 +25,21 @@ const (
 	vapBindingType   = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
 	deploymentType   = "kubernetes:apps/v1:Deployment"
 	releaseType      = "kubernetes:helm.sh/v3:Release"
+	daemonSetType    = "kubernetes:apps/v1:DaemonSet"
 )
 
 // stackConfig loads stacks/Pulumi.<stack>.yaml the way the Pulumi engine hands it to a Go
 // program: strings as they are, structured values as JSON.
 func stackConfig(t *testing.T, stack string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
+	return stackConfigFile(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
+}
+
+// stackConfigFile is stackConfig for a stack file anywhere.
+func stackConfigFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	stack := filepath.Base(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +84,7 @@ func TestStacks(t *testing.T) {
 		nodeClass              string
 		userDataURL            string
 	}{
-		"eks-dev":  {true, true, ec2Type, "https://storage.googleapis.com/gvisor/releases/release/latest"},
+		"eks-dev":  {true, true, ec2Type, "https://storage.googleapis.com/gvisor/releases/release/20250120"},
 		"eks-prod": {true, true, ec2Type, "https://mirror.example.com/gvisor/releases/release/20250120"},
 		"gke-dev":  {false, false, "", ""},
 		"aks-dev":  {true, true, aksType, ""},
@@ -122,6 +130,24 @@ func TestStacks(t *testing.T) {
 					if !strings.Contains(ud, f) {
 						t.Errorf("userData lacks %q", f)
 					}
+				}
+			}
+			// The gVisor node installer runs on AKS only (EKS installs through userData).
+			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[w.nodeClass == aksType] {
+				t.Errorf("%d node-installer DaemonSets", n)
+			}
+			if w.nodeClass == aksType {
+				c := mocktest.Dig(m.One(t, daemonSetType).Props(), "spec", "template", "spec", "containers", 0)
+				if err := components.ValidateImage(mocktest.Str(c, "image")); err != nil {
+					t.Errorf("installer image: %v", err)
+				}
+				env := map[string]string{}
+				for _, e := range mocktest.Dig(c, "env").([]any) {
+					env[mocktest.Str(e, "name")] = mocktest.Str(e, "value")
+				}
+				if env["BINARY_BASE_URL"] != "https://storage.googleapis.com/gvisor/releases/release/20250120" ||
+					len(env["SHA256_RUNSC_X86_64"]) != 64 || len(env["SHA256_SHIM_X86_64"]) != 64 {
+					t.Errorf("installer env %v", env)
 				}
 			}
 			if w.runtimeClass {
@@ -188,6 +214,32 @@ func TestBadConfig(t *testing.T) {
 			}
 			if n := len(m.All()); n != 0 {
 				t.Errorf("%d resources registered despite the bad configuration", n)
+			}
+		})
+	}
+}
+
+func TestBadAKSGVisorConfig(t *testing.T) {
+	for name, tc := range map[string]struct {
+		gvisor string
+		want   string
+	}{
+		"no installer image": {`{"version":"20250120","sha256":{"x86_64":{"runsc":"` + strings.Repeat("a", 64) + `","containerd-shim-runsc-v1":"` + strings.Repeat("b", 64) + `"}}}`, "fusebox:gvisor.installerImage"},
+		"installer by tag":   {`{"installerImage":"registry.example.com/i:v1","sha256":{"x86_64":{"runsc":"` + strings.Repeat("a", 64) + `","containerd-shim-runsc-v1":"` + strings.Repeat("b", 64) + `"}}}`, "fusebox:gvisor.installerImage"},
+		"no digests":         {`{"installerImage":"registry.example.com/i@sha256:` + strings.Repeat("c", 64) + `"}`, "fusebox:gvisor.sha256"},
+		"short shim digest":  {`{"installerImage":"registry.example.com/i@sha256:` + strings.Repeat("c", 64) + `","sha256":{"x86_64":{"runsc":"` + strings.Repeat("a", 64) + `","containerd-shim-runsc-v1":"bb"}}}`, "fusebox:gvisor.sha256.x86_64.containerd-shim-runsc-v1"},
+		"unknown arch":       {`{"installerImage":"registry.example.com/i@sha256:` + strings.Repeat("c", 64) + `","sha256":{"s390x":{"runsc":"` + strings.Repeat("a", 64) + `","containerd-shim-runsc-v1":"` + strings.Repeat("b", 64) + `"}}}`, "fusebox:gvisor.sha256.s390x"},
+		"latest version":     {`{"version":"latest"}`, "fusebox:gvisor.version"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := stackConfig(t, "aks-dev")
+			cfg["fusebox:gvisor"] = tc.gvisor
+			m, err := runStack("aks-dev", cfg)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "stacks/Pulumi.aks-dev.yaml") {
+				t.Fatalf("want a configuration error naming %q and the stack file, got %v", tc.want, err)
+			}
+			if n := len(m.All()); n != 0 {
+				t.Errorf("%d resources registered", n)
 			}
 		})
 	}

@@ -1,10 +1,14 @@
 // Package gvisor provides the GVisor component: the "gvisor" RuntimeClass that sandbox pods must
-// use, and (EKSUserData) the node-side install of runsc for Karpenter-provisioned EKS nodes.
+// use, and the node-side install of runsc and containerd-shim-runsc-v1 on sandbox nodes.
 //
 // Per cloud: on GKE, GKE Sandbox (node pools with sandboxConfig type gvisor) provides runsc and
-// its own RuntimeClass "gvisor", so the component creates nothing; on EKS and AKS it creates the
-// RuntimeClass and the nodes get runsc from their node class; on local clusters it creates the
-// RuntimeClass and expects runsc on the nodes already.
+// its own RuntimeClass "gvisor", so the component creates nothing. On EKS it creates the
+// RuntimeClass, and the nodes install runsc from their EC2NodeClass userData (EKSUserData, passed
+// to the karpenter component). On AKS, whose AKSNodeClass takes no userData, it creates the
+// RuntimeClass and a node-installer DaemonSet in kube-system that runs only on the sandbox pool
+// (node-installer.sh: verified download, containerd runtime entry, containerd restart, node
+// label fusebox.dev/gvisor=ready). On local clusters it creates the RuntimeClass and expects
+// runsc on the nodes already.
 package gvisor
 
 import (
@@ -34,6 +38,9 @@ type GVisorArgs struct {
 	// (nodeSelector on the pool label, toleration of the sandbox taint). Set it where Karpenter
 	// provisions that pool; leave it off on clusters whose nodes all run runsc.
 	ScheduleOnSandboxNodes bool `pulumi:"scheduleOnSandboxNodes"`
+	// NodeInstaller configures the node-side install on AKS. Required on AKS, refused
+	// elsewhere (EKS installs through userData, GKE Sandbox and local nodes bring runsc).
+	NodeInstaller *NodeInstallerArgs `pulumi:"nodeInstaller"`
 }
 
 // GVisor is the installed gVisor runtime.
@@ -44,6 +51,9 @@ type GVisor struct {
 	RuntimeClassName pulumi.StringOutput `pulumi:"runtimeClassName"`
 	// RuntimeClassSource says who provides it: "created" or "gke-sandbox".
 	RuntimeClassSource pulumi.StringOutput `pulumi:"runtimeClassSource"`
+	// NodeInstaller is "namespace/name" of the node-installer DaemonSet, or "" where there is
+	// none (every cloud but AKS).
+	NodeInstaller pulumi.StringOutput `pulumi:"nodeInstaller"`
 }
 
 // NewGVisor registers the component and, except on GKE, the RuntimeClass.
@@ -53,6 +63,18 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 	}
 	if _, err := components.ParseCloud(string(args.Cloud)); err != nil {
 		return nil, fmt.Errorf("gvisor %s: %w", name, err)
+	}
+	var base string
+	switch {
+	case args.Cloud == components.AKS && args.NodeInstaller == nil:
+		return nil, fmt.Errorf("gvisor %s: %w: required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
+	case args.Cloud != components.AKS && args.NodeInstaller != nil:
+		return nil, fmt.Errorf("gvisor %s: %w: only used on aks, not on %s", name, ErrBadInstaller, args.Cloud)
+	case args.NodeInstaller != nil:
+		var err error
+		if base, err = args.NodeInstaller.validate(); err != nil {
+			return nil, fmt.Errorf("gvisor %s: %w", name, err)
+		}
 	}
 	c := &GVisor{}
 	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
@@ -72,6 +94,12 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 			},
 			Handler: pulumi.String(components.RuntimeHandler),
 		}
+		// The scheduling does not also select ReadyLabelKey (set by the AKS node installer once
+		// runsc works): Karpenter launches nodes only for pods whose node selectors its
+		// NodePool's labels satisfy, and a label added after launch is not among them, so
+		// sandbox pods would stay pending on an empty pool. Until the NodePool carries a
+		// startup taint that the installer removes, a sandbox pod that lands on a node before
+		// the install finishes waits in ContainerCreating while the kubelet retries.
 		if args.ScheduleOnSandboxNodes {
 			rc.Scheduling = nodev1.SchedulingArgs{
 				NodeSelector: pulumi.StringMap{components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue)},
@@ -88,11 +116,25 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 		}
 	}
 
+	installer := ""
+	if args.NodeInstaller != nil {
+		if _, err := newNodeInstaller(ctx, name, args.NodeInstaller, base, c); err != nil {
+			return nil, fmt.Errorf("gvisor %s: %w", name, err)
+		}
+		ns := args.NodeInstaller.Namespace
+		if ns == "" {
+			ns = DefaultInstallerNamespace
+		}
+		installer = ns + "/" + InstallerName
+	}
+
 	c.RuntimeClassName = pulumi.String(components.RuntimeClassName).ToStringOutput()
 	c.RuntimeClassSource = pulumi.String(source).ToStringOutput()
+	c.NodeInstaller = pulumi.String(installer).ToStringOutput()
 	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
 		"runtimeClassName":   c.RuntimeClassName,
 		"runtimeClassSource": c.RuntimeClassSource,
+		"nodeInstaller":      c.NodeInstaller,
 	}); err != nil {
 		return nil, err
 	}

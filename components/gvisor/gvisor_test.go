@@ -108,7 +108,11 @@ func TestGVisorPerCloud(t *testing.T) {
 		t.Run(string(tc.cloud), func(t *testing.T) {
 			var source, rcName string
 			m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
-				g, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: tc.cloud, ScheduleOnSandboxNodes: tc.schedule})
+				args := &GVisorArgs{Cloud: tc.cloud, ScheduleOnSandboxNodes: tc.schedule}
+				if tc.cloud == components.AKS {
+					args.NodeInstaller = testInstaller()
+				}
+				g, err := NewGVisor(ctx, "fb", args)
 				if err != nil {
 					return err
 				}
@@ -124,6 +128,9 @@ func TestGVisorPerCloud(t *testing.T) {
 				t.Errorf("outputs: source %q name %q", source, rcName)
 			}
 			rcs := m.ByType(runtimeClassType)
+			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[tc.cloud == components.AKS] {
+				t.Errorf("%s: %d node-installer DaemonSets", tc.cloud, n)
+			}
 			if !tc.wantRC {
 				if len(rcs) != 0 {
 					t.Fatalf("GKE: want no RuntimeClass, got %d", len(rcs))

@@ -3,13 +3,15 @@ package gvisor
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 )
 
 // ContainerdRuntimePath is where the runsc runtime goes in containerd's config version 3, which
 // AL2023's nodeadm writes (the version 2 path "io.containerd.grpc.v1.cri" is ignored there).
 const ContainerdRuntimePath = `plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`
+
+// ReleasesURL is the root of gVisor's published releases: <ReleasesURL>/<version>/<arch>/runsc.
+const ReleasesURL = "https://storage.googleapis.com/gvisor/releases/release"
 
 // DefaultBinaryBaseURL serves gVisor's release binaries as <base>/<arch>/runsc (and .sha512).
 // In-VPC installs point UserDataOptions.BinaryBaseURL at their own mirror of the same layout.
@@ -34,18 +36,9 @@ var ErrBadBinaryURL = errors.New("bad gVisor binary base URL")
 // containerd-shim-runsc-v1. cloud-init runs the script before nodeadm starts containerd, and
 // Karpenter merges its own NodeConfig (cluster details) into this document.
 func EKSUserData(o UserDataOptions) (string, error) {
-	base := strings.TrimRight(o.BinaryBaseURL, "/")
-	u, err := url.Parse(base)
-	switch {
-	case base == "":
-		return "", fmt.Errorf("%w: empty", ErrBadBinaryURL)
-	case err != nil:
-		return "", fmt.Errorf("%w: %v", ErrBadBinaryURL, err)
-	case u.Scheme != "https" && u.Scheme != "http", u.Host == "":
-		return "", fmt.Errorf("%w: %q is not an absolute http(s) URL", ErrBadBinaryURL, base)
-	case strings.ContainsAny(base, "'\"`$\\ \t\r\n"):
-		// The URL is quoted into a shell script: refuse anything that could escape the quotes.
-		return "", fmt.Errorf("%w: %q contains quote, space or shell characters", ErrBadBinaryURL, base)
+	base, err := validateBaseURL(o.BinaryBaseURL)
+	if err != nil {
+		return "", err
 	}
 
 	var b strings.Builder

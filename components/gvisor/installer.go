@@ -1,0 +1,263 @@
+package gvisor
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/fusebox-dev/fusebox/components"
+	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
+	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
+	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
+	rbacv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/rbac/v1"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+// InstallerScript is the node installer the AKS DaemonSet runs with bash (see
+// node-installer.sh): download and verify runsc and its shim, register the runtime with
+// containerd (config version 2 or 3; a drop-in where the config imports a conf.d directory),
+// restart containerd through nsenter, label the node, then wait.
+//
+//go:embed node-installer.sh
+var InstallerScript string
+
+// Names of the node installer's objects and of the label it puts on nodes.
+const (
+	// InstallerName names the DaemonSet, its ServiceAccount and its cluster role.
+	InstallerName = "fusebox-gvisor-installer"
+	// DefaultInstallerNamespace is where the installer runs: a system namespace, because the
+	// pod is privileged (host PID namespace, host root mounted). The sandbox namespace's
+	// admission policy and the manager namespace's "restricted" Pod Security level would both
+	// refuse it, rightly: it is trusted node infrastructure, not a sandbox.
+	DefaultInstallerNamespace = "kube-system"
+	// ReadyLabelKey=ReadyLabelValue is set on a node once runsc is installed and containerd
+	// restarted with it.
+	ReadyLabelKey   = "fusebox.dev/gvisor"
+	ReadyLabelValue = "ready"
+	// hostRoot is where the installer mounts the node's root file system.
+	hostRoot = "/host"
+	// readyFile is written by the script when it is done; the readiness probe checks it.
+	readyFile = "/tmp/fusebox-gvisor-ready"
+)
+
+// Architectures as gVisor's release layout names them (<base>/<arch>/runsc), with the
+// kubernetes.io/arch value of nodes of that architecture.
+var archs = map[string]string{"x86_64": "amd64", "aarch64": "arm64"}
+
+// BinarySHA256 are the expected SHA-256 digests (64 lowercase hex digits) of one
+// architecture's binaries.
+type BinarySHA256 struct {
+	Runsc string `pulumi:"runsc" json:"runsc"`
+	Shim  string `pulumi:"shim" json:"containerd-shim-runsc-v1"`
+}
+
+// NodeInstallerArgs configure the node-installer DaemonSet used on AKS.
+type NodeInstallerArgs struct {
+	// Image runs the script: it needs bash, curl, coreutils (sha256sum, install) and nsenter
+	// (util-linux). By digest. Required.
+	Image string `pulumi:"image"`
+	// BinaryBaseURL serves <arch>/runsc and <arch>/containerd-shim-runsc-v1 (gVisor's
+	// release layout; an in-VPC mirror of it). Required.
+	BinaryBaseURL string `pulumi:"binaryBaseURL"`
+	// SHA256 holds the expected digests per architecture ("x86_64", "aarch64"). The DaemonSet
+	// runs only on nodes of the architectures listed. Required.
+	SHA256 map[string]BinarySHA256 `pulumi:"sha256"`
+	// Namespace is where the DaemonSet runs (default kube-system).
+	Namespace string `pulumi:"namespace"`
+}
+
+// ErrBadInstaller is wrapped by NewGVisor's errors for unusable NodeInstallerArgs.
+var ErrBadInstaller = errors.New("bad gVisor node installer settings")
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// validateBaseURL accepts an absolute http(s) URL without quote, space or shell characters
+// (it is quoted into shell scripts) and returns it without a trailing slash.
+func validateBaseURL(raw string) (string, error) {
+	base := strings.TrimRight(raw, "/")
+	u, err := url.Parse(base)
+	switch {
+	case base == "":
+		return "", fmt.Errorf("%w: empty", ErrBadBinaryURL)
+	case err != nil:
+		return "", fmt.Errorf("%w: %v", ErrBadBinaryURL, err)
+	case u.Scheme != "https" && u.Scheme != "http", u.Host == "":
+		return "", fmt.Errorf("%w: %q is not an absolute http(s) URL", ErrBadBinaryURL, base)
+	case strings.ContainsAny(base, "'\"`$\\ \t\r\n"):
+		return "", fmt.Errorf("%w: %q contains quote, space or shell characters", ErrBadBinaryURL, base)
+	}
+	return base, nil
+}
+
+// validate checks a and returns the base URL to use.
+func (a *NodeInstallerArgs) validate() (string, error) {
+	if err := components.ValidateImage(a.Image); err != nil {
+		return "", fmt.Errorf("%w: image: %w", ErrBadInstaller, err)
+	}
+	base, err := validateBaseURL(a.BinaryBaseURL)
+	if err != nil {
+		return "", err
+	}
+	if len(a.SHA256) == 0 {
+		return "", fmt.Errorf("%w: no SHA-256 digests of runsc and containerd-shim-runsc-v1", ErrBadInstaller)
+	}
+	for arch, sums := range a.SHA256 {
+		if _, ok := archs[arch]; !ok {
+			return "", fmt.Errorf("%w: sha256: architecture %q: want x86_64 or aarch64", ErrBadInstaller, arch)
+		}
+		for bin, sum := range map[string]string{"runsc": sums.Runsc, "containerd-shim-runsc-v1": sums.Shim} {
+			if !sha256Hex.MatchString(sum) {
+				return "", fmt.Errorf("%w: sha256.%s.%s %q: want 64 lowercase hex digits", ErrBadInstaller, arch, bin, sum)
+			}
+		}
+	}
+	return base, nil
+}
+
+// newNodeInstaller creates the installer's ServiceAccount, its cluster role (get and patch
+// nodes: it labels the node it runs on) and binding, and the DaemonSet. The DaemonSet runs
+// only on sandbox nodes (the pool's label, the sandbox taint tolerated) of the architectures
+// with configured digests.
+func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, base string, parent pulumi.Resource) (*appsv1.DaemonSet, error) {
+	ns := a.Namespace
+	if ns == "" {
+		ns = DefaultInstallerNamespace
+	}
+	labels := pulumi.StringMap{
+		"app.kubernetes.io/name":    pulumi.String(InstallerName),
+		"app.kubernetes.io/part-of": pulumi.String("fusebox"),
+	}
+	meta := func(namespaced bool) metav1.ObjectMetaArgs {
+		m := metav1.ObjectMetaArgs{Name: pulumi.String(InstallerName), Labels: labels}
+		if namespaced {
+			m.Namespace = pulumi.String(ns)
+		}
+		return m
+	}
+	sa, err := corev1.NewServiceAccount(ctx, name+"-installer-sa", &corev1.ServiceAccountArgs{
+		Metadata: meta(true),
+	}, pulumi.Parent(parent))
+	if err != nil {
+		return nil, fmt.Errorf("installer ServiceAccount: %w", err)
+	}
+	role, err := rbacv1.NewClusterRole(ctx, name+"-installer-role", &rbacv1.ClusterRoleArgs{
+		Metadata: meta(false),
+		Rules: rbacv1.PolicyRuleArray{rbacv1.PolicyRuleArgs{
+			ApiGroups: pulumi.StringArray{pulumi.String("")},
+			Resources: pulumi.StringArray{pulumi.String("nodes")},
+			Verbs:     pulumi.StringArray{pulumi.String("get"), pulumi.String("patch")},
+		}},
+	}, pulumi.Parent(parent))
+	if err != nil {
+		return nil, fmt.Errorf("installer ClusterRole: %w", err)
+	}
+	binding, err := rbacv1.NewClusterRoleBinding(ctx, name+"-installer-binding", &rbacv1.ClusterRoleBindingArgs{
+		Metadata: meta(false),
+		RoleRef: rbacv1.RoleRefArgs{
+			ApiGroup: pulumi.String("rbac.authorization.k8s.io"),
+			Kind:     pulumi.String("ClusterRole"),
+			Name:     role.Metadata.Name().Elem(),
+		},
+		Subjects: rbacv1.SubjectArray{rbacv1.SubjectArgs{
+			Kind:      pulumi.String("ServiceAccount"),
+			Name:      sa.Metadata.Name().Elem(),
+			Namespace: pulumi.String(ns),
+		}},
+	}, pulumi.Parent(parent))
+	if err != nil {
+		return nil, fmt.Errorf("installer ClusterRoleBinding: %w", err)
+	}
+
+	env := corev1.EnvVarArray{
+		corev1.EnvVarArgs{Name: pulumi.String("BINARY_BASE_URL"), Value: pulumi.String(base)},
+		corev1.EnvVarArgs{Name: pulumi.String("HOST_ROOT"), Value: pulumi.String(hostRoot)},
+		corev1.EnvVarArgs{Name: pulumi.String("READY_FILE"), Value: pulumi.String(readyFile)},
+		corev1.EnvVarArgs{Name: pulumi.String("READY_LABEL"), Value: pulumi.String(ReadyLabelKey)},
+		corev1.EnvVarArgs{Name: pulumi.String("NODE_NAME"), ValueFrom: corev1.EnvVarSourceArgs{
+			FieldRef: corev1.ObjectFieldSelectorArgs{FieldPath: pulumi.String("spec.nodeName")},
+		}},
+	}
+	var nodeArchs pulumi.StringArray
+	for _, arch := range slices.Sorted(maps.Keys(a.SHA256)) {
+		up := strings.ToUpper(arch)
+		env = append(env,
+			corev1.EnvVarArgs{Name: pulumi.String("SHA256_RUNSC_" + up), Value: pulumi.String(a.SHA256[arch].Runsc)},
+			corev1.EnvVarArgs{Name: pulumi.String("SHA256_SHIM_" + up), Value: pulumi.String(a.SHA256[arch].Shim)},
+		)
+		nodeArchs = append(nodeArchs, pulumi.String(archs[arch]))
+	}
+
+	privileged := true
+	ds, err := appsv1.NewDaemonSet(ctx, name+"-installer", &appsv1.DaemonSetArgs{
+		Metadata: meta(true),
+		Spec: appsv1.DaemonSetSpecArgs{
+			Selector: metav1.LabelSelectorArgs{MatchLabels: pulumi.StringMap{
+				"app.kubernetes.io/name": pulumi.String(InstallerName),
+			}},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategyArgs{Type: pulumi.String("RollingUpdate")},
+			Template: corev1.PodTemplateSpecArgs{
+				Metadata: metav1.ObjectMetaArgs{Labels: labels},
+				Spec: corev1.PodSpecArgs{
+					ServiceAccountName: sa.Metadata.Name().Elem(),
+					// Host PID namespace: nsenter into PID 1 to restart containerd.
+					HostPID:                       pulumi.Bool(true),
+					PriorityClassName:             pulumi.String("system-node-critical"),
+					TerminationGracePeriodSeconds: pulumi.Int(5),
+					NodeSelector: pulumi.StringMap{
+						components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue),
+					},
+					Affinity: corev1.AffinityArgs{NodeAffinity: corev1.NodeAffinityArgs{
+						RequiredDuringSchedulingIgnoredDuringExecution: corev1.NodeSelectorArgs{
+							NodeSelectorTerms: corev1.NodeSelectorTermArray{corev1.NodeSelectorTermArgs{
+								MatchExpressions: corev1.NodeSelectorRequirementArray{corev1.NodeSelectorRequirementArgs{
+									Key: pulumi.String("kubernetes.io/arch"), Operator: pulumi.String("In"), Values: nodeArchs,
+								}},
+							}},
+						},
+					}},
+					Tolerations: corev1.TolerationArray{corev1.TolerationArgs{
+						Key:      pulumi.String(components.SandboxTaintKey),
+						Operator: pulumi.String("Equal"),
+						Value:    pulumi.String(components.SandboxTaintValue),
+						Effect:   pulumi.String(components.SandboxTaintEffect),
+					}},
+					Containers: corev1.ContainerArray{corev1.ContainerArgs{
+						Name:    pulumi.String("install"),
+						Image:   pulumi.String(a.Image),
+						Command: pulumi.StringArray{pulumi.String("/bin/bash"), pulumi.String("-c"), pulumi.String(InstallerScript)},
+						Env:     env,
+						SecurityContext: corev1.SecurityContextArgs{
+							Privileged: pulumi.BoolPtr(privileged),
+						},
+						VolumeMounts: corev1.VolumeMountArray{corev1.VolumeMountArgs{
+							Name: pulumi.String("host-root"), MountPath: pulumi.String(hostRoot),
+						}},
+						ReadinessProbe: corev1.ProbeArgs{
+							Exec: corev1.ExecActionArgs{Command: pulumi.StringArray{
+								pulumi.String("cat"), pulumi.String(readyFile),
+							}},
+							PeriodSeconds: pulumi.Int(5),
+						},
+						Resources: corev1.ResourceRequirementsArgs{
+							Requests: pulumi.StringMap{"cpu": pulumi.String("10m"), "memory": pulumi.String("32Mi")},
+							Limits:   pulumi.StringMap{"memory": pulumi.String("256Mi")},
+						},
+					}},
+					Volumes: corev1.VolumeArray{corev1.VolumeArgs{
+						Name:     pulumi.String("host-root"),
+						HostPath: corev1.HostPathVolumeSourceArgs{Path: pulumi.String("/"), Type: pulumi.String("Directory")},
+					}},
+				},
+			},
+		},
+	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding}))
+	if err != nil {
+		return nil, fmt.Errorf("installer DaemonSet: %w", err)
+	}
+	return ds, nil
+}
