@@ -1,0 +1,282 @@
+package infra
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+const (
+	digestA = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	digestB = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	digestC = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+	sumA    = "1111111111111111111111111111111111111111111111111111111111111111"
+	sumB    = "2222222222222222222222222222222222222222222222222222222222222222"
+)
+
+// stackYAML builds a stack file; the release values are parameters, everything else differs
+// per environment through env.
+func stackYAML(cloud, env, manager, sandbox, version string, extra string) string {
+	return `# fusebox ` + env + `: a comment that must survive.
+config:
+  fusebox:cloud: ` + cloud + `
+  fusebox:images:
+    manager: registry.example.com/fusebox/manager@` + manager + ` # manager image
+    sandbox: registry.example.com/fusebox/sandbox@` + sandbox + `
+  fusebox:pool:
+    size: ` + map[string]string{"dev": "2", "prod": "8"}[env] + `
+    max: 16
+  fusebox:nodePool:
+    name: sandbox-` + env + `
+    requirements:
+      - key: kubernetes.io/arch
+        operator: In
+        values: [amd64]
+  fusebox:gvisor:
+    # mirror of ` + env + `
+    binaryBaseURL: https://mirror-` + env + `.example.com/gvisor
+    version: "` + version + `"
+` + extra
+}
+
+func TestPromoteStackFiles(t *testing.T) {
+	aksExtra := func(img, runsc string) string {
+		return `    installerImage: registry.example.com/fusebox/node-installer@` + img + `
+    sha256:
+      x86_64:
+        runsc: ` + runsc + `
+        containerd-shim-runsc-v1: ` + sumB + `
+`
+	}
+	for _, tc := range []struct {
+		name     string
+		src, dst string
+		want     []Change // nil with wantErr
+		wantErr  []string // substrings of the error
+	}{
+		{
+			name: "eks dev to prod",
+			src:  stackYAML("eks", "dev", digestB, digestC, "20250310", ""),
+			dst:  stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			want: []Change{
+				{"fusebox:images.manager", "registry.example.com/fusebox/manager@" + digestA, "registry.example.com/fusebox/manager@" + digestB},
+				{"fusebox:gvisor.version", "20250120", "20250310"},
+			},
+		},
+		{
+			name: "nothing to promote",
+			src:  stackYAML("eks", "dev", digestA, digestC, "20250120", ""),
+			dst:  stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			want: []Change{},
+		},
+		{
+			name: "aks installer image and checksums",
+			src:  stackYAML("aks", "dev", digestA, digestC, "20250120", aksExtra(digestB, sumB)),
+			dst:  stackYAML("aks", "prod", digestA, digestC, "20250120", aksExtra(digestA, sumA)),
+			want: []Change{
+				{"fusebox:gvisor.installerImage", "registry.example.com/fusebox/node-installer@" + digestA, "registry.example.com/fusebox/node-installer@" + digestB},
+				{"fusebox:gvisor.sha256.x86_64.runsc", sumA, sumB},
+			},
+		},
+		{
+			name:    "image without a digest",
+			src:     strings.Replace(stackYAML("eks", "dev", digestB, digestC, "20250120", ""), "sandbox@"+digestC, "sandbox:v2", 1),
+			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			wantErr: []string{"fusebox:images.sandbox", "stacks/Pulumi.src.yaml", "not pinned by digest"},
+		},
+		{
+			name:    "unpinned gVisor release",
+			src:     stackYAML("eks", "dev", digestB, digestC, "latest", ""),
+			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			wantErr: []string{"fusebox:gvisor.version", "stacks/Pulumi.src.yaml"},
+		},
+		{
+			name:    "bad checksum",
+			src:     stackYAML("aks", "dev", digestA, digestC, "20250120", aksExtra(digestB, "abc")),
+			dst:     stackYAML("aks", "prod", digestA, digestC, "20250120", aksExtra(digestA, sumA)),
+			wantErr: []string{"fusebox:gvisor.sha256.x86_64.runsc", "stacks/Pulumi.src.yaml"},
+		},
+		{
+			name:    "key missing in the target",
+			src:     stackYAML("eks", "dev", digestB, digestC, "20250120", ""),
+			dst:     strings.Replace(stackYAML("eks", "prod", digestA, digestC, "20250120", ""), "    version: \"20250120\"\n", "", 1),
+			wantErr: []string{"fusebox:gvisor.version", "missing in stacks/Pulumi.dst.yaml"},
+		},
+		{
+			name:    "image missing in the source",
+			src:     strings.Replace(stackYAML("eks", "dev", digestB, digestC, "20250120", ""), "    sandbox: registry.example.com/fusebox/sandbox@"+digestC+"\n", "", 1),
+			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			wantErr: []string{"fusebox:images.sandbox", "stacks/Pulumi.dst.yaml", "missing in stacks/Pulumi.src.yaml"},
+		},
+		{
+			name:    "different clouds, cloud-specific key",
+			src:     stackYAML("eks", "dev", digestB, digestC, "20250120", ""),
+			dst:     strings.Replace(stackYAML("gke", "prod", digestA, digestC, "20250120", ""), "    version: \"20250120\"\n", "", 1),
+			wantErr: []string{"fusebox:gvisor.version", "different clouds", "eks → gke"},
+		},
+		{
+			name: "different clouds, cloud-neutral keys only",
+			src:  "config:\n  fusebox:cloud: local\n  fusebox:images:\n    manager: r.example.com/m@" + digestB + "\n    sandbox: r.example.com/s@" + digestC + "\n",
+			dst:  "config:\n  fusebox:cloud: gke\n  fusebox:images:\n    manager: r.example.com/m@" + digestA + "\n    sandbox: r.example.com/s@" + digestC + "\n  fusebox:pool:\n    size: 4\n",
+			want: []Change{{"fusebox:images.manager", "r.example.com/m@" + digestA, "r.example.com/m@" + digestB}},
+		},
+		{
+			name: "eks version into aks (both use it)",
+			src:  stackYAML("eks", "dev", digestA, digestC, "20250310", ""),
+			dst:  stackYAML("aks", "prod", digestA, digestC, "20250120", "    installerImage: r.example.com/i@"+digestA+"\n"),
+			want: []Change{{"fusebox:gvisor.version", "20250120", "20250310"}},
+		},
+		{
+			name:    "aks-only key into eks",
+			src:     stackYAML("aks", "dev", digestA, digestC, "20250120", "    installerImage: r.example.com/i@"+digestA+"\n"),
+			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
+			wantErr: []string{"fusebox:gvisor.installerImage", "specific to aks"},
+		},
+		{
+			name:    "target without cloud",
+			src:     stackYAML("eks", "dev", digestA, digestC, "20250120", ""),
+			dst:     "config:\n  fusebox:images:\n    manager: x\n",
+			wantErr: []string{"fusebox:cloud", "stacks/Pulumi.dst.yaml"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, changes, err := PromoteStackFiles([]byte(tc.src), []byte(tc.dst), "stacks/Pulumi.src.yaml", "stacks/Pulumi.dst.yaml")
+			if tc.wantErr != nil {
+				if !errors.Is(err, ErrPromote) {
+					t.Fatalf("want ErrPromote, got %v", err)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(changes) != len(tc.want) {
+				t.Fatalf("changes %v, want %v", changes, tc.want)
+			}
+			for i := range changes {
+				if changes[i] != tc.want[i] {
+					t.Errorf("change %d: %+v, want %+v", i, changes[i], tc.want[i])
+				}
+			}
+			// Only the promoted lines differ; comments, order and environment values stay.
+			assertOnlyChanged(t, tc.dst, string(out), changes)
+			// Promoting again changes nothing.
+			if _, again, err := PromoteStackFiles([]byte(tc.src), out, "src", "dst"); err != nil || len(again) != 0 {
+				t.Errorf("second promotion: %v %v", again, err)
+			}
+		})
+	}
+}
+
+// assertOnlyChanged fails unless after differs from before exactly in the lines holding the
+// changed values.
+func assertOnlyChanged(t *testing.T, before, after string, changes []Change) {
+	t.Helper()
+	b, a := strings.Split(before, "\n"), strings.Split(after, "\n")
+	if len(a) != len(b) {
+		t.Fatalf("line count %d → %d:\n%s", len(b), len(a), after)
+	}
+	diff := 0
+	for i := range b {
+		if a[i] == b[i] {
+			continue
+		}
+		diff++
+		ok := false
+		for _, c := range changes {
+			ok = ok || (strings.Contains(b[i], c.Old) && strings.Replace(b[i], c.Old, c.New, 1) == a[i])
+		}
+		if !ok {
+			t.Errorf("line %d changed unexpectedly:\n- %s\n+ %s", i+1, b[i], a[i])
+		}
+	}
+	if diff != len(changes) {
+		t.Errorf("%d lines changed for %d changes", diff, len(changes))
+	}
+}
+
+// TestPromoteRepositoryStacks promotes the repository's own stack files into copies: the
+// YAML round trip keeps each file byte for byte apart from the promoted values, and a
+// dry run writes nothing.
+func TestPromoteRepositoryStacks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "stacks")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"eks-dev", "eks-prod", "aks-dev", "gke-dev", "local"} {
+		b, err := os.ReadFile(filepath.Join("..", "stacks", "Pulumi."+s+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "Pulumi."+s+".yaml"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new release in eks-dev: both images and the gVisor version.
+	devPath := filepath.Join(dir, "Pulumi.eks-dev.yaml")
+	dev, _ := os.ReadFile(devPath)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(dev, &doc); err != nil {
+		t.Fatal(err)
+	}
+	newDev := strings.NewReplacer(
+		"manager@sha256:7e018ef67deb5a2db0a05533fc4cfc0e5c8c0aa4e8d8fe3076a21d53d4a98598", "manager@"+digestA,
+		"sandbox@sha256:c792ded3e336a325e9d2704d1ac8c46dd59b8d508237583f663512265c9a48c7", "sandbox@"+digestB,
+		`version: "20250120"`, `version: "20250310"`,
+	).Replace(string(dev))
+	if newDev == string(dev) {
+		t.Fatal("eks-dev fixture did not change: update the digests this test replaces")
+	}
+	if err := os.WriteFile(devPath, []byte(newDev), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prodPath := filepath.Join(dir, "Pulumi.eks-prod.yaml")
+	prodBefore, _ := os.ReadFile(prodPath)
+
+	changes, err := Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "eks-prod", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) != 3 {
+		t.Fatalf("dry run: %d changes, want 3 (two images, gVisor version): %v", len(changes), changes)
+	}
+	if b, _ := os.ReadFile(prodPath); string(b) != string(prodBefore) {
+		t.Fatal("dry run wrote the target")
+	}
+
+	if _, err := Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "eks-prod"}); err != nil {
+		t.Fatal(err)
+	}
+	prodAfter, _ := os.ReadFile(prodPath)
+	assertOnlyChanged(t, string(prodBefore), string(prodAfter), changes)
+	// The promoted file is still a valid stack: the program loads it.
+	tcfg := stackConfigFile(t, prodPath)
+	if _, err := runStack("eks-prod", tcfg); err != nil {
+		t.Fatalf("promoted eks-prod: %v", err)
+	}
+	if !strings.Contains(string(prodAfter), "binaryBaseURL: https://mirror.example.com/gvisor/releases/release") {
+		t.Error("the prod mirror URL was not kept")
+	}
+
+	// Across clouds with cloud-specific keys: refused, nothing written.
+	gkeBefore, _ := os.ReadFile(filepath.Join(dir, "Pulumi.gke-dev.yaml"))
+	if _, err := Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "gke-dev"}); !errors.Is(err, ErrPromote) ||
+		!strings.Contains(err.Error(), "fusebox:gvisor.version") || !strings.Contains(err.Error(), "stacks/Pulumi.gke-dev.yaml") {
+		t.Errorf("eks-dev → gke-dev: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "Pulumi.gke-dev.yaml")); string(b) != string(gkeBefore) {
+		t.Error("refused promotion wrote the target")
+	}
+	if _, err := Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "nope"}); !errors.Is(err, ErrPromote) {
+		t.Errorf("unknown target: %v", err)
+	}
+}
