@@ -88,6 +88,12 @@ type SharedPool interface {
 	Claim(ctx context.Context, template string) (UnitInfo, error)
 	// Counts returns the ready and creating units of template as the allocator sees them.
 	Counts(template string) (ready, creating int)
+	// Changed returns a channel that is closed the next time a unit of template may have
+	// become claimable (a unit turned ready; spurious wake-ups are allowed, missed ones are
+	// not). Each call after a close returns a new channel. Take the channel before the Claim
+	// whose ErrNoReadyUnit you will wait on: a unit that turns ready between the two then
+	// still closes it. Waiting on it makes no request to the backend.
+	Changed(template string) <-chan struct{}
 	// Lookup returns unit id as it is now: it reflects every write any replica had acknowledged
 	// before the call (a read from the store of record, not a cache that may lag), because a
 	// lease bound through one replica may be renewed through another a moment later.

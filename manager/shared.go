@@ -15,13 +15,22 @@ import (
 // leader reports whether this replica runs the pool-wide duties (sizing, expiry).
 func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
 
+// missedEventGuard is how long claim waits for the allocator's change notification before it
+// tries again anyway. It only guards against a notification lost to a bug: a change is never
+// expected to go unannounced, and a waiting Allocate makes no request to the backend.
+const missedEventGuard = time.Second
+
 // claim takes a ready unit from the shared pool, waiting (and asking for a creation) while
-// there is none.
+// there is none. It waits on the allocator's Changed notification, not a polling loop.
 func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
-	deadline := time.Now().Add(m.o.AllocateWait)
-	wait := time.Millisecond
+	deadline := time.NewTimer(m.o.AllocateWait)
+	defer deadline.Stop()
+	guard := time.NewTimer(missedEventGuard)
+	defer guard.Stop()
 	asked := false
 	for {
+		// Taken before Claim: a unit that turns ready after Claim looked closes it.
+		changed := m.shared.Changed(tmpl)
 		info, err := m.shared.Claim(ctx, tmpl)
 		if err == nil {
 			if err := m.ops.Insert(info, Initialising, nil); err != nil {
@@ -39,12 +48,12 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
 		}
-		if time.Now().After(deadline) {
-			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
-		}
+		guard.Reset(missedEventGuard)
 		select {
-		case <-time.After(wait):
-			wait = min(2*wait, 20*time.Millisecond)
+		case <-changed:
+		case <-guard.C:
+		case <-deadline.C:
+			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
 		case <-ctx.Done():
 			return Unit{}, ctx.Err()
 		}

@@ -117,8 +117,11 @@ type Allocator struct {
 
 	conflicts atomic.Uint64
 
-	mu      sync.Mutex // guards waiters and written
+	mu      sync.Mutex // guards waiters, written and changed
 	waiters map[string]*waiter
+	// changed holds, per template, the channel Changed handed out; notify closes it when a
+	// pod of the template is claimable.
+	changed map[string]chan struct{}
 	// written maps a pod we updated to the resourceVersion it had before our write: while
 	// the cache still shows that version, the pod is known to be stale and is skipped.
 	written map[string]string
@@ -175,7 +178,8 @@ func New(o Options) (*Allocator, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	a := &Allocator{o: o, retry: newRetrier(o.Backoff), waiters: map[string]*waiter{}, written: map[string]string{}}
+	a := &Allocator{o: o, retry: newRetrier(o.Backoff), waiters: map[string]*waiter{}, written: map[string]string{},
+		changed: map[string]chan struct{}{}}
 	a.factory = informers.NewSharedInformerFactoryWithOptions(o.Client, 0,
 		informers.WithNamespace(o.Namespace),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -234,6 +238,14 @@ func (a *Allocator) notify(obj any, deleted bool) {
 	if deleted {
 		delete(a.written, p.Name)
 	}
+	// The informer updates its cache before it calls the handlers, so a Claim woken by this
+	// close finds the pod.
+	if !deleted && p.Labels[LabelState] == StateReady && podReady(p) {
+		if ch := a.changed[p.Labels[LabelTemplate]]; ch != nil {
+			close(ch)
+			delete(a.changed, p.Labels[LabelTemplate])
+		}
+	}
 	a.mu.Unlock()
 	if w != nil {
 		select {
@@ -252,6 +264,20 @@ func (a *Allocator) ready() error {
 
 // Name returns "kube".
 func (a *Allocator) Name() string { return "kube" }
+
+// Changed returns a channel closed when the informer next sees a Ready pod of template in
+// state ready (an add or an update; it may already have been claimed by then). It reads
+// nothing from the API server.
+func (a *Allocator) Changed(template string) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ch := a.changed[template]
+	if ch == nil {
+		ch = make(chan struct{})
+		a.changed[template] = ch
+	}
+	return ch
+}
 
 // ClaimConflicts is how many claim attempts lost an optimistic-concurrency race so far.
 func (a *Allocator) ClaimConflicts() uint64 { return a.conflicts.Load() }

@@ -182,6 +182,9 @@ func Initializer(ctx context.Context, initAddr string, agentKey []byte) ([]byte,
 type Shared struct {
 	*Allocator
 	creating atomic.Int32
+	claims   atomic.Int64
+	// changed is closed when a unit turns ready (guarded by Allocator.mu).
+	changed chan struct{}
 }
 
 var _ manager.SharedPool = (*Shared)(nil)
@@ -202,12 +205,30 @@ func (s *Shared) Create(ctx context.Context, id, template string) (manager.UnitI
 	if u, ok := s.units[id]; ok {
 		u.Annotations = map[string]string{"fusebox.dev/state": "ready"}
 		info = *u
+		if s.changed != nil {
+			close(s.changed)
+			s.changed = nil
+		}
 	}
 	return info, nil
 }
 
+// Changed returns a channel closed when a unit (of any template) next turns ready.
+func (s *Shared) Changed(template string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
+// Claims is how many times Claim was called.
+func (s *Shared) Claims() int64 { return s.claims.Load() }
+
 // Claim takes the oldest ready unit of template.
 func (s *Shared) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
+	s.claims.Add(1)
 	if err := s.record(Call{Method: "Claim", Arg: template}); err != nil {
 		return manager.UnitInfo{}, err
 	}

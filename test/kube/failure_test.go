@@ -36,7 +36,7 @@ func (f forbidPolicies) RoundTrip(r *http.Request) (*http.Response, error) {
 		Header: http.Header{"Content-Type": []string{"application/json"}}, Body: io.NopCloser(bytes.NewBufferString(body))}, nil
 }
 
-func startManager(t *testing.T, a *kubealloc.Allocator, pool int, o manager.Options) *manager.Manager {
+func startManager(t *testing.T, a manager.Allocator, pool int, o manager.Options) *manager.Manager {
 	t.Helper()
 	o.Allocator, o.Estimator, o.Clock, o.Initializer = a, estimator.Fixed{N: pool}, manager.RealClock{}, memalloc.Initializer
 	o.Metrics = manager.NewMetrics(prometheus.NewRegistry())

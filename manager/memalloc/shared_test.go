@@ -1,0 +1,65 @@
+package memalloc_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/memalloc"
+)
+
+func TestChangedClosesWhenAUnitTurnsReady(t *testing.T) {
+	s := memalloc.NewShared()
+	ch := s.Changed(manager.DefaultTemplate)
+	if ch != s.Changed(manager.DefaultTemplate) {
+		t.Fatal("two channels for one generation")
+	}
+	select {
+	case <-ch:
+		t.Fatal("closed before any change")
+	default:
+	}
+	if _, err := s.Create(context.Background(), "u1", manager.DefaultTemplate); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("not closed after a unit turned ready")
+	}
+	if next := s.Changed(manager.DefaultTemplate); next == ch {
+		t.Fatal("the closed channel was handed out again")
+	}
+}
+
+// TestAllocateWaitsForTheNotification: an Allocate on an empty shared pool returns as soon
+// as the unit it asked for turns ready, having tried to claim only before waiting and after
+// the notification (a polling wait would claim every few milliseconds).
+func TestAllocateWaitsForTheNotification(t *testing.T) {
+	s := memalloc.NewShared()
+	s.Delay = 300 * time.Millisecond
+	m, err := manager.New(manager.Options{Allocator: s, Estimator: estimator.Fixed{N: 0}, Clock: manager.RealClock{},
+		Initializer: memalloc.Initializer, IsLeader: func() bool { return false }, AllocateWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	key, _ := client.NewKey()
+	start := time.Now()
+	if _, err := m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: key.PublicKey()}); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if took > s.Delay+500*time.Millisecond {
+		t.Errorf("Allocate took %v for a unit ready after %v", took, s.Delay)
+	}
+	if n := s.Claims(); n > 3 {
+		t.Errorf("%d claims while waiting %v: the wait polls", n, took)
+	}
+}

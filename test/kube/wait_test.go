@@ -1,0 +1,91 @@
+package kube
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+)
+
+// countingClaims counts the Claim calls the manager makes; everything else is the allocator.
+type countingClaims struct {
+	*kubealloc.Allocator
+	claims atomic.Int32
+}
+
+func (c *countingClaims) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
+	c.claims.Add(1)
+	return c.Allocator.Claim(ctx, template)
+}
+
+// TestAllocateOnEmptyPoolWaitsForTheInformer: an Allocate on an empty pool asks for a pod
+// and returns as soon as the informer sees it Ready. While it waits it makes no API request
+// (no get or list, no writes beyond the allocation's own) and calls Claim only before waiting
+// and after the notification: it does not poll.
+func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
+	ns := env.Namespace(t)
+	var counts kubealloc.RequestCounts
+	a := &countingClaims{Allocator: newAllocator(t, ns, "replica-a", &counts)}
+	ctx := ctxT(t)
+
+	// The test's own watch notes when the pod turns Ready.
+	w, err := env.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	readyAt := make(chan time.Time, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Modified && p.Status.Phase == corev1.PodRunning {
+				for _, c := range p.Status.Conditions {
+					if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+						readyAt <- time.Now()
+						return
+					}
+				}
+			}
+		}
+	}()
+
+	// A follower with an empty target: the only pod is the one the Allocate asks for.
+	mgr := startManager(t, a, 0, manager.Options{IsLeader: func() bool { return false }, AllocateWait: time.Minute})
+	before := counts.Snapshot()
+	key, _ := client.NewKey()
+	start := time.Now()
+	al, err := mgr.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey(), Egress: []string{"api.example.com:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := time.Now()
+	d := kubealloc.Diff(before, counts.Snapshot())
+	var ready time.Time
+	select {
+	case ready = <-readyAt:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the test's watch never saw the pod Ready")
+	}
+	t.Logf("Allocate %s took %v; returned %v after the pod turned Ready; requests %v; %d claims", al.ID, done.Sub(start), done.Sub(ready), d, a.claims.Load())
+	// Well under missedEventGuard (1 s): the notification woke it, not the guard timer.
+	if lag := done.Sub(ready); lag > 500*time.Millisecond {
+		t.Errorf("Allocate returned %v after the pod turned Ready", lag)
+	}
+	if d["get"]+d["list"]+d["watch"] != 0 {
+		t.Errorf("reads while waiting: %v", d)
+	}
+	// create (the pod it asked for), update (claim), patch (lease), patch (policy).
+	if kubealloc.Writes(d) != 4 || d["create"] != 1 {
+		t.Errorf("writes %v, want create, update and two patches", d)
+	}
+	if n := a.claims.Load(); n > 3 {
+		t.Errorf("%d Claim calls while waiting %v: the wait polls", n, done.Sub(start))
+	}
+}
