@@ -99,7 +99,7 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 		f.StringVarP(&o.Stack, "stack", "s", "", "stack name (stacks/Pulumi.<stack>.yaml)")
 		f.StringVar(&o.RepoDir, "repo", "", "repository root (default: found from the working directory)")
 		f.StringVar(&o.Tools, "tools", envOr("FUSEBOX_PULUMI_TOOLS", defaultTools), "directory laid out by make tools (bin/pulumi, home/)")
-		f.StringVar(&o.Backend, "backend", "", "Pulumi state backend URL")
+		f.StringVar(&o.Backend, "backend", "", "Pulumi state backend URL (a file://DIR that does not exist is created)")
 		f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the target cluster (default $KUBECONFIG)")
 		cmds = append(cmds, cmd)
 	}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/blang/semver"
 	"github.com/pulumi/pulumi/sdk/v3/go/auto"
@@ -86,11 +87,14 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	}
 	if backend == "" {
 		home, _ := os.UserHomeDir()
-		dir := filepath.Join(home, ".fusebox", "pulumi-state")
+		backend = "file://" + filepath.Join(home, ".fusebox", "pulumi-state")
+	}
+	// The CLI refuses a file backend whose directory does not exist: create it, for the
+	// default and for --backend / $PULUMI_BACKEND_URL alike.
+	if dir, ok := fileBackendDir(backend); ok {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return Result{}, err
+			return Result{}, fmt.Errorf("creating the state directory of backend %s: %w", backend, err)
 		}
-		backend = "file://" + dir
 	}
 	env := map[string]string{
 		"PULUMI_HOME":                                 filepath.Join(o.Tools, "home"),
@@ -165,6 +169,27 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("deploy: unknown operation %q", op)
 	}
 	return res, nil
+}
+
+// fileBackendDir returns the directory of a file:// backend URL ("file:///abs", "file://~/dir",
+// "file://rel"; query options dropped), and false for any other backend.
+func fileBackendDir(backend string) (string, bool) {
+	rest, ok := strings.CutPrefix(backend, "file://")
+	if !ok {
+		return "", false
+	}
+	rest, _, _ = strings.Cut(rest, "?")
+	if rest == "" {
+		return "", false
+	}
+	if rest == "~" || strings.HasPrefix(rest, "~/") {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", false
+		}
+		rest = filepath.Join(home, strings.TrimPrefix(rest, "~"))
+	}
+	return filepath.Clean(rest), true
 }
 
 func changes[K ~string](m map[K]int) map[string]int {

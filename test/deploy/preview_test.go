@@ -80,6 +80,22 @@ func TestPreviewRefusesATaggedImage(t *testing.T) {
 	}
 }
 
+// TestPreviewCreatesAFileBackendDir: --backend file://DIR with a DIR that does not exist yet
+// works, as the default backend does (the Pulumi CLI itself refuses a missing directory).
+func TestPreviewCreatesAFileBackendDir(t *testing.T) {
+	tl := tools(t)
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: repoRoot(), Tools: tl,
+		Backend: "file://" + dir, Env: map[string]string{"KUBECONFIG": "/nonexistent"}}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		t.Fatalf("state directory: %v", err)
+	}
+}
+
 func TestUnknownStack(t *testing.T) {
 	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "nope", RepoDir: repoRoot(), Tools: "/nonexistent"})
 	if err == nil || !strings.Contains(err.Error(), "nope") {
