@@ -67,10 +67,11 @@ func KubeAllocate(ctx context.Context, runs int, log *slog.Logger) (*KubeAllocat
 	if err != nil {
 		return nil, err
 	}
-	if err := a.Start(ctx); err != nil {
+	informers, stopInformers := context.WithCancel(ctx)
+	defer func() { stopInformers(); a.Shutdown() }() // Shutdown waits for Start's ctx to end
+	if err := a.Start(informers); err != nil {
 		return nil, err
 	}
-	defer a.Shutdown()
 	const pool = 16
 	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: manager.RealClock{},
 		Initializer: memalloc.Initializer, CreateConcurrency: 8, ReconcileInterval: 20 * time.Millisecond})
