@@ -35,6 +35,8 @@ import (
 const (
 	DefaultDialTimeout = 10 * time.Second
 	DefaultIdleTimeout = 10 * time.Minute
+	// DefaultMaxConns bounds one sandbox's open connections to its proxy.
+	DefaultMaxConns = 256
 	// resolveTimeout bounds the host's DNS lookup of one destination.
 	resolveTimeout = 10 * time.Second
 	// readHeaderTimeout bounds how long a client may take to send a request's headers.
@@ -58,6 +60,10 @@ type ProxyOptions struct {
 	// IdleTimeout closes a CONNECT tunnel that carried no byte in either direction for this
 	// long. Default: 10 minutes.
 	IdleTimeout time.Duration
+	// MaxConns bounds the connections open to the proxy at once (tunnels included), so that
+	// a sandbox cannot exhaust the host's file descriptors or ports through it; one more is
+	// answered with a 503 that says so and closed. Default: DefaultMaxConns.
+	MaxConns int
 }
 
 // Proxy is the egress proxy of one sandbox. It refuses every destination until SetAllowlist
@@ -68,6 +74,9 @@ type Proxy struct {
 	log     *slog.Logger
 	idle    time.Duration
 	srv     *http.Server
+
+	maxConns int
+	conns    atomic.Int64 // connections accepted and not yet closed
 
 	// allow is the current allowlist; nil until SetAllowlist, which refuses everything.
 	allow atomic.Pointer[Allowlist]
@@ -84,8 +93,11 @@ type Proxy struct {
 
 // NewProxy returns a Proxy that refuses everything until SetAllowlist is called.
 func NewProxy(o ProxyOptions) *Proxy {
-	p := &Proxy{dial: o.Dial, resolve: o.Resolve, log: o.Logger, idle: o.IdleTimeout,
+	p := &Proxy{dial: o.Dial, resolve: o.Resolve, log: o.Logger, idle: o.IdleTimeout, maxConns: o.MaxConns,
 		tunnels: make(map[net.Conn]struct{})}
+	if p.maxConns <= 0 {
+		p.maxConns = DefaultMaxConns
+	}
 	if p.dial == nil {
 		p.dial = (&net.Dialer{Timeout: DefaultDialTimeout}).DialContext
 	}
@@ -118,7 +130,7 @@ func (p *Proxy) SetAllowlist(a Allowlist) { p.allow.Store(&a) }
 // returns the listener's error). It may be called for several listeners. ln is closed when
 // Serve returns.
 func (p *Proxy) Serve(ln net.Listener) error {
-	if err := p.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := p.srv.Serve(&capListener{Listener: ln, p: p}); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -140,6 +152,49 @@ func (p *Proxy) Close() error {
 	}
 	p.tunnelsDone.Wait()
 	return err
+}
+
+// capListener counts the proxy's open connections and turns away those over MaxConns.
+type capListener struct {
+	net.Listener
+	p *Proxy
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if n := l.p.conns.Add(1); n > int64(l.p.maxConns) {
+			l.p.conns.Add(-1)
+			l.p.log.Warn("egress refused", "why", "too many connections", "limit", l.p.maxConns)
+			go refuseBusy(c, l.p.maxConns)
+			continue
+		}
+		return &countedConn{Conn: c, n: &l.p.conns}, nil
+	}
+}
+
+// refuseBusy answers a connection over the limit without reading its request.
+func refuseBusy(c net.Conn, limit int) {
+	defer c.Close()
+	body := fmt.Sprintf("fusebox egress: this sandbox has %d connections open through its egress proxy, the most it may; close some and retry\n", limit)
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+}
+
+// countedConn gives its slot back once, on the first Close (the server's or, for a hijacked
+// CONNECT tunnel, the tunnel's).
+type countedConn struct {
+	net.Conn
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.n.Add(-1) })
+	return c.Conn.Close()
 }
 
 // serveHTTP dispatches on the request form: CONNECT authority, or an absolute http:// URI.

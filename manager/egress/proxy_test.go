@@ -651,3 +651,46 @@ func TestDecisionsLogged(t *testing.T) {
 		t.Errorf("a request body was logged:\n%s", out)
 	}
 }
+
+// TestConnectionCap: a sandbox holding MaxConns connections gets a 503 naming the limit for
+// the next one, and gets its slot back when a tunnel closes.
+func TestConnectionCap(t *testing.T) {
+	noLeaks(t)
+	echo := echoServer(t)
+	var rec recorder
+	o := rec.options(nil, nil)
+	o.MaxConns = 2
+	p, sock := startProxy(t, o)
+	mustAllow(t, p, echo)
+	var tunnels []net.Conn
+	for range 2 {
+		c, br, res, _ := connect(t, sock, echo)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("CONNECT within the cap: %s", res.Status)
+		}
+		expectEcho(t, c, br, "ping")
+		tunnels = append(tunnels, c)
+	}
+	c, _, res, body := connect(t, sock, echo)
+	c.Close()
+	want := "fusebox egress: this sandbox has 2 connections open through its egress proxy, the most it may; close some and retry\n"
+	if res.StatusCode != http.StatusServiceUnavailable || body != want {
+		t.Fatalf("CONNECT over the cap: %s %q, want 503 %q", res.Status, body, want)
+	}
+	tunnels[0].Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, br, res, _ := connect(t, sock, echo)
+		if res.StatusCode == http.StatusOK {
+			expectEcho(t, c, br, "pong")
+			c.Close()
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("no slot after a tunnel closed: %s", res.Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tunnels[1].Close()
+}
