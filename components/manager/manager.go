@@ -26,6 +26,9 @@ const (
 	DefaultGRPCPort    = 9090
 	DefaultMetricsPort = 9464
 	templateMountPath  = "/etc/fusebox/sandbox"
+	// SandboxTemplatePath is where the manager reads the sandbox pod template: the
+	// ConfigMap's SandboxTemplateKey, mounted at templateMountPath.
+	SandboxTemplatePath = templateMountPath + "/" + SandboxTemplateKey
 	// nonRootUID is the distroless "nonroot" user.
 	nonRootUID = 65532
 )
@@ -341,6 +344,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						pulumi.String("--manager-namespace=$(POD_NAMESPACE)"),
 						pulumi.String("--identity=$(POD_NAME)"),
 						pulumi.String("--sandbox-image=" + a.Sandbox.Image),
+						pulumi.String("--sandbox-template=" + SandboxTemplatePath),
 						pulumi.String("--agent-selector=fusebox.dev/agent=true"),
 						pulumi.String("--manager-selector=app.kubernetes.io/name=" + components.ManagerAppLabel),
 						pulumi.String("--leader-elect=true"),

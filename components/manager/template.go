@@ -27,7 +27,10 @@ type SandboxTemplate struct {
 }
 
 // Pod returns the sandbox pod template. It satisfies the sandbox admission policy: gVisor, no
-// service-account token, nothing privileged, no host access, no added capabilities.
+// service-account token, nothing privileged, no host access, no added capabilities; it runs
+// on the sandbox node pool (its label and taint). The manager (--sandbox-template) takes the
+// image, resources, placement, labels and ports from it and enforces the security settings
+// itself, refusing a template that contradicts them (kubealloc.TemplateFromPod).
 func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 	if err := components.ValidateImage(t.Image); err != nil {
 		return nil, fmt.Errorf("sandbox image: %w", err)
@@ -45,7 +48,7 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 		}
 		res[k] = q
 	}
-	no := false
+	no, yes := false, true
 	return &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{
@@ -57,6 +60,15 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
 			RestartPolicy:                corev1.RestartPolicyNever,
+			NodeSelector:                 map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue},
+			Tolerations: []corev1.Toleration{{
+				Key: components.SandboxTaintKey, Operator: corev1.TolerationOpEqual, Value: components.SandboxTaintValue,
+				Effect: corev1.TaintEffect(components.SandboxTaintEffect),
+			}},
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   &yes,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Containers: []corev1.Container{{
 				Name:  "sandbox",
 				Image: t.Image,
@@ -72,7 +84,11 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(components.InitPort)},
 				}, PeriodSeconds: 1},
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, Privileged: &no},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: &no, Privileged: &no, RunAsNonRoot: &yes, ReadOnlyRootFilesystem: &yes,
+					Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
 			}},
 		},
 	}, nil

@@ -59,9 +59,12 @@ type KubeConfig struct {
 	ManagerNamespace string
 	Identity         string // this replica (the pod's name)
 	SandboxImage     string // repository@sha256:... holding fusebox-sandbox
-	AgentSelector    map[string]string
-	ManagerSelector  map[string]string
-	LeaderElect      bool
+	// SandboxTemplate is a file holding the sandbox pod template (YAML, as components/manager
+	// renders it); empty: kubealloc.DefaultTemplate(SandboxImage).
+	SandboxTemplate string
+	AgentSelector   map[string]string
+	ManagerSelector map[string]string
+	LeaderElect     bool
 	// NodeName places every sandbox pod on one node: only for control planes without a
 	// scheduler (tests).
 	NodeName string

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -16,17 +17,40 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/leader"
 )
 
+// sandboxTemplate reads --sandbox-template, or makes the default template for
+// --sandbox-image. Both given must name the same image.
+func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
+	if k.SandboxTemplate == "" {
+		return kubealloc.DefaultTemplate(k.SandboxImage), nil
+	}
+	data, err := os.ReadFile(k.SandboxTemplate)
+	if err != nil {
+		return kubealloc.Template{}, fmt.Errorf("reading the sandbox template: %w", err)
+	}
+	t, err := kubealloc.ParseTemplate(data)
+	if err != nil {
+		return kubealloc.Template{}, fmt.Errorf("%s: %w", k.SandboxTemplate, err)
+	}
+	if k.SandboxImage != "" && t.Image != k.SandboxImage {
+		return kubealloc.Template{}, fmt.Errorf("%s: image %s differs from --sandbox-image %s", k.SandboxTemplate, t.Image, k.SandboxImage)
+	}
+	return t, nil
+}
+
 // startKube checks the cluster (the sandbox namespace must already deny by default), starts
 // the informer-fed allocator and, with LeaderElect, joins the election for the pool duties.
 func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
-	if k.SandboxNamespace == "" || k.Identity == "" || k.SandboxImage == "" {
-		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image")
+	if k.SandboxNamespace == "" || k.Identity == "" || (k.SandboxImage == "" && k.SandboxTemplate == "") {
+		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image or --sandbox-template")
+	}
+	tmpl, err := sandboxTemplate(k)
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(k.AgentSelector) == 0 || len(k.ManagerSelector) == 0 {
 		return nil, nil, errors.New("--allocator kube needs --agent-selector and --manager-selector (who may reach the data and init ports)")
 	}
 	var cfg *rest.Config
-	var err error
 	if k.Kubeconfig != "" {
 		cfg, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
 	} else {
@@ -47,7 +71,7 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: k.SandboxNamespace, Identity: k.Identity,
-		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(k.SandboxImage)},
+		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: tmpl},
 		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, Manager: k.ManagerSelector}, NodeName: k.NodeName,
 		Logger: log})
 	if err != nil {

@@ -58,6 +58,11 @@ type Template struct {
 	Limits   corev1.ResourceList
 	// WorkspaceSize bounds the memory-backed /workspace (counted against the memory limit).
 	WorkspaceSize resource.Quantity
+	// Pool, when set, places this template's pods instead of Options.Pool.
+	Pool *NodePool
+	// Labels and Annotations are added to every pod; the allocator's own keys are set over
+	// them (TemplateFromPod refuses templates that set those).
+	Labels, Annotations map[string]string
 }
 
 // DefaultTemplate is 250m/256Mi requested, 1 CPU/1Gi limit, a 512Mi workspace.
@@ -106,7 +111,8 @@ type PodSpec struct {
 // BuildPod returns the sandbox pod: gVisor runtime class, no service-account token, non-root
 // with every capability dropped, no privilege escalation, seccomp RuntimeDefault, read-only
 // root filesystem, no host namespaces or host paths, a memory-backed workspace, resource
-// requests and limits, the sandbox node pool, and a readiness probe on the init port (Ready
+// requests and limits, the sandbox node pool (the template's, else PodSpec.Pool), the
+// template's labels and annotations under the allocator's own, and a readiness probe on the init port (Ready
 // therefore means "init endpoint accepts connections"). Pods are single-use: restartPolicy
 // Never.
 func BuildPod(s PodSpec) *corev1.Pod {
@@ -130,16 +136,26 @@ func BuildPod(s PodSpec) *corev1.Pod {
 		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
 	}, t.ServerArgs...)
 	size := t.WorkspaceSize
+	pool := s.Pool
+	if t.Pool != nil {
+		pool = *t.Pool
+	}
+	labels := maps.Clone(t.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, map[string]string{
+		LabelApp:       AppName,
+		LabelTemplate:  s.TemplateName,
+		LabelState:     StateReady,
+		LabelSandboxID: s.ID,
+	})
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      s.ID,
-			Namespace: s.Namespace,
-			Labels: map[string]string{
-				LabelApp:       AppName,
-				LabelTemplate:  s.TemplateName,
-				LabelState:     StateReady,
-				LabelSandboxID: s.ID,
-			},
+			Name:        s.ID,
+			Namespace:   s.Namespace,
+			Labels:      labels,
+			Annotations: maps.Clone(t.Annotations),
 		},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:             &s.RuntimeClassName,
@@ -147,8 +163,8 @@ func BuildPod(s PodSpec) *corev1.Pod {
 			EnableServiceLinks:           &no,
 			RestartPolicy:                corev1.RestartPolicyNever,
 			NodeName:                     s.NodeName,
-			NodeSelector:                 maps.Clone(s.Pool.NodeSelector),
-			Tolerations:                  slices.Clone(s.Pool.Tolerations),
+			NodeSelector:                 maps.Clone(pool.NodeSelector),
+			Tolerations:                  slices.Clone(pool.Tolerations),
 			HostNetwork:                  false,
 			HostPID:                      false,
 			HostIPC:                      false,
