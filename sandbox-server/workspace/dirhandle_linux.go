@@ -119,6 +119,24 @@ func (d *dirHandle) rename(name string, to *dirHandle, toName string) error {
 	return nil
 }
 
+// renameNoReplace is rename that fails with EEXIST, atomically, when toName exists
+// (renameat2 RENAME_NOREPLACE). Where the filesystem does not support the flag (EINVAL) it
+// falls back to a check and a rename, which a concurrent create can race.
+func (d *dirHandle) renameNoReplace(name string, to *dirHandle, toName string) error {
+	err := ignoringEINTR(func() error { return unix.Renameat2(d.fd, name, to.fd, toName, unix.RENAME_NOREPLACE) })
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		if _, lerr := to.lstat(toName); lerr == nil {
+			err = unix.EEXIST
+		} else {
+			err = ignoringEINTR(func() error { return unix.Renameat(d.fd, name, to.fd, toName) })
+		}
+	}
+	if err != nil {
+		return &os.LinkError{Op: "renameat2", Old: name, New: toName, Err: err}
+	}
+	return nil
+}
+
 // remove removes a file, a symlink or an empty directory, as os.Remove does: unlink first,
 // then rmdir, reporting the rmdir error unless name is not a directory.
 func (d *dirHandle) remove(name string) error {

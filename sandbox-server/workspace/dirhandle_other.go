@@ -77,6 +77,15 @@ func (d *dirHandle) rename(name string, to *dirHandle, toName string) error {
 	return tagEscape(d.top.Rename(joinRel(d.rel, name), joinRel(to.rel, toName)))
 }
 
+// renameNoReplace is rename that fails with EEXIST when toName exists (a check, then the
+// rename: not atomic here; the Linux build uses renameat2 RENAME_NOREPLACE).
+func (d *dirHandle) renameNoReplace(name string, to *dirHandle, toName string) error {
+	if _, err := to.lstat(toName); err == nil {
+		return &os.LinkError{Op: "rename", Old: name, New: toName, Err: syscall.EEXIST}
+	}
+	return d.rename(name, to, toName)
+}
+
 func (d *dirHandle) remove(name string) error {
 	err := d.r.Remove(name)
 	if errors.Is(err, syscall.EEXIST) {

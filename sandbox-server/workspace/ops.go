@@ -185,10 +185,18 @@ func (w *Workspace) Rename(ctx context.Context, req *sandboxv1.RenameRequest) er
 		}
 		defer td.close()
 	}
+	if !req.GetOverwrite() {
+		// Atomic: a file created at to by a command meanwhile is never replaced.
+		if err := fd.renameNoReplace(fromName, td, toName); err != nil {
+			if errors.Is(err, syscall.EEXIST) {
+				return fmt.Errorf("renaming %q to %q: %w", from, to, &fs.PathError{Op: "rename", Path: to, Err: syscall.EEXIST})
+			}
+			return wrap(fmt.Sprintf("renaming %q to", from), to, err)
+		}
+		return nil
+	}
 	dst, err := td.lstat(toName)
 	switch {
-	case err == nil && !req.GetOverwrite():
-		return fmt.Errorf("renaming %q to %q: %w", from, to, &fs.PathError{Op: "rename", Path: to, Err: syscall.EEXIST})
 	case err == nil && dst.IsDir():
 		// Like os.Rename, never replace a directory by renaming over it; the proto allows
 		// replacing an empty one with a directory, so remove it first (rmdir fails if it is
