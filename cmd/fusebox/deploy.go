@@ -55,7 +55,11 @@ func deployCmds() []*cobra.Command {
 Runs the Pulumi program in infra/ (infra.Program) through the Automation API with the stack's
 configuration from stacks/Pulumi.<stack>.yaml; it needs the Pulumi CLI and the Kubernetes
 provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_URL or
-~/.fusebox/pulumi-state; the cluster is the one in $KUBECONFIG (or --kubeconfig).`,
+~/.fusebox/pulumi-state; the cluster is the one in $KUBECONFIG (or --kubeconfig).
+
+Preview needs no cluster: with an unreachable or missing kubeconfig the Kubernetes provider
+skips its cluster checks and shows what would be created. up --render-dir DIR writes the
+objects as YAML manifests under DIR instead (the provider's renderYamlToDirectory mode).`,
 			Example: "  fusebox " + string(op.op) + " --stack eks-dev",
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
@@ -86,6 +90,9 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 					parts = []string{"no changes"} // e.g. destroy of a stack that holds nothing
 				}
 				fmt.Printf("\nsummary: %s\n", strings.Join(parts, ", "))
+				if o.RenderDir != "" {
+					fmt.Printf("manifests written under %s (1-manifest/, 0-crd/); nothing was applied to a cluster\n", o.RenderDir)
+				}
 				if len(res.Outputs) > 0 {
 					fmt.Println("outputs:")
 					for _, k := range slices.Sorted(maps.Keys(res.Outputs)) {
@@ -101,6 +108,9 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 		f.StringVar(&o.Tools, "tools", envOr("FUSEBOX_PULUMI_TOOLS", defaultTools), "directory laid out by make tools (bin/pulumi, home/)")
 		f.StringVar(&o.Backend, "backend", "", "Pulumi state backend URL (a file://DIR that does not exist is created)")
 		f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the target cluster (default $KUBECONFIG)")
+		if op.op == deploy.Up {
+			f.StringVar(&o.RenderDir, "render-dir", "", "write the objects as YAML manifests under this directory instead of applying them (no cluster needed; throwaway state)")
+		}
 		cmds = append(cmds, cmd)
 	}
 	return cmds

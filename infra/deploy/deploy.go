@@ -53,6 +53,12 @@ type Options struct {
 	Env map[string]string
 	// Progress receives the CLI's progress output.
 	Progress io.Writer
+	// RenderDir, for Up only, makes the Kubernetes provider write every object as a YAML
+	// manifest under RenderDir (1-manifest/, 0-crd/) instead of applying it: its
+	// renderYamlToDirectory mode, which needs no cluster. The run's Pulumi state is throwaway
+	// (a temporary backend, whatever Backend says), so the stack's real state never records
+	// objects that were only rendered. Stacks that install Cilium with Helm cannot be rendered.
+	RenderDir string
 }
 
 // Result is what a run changed and, for up, the stack's outputs.
@@ -81,7 +87,18 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("pulumi CLI in %s (run make tools): %w", o.Tools, err)
 	}
+	if o.RenderDir != "" && op != Up {
+		return Result{}, fmt.Errorf("deploy: rendering manifests (RenderDir) is an up without a cluster; not for %s", op)
+	}
 	backend := o.Backend
+	if o.RenderDir != "" {
+		state, err := os.MkdirTemp("", "fusebox-render-state-")
+		if err != nil {
+			return Result{}, err
+		}
+		defer os.RemoveAll(state)
+		backend = "file://" + state
+	}
 	if backend == "" {
 		backend = os.Getenv("PULUMI_BACKEND_URL")
 	}
@@ -126,6 +143,17 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		auto.Project(proj), auto.WorkDir(work), auto.Pulumi(cmd), auto.EnvVars(env))
 	if err != nil {
 		return Result{}, fmt.Errorf("selecting stack %s: %w", o.Stack, err)
+	}
+	if o.RenderDir != "" {
+		dir, err := filepath.Abs(o.RenderDir)
+		if err != nil {
+			return Result{}, err
+		}
+		// The default Kubernetes provider reads kubernetes:* from the stack's configuration
+		// (the temporary copy, not the reviewed file).
+		if err := stack.SetConfig(ctx, "kubernetes:renderYamlToDirectory", auto.ConfigValue{Value: dir}); err != nil {
+			return Result{}, fmt.Errorf("configuring the Kubernetes provider to render into %s: %w", dir, err)
+		}
 	}
 	progress := o.Progress
 	if progress == nil {

@@ -4,6 +4,8 @@ package deploy_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,6 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 )
 
@@ -94,6 +101,115 @@ func TestPreviewCreatesAFileBackendDir(t *testing.T) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		t.Fatalf("state directory: %v", err)
 	}
+}
+
+// TestUpRendersManifests runs `up --render-dir` of every stack without a cluster: the
+// Kubernetes provider writes each object as a YAML manifest instead of applying it. Every
+// object the program registers (as the recording mocks see it) lands in the directory, each
+// file parses as a Kubernetes object, and the state backend passed in is left untouched.
+func TestUpRendersManifests(t *testing.T) {
+	tl := tools(t)
+	stacks, _ := filepath.Glob(filepath.Join(repoRoot(), "stacks", "Pulumi.*.yaml"))
+	for _, f := range stacks {
+		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "Pulumi."), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			want := expectedObjects(t, f, name)
+			dir, state := filepath.Join(t.TempDir(), "manifests"), t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if _, err := deploy.Run(ctx, deploy.Up, deploy.Options{Stack: name, RepoDir: repoRoot(), Tools: tl, RenderDir: dir,
+				Backend: "file://" + state, Env: map[string]string{"KUBECONFIG": "/nonexistent"}}); err != nil {
+				t.Fatal(err)
+			}
+			files, _ := filepath.Glob(filepath.Join(dir, "*", "*.yaml"))
+			got := map[string]bool{}
+			for _, p := range files {
+				b, err := os.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var obj struct {
+					APIVersion string `json:"apiVersion"`
+					Kind       string `json:"kind"`
+					Metadata   struct {
+						Name      string `json:"name"`
+						Namespace string `json:"namespace"`
+					} `json:"metadata"`
+				}
+				if err := yaml.Unmarshal(b, &obj); err != nil {
+					t.Fatalf("%s is not YAML: %v", p, err)
+				}
+				if obj.APIVersion == "" || obj.Kind == "" || obj.Metadata.Name == "" {
+					t.Errorf("%s: not a Kubernetes object: %s", p, b)
+				}
+				got[obj.APIVersion+" "+obj.Kind+" "+obj.Metadata.Name] = true
+			}
+			for k := range want {
+				if !got[k] {
+					t.Errorf("no manifest for %s", k)
+				}
+			}
+			if len(got) != len(want) {
+				t.Errorf("%d manifests, want %d", len(got), len(want))
+			}
+			if entries, _ := os.ReadDir(state); len(entries) != 0 {
+				t.Errorf("rendering wrote to the stack's state backend: %v", entries)
+			}
+		})
+	}
+	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "local", RepoDir: repoRoot(), Tools: tl, RenderDir: t.TempDir()})
+	if err == nil {
+		t.Error("preview with a render directory was accepted: it would render nothing")
+	}
+}
+
+// expectedObjects runs the program under recording mocks and returns "apiVersion kind name"
+// of each Kubernetes object it registers.
+func expectedObjects(t *testing.T, stackFile, stack string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(stackFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Config map[string]any `json:"config"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	cfg := map[string]string{}
+	for k, v := range f.Config {
+		switch v := v.(type) {
+		case string:
+			cfg[k] = v
+		case bool, float64:
+			cfg[k] = fmt.Sprint(v)
+		default:
+			j, _ := json.Marshal(v)
+			cfg[k] = string(j)
+		}
+	}
+	m, err := mocktest.Run(infra.Program, mocktest.WithConfig(cfg), func(info *pulumi.RunInfo) { info.Stack = stack })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, r := range m.All() {
+		parts := strings.Split(r.Type, ":")
+		if !r.Custom || len(parts) != 3 || parts[0] != "kubernetes" || !strings.Contains(parts[1], "/") {
+			continue
+		}
+		group, version, _ := strings.Cut(parts[1], "/")
+		apiVersion := group + "/" + version
+		if group == "core" {
+			apiVersion = version
+		}
+		out[apiVersion+" "+parts[2]+" "+mocktest.Str(r.Props(), "metadata", "name")] = true
+	}
+	if len(out) < 10 {
+		t.Fatalf("only %d Kubernetes objects recorded", len(out))
+	}
+	return out
 }
 
 func TestUnknownStack(t *testing.T) {
