@@ -17,6 +17,10 @@
 // identity and time) before the error is believed. Other errors are returned at once, wrapped
 // with what was being done to which object.
 //
+// Pods are built from a Template per template name; ParseTemplate reads the one the manager
+// component renders into its ConfigMap and refuses any that contradicts the security
+// settings BuildPod enforces.
+//
 // Several manager replicas share the pods. The pod's fusebox.dev/state label carries the
 // unit's state (ready -> claimed -> bound); Claim moves ready -> claimed with an Update that
 // carries the cached resourceVersion, so the API server lets exactly one replica win each
@@ -468,7 +472,7 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	}
 	pods, err := a.pods.Pods(a.o.Namespace).List(labels.Everything())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing sandbox pods from the informer's cache: %w", err)
 	}
 	out := make([]manager.UnitInfo, 0, len(pods))
 	for _, p := range pods {
@@ -554,7 +558,7 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 	}
 	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
 	if err != nil {
-		return manager.UnitInfo{}, err
+		return manager.UnitInfo{}, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
 	}
 	rand.Shuffle(len(objs), func(i, j int) { objs[i], objs[j] = objs[j], objs[i] })
 	for _, o := range objs {
@@ -633,7 +637,7 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	} else if err != nil {
-		return err
+		return fmt.Errorf("reading pod %s from the informer's cache: %w", id, err)
 	}
 	// A pod claimed by another replica and not yet bound is that replica's to bind. Once it
 	// is bound, any replica may rewrite its lease (renewals go to whichever replica the
@@ -713,7 +717,7 @@ func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) e
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	} else if err != nil {
-		return err
+		return fmt.Errorf("reading pod %s from the informer's cache: %w", id, err)
 	}
 	pol, err := SandboxPolicy(a.o.Namespace, id, allow, a.o.Selectors)
 	if err != nil {

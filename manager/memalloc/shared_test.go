@@ -59,7 +59,8 @@ func TestAllocateWaitsForTheNotification(t *testing.T) {
 	if took > s.Delay+500*time.Millisecond {
 		t.Errorf("Allocate took %v for a unit ready after %v", took, s.Delay)
 	}
-	if n := s.Claims(); n > 3 {
+	// One before waiting, one after the notification, one per 1 s guard tick on a slow machine.
+	if n := s.Claims(); n > 2+int64(took/time.Second) {
 		t.Errorf("%d claims while waiting %v: the wait polls", n, took)
 	}
 }
