@@ -6,9 +6,11 @@
 // RuntimeClass, and the nodes install runsc from their EC2NodeClass userData (EKSUserData, passed
 // to the karpenter component). On AKS, whose AKSNodeClass takes no userData, it creates the
 // RuntimeClass and a node-installer DaemonSet in kube-system that runs only on the sandbox pool
-// (node-installer.sh: verified download, containerd runtime entry, containerd restart, node
-// label fusebox.dev/gvisor=ready). On local clusters it creates the RuntimeClass and expects
-// runsc on the nodes already.
+// (node-installer.sh: verified download, containerd runtime entry, containerd restart, removal
+// of the node's startup taint, node label fusebox.dev/gvisor=ready). The startup taint
+// (karpenter.StartupTaintKey, set by the AKS NodePool on new nodes) keeps sandbox pods off a
+// node until the installer has removed it, and stays where the install fails. On local
+// clusters it creates the RuntimeClass and expects runsc on the nodes already.
 package gvisor
 
 import (
@@ -97,9 +99,10 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 		// The scheduling does not also select ReadyLabelKey (set by the AKS node installer once
 		// runsc works): Karpenter launches nodes only for pods whose node selectors its
 		// NodePool's labels satisfy, and a label added after launch is not among them, so
-		// sandbox pods would stay pending on an empty pool. Until the NodePool carries a
-		// startup taint that the installer removes, a sandbox pod that lands on a node before
-		// the install finishes waits in ContainerCreating while the kubelet retries.
+		// sandbox pods would stay pending on an empty pool. The gate on AKS is the NodePool's
+		// startup taint instead, which these tolerations deliberately leave out: Karpenter
+		// provisions for pods that do not tolerate a startup taint, and the scheduler places
+		// them only once the installer has removed it.
 		if args.ScheduleOnSandboxNodes {
 			rc.Scheduling = nodev1.SchedulingArgs{
 				NodeSelector: pulumi.StringMap{components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue)},

@@ -152,6 +152,11 @@ func TestGVisorPerCloud(t *testing.T) {
 					mocktest.Str(tol, "effect") != "NoSchedule" || mocktest.Str(tol, "value") != "true" {
 					t.Errorf("scheduling: %v", mocktest.Dig(p, "scheduling"))
 				}
+				// Sandbox pods must not tolerate the AKS startup taint: it keeps them off a
+				// node until the node installer has made runsc work there.
+				if extra := mocktest.Dig(p, "scheduling", "tolerations", 1); extra != nil {
+					t.Errorf("RuntimeClass tolerates more than the sandbox taint: %v", extra)
+				}
 			} else if mocktest.Dig(p, "scheduling") != nil {
 				t.Errorf("unexpected scheduling: %v", mocktest.Dig(p, "scheduling"))
 			}

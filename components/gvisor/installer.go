@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/karpenter"
 	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
@@ -21,7 +22,9 @@ import (
 // InstallerScript is the node installer the AKS DaemonSet runs with bash (see
 // node-installer.sh): download and verify runsc and its shim, register the runtime with
 // containerd (config version 2 or 3; a drop-in where the config imports a conf.d directory),
-// restart containerd through nsenter, label the node, then wait.
+// restart containerd through nsenter, remove the node's startup taint
+// (karpenter.StartupTaintKey), label the node, then wait. A failed step leaves the taint, so no
+// sandbox pod is scheduled on a node without a working runsc.
 //
 //go:embed node-installer.sh
 var InstallerScript string
@@ -120,9 +123,10 @@ func (a *NodeInstallerArgs) validate() (string, error) {
 }
 
 // newNodeInstaller creates the installer's ServiceAccount, its cluster role (get and patch
-// nodes: it labels the node it runs on) and binding, and the DaemonSet. The DaemonSet runs
-// only on sandbox nodes (the pool's label, the sandbox taint tolerated) of the architectures
-// with configured digests.
+// nodes: it reads the node it runs on, removes its startup taint and labels it) and binding,
+// and the DaemonSet. The DaemonSet runs only on sandbox nodes (the pool's label, the sandbox
+// taint tolerated) of the architectures with configured digests, and tolerates the startup
+// taint that the Karpenter NodePool puts on new sandbox nodes on AKS, which it removes.
 func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, base string, parent pulumi.Resource) (*appsv1.DaemonSet, error) {
 	ns := a.Namespace
 	if ns == "" {
@@ -178,6 +182,7 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 		corev1.EnvVarArgs{Name: pulumi.String("HOST_ROOT"), Value: pulumi.String(hostRoot)},
 		corev1.EnvVarArgs{Name: pulumi.String("READY_FILE"), Value: pulumi.String(readyFile)},
 		corev1.EnvVarArgs{Name: pulumi.String("READY_LABEL"), Value: pulumi.String(ReadyLabelKey)},
+		corev1.EnvVarArgs{Name: pulumi.String("STARTUP_TAINT"), Value: pulumi.String(karpenter.StartupTaintKey)},
 		corev1.EnvVarArgs{Name: pulumi.String("NODE_NAME"), ValueFrom: corev1.EnvVarSourceArgs{
 			FieldRef: corev1.ObjectFieldSelectorArgs{FieldPath: pulumi.String("spec.nodeName")},
 		}},
@@ -220,12 +225,20 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 							}},
 						},
 					}},
-					Tolerations: corev1.TolerationArray{corev1.TolerationArgs{
-						Key:      pulumi.String(components.SandboxTaintKey),
-						Operator: pulumi.String("Equal"),
-						Value:    pulumi.String(components.SandboxTaintValue),
-						Effect:   pulumi.String(components.SandboxTaintEffect),
-					}},
+					Tolerations: corev1.TolerationArray{
+						corev1.TolerationArgs{
+							Key:      pulumi.String(components.SandboxTaintKey),
+							Operator: pulumi.String("Equal"),
+							Value:    pulumi.String(components.SandboxTaintValue),
+							Effect:   pulumi.String(components.SandboxTaintEffect),
+						},
+						// The startup taint is there until this pod removes it.
+						corev1.TolerationArgs{
+							Key:      pulumi.String(karpenter.StartupTaintKey),
+							Operator: pulumi.String("Exists"),
+							Effect:   pulumi.String(karpenter.StartupTaintEffect),
+						},
+					},
 					Containers: corev1.ContainerArray{corev1.ContainerArgs{
 						Name:    pulumi.String("install"),
 						Image:   pulumi.String(a.Image),

@@ -3,15 +3,27 @@ package gvisor
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/BurntSushi/toml"
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/karpenter"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
@@ -56,6 +68,12 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 		mocktest.Str(tol, "effect") != components.SandboxTaintEffect || mocktest.Str(tol, "operator") != "Equal" {
 		t.Errorf("toleration %v does not match the sandbox pool's taint", tol)
 	}
+	// The AKS NodePool's startup taint is on the node until this pod removes it.
+	startup := mocktest.Dig(spec, "tolerations", 1)
+	if mocktest.Str(startup, "key") != karpenter.StartupTaintKey || mocktest.Str(startup, "operator") != "Exists" ||
+		mocktest.Str(startup, "effect") != karpenter.StartupTaintEffect || mocktest.Dig(spec, "tolerations", 2) != nil {
+		t.Errorf("tolerations %v: want the sandbox taint's and the startup taint's only", mocktest.Dig(spec, "tolerations"))
+	}
 	arch := mocktest.Dig(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms", 0, "matchExpressions", 0)
 	if mocktest.Str(arch, "key") != "kubernetes.io/arch" || mocktest.Str(arch, "values", 0) != "amd64" || mocktest.Dig(arch, "values", 1) != nil {
 		t.Errorf("architecture affinity %v: want amd64 only (the digests configured)", arch)
@@ -89,6 +107,7 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 		"SHA256_SHIM_X86_64":  testShimSum,
 		"HOST_ROOT":           hostRoot,
 		"READY_LABEL":         ReadyLabelKey,
+		"STARTUP_TAINT":       karpenter.StartupTaintKey,
 	} {
 		if got := mocktest.Str(env[name], "value"); got != want {
 			t.Errorf("env %s = %q, want %q", name, got, want)
@@ -98,7 +117,7 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 		t.Errorf("NODE_NAME %v", env["NODE_NAME"])
 	}
 
-	// Least privilege: read and label nodes, nothing else.
+	// Least privilege: read, untaint and label nodes, nothing else.
 	rules := mocktest.Dig(m.One(t, clusterRoleType).Props(), "rules").([]any)
 	if len(rules) != 1 || mocktest.Str(rules[0], "resources", 0) != "nodes" || mocktest.Dig(rules[0], "resources", 1) != nil ||
 		strings.Join([]string{mocktest.Str(rules[0], "verbs", 0), mocktest.Str(rules[0], "verbs", 1)}, ",") != "get,patch" ||
@@ -303,10 +322,184 @@ func TestInstallerConfiguresContainerd(t *testing.T) {
 	}
 }
 
-// TestInstallerMain runs the whole script with stand-ins for curl (serving files from a
-// directory, recording the node label request), uname, nsenter and sleep.
+// fakeNodeAPI is the part of the API server the installer uses: GET and PATCH of one node,
+// with JSON patches (the test and remove operations of RFC 6902, which the installer sends)
+// and merge patches. A failed test operation is refused with 422, like the API server does.
+// GET answers indented, as the API server answers curl's user agent.
+type fakeNodeAPI struct {
+	t *testing.T
+
+	mu sync.Mutex // guards the fields below
+	// node is the node object, as decoded JSON.
+	node map[string]any
+	// requests are the requests served, "METHOD content-type body -> status".
+	requests []string
+	// afterGet, when set, changes the node after the next GET (another controller racing
+	// the installer) and is then cleared.
+	afterGet func(node map[string]any)
+}
+
+func (f *fakeNodeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	body, _ := io.ReadAll(r.Body)
+	ctype := r.Header.Get("Content-Type")
+	status, resp := f.serve(r.Method, r.URL.Path, r.Header.Get("Authorization"), ctype, body)
+	req := slices.DeleteFunc([]string{r.Method, ctype, string(body)}, func(s string) bool { return s == "" })
+	f.requests = append(f.requests, fmt.Sprintf("%s -> %d", strings.Join(req, " "), status))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(resp)
+}
+
+func (f *fakeNodeAPI) serve(method, path, auth, ctype string, body []byte) (int, []byte) {
+	switch {
+	case auth != "Bearer tok":
+		return http.StatusUnauthorized, nil
+	case path != "/api/v1/nodes/node-1":
+		return http.StatusNotFound, nil
+	case method == http.MethodGet:
+		out, _ := json.MarshalIndent(f.node, "", "  ")
+		if f.afterGet != nil {
+			f.afterGet(f.node)
+			f.afterGet = nil
+		}
+		return http.StatusOK, out
+	case method != http.MethodPatch:
+		return http.StatusMethodNotAllowed, nil
+	}
+	// Patch a copy: a patch applies whole or not at all.
+	var node any
+	b, _ := json.Marshal(f.node)
+	json.Unmarshal(b, &node)
+	switch ctype {
+	case "application/merge-patch+json":
+		var patch any
+		if err := json.Unmarshal(body, &patch); err != nil {
+			return http.StatusBadRequest, nil
+		}
+		node = mergePatch(node, patch)
+	case "application/json-patch+json":
+		var ops []struct {
+			Op, Path string
+			Value    any
+		}
+		if err := json.Unmarshal(body, &ops); err != nil {
+			return http.StatusBadRequest, nil
+		}
+		for _, op := range ops {
+			var err error
+			if node, err = applyOp(node, op.Op, strings.Split(strings.TrimPrefix(op.Path, "/"), "/"), op.Value); err != nil {
+				f.t.Logf("JSON patch %s %s: %v", op.Op, op.Path, err)
+				return http.StatusUnprocessableEntity, nil
+			}
+		}
+	default:
+		return http.StatusUnsupportedMediaType, nil
+	}
+	f.node = node.(map[string]any)
+	out, _ := json.Marshal(f.node)
+	return http.StatusOK, out
+}
+
+// applyOp applies a JSON patch test or remove operation at the JSON pointer path to doc and
+// returns the new document.
+func applyOp(doc any, op string, path []string, value any) (any, error) {
+	if len(path) == 0 {
+		if op == "test" && reflect.DeepEqual(doc, value) {
+			return doc, nil
+		}
+		return nil, fmt.Errorf("test failed: %v is not %v", doc, value)
+	}
+	last := len(path) == 1 && op == "remove"
+	switch d := doc.(type) {
+	case map[string]any:
+		child, ok := d[path[0]]
+		if !ok {
+			return nil, fmt.Errorf("no member %q", path[0])
+		}
+		if last {
+			delete(d, path[0])
+			return d, nil
+		}
+		child, err := applyOp(child, op, path[1:], value)
+		d[path[0]] = child
+		return d, err
+	case []any:
+		i, err := strconv.Atoi(path[0])
+		if err != nil || i < 0 || i >= len(d) {
+			return nil, fmt.Errorf("no index %q in an array of %d", path[0], len(d))
+		}
+		if last {
+			return slices.Delete(d, i, i+1), nil
+		}
+		d[i], err = applyOp(d[i], op, path[1:], value)
+		return d, err
+	}
+	return nil, fmt.Errorf("%q: not an object or array", path[0])
+}
+
+// mergePatch applies an RFC 7386 merge patch.
+func mergePatch(doc, patch any) any {
+	p, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	d, ok := doc.(map[string]any)
+	if !ok {
+		d = map[string]any{}
+	}
+	for k, v := range p {
+		if v == nil {
+			delete(d, k)
+		} else {
+			d[k] = mergePatch(d[k], v)
+		}
+	}
+	return d
+}
+
+// Taints of a fresh AKS sandbox node: the cloud provider's until it has initialised the node,
+// the pool's, the startup taint and the node lifecycle controller's.
+var (
+	uninitializedTaint = map[string]any{"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"}
+	sandboxTaint       = map[string]any{"key": "fusebox.dev/sandbox", "value": "true", "effect": "NoSchedule"}
+	startupTaint       = map[string]any{"key": karpenter.StartupTaintKey, "effect": "NoSchedule"}
+	notReadyTaint      = map[string]any{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute", "timeAdded": "2026-11-30T18:00:00Z"}
+)
+
+func testNode() map[string]any {
+	var node map[string]any
+	b, _ := json.Marshal(map[string]any{
+		"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{
+			"name":   "node-1",
+			"labels": map[string]any{"fusebox.dev/pool": "sandbox"},
+			// A "taints" key inside a string, before spec: not the node's taints.
+			"annotations": map[string]any{"example.com/copy": `{"spec":{"taints":[{"key":"fusebox.dev/gvisor-not-ready","effect":"NoSchedule"}]}}`},
+			"managedFields": []any{map[string]any{"manager": "karpenter", "fieldsType": "FieldsV1",
+				"fieldsV1": map[string]any{"f:spec": map[string]any{"f:taints": map[string]any{}}}}},
+		},
+		"spec": map[string]any{"taints": []any{uninitializedTaint, sandboxTaint, startupTaint, notReadyTaint}},
+	})
+	json.Unmarshal(b, &node)
+	return node
+}
+
+// TestInstallerMain runs the whole script with stand-ins for uname, nsenter, sleep and curl
+// (serving the release from a directory and passing requests to the API server on to the real
+// curl, for a fakeNodeAPI), and checks when it removes the startup taint and labels the node.
 func TestInstallerMain(t *testing.T) {
 	script := writeScript(t)
+	realCurl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("no curl")
+	}
+	api := &fakeNodeAPI{t: t, node: testNode()}
+	srv := httptest.NewTLSServer(api)
+	defer srv.Close()
+	srvURL, _ := url.Parse(srv.URL)
+
 	dir := t.TempDir()
 	root, release, stubs, sa := filepath.Join(dir, "host"), filepath.Join(dir, "release"), filepath.Join(dir, "bin"), filepath.Join(dir, "sa")
 	log := filepath.Join(dir, "calls.log")
@@ -316,24 +509,23 @@ func TestInstallerMain(t *testing.T) {
 		filepath.Join(release, "x86_64/runsc"):                    "runsc binary\n",
 		filepath.Join(release, "x86_64/containerd-shim-runsc-v1"): "shim binary\n",
 		filepath.Join(sa, "token"):                                "tok",
-		filepath.Join(sa, "ca.crt"):                               "ca",
+		filepath.Join(sa, "ca.crt"):                               string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})),
 		filepath.Join(stubs, "uname"):                             "#!/bin/bash\necho x86_64\n",
 		filepath.Join(stubs, "sleep"):                             "#!/bin/bash\nexit 0\n",
 		filepath.Join(stubs, "nsenter"):                           "#!/bin/bash\necho \"nsenter $*\" >>\"$FAKE_LOG\"\n",
 		filepath.Join(stubs, "curl"): `#!/bin/bash
-out= url= method=GET data=
+args=("$@") out= url= method=GET
 while [[ $# -gt 0 ]]; do
   case $1 in
     -o) out=$2; shift 2 ;;
     -X) method=$2; shift 2 ;;
-    --data) data=$2; shift 2 ;;
-    -H | --cacert | --retry) shift 2 ;;
+    -H | --cacert | --retry | --data) shift 2 ;;
     -*) shift ;;
     *) url=$1; shift ;;
   esac
 done
-echo "curl $method $url $data" >>"$FAKE_LOG"
-[[ $method == PATCH ]] && exit 0
+echo "curl $method $url" >>"$FAKE_LOG"
+[[ $url == "$FAKE_BASE"/* ]] || exec "$REAL_CURL" "${args[@]}"
 src="$FAKE_RELEASE/${url#"$FAKE_BASE"/}"
 [[ -f $src ]] || exit 22
 cp "$src" "$out"
@@ -348,37 +540,70 @@ cp "$src" "$out"
 		}
 	}
 	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
-	run := func(runscSum string) (string, error) {
+	// run runs the script and returns the stand-ins' calls and the API requests it made.
+	run := func(runscSum string) (calls string, requests []string, err error) {
 		os.Remove(log)
+		api.mu.Lock()
+		api.requests = nil
+		api.mu.Unlock()
 		cmd := exec.Command("bash", script)
 		cmd.Env = append(os.Environ(),
-			"PATH="+stubs+":"+os.Getenv("PATH"),
+			"PATH="+stubs+":"+os.Getenv("PATH"), "REAL_CURL="+realCurl, "NO_PROXY=*", "no_proxy=*",
 			"FAKE_LOG="+log, "FAKE_RELEASE="+release, "FAKE_BASE="+base,
 			"BINARY_BASE_URL="+base, "NODE_NAME=node-1", "HOST_ROOT="+root, "SA_DIR="+sa,
-			"READY_FILE="+filepath.Join(dir, "ready"), "READY_LABEL="+ReadyLabelKey,
-			"KUBERNETES_SERVICE_HOST=10.0.0.1", "KUBERNETES_SERVICE_PORT=443",
+			"READY_FILE="+filepath.Join(dir, "ready"), "READY_LABEL="+ReadyLabelKey, "STARTUP_TAINT="+karpenter.StartupTaintKey,
+			"KUBERNETES_SERVICE_HOST="+srvURL.Hostname(), "KUBERNETES_SERVICE_PORT="+srvURL.Port(),
 			"SHA256_RUNSC_X86_64="+runscSum, "SHA256_SHIM_X86_64="+sum("shim binary\n"))
 		out, err := cmd.CombinedOutput()
-		calls, _ := os.ReadFile(log)
+		b, _ := os.ReadFile(log)
 		t.Logf("output:\n%s", out)
-		return string(calls), err
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return string(b), slices.Clone(api.requests), err
 	}
+	taints := func() []any {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		ts, _ := mocktest.Dig(api.node, "spec", "taints").([]any)
+		return ts
+	}
+	removeAt := func(i int) string {
+		return fmt.Sprintf(`PATCH application/json-patch+json [{"op":"test","path":"/spec/taints/%d/key","value":"%s"},`+
+			`{"op":"test","path":"/spec/taints/%d/effect","value":"NoSchedule"},{"op":"remove","path":"/spec/taints/%d"}]`,
+			i, karpenter.StartupTaintKey, i, i)
+	}
+	const (
+		get   = "GET -> 200"
+		label = `PATCH application/merge-patch+json {"metadata":{"labels":{"fusebox.dev/gvisor":"ready"}}} -> 200`
+	)
 	restart := "nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd"
-	label := `curl PATCH https://10.0.0.1:443/api/v1/nodes/node-1 {"metadata":{"labels":{"fusebox.dev/gvisor":"ready"}}}`
 
-	// A binary that does not match its configured digest: nothing installed, no restart, no label.
-	calls, err := run(sum("another runsc\n"))
+	// A binary that does not match its configured digest: nothing installed, no restart, and
+	// the node keeps its startup taint and gets no label.
+	calls, reqs, err := run(sum("another runsc\n"))
 	if err == nil {
 		t.Fatal("the script accepted a runsc with the wrong SHA-256")
 	}
 	if _, err := os.Stat(filepath.Join(root, "usr/local/bin/runsc")); err == nil {
 		t.Error("runsc installed despite the wrong SHA-256")
 	}
-	if strings.Contains(calls, "nsenter") || strings.Contains(calls, "PATCH") {
-		t.Errorf("restart or label after a failed verification:\n%s", calls)
+	if strings.Contains(calls, "nsenter") || len(reqs) != 0 {
+		t.Errorf("restart or API requests after a failed verification:\n%s\n%s", calls, strings.Join(reqs, "\n"))
+	}
+	if ts := taints(); !slices.ContainsFunc(ts, func(v any) bool { return reflect.DeepEqual(v, startupTaint) }) {
+		t.Errorf("startup taint gone after a failed install: %v", ts)
 	}
 
-	calls, err = run(sum("runsc binary\n"))
+	// The install. Between the installer's read of the node and its patch, the cloud provider
+	// removes its own taint, so the startup taint moves from index 2 to 1: the patch for index
+	// 2 must be refused (its test fails) and the installer must read the node again.
+	api.mu.Lock()
+	api.afterGet = func(node map[string]any) {
+		spec := node["spec"].(map[string]any)
+		spec["taints"] = spec["taints"].([]any)[1:]
+	}
+	api.mu.Unlock()
+	calls, reqs, err = run(sum("runsc binary\n"))
 	if err != nil {
 		t.Fatalf("install: %v\n%s", err, calls)
 	}
@@ -390,12 +615,28 @@ cp "$src" "$out"
 			t.Errorf("%s: %q %v", bin, b, err)
 		}
 	}
-	if strings.Count(calls, restart) != 1 || !strings.Contains(calls, label) {
-		t.Errorf("want one containerd restart and the node label:\n%s", calls)
+	want := []string{get, removeAt(2) + " -> 422", get, removeAt(1) + " -> 200", get, label}
+	if !slices.Equal(reqs, want) {
+		t.Errorf("API requests:\n%s\nwant:\n%s", strings.Join(reqs, "\n"), strings.Join(want, "\n"))
 	}
-	if i, j := strings.Index(calls, restart), strings.Index(calls, label); i > j {
-		t.Errorf("node labelled before containerd was restarted:\n%s", calls)
+	if strings.Count(calls, restart) != 1 {
+		t.Errorf("want one containerd restart:\n%s", calls)
 	}
+	if i, j := strings.Index(calls, restart), strings.Index(calls, "curl GET "+srv.URL); i < 0 || j < 0 || i > j {
+		t.Errorf("node untainted or labelled before containerd was restarted:\n%s", calls)
+	}
+	// Only the startup taint removed; the others, with all their fields, left.
+	if ts := taints(); !reflect.DeepEqual(ts, []any{sandboxTaint, notReadyTaint}) {
+		t.Errorf("taints after the install: %v", ts)
+	}
+	api.mu.Lock()
+	if l := mocktest.Str(api.node, "metadata", "labels", ReadyLabelKey); l != ReadyLabelValue {
+		t.Errorf("label %s=%q", ReadyLabelKey, l)
+	}
+	if !reflect.DeepEqual(api.node["metadata"].(map[string]any)["annotations"], testNode()["metadata"].(map[string]any)["annotations"]) {
+		t.Errorf("annotations changed: %v", api.node["metadata"])
+	}
+	api.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(dir, "ready")); err != nil {
 		t.Errorf("ready file: %v", err)
 	}
@@ -404,12 +645,49 @@ cp "$src" "$out"
 		t.Errorf("config:\n%s", cfg)
 	}
 
-	// A restarted pod: everything is in place, so no download and no restart; label again.
-	calls, err = run(sum("runsc binary\n"))
+	// A restarted pod: everything is in place, so no download, no restart and no taint to
+	// remove; label again.
+	calls, reqs, err = run(sum("runsc binary\n"))
 	if err != nil {
 		t.Fatalf("second run: %v", err)
 	}
-	if strings.Contains(calls, "GET") || strings.Contains(calls, "nsenter") || !strings.Contains(calls, label) {
-		t.Errorf("second run downloaded or restarted, or did not label:\n%s", calls)
+	if strings.Contains(calls, "curl GET "+base) || strings.Contains(calls, "nsenter") {
+		t.Errorf("second run downloaded or restarted:\n%s", calls)
+	}
+	if want := []string{get, label}; !slices.Equal(reqs, want) {
+		t.Errorf("second run's API requests:\n%s\nwant:\n%s", strings.Join(reqs, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestStartupTaintIndex checks how the script finds the startup taint in a node's JSON, compact
+// (as the API server answers other clients) or indented (as it answers curl).
+func TestStartupTaintIndex(t *testing.T) {
+	script := writeScript(t)
+	const key = karpenter.StartupTaintKey
+	for _, tc := range []struct {
+		name, node, want string
+	}{
+		{"first", `{"spec":{"taints":[{"key":"` + key + `","effect":"NoSchedule"},{"key":"a","effect":"NoSchedule"}]}}`, "0"},
+		{"indented", "{\n  \"spec\": {\n    \"taints\": [\n      {\n        \"effect\": \"NoExecute\",\n        \"key\": \"a\"\n      },\n" +
+			"      {\n        \"effect\": \"NoSchedule\",\n        \"key\": \"" + key + "\"\n      }\n    ]\n  }\n}", "1"},
+		{"with value and time", `{"spec":{"taints":[{"key":"a","value":"b","effect":"NoSchedule"},{"key":"` + key + `","value":"x","effect":"NoSchedule","timeAdded":"2026-11-30T18:00:00Z"}]}}`, "1"},
+		{"no taints", `{"metadata":{"name":"n"},"spec":{"podCIDR":"10.0.0.0/24"}}`, ""},
+		{"empty taints", `{"spec":{"taints":[]}}`, ""},
+		{"other effect", `{"spec":{"taints":[{"key":"` + key + `","effect":"NoExecute"}]}}`, ""},
+		{"longer key", `{"spec":{"taints":[{"key":"` + key + `-x","effect":"NoSchedule"},{"key":"x` + key + `","effect":"NoSchedule"}]}}`, ""},
+		{"only in a string", `{"metadata":{"annotations":{"a":"{\"taints\":[{\"key\":\"` + key + `\",\"effect\":\"NoSchedule\"}]}"},` +
+			`"managedFields":[{"fieldsV1":{"f:spec":{"f:taints":{}}}}]},"spec":{"taints":[{"key":"a","effect":"NoSchedule"}]}}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command("bash", "-c", `source "$1" && startup_taint_index "$2"`, "bash", script, tc.node)
+			cmd.Env = append(os.Environ(), "FUSEBOX_INSTALLER_LIB=1", "STARTUP_TAINT="+key)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if got := strings.TrimSpace(string(out)); got != tc.want {
+				t.Errorf("index %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -2,13 +2,18 @@
 # fusebox gVisor node installer, run by the fusebox-gvisor-installer DaemonSet on AKS sandbox
 # nodes (AKSNodeClass has no userData). It installs runsc and containerd-shim-runsc-v1 on the
 # host, registers the runsc runtime with containerd, restarts containerd if anything changed,
-# labels the node fusebox.dev/gvisor=ready and then waits (a DaemonSet pod must keep running).
-# Every step is idempotent: a restarted pod re-checks and changes nothing that is in place.
+# removes the Karpenter startup taint fusebox.dev/gvisor-not-ready:NoSchedule from the node
+# (it keeps sandbox pods off the node until now), labels the node fusebox.dev/gvisor=ready and
+# then waits (a DaemonSet pod must keep running). When a step fails (a download whose SHA-256
+# does not match, containerd not coming back) the script exits before touching the node, so the
+# taint stays and no sandbox pod is scheduled there. Every step is idempotent: a restarted pod
+# re-checks and changes nothing that is in place.
 #
 # Environment (set by the DaemonSet):
 #   BINARY_BASE_URL     <base>/<arch>/runsc and <base>/<arch>/containerd-shim-runsc-v1
 #   SHA256_RUNSC_<ARCH>, SHA256_SHIM_<ARCH>   expected SHA-256 of each binary (ARCH X86_64 or AARCH64)
-#   NODE_NAME           the node to label (downward API)
+#   NODE_NAME           the node to untaint and label (downward API)
+#   STARTUP_TAINT       key of the startup taint to remove (effect NoSchedule)
 #   HOST_ROOT           where the host's root is mounted (default /host)
 set -euo pipefail
 
@@ -16,6 +21,7 @@ HOST_ROOT="${HOST_ROOT:-/host}"
 SA_DIR="${SA_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}"
 READY_FILE="${READY_FILE:-/tmp/fusebox-gvisor-ready}"
 READY_LABEL="${READY_LABEL:-fusebox.dev/gvisor}"
+STARTUP_TAINT="${STARTUP_TAINT:-fusebox.dev/gvisor-not-ready}"
 BIN_DIR=/usr/local/bin
 DROPIN_NAME=fusebox-runsc.toml
 RUNTIME_TYPE=io.containerd.runsc.v1
@@ -130,15 +136,75 @@ restart_containerd() {
   nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl is-active --quiet containerd
 }
 
+# node_api METHOD [CONTENT-TYPE DATA] sends a request about this node to the API server with
+# the pod's service account (its cluster role: get and patch nodes) and prints the response.
+node_api() {
+  local api="https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT}"
+  local args=(-fsS --retry 5 --cacert "$SA_DIR/ca.crt" -H "Authorization: Bearer $(cat "$SA_DIR/token")")
+  if [[ $# -gt 1 ]]; then
+    args+=(-H "Content-Type: $2" --data "$3")
+  fi
+  curl "${args[@]}" -X "$1" "$api/api/v1/nodes/$NODE_NAME"
+}
+
+# startup_taint_index NODE_JSON prints the index in spec.taints of the taint
+# $STARTUP_TAINT:NoSchedule, or nothing when the node does not carry it. The JSON is read with
+# patterns, not parsed: the first "taints" key outside a string (a quote inside a JSON string
+# is always escaped) is spec.taints (metadata, which comes first, has only "f:taints" keys in
+# managedFields), and taint entries contain neither braces nor brackets (keys, values, effects
+# and times have no such characters). remove_startup_taint's JSON patch checks the entry again
+# on the server, so a wrong index removes nothing.
+startup_taint_index() {
+  local list entry i=0
+  local re='[{,][[:space:]]*"taints"[[:space:]]*:[[:space:]]*\[([^]]*)\]'
+  [[ $1 =~ $re ]] || return 0
+  list="${BASH_REMATCH[1]}"
+  while [[ $list =~ \{([^}]*)\} ]]; do
+    entry="${BASH_REMATCH[1]//[[:space:]]/}"
+    list="${list#*"${BASH_REMATCH[0]}"}"
+    if [[ ",$entry," == *",\"key\":\"$STARTUP_TAINT\","* && ",$entry," == *',"effect":"NoSchedule",'* ]]; then
+      echo "$i"
+      return 0
+    fi
+    i=$((i + 1))
+  done
+}
+
+# remove_startup_taint removes $STARTUP_TAINT:NoSchedule from the node and leaves its other
+# taints. Node taints are an atomic list, which a strategic merge patch would replace whole,
+# so it sends a JSON patch that tests that the entry at the index it read is still that taint
+# before removing it: if the taints changed in between (another controller), the server refuses
+# the patch and it reads the node again. A node without the taint is left alone.
+remove_startup_taint() {
+  local attempt node i patch
+  if [[ ! $STARTUP_TAINT =~ ^[A-Za-z0-9][-A-Za-z0-9_./]*$ ]]; then
+    log "bad STARTUP_TAINT key $STARTUP_TAINT"
+    return 1
+  fi
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    node="$(node_api GET)" || return 1
+    i="$(startup_taint_index "$node")"
+    if [[ -z $i ]]; then
+      return 0
+    fi
+    patch="[{\"op\":\"test\",\"path\":\"/spec/taints/$i/key\",\"value\":\"$STARTUP_TAINT\"}"
+    patch+=",{\"op\":\"test\",\"path\":\"/spec/taints/$i/effect\",\"value\":\"NoSchedule\"}"
+    patch+=",{\"op\":\"remove\",\"path\":\"/spec/taints/$i\"}]"
+    if node_api PATCH application/json-patch+json "$patch" >/dev/null; then
+      log "removed the startup taint $STARTUP_TAINT from $NODE_NAME"
+    else
+      log "removing the startup taint $STARTUP_TAINT (attempt $attempt) failed; reading the node again"
+      sleep 2
+    fi
+  done
+  log "the startup taint $STARTUP_TAINT is still on $NODE_NAME"
+  return 1
+}
+
 # label_node marks the node ready for sandboxes through the API server.
 label_node() {
-  local api="https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT}"
-  curl -fsS --retry 5 -o /dev/null \
-    --cacert "$SA_DIR/ca.crt" \
-    -H "Authorization: Bearer $(cat "$SA_DIR/token")" \
-    -H 'Content-Type: application/merge-patch+json' \
-    -X PATCH "$api/api/v1/nodes/$NODE_NAME" \
-    --data "{\"metadata\":{\"labels\":{\"$READY_LABEL\":\"ready\"}}}"
+  node_api PATCH application/merge-patch+json \
+    "{\"metadata\":{\"labels\":{\"$READY_LABEL\":\"ready\"}}}" >/dev/null
 }
 
 main() {
@@ -149,6 +215,8 @@ main() {
   if [[ $bins == changed || $cfg == changed ]]; then
     restart_containerd
   fi
+  # Only now that runsc works: sandbox pods may be scheduled here once the taint is gone.
+  remove_startup_taint
   label_node
   touch "$READY_FILE"
   log "runsc installed on $NODE_NAME (binaries $bins, containerd config $cfg)"

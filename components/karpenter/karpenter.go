@@ -3,6 +3,12 @@
 // a disruption budget) and the cloud's node class: an EC2NodeClass on EKS (with the gVisor
 // install as userData) or an AKSNodeClass on AKS.
 //
+// On AKS the NodePool also gives new nodes the startup taint StartupTaintKey: there runsc is
+// installed by a DaemonSet after the node has joined (components/gvisor's node installer), and
+// the taint keeps sandbox pods off the node until that DaemonSet has installed it and removed
+// the taint. Karpenter still launches nodes for pending pods that do not tolerate a startup
+// taint. On EKS the userData installs runsc before the kubelet starts, so no taint is needed.
+//
 // On GKE Karpenter is not used: sandbox nodes are a GKE node pool created with the cluster,
 // e.g. `gcloud container node-pools create fusebox-sandbox --sandbox type=gvisor
 // --node-labels=fusebox.dev/pool=sandbox --node-taints=fusebox.dev/sandbox=true:NoSchedule`
@@ -33,6 +39,15 @@ const (
 	EC2NodeClassKind       = "EC2NodeClass"
 	AKSNodeClassAPIVersion = "karpenter.azure.com/v1beta1"
 	AKSNodeClassKind       = "AKSNodeClass"
+)
+
+// StartupTaintKey:StartupTaintEffect is the startup taint of AKS sandbox nodes. The gVisor node
+// installer tolerates it and removes it from its node once runsc works there; a node whose
+// install fails keeps it, so no sandbox pod is scheduled there. The installer's script removes
+// the taint of this key with effect NoSchedule only: change both together.
+const (
+	StartupTaintKey    = "fusebox.dev/gvisor-not-ready"
+	StartupTaintEffect = "NoSchedule"
 )
 
 // KarpenterArgs configure the Karpenter component.
@@ -223,7 +238,8 @@ func (a *KarpenterArgs) nodeClass() (*apiextensions.CustomResourceArgs, string, 
 }
 
 // nodePoolSpec is the sandbox-only pool: nodes carry the pool label and the sandbox taint,
-// which only pods of the gvisor RuntimeClass tolerate.
+// which only pods of the gvisor RuntimeClass tolerate. On AKS, new nodes also carry the startup
+// taint until the gVisor node installer removes it.
 func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
 	group, kind := "karpenter.k8s.aws", EC2NodeClassKind
 	if a.Cloud == components.AKS {
@@ -236,6 +252,10 @@ func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
 			{Key: "karpenter.sh/capacity-type", Operator: "In", Values: []string{"on-demand"}},
 		}
 	}
+	var startup []Taint
+	if a.Cloud == components.AKS {
+		startup = []Taint{{Key: StartupTaintKey, Effect: StartupTaintEffect}}
+	}
 	return NodePoolSpec{
 		Template: NodeClaimTemplate{
 			Metadata: TemplateMetadata{Labels: map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue}},
@@ -244,8 +264,9 @@ func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
 				Taints: []Taint{{
 					Key: components.SandboxTaintKey, Value: components.SandboxTaintValue, Effect: components.SandboxTaintEffect,
 				}},
-				Requirements: reqs,
-				ExpireAfter:  orDefault(a.ExpireAfter, "720h"),
+				StartupTaints: startup,
+				Requirements:  reqs,
+				ExpireAfter:   orDefault(a.ExpireAfter, "720h"),
 			},
 		},
 		Disruption: Disruption{

@@ -48,6 +48,24 @@ func run(t *testing.T, args *KarpenterArgs) (*mocktest.Mocks, map[string]string)
 	return m, out
 }
 
+// checkStartupTaints checks the NodePool's startup taints: the gVisor-not-ready taint when
+// wantGVisor (AKS, where a DaemonSet installs runsc after the node joins), none otherwise.
+func checkStartupTaints(t *testing.T, m *mocktest.Mocks, wantGVisor bool) {
+	t.Helper()
+	st := mocktest.Dig(m.One(t, nodePoolType).Props(), "spec", "template", "spec", "startupTaints")
+	if !wantGVisor {
+		if st != nil {
+			t.Errorf("startupTaints %v, want none", st)
+		}
+		return
+	}
+	taints, _ := st.([]any)
+	if len(taints) != 1 || mocktest.Str(taints[0], "key") != StartupTaintKey || StartupTaintKey != "fusebox.dev/gvisor-not-ready" ||
+		mocktest.Str(taints[0], "effect") != "NoSchedule" || mocktest.Dig(taints[0], "value") != nil {
+		t.Errorf("startupTaints %v, want only %s:NoSchedule", st, StartupTaintKey)
+	}
+}
+
 func checkNodePool(t *testing.T, m *mocktest.Mocks, group, kind string) {
 	t.Helper()
 	np := m.One(t, nodePoolType)
@@ -83,6 +101,8 @@ func checkNodePool(t *testing.T, m *mocktest.Mocks, group, kind string) {
 func TestEKS(t *testing.T) {
 	m, out := run(t, eksArgs())
 	checkNodePool(t, m, "karpenter.k8s.aws", "EC2NodeClass")
+	// The userData installs runsc before the kubelet starts: nothing to wait for.
+	checkStartupTaints(t, m, false)
 	if len(m.ByType(aksType)) != 0 {
 		t.Error("AKSNodeClass on EKS")
 	}
@@ -110,6 +130,7 @@ func TestAKS(t *testing.T) {
 	m, out := run(t, &KarpenterArgs{Cloud: components.AKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
 		AKS: &AKSArgs{OSDiskSizeGB: 128}})
 	checkNodePool(t, m, "karpenter.azure.com", "AKSNodeClass")
+	checkStartupTaints(t, m, true)
 	if len(m.ByType(ec2Type)) != 0 {
 		t.Error("EC2NodeClass on AKS")
 	}

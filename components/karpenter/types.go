@@ -25,11 +25,14 @@ type TemplateMetadata struct {
 }
 
 // NodeClaimSpec is the node shape: node class, taints, requirements and lifetime.
+// StartupTaints are put on new nodes only, for a DaemonSet to remove once the node is set up;
+// unlike Taints, pods need not tolerate them for Karpenter to provision nodes for them.
 type NodeClaimSpec struct {
-	NodeClassRef NodeClassRef  `json:"nodeClassRef"`
-	Taints       []Taint       `json:"taints,omitempty"`
-	Requirements []Requirement `json:"requirements"`
-	ExpireAfter  string        `json:"expireAfter,omitempty"`
+	NodeClassRef  NodeClassRef  `json:"nodeClassRef"`
+	Taints        []Taint       `json:"taints,omitempty"`
+	StartupTaints []Taint       `json:"startupTaints,omitempty"`
+	Requirements  []Requirement `json:"requirements"`
+	ExpireAfter   string        `json:"expireAfter,omitempty"`
 }
 
 // NodeClassRef names the cloud node class of a NodePool.
