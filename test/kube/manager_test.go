@@ -16,7 +16,7 @@ import (
 
 // TestManagersOverKube runs two manager replicas on the kube allocator against the real API
 // server: the leader keeps the shared pool of pods at its target, both replicas allocate
-// (60 concurrent allocations over a pool of 20, no pod bound twice), a lease bound by one replica is renewed
+// (200 concurrent allocations over a pool of 40, no pod bound twice), a lease bound by one replica is renewed
 // and released by the other, and the released pod is deleted. sFuse is the in-memory one:
 // kwok's pods run no sandbox server (the runsc-backed end-to-end path is still to come).
 func TestManagersOverKube(t *testing.T) {
@@ -25,7 +25,7 @@ func TestManagersOverKube(t *testing.T) {
 	var ms [2]*manager.Manager
 	for i := range ms {
 		leader := i == 0
-		m, err := manager.New(manager.Options{Allocator: allocs[i], Estimator: estimator.Fixed{N: 20}, Clock: manager.RealClock{},
+		m, err := manager.New(manager.Options{Allocator: allocs[i], Estimator: estimator.Fixed{N: 40}, Clock: manager.RealClock{},
 			Initializer: memalloc.Initializer, IsLeader: func() bool { return leader }, CreateConcurrency: 8,
 			ReconcileInterval: 20 * time.Millisecond, AllocateWait: 3 * time.Minute})
 		if err != nil {
@@ -39,7 +39,7 @@ func TestManagersOverKube(t *testing.T) {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if r, _ := allocs[1].Counts(manager.DefaultTemplate); r >= 20 {
+		if r, _ := allocs[1].Counts(manager.DefaultTemplate); r >= 40 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -53,7 +53,7 @@ func TestManagersOverKube(t *testing.T) {
 	bound := map[string]int{}
 	var first manager.Allocation
 	var wg sync.WaitGroup
-	for i := range 60 {
+	for i := range 200 {
 		wg.Go(func() {
 			a, err := ms[i%2].Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey(), LeaseTTL: time.Hour,
 				Egress: []string{"api.example.com:443"}})
@@ -73,8 +73,8 @@ func TestManagersOverKube(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	if len(bound) != 60 {
-		t.Fatalf("%d distinct pods bound by 60 allocations", len(bound))
+	if len(bound) != 200 {
+		t.Fatalf("%d distinct pods bound by 200 allocations", len(bound))
 	}
 	for id, n := range bound {
 		if n != 1 {
