@@ -16,9 +16,10 @@ import (
 
 // TestManagersOverKube runs two manager replicas on the kube allocator against the real API
 // server: the leader keeps the shared pool of pods at its target, both replicas allocate
-// (200 concurrent allocations over a pool of 40, no pod bound twice), a lease bound by one replica is renewed
-// and released by the other, and the released pod is deleted. sFuse is the in-memory one:
-// kwok's pods run no sandbox server (the runsc-backed end-to-end path is still to come).
+// (200 concurrent allocations over a pool of 40, no pod bound twice), a lease bound by one
+// replica is renewed and released by the other, and the released pod is deleted. sFuse is the
+// in-memory one: kwok's pods run no sandbox server (TestAllocateExecThroughKube backs pods
+// with real runsc sandboxes).
 func TestManagersOverKube(t *testing.T) {
 	ns := env.Namespace(t)
 	allocs := [2]*kubealloc.Allocator{newAllocator(t, ns, "replica-a", nil), newAllocator(t, ns, "replica-b", nil)}
