@@ -114,7 +114,7 @@ to the real API server, and the API requests each allocation makes.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if allocator == "kube" {
-				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Log)
+				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
 				if err != nil {
 					return err
 				}
