@@ -28,6 +28,11 @@ import (
 // be valid on Kubernetes objects too.
 var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
+// DefaultRefillDelay is the RefillDelay for allocators that create units on the manager's own
+// host: long enough for an allocation and the agent's first calls (a few ms), short against a
+// creation (~100 ms for runsc).
+const DefaultRefillDelay = 30 * time.Millisecond
+
 // DefaultTemplate is the template used when a request names none.
 const DefaultTemplate = "default"
 
@@ -57,7 +62,8 @@ type Options struct {
 	// and with that agent's TLS handshake and first calls. The wait is measured from when the
 	// deficit began, so steady demand cannot postpone a refill further, and an empty pool
 	// never waits. Real (monotonic) time, not Clock: it is about CPU contention, not leases.
-	// 0 means the default, 30 ms; negative means no delay.
+	// For allocators whose units are made on this host (runsc, process; DefaultRefillDelay
+	// suits them); 0, for remote or instant creation, means no delay.
 	RefillDelay time.Duration
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
@@ -165,9 +171,6 @@ func New(o Options) (*Manager, error) {
 	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = 200 * time.Millisecond
-	}
-	if o.RefillDelay == 0 {
-		o.RefillDelay = 30 * time.Millisecond
 	}
 	if o.NewID == nil {
 		o.NewID = randomID
@@ -538,10 +541,14 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	// The egress policy is bound and the lease persisted while sFuse runs: all three must
 	// succeed before the agent hears of the unit (nothing in it runs agent code before the
 	// agent connects, which it can only do after this returns), and a failure of any destroys
-	// it, so their order does not matter and each is an API write for the kube allocator.
+	// it, so their order does not matter. A shared pool's egress binding is an API write
+	// (kube: a CiliumNetworkPolicy), worth its own goroutine; a local one is a map update,
+	// cheaper inline than the scheduling a goroutine costs a saturated manager.
 	egressed, annotated := make(chan error, 1), make(chan error, 1)
-	if b, ok := m.alloc.(EgressBinder); ok {
+	if b, ok := m.alloc.(EgressBinder); ok && m.shared != nil {
 		go func() { egressed <- b.BindEgress(ctx, id, allow.Entries()) }()
+	} else if ok {
+		egressed <- b.BindEgress(ctx, id, allow.Entries())
 	} else {
 		egressed <- nil
 	}
@@ -852,6 +859,9 @@ func (m *Manager) Reconcile(ctx context.Context) {
 // refillDue reports whether creations may start now for a pool below its target that holds
 // ready units; otherwise it schedules a reconcile for when they may (see RefillDelay).
 func (m *Manager) refillDue(ready int) bool {
+	if m.o.RefillDelay <= 0 {
+		return true
+	}
 	m.refillMu.Lock()
 	defer m.refillMu.Unlock()
 	now := time.Now()

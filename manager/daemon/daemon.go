@@ -120,9 +120,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	conns := &sfuse.Conns{}
+	var refill time.Duration
+	if c.Allocator != "kube" {
+		refill = manager.DefaultRefillDelay // units are made on this host, beside the agents' sandboxes
+	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		Logger: log, Metrics: manager.NewMetrics(reg)})
+		RefillDelay: refill, Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err
 	}

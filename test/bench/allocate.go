@@ -74,7 +74,8 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	est := &switchable{n: 0}
 	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize})
+		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
+		RefillDelay: manager.DefaultRefillDelay})
 	if err != nil {
 		return nil, err
 	}
