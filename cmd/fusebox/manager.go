@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fusebox-dev/fusebox/manager/daemon"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 )
 
 func managerCmd() *cobra.Command {
@@ -57,6 +58,8 @@ the default-deny CiliumNetworkPolicy.`,
 	f.StringToStringVar(&c.Kube.AgentSelector, "agent-selector", nil, "labels of the pods that may reach sandboxes' data port")
 	f.StringToStringVar(&c.Kube.ManagerSelector, "manager-selector", nil, "labels of the manager pods (the only ones that may reach the init port)")
 	f.BoolVar(&c.Kube.LeaderElect, "leader-elect", true, "elect one replica to size the pool and expire leases")
+	f.Float32Var(&c.Kube.QPS, "kube-api-qps", kubealloc.DefaultQPS, "API requests per second this replica may make (client-go's default of 5 would throttle allocations)")
+	f.IntVar(&c.Kube.Burst, "kube-api-burst", kubealloc.DefaultBurst, "API requests this replica may make in a burst")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -65,6 +65,9 @@ type KubeConfig struct {
 	AgentSelector   map[string]string
 	ManagerSelector map[string]string
 	LeaderElect     bool
+	// QPS and Burst limit this replica's API requests (0: kubealloc.DefaultQPS, DefaultBurst).
+	QPS   float32
+	Burst int
 	// NodeName places every sandbox pod on one node: only for control planes without a
 	// scheduler (tests).
 	NodeName string

@@ -59,11 +59,12 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	typedCfg, dynCfg := kubealloc.ClientConfigs(cfg, k.QPS, k.Burst)
+	cs, err := kubernetes.NewForConfig(typedCfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	dyn, err := dynamic.NewForConfig(dynCfg)
 	if err != nil {
 		return nil, nil, err
 	}

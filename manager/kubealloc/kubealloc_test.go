@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 )
 
 var testSelectors = PolicySelectors{
@@ -157,3 +158,21 @@ func TestRequestVerb(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestClientConfigs(t *testing.T) {
+	base := &rest.Config{Host: "https://127.0.0.1:6443", BearerToken: "t"}
+	typed, dyn := ClientConfigs(base, 0, 0)
+	if typed.QPS != DefaultQPS || typed.Burst != DefaultBurst || dyn.QPS != DefaultQPS || dyn.Burst != DefaultBurst {
+		t.Errorf("rate limits: typed %v/%d, dynamic %v/%d", typed.QPS, typed.Burst, dyn.QPS, dyn.Burst)
+	}
+	if typed.ContentType != "application/vnd.kubernetes.protobuf" || dyn.ContentType != "" {
+		t.Errorf("content types: typed %q, dynamic %q (custom resources have no protobuf)", typed.ContentType, dyn.ContentType)
+	}
+	if base.QPS != 0 || base.ContentType != "" {
+		t.Errorf("the given config was modified: %+v", base)
+	}
+	typed, _ = ClientConfigs(base, 50, 60)
+	if typed.QPS != 50 || typed.Burst != 60 || typed.Host != base.Host || typed.BearerToken != "t" {
+		t.Errorf("explicit limits or connection settings lost: %+v", typed)
+	}
+}

@@ -53,11 +53,13 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 	counts := &kubealloc.RequestCounts{}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return kubealloc.NewCountingTransport(counts, rt) })
-	cs, err := kubernetes.NewForConfig(cfg)
+	// As the manager daemon configures its clients (protobuf for pods, its rate limits).
+	typedCfg, dynCfg := kubealloc.ClientConfigs(cfg, 0, 0)
+	cs, err := kubernetes.NewForConfig(typedCfg)
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	dyn, err := dynamic.NewForConfig(dynCfg)
 	if err != nil {
 		return nil, err
 	}
