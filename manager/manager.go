@@ -68,6 +68,11 @@ type Options struct {
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
 	ClaimGrace time.Duration
+	// MissedEventGuard is how long an Allocate waiting on an empty shared pool waits for the
+	// allocator's change notification before it tries to claim again anyway (default 1 s). It
+	// only guards against a notification lost to a bug: a change is never expected to go
+	// unannounced, and a waiting Allocate makes no request to the backend.
+	MissedEventGuard time.Duration
 	// IsLeader tells whether this replica runs the pool-wide duties with a SharedPool
 	// allocator (pool sizing, lease expiry); nil means always (a single manager).
 	IsLeader func() bool
@@ -174,6 +179,9 @@ func New(o Options) (*Manager, error) {
 	}
 	if o.NewID == nil {
 		o.NewID = randomID
+	}
+	if o.MissedEventGuard <= 0 {
+		o.MissedEventGuard = time.Second
 	}
 	if o.ClaimGrace <= 0 {
 		o.ClaimGrace = 2 * time.Minute

@@ -15,17 +15,12 @@ import (
 // leader reports whether this replica runs the pool-wide duties (sizing, expiry).
 func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
 
-// missedEventGuard is how long claim waits for the allocator's change notification before it
-// tries again anyway. It only guards against a notification lost to a bug: a change is never
-// expected to go unannounced, and a waiting Allocate makes no request to the backend.
-const missedEventGuard = time.Second
-
 // claim takes a ready unit from the shared pool, waiting (and asking for a creation) while
 // there is none. It waits on the allocator's Changed notification, not a polling loop.
 func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 	deadline := time.NewTimer(m.o.AllocateWait)
 	defer deadline.Stop()
-	guard := time.NewTimer(missedEventGuard)
+	guard := time.NewTimer(m.o.MissedEventGuard)
 	defer guard.Stop()
 	asked := false
 	for {
@@ -48,7 +43,7 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
 		}
-		guard.Reset(missedEventGuard)
+		guard.Reset(m.o.MissedEventGuard)
 		select {
 		case <-changed:
 		case <-guard.C:

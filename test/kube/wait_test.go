@@ -61,8 +61,11 @@ func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 		}
 	}()
 
-	// A follower with an empty target: the only pod is the one the Allocate asks for.
-	mgr := startManager(t, a, 0, manager.Options{IsLeader: func() bool { return false }, AllocateWait: time.Minute})
+	// A follower with an empty target: the only pod is the one the Allocate asks for. The
+	// guard against a lost notification is longer than the test may run, so only the
+	// informer's notification can wake the waiting Allocate.
+	mgr := startManager(t, a, 0, manager.Options{IsLeader: func() bool { return false }, AllocateWait: 10 * time.Minute,
+		MissedEventGuard: time.Hour})
 	before := counts.Snapshot()
 	key, _ := client.NewKey()
 	start := time.Now()
@@ -80,10 +83,6 @@ func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 	}
 	claimed := time.Unix(0, a.claimed.Load())
 	t.Logf("Allocate %s took %v; claimed %v after the pod turned Ready; requests %v; %d claims", al.ID, done.Sub(start), claimed.Sub(ready), d, a.claims.Load())
-	// Well under missedEventGuard (1 s): the notification woke it, not the guard timer.
-	if lag := claimed.Sub(ready); lag > 500*time.Millisecond {
-		t.Errorf("claimed %v after the pod turned Ready", lag)
-	}
 	if d["get"]+d["list"]+d["watch"] != 0 {
 		t.Errorf("reads while waiting: %v", d)
 	}
@@ -91,9 +90,8 @@ func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 	if kubealloc.Writes(d) != 4 || d["create"] != 1 {
 		t.Errorf("writes %v, want create, update and two patches", d)
 	}
-	// One Claim before waiting, one after the notification, and one per missedEventGuard
-	// (1 s) tick if the pod took that long (a polling wait makes one every few ms).
-	if n := a.claims.Load(); n > 2+int32(done.Sub(start)/time.Second) {
-		t.Errorf("%d Claim calls while waiting %v: the wait polls", n, done.Sub(start))
+	// One Claim before waiting and one after the notification: the wait does not poll.
+	if n := a.claims.Load(); n != 2 {
+		t.Errorf("%d Claim calls, want 2 (before waiting and after the notification)", n)
 	}
 }
