@@ -41,7 +41,7 @@ type Allocation struct {
 	Endpoint string
 
 	mgr   managerv1.ManagerClient
-	conn  *grpc.ClientConn
+	owned *grpc.ClientConn // the manager connection, when this allocation made it (Allocate)
 	token string
 	stop  chan struct{}
 	done  chan struct{}
@@ -52,45 +52,80 @@ type Allocation struct {
 	closed   sync.Once
 }
 
-// Allocate asks the manager at managerAddr (unix:///path or tcp://host:port) for a sandbox,
-// dials it directly with pinned keys, and renews its lease in the background until Close.
-func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
-	addr, err := endpoint.Parse(managerAddr)
+// Manager is a connection to a fusebox manager, for an agent that allocates many sandboxes:
+// each Allocate then costs one call, not a new connection. It is safe for concurrent use.
+type Manager struct {
+	conn *grpc.ClientConn
+	rpc  managerv1.ManagerClient
+}
+
+// NewManager connects to the manager at addr (unix:///path or tcp://host:port). creds secure
+// the connection; nil means none, which is right for the local manager's unix socket only.
+// The connection is made at once, in the background.
+func NewManager(addr string, creds credentials.TransportCredentials) (*Manager, error) {
+	a, err := endpoint.Parse(addr)
 	if err != nil {
 		return nil, fmt.Errorf("manager address: %w", err)
 	}
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("dialing manager %s: %w", a, err)
+	}
+	conn.Connect()
+	return &Manager{conn: conn, rpc: managerv1.NewManagerClient(conn)}, nil
+}
+
+// Close closes the connection. Allocations made through it stop renewing their leases and
+// cannot be released through it afterwards: close them first.
+func (m *Manager) Close() error { return m.conn.Close() }
+
+// Allocate asks the manager at managerAddr (unix:///path or tcp://host:port) for a sandbox,
+// dials it directly with pinned keys, and renews its lease in the background until Close.
+// It connects to the manager for this one allocation (o.ManagerCredentials secure that
+// connection); an agent that allocates repeatedly should keep a Manager instead.
+func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
+	m, err := NewManager(managerAddr, o.ManagerCredentials)
+	if err != nil {
+		return nil, err
+	}
+	a, err := m.Allocate(ctx, o)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	a.owned = m.conn
+	return a, nil
+}
+
+// Allocate asks the manager for a sandbox, dials it directly with pinned keys, and renews its
+// lease in the background until the allocation's Close. o.ManagerCredentials is not used: the
+// Manager's connection is.
+func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation, error) {
 	key := o.Key
 	if key == nil {
+		var err error
 		if key, err = NewKey(); err != nil {
 			return nil, err
 		}
 	}
 	go key.cert() // the certificate Dial presents, made while the manager allocates
-	creds := o.ManagerCredentials
-	if creds == nil {
-		creds = insecure.NewCredentials()
-	}
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return nil, fmt.Errorf("dialing manager %s: %w", addr, err)
-	}
-	mgr := managerv1.NewManagerClient(conn)
 	req := &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
 	}
-	resp, err := mgr.Allocate(ctx, req)
+	resp, err := m.rpc.Allocate(ctx, req)
 	if err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
 	}
-	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: mgr, conn: conn,
+	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
 	sb, err := Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key, o.Sandbox)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
-		conn.Close()
 		return nil, err
 	}
 	a.Sandbox = sb
@@ -137,8 +172,9 @@ func (a *Allocation) release(ctx context.Context) error {
 	return err
 }
 
-// Close stops renewing, releases the sandbox (the manager destroys it) and closes both
-// connections. It is safe to call more than once.
+// Close stops renewing, releases the sandbox (the manager destroys it) and closes the sandbox
+// connection, and the manager connection if Allocate made it for this allocation. It is safe
+// to call more than once.
 func (a *Allocation) Close() error {
 	var err error
 	a.closed.Do(func() {
@@ -149,7 +185,10 @@ func (a *Allocation) Close() error {
 		if rerr := a.release(ctx); rerr != nil {
 			err = fmt.Errorf("releasing %s: %w", a.ID, rerr)
 		}
-		err = errors.Join(err, a.Sandbox.Close(), a.conn.Close())
+		err = errors.Join(err, a.Sandbox.Close())
+		if a.owned != nil {
+			err = errors.Join(err, a.owned.Close())
+		}
 	})
 	return err
 }

@@ -89,7 +89,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	}
 	defer stop()
 	r := &AllocateResult{Runs: o.Runs, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle),
-		Note: "warm: the pool is full and has been idle for settle_ms; each figure is Allocate over gRPC (sFuse included) plus the first data-plane call (Stat) from a fresh client"}
+		Note: "warm: the pool is full and has been idle for settle_ms; each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 
 	ready := func() int { return m.States().Counts("")[manager.Ready] }
 	waitReady := func(n int) error {
@@ -102,9 +102,16 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		}
 		return nil
 	}
+	// The agent's side, as in an agent's loop: one kept connection to the manager; each
+	// allocation a fresh key, a fresh sandbox connection and its first call.
+	agent, err := client.NewManager(mgr, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer agent.Close()
 	one := func() (time.Duration, error) {
 		t0 := time.Now()
-		a, err := client.Allocate(ctx, mgr, client.AllocateOptions{})
+		a, err := agent.Allocate(ctx, client.AllocateOptions{})
 		if err != nil {
 			return 0, err
 		}

@@ -71,8 +71,21 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 
 	const n = 20
 	var ids []string
+	// Odd allocations go through one kept Manager connection, as an agent's loop would;
+	// even ones through client.Allocate's own connection.
+	mgr, err := client.NewManager(e.Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mgr.Close()
 	for i := range n {
-		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+		var a *client.Allocation
+		var err error
+		if i%2 == 1 {
+			a, err = mgr.Allocate(ctx, client.AllocateOptions{})
+		} else {
+			a, err = client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+		}
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
