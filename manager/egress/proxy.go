@@ -176,11 +176,14 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuseBusy answers a connection over the limit without reading its request.
+// refuseBusy answers a connection over the limit. It reads the request's head first (briefly,
+// and at most 64 KiB), so that the client's write does not meet a closed socket and it gets
+// to read the answer.
 func refuseBusy(c net.Conn, limit int) {
 	defer c.Close()
 	body := fmt.Sprintf("fusebox egress: this sandbox has %d connections open through its egress proxy, the most it may; close some and retry\n", limit)
-	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	http.ReadRequest(bufio.NewReader(io.LimitReader(c, 64<<10))) // its outcome does not matter
 	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 }
 
