@@ -1,10 +1,7 @@
 package infra
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +9,6 @@ import (
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
-	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -35,39 +31,20 @@ func stackConfig(t *testing.T, stack string) map[string]string {
 	return stackConfigFile(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
 }
 
-// stackConfigFile is stackConfig for a stack file anywhere.
+// stackConfigFile is stackConfig for a stack file anywhere; every key must be in the
+// program's config namespace.
 func stackConfigFile(t *testing.T, path string) map[string]string {
 	t.Helper()
-	stack := filepath.Base(path)
-	b, err := os.ReadFile(path)
+	cfg, err := mocktest.StackConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f struct {
-		Config map[string]any `json:"config"`
-	}
-	if err := yaml.UnmarshalStrict(b, &f); err != nil {
-		t.Fatalf("%s: %v", stack, err)
-	}
-	out := map[string]string{}
-	for k, v := range f.Config {
+	for k := range cfg {
 		if !strings.HasPrefix(k, Namespace+":") {
-			t.Errorf("%s: key %s outside the %s namespace", stack, k, Namespace)
-		}
-		switch v := v.(type) {
-		case string:
-			out[k] = v
-		case bool, float64:
-			out[k] = fmt.Sprint(v)
-		default:
-			j, err := json.Marshal(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[k] = string(j)
+			t.Errorf("%s: key %s outside the %s namespace", filepath.Base(path), k, Namespace)
 		}
 	}
-	return out
+	return cfg
 }
 
 func runStack(stack string, cfg map[string]string) (*mocktest.Mocks, error) {

@@ -14,32 +14,15 @@ import (
 	"net/netip"
 	"net/url"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-)
 
-// noLeaks fails the test if, once its cleanups have run, more goroutines are left than
-// when it started. Call it first, so that its cleanup runs last.
-func noLeaks(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("goroutine leak: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
-}
+	"github.com/fusebox-dev/fusebox/internal/leakcheck"
+)
 
 // recorder records the calls of a Proxy's Dial and Resolve.
 type recorder struct {
@@ -223,7 +206,7 @@ func expectEcho(t *testing.T, c net.Conn, br *bufio.Reader, msg string) {
 }
 
 func TestConnectAllowed(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	p, sock := startProxy(t, rec.options(nil, nil))
@@ -253,7 +236,7 @@ func TestConnectAllowed(t *testing.T) {
 }
 
 func TestConnectPipelinedBytes(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	p, sock := startProxy(t, rec.options(nil, nil))
@@ -271,7 +254,7 @@ func TestConnectPipelinedBytes(t *testing.T) {
 }
 
 func TestConnectRefused(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	other := echoServer(t)
 	var rec recorder
@@ -303,7 +286,7 @@ func TestConnectRefused(t *testing.T) {
 }
 
 func TestNothingAllowedBeforeSetAllowlist(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	p, sock := startProxy(t, rec.options(nil, nil))
@@ -350,7 +333,7 @@ func upstream(t *testing.T) (*httptest.Server, *sync.Map) {
 }
 
 func TestForwardHTTP(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	srv, hits := upstream(t)
 	other, otherHits := upstream(t)
 	var rec recorder
@@ -412,7 +395,7 @@ func TestForwardHTTP(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	var rec recorder
 	p, sock := startProxy(t, rec.options(nil, nil))
 	mustAllow(t, p, "example.com:443", "127.0.0.1:80")
@@ -441,7 +424,7 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestNamesResolvingToInternalAddressesRefused(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	_, port, _ := net.SplitHostPort(echo)
 	names := map[string][]netip.Addr{
@@ -515,7 +498,7 @@ func TestNamesResolvingToInternalAddressesRefused(t *testing.T) {
 }
 
 func TestDialFailure(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	dead := closedPort(t)
 	var rec recorder
 	p, sock := startProxy(t, rec.options(nil, nil))
@@ -527,7 +510,7 @@ func TestDialFailure(t *testing.T) {
 }
 
 func TestCloseEndsTunnels(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	p := NewProxy(rec.options(nil, nil))
@@ -585,7 +568,7 @@ func newUnixListener(t *testing.T) net.Listener {
 }
 
 func TestIdleTunnelClosed(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	o := rec.options(nil, nil)
@@ -627,7 +610,7 @@ func (l *lockedBuffer) String() string {
 }
 
 func TestDecisionsLogged(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	srv, _ := upstream(t)
 	host := srv.Listener.Addr().String()
 	var rec recorder
@@ -655,7 +638,7 @@ func TestDecisionsLogged(t *testing.T) {
 // TestConnectionCap: a sandbox holding MaxConns connections gets a 503 naming the limit for
 // the next one, and gets its slot back when a tunnel closes.
 func TestConnectionCap(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	echo := echoServer(t)
 	var rec recorder
 	o := rec.options(nil, nil)

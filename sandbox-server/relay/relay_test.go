@@ -9,31 +9,14 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// noLeaks fails the test if, once its cleanups have run, more goroutines are left than
-// when it started. Call it first, so that its cleanup runs last.
-func noLeaks(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("goroutine leak: %d before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
-}
+	"github.com/fusebox-dev/fusebox/internal/leakcheck"
+)
 
 // echoSocket serves a unix socket at path that echoes each connection until the client
 // half-closes it, then half-closes its side. It returns the number of accepted connections.
@@ -126,7 +109,7 @@ func expectEcho(t *testing.T, c net.Conn, msg string) {
 }
 
 func TestRelayPipesBothWays(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "egress.sock")
 	accepted := echoSocket(t, sock)
 	addr, _ := startRelay(t, context.Background(), sock)
@@ -153,7 +136,7 @@ func TestRelayPipesBothWays(t *testing.T) {
 }
 
 func TestRelaySocketMissing(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "egress.sock")
 	addr, _ := startRelay(t, context.Background(), sock)
 
@@ -174,7 +157,7 @@ func TestRelaySocketMissing(t *testing.T) {
 }
 
 func TestRelayContextEnds(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "egress.sock")
 	echoSocket(t, sock)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -202,7 +185,7 @@ func TestRelayContextEnds(t *testing.T) {
 }
 
 func TestRelayListenerFails(t *testing.T) {
-	noLeaks(t)
+	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "egress.sock")
 	echoSocket(t, sock)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

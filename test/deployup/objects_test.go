@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -288,34 +287,12 @@ func deleteNamespaces(t *testing.T, names map[string]bool) {
 	}
 }
 
-// stackConfig loads a stack file the way the Pulumi engine hands configuration to a Go
-// program: strings as they are, other scalars printed, structured values as JSON.
+// stackConfig loads a stack file as the Pulumi engine hands it to a Go program.
 func stackConfig(t *testing.T, path string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	cfg, err := mocktest.StackConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f struct {
-		Config map[string]any `json:"config"`
-	}
-	if err := yaml.UnmarshalStrict(b, &f); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	out := map[string]string{}
-	for k, v := range f.Config {
-		switch v := v.(type) {
-		case string:
-			out[k] = v
-		case bool, float64:
-			out[k] = fmt.Sprint(v)
-		default:
-			j, err := json.Marshal(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[k] = string(j)
-		}
-	}
-	return out
+	return cfg
 }
