@@ -49,6 +49,17 @@ func BenchmarkLifecycle(b *testing.B) {
 		return runsc.ID("bench", n), dir
 	}
 	ctx := context.Background()
+	// running creates and starts a sandbox and returns its id.
+	running := func(b *testing.B) string {
+		id, dir := bundle(b)
+		if err := rt.Create(ctx, id, dir); err != nil {
+			b.Fatal(err)
+		}
+		if err := rt.Start(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		return id
+	}
 
 	// From Create to Start returning (status running).
 	b.Run("CreateStart", func(b *testing.B) {
@@ -77,14 +88,8 @@ func BenchmarkLifecycle(b *testing.B) {
 	// `runsc exec ID true` in a running sandbox: the baseline the data
 	// plane's command execution is compared with.
 	b.Run("ExecTrue", func(b *testing.B) {
-		id, dir := bundle(b)
+		id := running(b)
 		b.Cleanup(func() { runsctest.Remove(b, rt, id) })
-		if err := rt.Create(ctx, id, dir); err != nil {
-			b.Fatal(err)
-		}
-		if err := rt.Start(ctx, id); err != nil {
-			b.Fatal(err)
-		}
 		b.ResetTimer()
 		var d []time.Duration
 		for range b.N {
@@ -103,13 +108,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		var d []time.Duration
 		for range b.N {
 			b.StopTimer()
-			id, dir := bundle(b)
-			if err := rt.Create(ctx, id, dir); err != nil {
-				b.Fatal(err)
-			}
-			if err := rt.Start(ctx, id); err != nil {
-				b.Fatal(err)
-			}
+			id := running(b)
 			b.StartTimer()
 			t0 := time.Now()
 			if err := rt.Delete(ctx, id, true); err != nil {
@@ -128,13 +127,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		var d []time.Duration
 		for range b.N {
 			b.StopTimer()
-			id, dir := bundle(b)
-			if err := rt.Create(ctx, id, dir); err != nil {
-				b.Fatal(err)
-			}
-			if err := rt.Start(ctx, id); err != nil {
-				b.Fatal(err)
-			}
+			id := running(b)
 			b.StartTimer()
 			t0 := time.Now()
 			if err := rt.Kill(ctx, id, syscall.SIGKILL, false); err != nil {
