@@ -838,25 +838,22 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	deficit := target - c[Ready] - creating
-	if deficit <= 0 {
-		m.refillMu.Lock()
-		m.deficitSince = time.Time{}
-		m.refillMu.Unlock()
-	}
-	if deficit > 0 && !m.heldBack() && m.refillDue(c[Ready]) {
-		n := min(deficit, m.o.CreateConcurrency-creating)
-		for range n {
-			m.creating.Add(1)
-			m.bg.Add(1)
-			go func() {
-				defer m.bg.Done()
-				m.create(ctx, m.o.PoolTemplate)
-			}()
+	if deficit := target - c[Ready] - creating; deficit > 0 {
+		// Unless backing off after failures or waiting out the refill delay.
+		if !m.heldBack() && m.refillDue(c[Ready]) {
+			for range min(deficit, m.o.CreateConcurrency-creating) {
+				m.creating.Add(1)
+				m.bg.Add(1)
+				go func() {
+					defer m.bg.Done()
+					m.create(ctx, m.o.PoolTemplate)
+				}()
+			}
 		}
-	} else if deficit > 0 {
-		// Waiting out the refill delay (or backing off after failures).
-	} else if surplus := c[Ready] - target; surplus > 0 {
+		return
+	}
+	m.endDeficit()
+	if surplus := c[Ready] - target; surplus > 0 {
 		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.destroy(context.WithoutCancel(ctx), id, Ready) }()
@@ -891,6 +888,17 @@ func (m *Manager) refillDue(ready int) bool {
 		})
 	}
 	return false
+}
+
+// endDeficit notes that the pool is not below its target: the next deficit starts its own
+// refill delay.
+func (m *Manager) endDeficit() {
+	if m.o.RefillDelay <= 0 {
+		return
+	}
+	m.refillMu.Lock()
+	m.deficitSince = time.Time{}
+	m.refillMu.Unlock()
 }
 
 func (m *Manager) publishCounts() {
