@@ -204,28 +204,23 @@ func (s *Server) initialize(agentDER []byte) ([]byte, error) {
 	if s.blown {
 		return nil, errAlreadyInitialised
 	}
-	data, ln, err := s.newDataServer(s.cert, agentKey, func() (net.Listener, error) { return s.dataLn, nil },
-		func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
+	data, err := s.newDataServer(s.cert, agentKey, func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
 	if err != nil {
 		return nil, err // the fuse stays intact: the manager may try again
 	}
 	s.dataLn.Open()
 	s.blown, s.data = true, data
-	go func() { s.dataErr <- data.Serve(ln) }()
+	go func() { s.dataErr <- data.Serve(bufferedListener{s.dataLn}) }()
 	close(s.blownCh)
 	return s.pub, nil
 }
 
-// newDataServer builds the data plane's gRPC server. onCall, if set, runs after every call
-// returns.
-func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, listen func() (net.Listener, error), onCall func()) (*grpc.Server, net.Listener, error) {
+// newDataServer builds the data plane's gRPC server, to serve on a bufferedListener. onCall,
+// if set, runs after every call returns.
+func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, onCall func()) (*grpc.Server, error) {
 	cfg, err := tlspin.ServerConfigCert(cert, agent)
 	if err != nil {
-		return nil, nil, fmt.Errorf("building TLS config: %w", err)
-	}
-	ln, err := listen()
-	if err != nil {
-		return nil, nil, fmt.Errorf("binding data listener: %w", err)
+		return nil, fmt.Errorf("building TLS config: %w", err)
 	}
 	opts := []grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(cfg)),
@@ -251,7 +246,7 @@ func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, lis
 	}
 	srv := grpc.NewServer(opts...)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
-	return srv, bufferedListener{ln}, nil
+	return srv, nil
 }
 
 type initService struct {

@@ -41,11 +41,15 @@ func (s *Server) WarmUp(ctx context.Context) error {
 		return err
 	}
 	sock := filepath.Join(dir, "warm.sock")
-	srv, ln, err := s.newDataServer(cert, clientKey.Public(), func() (net.Listener, error) { return net.Listen("unix", sock) }, nil)
+	srv, err := s.newDataServer(cert, clientKey.Public(), nil)
 	if err != nil {
 		return err
 	}
-	go srv.Serve(ln)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("binding the warm-up listener: %w", err)
+	}
+	go srv.Serve(bufferedListener{ln})
 	defer srv.Stop()
 	cfg, err := tlspin.ClientConfig(clientKey, serverKey.Public())
 	if err != nil {
