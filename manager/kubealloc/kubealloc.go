@@ -362,12 +362,8 @@ func (a *Allocator) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 	if err == nil || !retried || !apierrors.IsAlreadyExists(err) {
 		return created, err
 	}
-	var got *corev1.Pod
-	if _, gerr := a.retry.do(ctx, func(ctx context.Context) error {
-		var err error
-		got, err = pods.Get(ctx, pod.Name, metav1.GetOptions{})
-		return err
-	}); gerr != nil {
+	got, gerr := a.getPod(ctx, pod.Name)
+	if gerr != nil {
 		return nil, fmt.Errorf("%w (and reading it back to see whether a lost attempt created it: %w)", err, gerr)
 	}
 	if got.Annotations[AnnotationCreateNonce] != nonce {
@@ -498,12 +494,7 @@ func (a *Allocator) Lookup(ctx context.Context, id string) (manager.UnitInfo, er
 	}
 	// A live read, not the informer's cache: the lease may have been written by another
 	// replica a moment ago and this replica's watch may not have delivered it yet.
-	var p *corev1.Pod
-	_, err := a.retry.do(ctx, func(ctx context.Context) error {
-		var err error
-		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
-		return err
-	})
+	p, err := a.getPod(ctx, id)
 	switch {
 	case apierrors.IsNotFound(err):
 		return manager.UnitInfo{}, fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
@@ -607,16 +598,23 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
 }
 
+// getPod reads pod name from the API server (not the cache), retrying transient errors.
+func (a *Allocator) getPod(ctx context.Context, name string) (*corev1.Pod, error) {
+	var p *corev1.Pod
+	_, err := a.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, name, metav1.GetOptions{})
+		return err
+	})
+	return p, err
+}
+
 // ownClaim re-reads pod c after a Conflict that followed a transient error: if it carries
 // exactly the claim c wrote (this replica's identity and claim time), that claim won and the
 // pod is returned; otherwise conflict is returned.
 func (a *Allocator) ownClaim(ctx context.Context, c *corev1.Pod, conflict error) (*corev1.Pod, error) {
-	var p *corev1.Pod
-	if _, err := a.retry.do(ctx, func(ctx context.Context) error {
-		var err error
-		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
-		return err
-	}); err != nil {
+	p, err := a.getPod(ctx, c.Name)
+	if err != nil {
 		return nil, err
 	}
 	if p.Labels[LabelState] == StateClaimed && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
@@ -691,12 +689,8 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 // annotated reports whether pod id, read from the API server, is bound by this replica with
 // exactly annotations as its manager annotations.
 func (a *Allocator) annotated(ctx context.Context, id string, annotations map[string]string) bool {
-	var p *corev1.Pod
-	if _, err := a.retry.do(ctx, func(ctx context.Context) error {
-		var err error
-		p, err = a.o.Client.CoreV1().Pods(a.o.Namespace).Get(ctx, id, metav1.GetOptions{})
-		return err
-	}); err != nil {
+	p, err := a.getPod(ctx, id)
+	if err != nil {
 		return false
 	}
 	want := managerAnnotations(annotations)
