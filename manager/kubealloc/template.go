@@ -68,17 +68,12 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		return refuse("spec.serviceAccountName", "set; sandbox pods use no service account")
 	}
 	if sc := s.SecurityContext; sc != nil {
+		if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
+			return refuse("spec.securityContext."+f, "%s", why)
+		}
 		switch {
-		case sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot:
-			return refuse("spec.securityContext.runAsNonRoot", "false; the sandbox server runs as a non-root user")
-		case sc.RunAsUser != nil && *sc.RunAsUser != SandboxUID:
-			return refuse("spec.securityContext.runAsUser", "%d; the sandbox server runs as %d", *sc.RunAsUser, SandboxUID)
-		case sc.RunAsGroup != nil && *sc.RunAsGroup != SandboxUID:
-			return refuse("spec.securityContext.runAsGroup", "%d; the sandbox server runs as group %d", *sc.RunAsGroup, SandboxUID)
 		case sc.FSGroup != nil && *sc.FSGroup != SandboxUID:
 			return refuse("spec.securityContext.fsGroup", "%d; the workspace belongs to group %d", *sc.FSGroup, SandboxUID)
-		case sc.SeccompProfile != nil && sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
-			return refuse("spec.securityContext.seccompProfile.type", "%s; sandbox pods use RuntimeDefault", sc.SeccompProfile.Type)
 		case len(sc.Sysctls) > 0:
 			return refuse("spec.securityContext.sysctls", "set; sandbox pods change no sysctl")
 		}
@@ -100,22 +95,17 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 			return refuse(field("securityContext.privileged"), "true; sandbox pods are never privileged")
 		case sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation:
 			return refuse(field("securityContext.allowPrivilegeEscalation"), "true; sandbox pods cannot gain privileges")
-		case sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot:
-			return refuse(field("securityContext.runAsNonRoot"), "false; the sandbox server runs as a non-root user")
-		case sc.RunAsUser != nil && *sc.RunAsUser != SandboxUID:
-			return refuse(field("securityContext.runAsUser"), "%d; the sandbox server runs as %d", *sc.RunAsUser, SandboxUID)
-		case sc.RunAsGroup != nil && *sc.RunAsGroup != SandboxUID:
-			return refuse(field("securityContext.runAsGroup"), "%d; the sandbox server runs as group %d", *sc.RunAsGroup, SandboxUID)
 		case sc.ReadOnlyRootFilesystem != nil && !*sc.ReadOnlyRootFilesystem:
 			return refuse(field("securityContext.readOnlyRootFilesystem"), "false; the root filesystem is read-only (the workspace is writable)")
 		case sc.Capabilities != nil && len(sc.Capabilities.Add) > 0:
 			return refuse(field("securityContext.capabilities.add"), "%v; sandbox pods drop every capability", sc.Capabilities.Add)
 		case sc.Capabilities != nil && len(sc.Capabilities.Drop) > 0 && !slices.Contains(sc.Capabilities.Drop, "ALL"):
 			return refuse(field("securityContext.capabilities.drop"), "%v; sandbox pods drop ALL", sc.Capabilities.Drop)
-		case sc.SeccompProfile != nil && sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
-			return refuse(field("securityContext.seccompProfile.type"), "%s; sandbox pods use RuntimeDefault", sc.SeccompProfile.Type)
 		case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
 			return refuse(field("securityContext.procMount"), "%s; sandbox pods use the default", *sc.ProcMount)
+		}
+		if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
+			return refuse(field("securityContext."+f), "%s", why)
 		}
 	}
 	want := map[string]int32{"init": InitPort, "data": DataPort}
@@ -162,6 +152,22 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		t.Pool = &NodePool{NodeSelector: maps.Clone(s.NodeSelector), Tolerations: slices.Clone(s.Tolerations)}
 	}
 	return t, nil
+}
+
+// identity checks the fields a pod's and a container's security context share: it returns
+// the first one that contradicts BuildPod (relative to the securityContext) and why, or "".
+func identity(nonRoot *bool, user, group *int64, seccomp *corev1.SeccompProfile) (field, why string) {
+	switch {
+	case nonRoot != nil && !*nonRoot:
+		return "runAsNonRoot", "false; the sandbox server runs as a non-root user"
+	case user != nil && *user != SandboxUID:
+		return "runAsUser", fmt.Sprintf("%d; the sandbox server runs as %d", *user, SandboxUID)
+	case group != nil && *group != SandboxUID:
+		return "runAsGroup", fmt.Sprintf("%d; the sandbox server runs as group %d", *group, SandboxUID)
+	case seccomp != nil && seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		return "seccompProfile.type", fmt.Sprintf("%s; sandbox pods use RuntimeDefault", seccomp.Type)
+	}
+	return "", ""
 }
 
 // serverArgs returns the template's fusebox-sandbox flags without the listen flags BuildPod
