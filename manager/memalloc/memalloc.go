@@ -22,7 +22,7 @@ import (
 
 // Call is one recorded call.
 type Call struct {
-	Method string // Create, Destroy, List, Annotate, BindEgress
+	Method string // Create, Destroy, List, Annotate, BindEgress, Claim
 	ID     string
 	Arg    any
 }
@@ -182,7 +182,6 @@ func Initializer(ctx context.Context, initAddr string, agentKey []byte) ([]byte,
 type Shared struct {
 	*Allocator
 	creating atomic.Int32
-	claims   atomic.Int64
 	// changed is closed when a unit turns ready (guarded by Allocator.mu).
 	changed chan struct{}
 }
@@ -223,12 +222,8 @@ func (s *Shared) Changed(template string) <-chan struct{} {
 	return s.changed
 }
 
-// Claims is how many times Claim was called.
-func (s *Shared) Claims() int64 { return s.claims.Load() }
-
 // Claim takes the oldest ready unit of template.
 func (s *Shared) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
-	s.claims.Add(1)
 	if err := s.record(Call{Method: "Claim", Arg: template}); err != nil {
 		return manager.UnitInfo{}, err
 	}
