@@ -97,12 +97,7 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case settle == 0:
-		settle = 100 * time.Millisecond
-	case settle < 0:
-		settle = 0
-	}
+	settle = settleTime(settle)
 	waitFull := func() error {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
