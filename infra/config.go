@@ -132,10 +132,7 @@ func (g GVisorConfig) baseURL() string {
 	return strings.TrimRight(orDefault(g.BinaryBaseURL, gvisor.ReleasesURL), "/") + "/" + g.Version
 }
 
-var (
-	gvisorVersion = regexp.MustCompile(`^[0-9]{8}(\.[0-9]+)?$`)
-	sha256Hex     = regexp.MustCompile(`^[0-9a-f]{64}$`)
-)
+var gvisorVersion = regexp.MustCompile(`^[0-9]{8}(\.[0-9]+)?$`)
 
 // CiliumConfig installs Cilium from a chart source, or uses the cluster's own.
 type CiliumConfig struct {
@@ -256,7 +253,7 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		}
 		sums := c.GVisor.SHA256[arch]
 		for _, b := range []struct{ key, sum string }{{"runsc", sums.Runsc}, {"containerd-shim-runsc-v1", sums.Shim}} {
-			if !sha256Hex.MatchString(b.sum) {
+			if !gvisor.ValidSHA256(b.sum) {
 				return nil, fail("gvisor.sha256."+arch+"."+b.key, fmt.Errorf("%q: want 64 lowercase hex digits", b.sum))
 			}
 		}

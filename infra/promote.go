@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/gvisor"
 )
 
 // Promotion copies the release-defining values of one stack file to another (CI promotion,
@@ -91,7 +92,7 @@ func (k releaseKey) check(v string) error {
 			return fmt.Errorf("%q is not a pinned gVisor release such as \"20250120\"", v)
 		}
 	case kindSHA256:
-		if !sha256Hex.MatchString(v) {
+		if !gvisor.ValidSHA256(v) {
 			return fmt.Errorf("%q: want a SHA-256 digest (64 lowercase hex digits)", v)
 		}
 	}

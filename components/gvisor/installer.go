@@ -79,6 +79,10 @@ var ErrBadInstaller = errors.New("bad gVisor node installer settings")
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
+// ValidSHA256 reports whether s is a SHA-256 digest as the installer checks it: 64 lowercase
+// hex digits.
+func ValidSHA256(s string) bool { return sha256Hex.MatchString(s) }
+
 // validateBaseURL accepts an absolute http(s) URL without quote, space or shell characters
 // (it is quoted into shell scripts) and returns it without a trailing slash.
 func validateBaseURL(raw string) (string, error) {
