@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -101,6 +103,7 @@ type Manager struct {
 	holdUntil    time.Time    // no new creations before this (backoff after failures)
 	allocs       atomic.Int64 // allocations since the last observation
 	creating     atomic.Int32 // creations in flight
+	waiting      atomic.Int32 // allocations waiting for a ready unit (takeReady)
 	target       atomic.Int32
 	totals       struct{ allocations, creations, destructions, failures atomic.Uint64 }
 	latMu        sync.Mutex // guards latencies
@@ -397,6 +400,8 @@ type AllocateRequest struct {
 	Egress         []string
 	LeaseTTL       time.Duration
 	Labels         map[string]string
+	// TLSClientHello, optional, is relayed to the sandbox in sFuse (see internal/tlsflight).
+	TLSClientHello []byte
 }
 
 // Allocation is the result of Allocate.
@@ -406,6 +411,8 @@ type Allocation struct {
 	SandboxKey   []byte
 	LeaseExpires time.Time
 	LeaseToken   string
+	// TLSServerFlight is the sandbox's answer to the request's TLSClientHello, if any.
+	TLSServerFlight []byte
 }
 
 // Allocate binds a warm unit to the agent whose public key is in req.
@@ -413,6 +420,9 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	start := time.Now()
 	if _, err := tlspin.ParsePublicKey(req.AgentPublicKey); err != nil {
 		return Allocation{}, fmt.Errorf("%w: agent public key: %v", ErrInvalid, err)
+	}
+	if len(req.TLSClientHello) > tlsflight.MaxHelloBytes {
+		return Allocation{}, fmt.Errorf("%w: TLS ClientHello of %d bytes (at most %d)", ErrInvalid, len(req.TLSClientHello), tlsflight.MaxHelloBytes)
 	}
 	tmpl := req.Template
 	if tmpl == "" {
@@ -505,6 +515,10 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 		}
 		if timeout == nil {
 			timeout = time.After(m.o.AllocateWait)
+			// Counted until this returns: the reconciler leaves this many ready units
+			// beyond its target for the waiters to take.
+			m.waiting.Add(1)
+			defer m.waiting.Add(-1)
 			m.creating.Add(1)
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
@@ -565,7 +579,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	} else {
 		annotated <- nil
 	}
-	pub, err := m.o.Initializer(ctx, u.Info.InitAddr, req.AgentPublicKey)
+	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, TLSClientHello: req.TLSClientHello})
 	eerr, aerr := <-egressed, <-annotated
 	if eerr != nil {
 		return fail("egress", eerr)
@@ -580,7 +594,8 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		return fail("init", err)
 	}
 	m.publishCounts()
-	return Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: pub, LeaseExpires: lease.Expires, LeaseToken: token}, nil
+	return Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
+		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}, nil
 }
 
 func (m *Manager) checkToken(l *Lease, token string) error {
@@ -853,7 +868,7 @@ func (m *Manager) Reconcile(ctx context.Context) {
 		return
 	}
 	m.endDeficit()
-	if surplus := c[Ready] - target; surplus > 0 {
+	if surplus := c[Ready] - target - int(m.waiting.Load()); surplus > 0 {
 		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.destroy(context.WithoutCancel(ctx), id, Ready) }()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
@@ -245,14 +246,14 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 			e := newEnv(t, 2, func(o *manager.Options) {
 				if stage == "init" {
 					first := true
-					o.Initializer = func(ctx context.Context, addr string, key []byte) ([]byte, error) {
+					o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
 						mu.Lock()
 						defer mu.Unlock()
 						if first {
 							first = false
-							return nil, errors.New("injected init failure")
+							return sfuse.Result{}, errors.New("injected init failure")
 						}
-						return memalloc.Initializer(ctx, addr, key)
+						return memalloc.Initializer(ctx, addr, req)
 					}
 				}
 			})
@@ -458,4 +459,27 @@ func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "refilled after the delay", func() bool { return e2.ready() == 2 })
+}
+
+// An allocation waiting on an empty pool gets the unit it had made, even when the estimator's
+// target is zero and the reconciler trims every spare ready unit: the reconciler must not take
+// a waiter's unit for a surplus. (It did, now and then, and the allocation then waited out its
+// deadline.)
+func TestWaitingAllocationKeepsItsUnitAgainstTrimming(t *testing.T) {
+	e := newEnv(t, 0, func(o *manager.Options) {
+		o.ReconcileInterval = time.Millisecond // trim as often as possible
+		o.AllocateWait = 3 * time.Second
+	})
+	e.alloc.Delay = time.Millisecond
+	e.start(t)
+	ctx := context.Background()
+	for i := range 300 {
+		a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
+		if err != nil {
+			t.Fatalf("allocation %d on an empty pool: %v", i, err)
+		}
+		if err := e.m.Release(ctx, a.ID, a.LeaseToken); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -70,7 +70,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
-		RefillDelay: manager.DefaultRefillDelay})
+		RefillDelay: manager.DefaultRefillDelay, Logger: o.Log})
 	if err != nil {
 		return nil, err
 	}
