@@ -2,8 +2,10 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
@@ -39,6 +43,10 @@ type Allocation struct {
 	*Sandbox
 	ID       string
 	Endpoint string
+	// Relayed reports whether the data connection continued the TLS handshake begun in the
+	// allocation (the fast path); false means it made a full handshake of its own (an older
+	// manager or sandbox, or a relayed handshake that could not be continued).
+	Relayed bool
 
 	mgr   managerv1.ManagerClient
 	owned *grpc.ClientConn // the manager connection, when this allocation made it (Allocate)
@@ -111,24 +119,35 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 			return nil, err
 		}
 	}
-	go key.cert() // the certificate Dial presents, made while the manager allocates
+	go key.cert() // the certificate the handshake presents, made while the manager allocates
 	req := &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
 	}
+	// The data plane's TLS handshake starts now: its first round trip rides on the
+	// allocation (see internal/tlsflight). The sandbox's key, pinned before the handshake
+	// goes on, comes with the answer.
+	pin := &tlspin.Pin{}
+	cfg := tlspin.ClientConfigPin(key.cert, pin)
+	hs, err := tlsflight.StartClient(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("starting the data-plane handshake: %w", err)
+	}
+	req.TlsClientHello = hs.Hello()
 	resp, err := m.rpc.Allocate(ctx, req)
 	if err != nil {
+		hs.Abort()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
 	}
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, err := Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key, o.Sandbox)
+	sb, relayed, err := connect(ctx, resp, hs, pin, cfg, key, o.Sandbox)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	a.Sandbox = sb
+	a.Sandbox, a.Relayed = sb, relayed
 	ttl := o.LeaseTTL
 	if ttl <= 0 {
 		ttl = time.Until(a.expires)
@@ -136,6 +155,64 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	go a.renew(max(ttl/3, 100*time.Millisecond))
 	return a, nil
 }
+
+// connect connects to the sandbox resp describes: it finishes the relayed handshake hs when
+// the sandbox answered it, and makes an ordinary one otherwise (an older manager or sandbox,
+// or a relayed handshake the sandbox no longer holds). A sandbox presenting a key other than
+// the one the manager returned is refused either way.
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, key *Key, o Options) (sb *Sandbox, relayed bool, err error) {
+	flight := resp.GetTlsServerFlight()
+	if len(flight) == 0 {
+		hs.Abort()
+		sb, err := Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key, o)
+		return sb, false, err
+	}
+	a, err := endpoint.Parse(resp.GetEndpoint())
+	if err != nil {
+		hs.Abort()
+		return nil, false, fmt.Errorf("sandbox endpoint: %w", err)
+	}
+	sandboxKey, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey())
+	if err != nil {
+		hs.Abort()
+		return nil, false, fmt.Errorf("sandbox key: %w", err)
+	}
+	if err := pin.Set(sandboxKey); err != nil {
+		hs.Abort()
+		return nil, false, err
+	}
+	// gRPC sets its connection up while the handshake finishes.
+	first := make(chan *tls.Conn, 1)
+	sb, err = dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, cfg)...)
+	if err != nil {
+		hs.Abort()
+		return nil, false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, a.Network, a.Address)
+	if err != nil {
+		hs.Abort()
+		sb.Close()
+		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
+	}
+	tc, err := hs.Finish(ctx, raw, flight)
+	switch {
+	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
+		sb.Close()
+		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
+	case err != nil:
+		first <- nil // an ordinary handshake instead
+		return sb, false, nil
+	}
+	first <- tc
+	return sb, true, nil
+}
+
+// handshakeTimeout bounds finishing a relayed handshake, as gRPC's minimum connect timeout
+// bounds an ordinary one.
+const handshakeTimeout = 20 * time.Second
 
 func (a *Allocation) renew(every time.Duration) {
 	defer close(a.done)

@@ -61,23 +61,28 @@ func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, 
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	return dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+}
+
+// dial makes the Sandbox: a gRPC connection to target with the given security options,
+// started at once.
+func dial(target string, o Options, security ...grpc.DialOption) (*Sandbox, error) {
 	if o.BatchBytes <= 0 {
 		o.BatchBytes = DefaultBatchBytes
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
 	}
-	conn, err := grpc.NewClient(a.GRPCTarget(),
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+	conn, err := grpc.NewClient(target, append(security,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.BatchBytes+(1<<20)), grpc.MaxCallSendMsgSize(o.BatchBytes+(1<<20))),
 		grpc.WithInitialWindowSize(8<<20),
 		grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithReadBufferSize(256<<10),
 		grpc.WithWriteBufferSize(256<<10),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	)
+	)...)
 	if err != nil {
-		return nil, fmt.Errorf("dialing sandbox %s: %w", a, err)
+		return nil, fmt.Errorf("dialing sandbox %s: %w", target, err)
 	}
 	conn.Connect()
 	return &Sandbox{conn: conn, rpc: sandboxv1.NewSandboxClient(conn), opts: o}, nil

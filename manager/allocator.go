@@ -3,6 +3,8 @@ package manager
 import (
 	"context"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
 )
 
 // UnitInfo describes one execution unit as its allocator knows it.
@@ -57,9 +59,9 @@ type Warner interface {
 	AllocationWarning() string
 }
 
-// Initializer performs sFuse on a unit's init endpoint and returns the sandbox's public key
+// Initializer performs sFuse on a unit's init endpoint and returns the sandbox's answer
 // (internal/sfuse.Initialize in production; an in-memory fake in benchmarks).
-type Initializer func(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error)
+type Initializer func(ctx context.Context, initAddr string, req sfuse.Request) (sfuse.Result, error)
 
 // Clock tells the time; tests pass a fake.
 type Clock interface {

@@ -54,12 +54,12 @@ func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) 
 		return nil, toStatus(errors.Join(ErrInvalid, d.CheckValid()))
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
-		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels()})
+		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), TLSClientHello: req.GetTlsClientHello()})
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &managerv1.AllocateResponse{SandboxId: a.ID, Endpoint: a.Endpoint, SandboxPublicKey: a.SandboxKey,
-		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken}, nil
+		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken, TlsServerFlight: a.TLSServerFlight}, nil
 }
 
 func (s *Service) Renew(ctx context.Context, req *managerv1.RenewRequest) (*managerv1.RenewResponse, error) {

@@ -1,5 +1,6 @@
 // Package sfuse is the manager's side of the sFuse handshake: one InitializeTLS call on a
-// sandbox's init listener, which pins the agent's key and returns the sandbox's.
+// sandbox's init listener, which pins the agent's key and returns the sandbox's (and relays
+// the first round trip of the agent's data-plane TLS handshake, when the agent sends one).
 package sfuse
 
 import (
@@ -16,32 +17,53 @@ import (
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
-// Initialize calls InitializeTLS on the sandbox's init listener at initAddr with the agent's
-// public key (DER SubjectPublicKeyInfo) and returns the sandbox's public key. The init channel
-// carries no secrets (public keys only) and is reachable only by the manager, so it is not
-// encrypted. Nothing is kept: the caller hands the key to the agent.
-func Initialize(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error) {
+// Request is what sFuse sends a sandbox.
+type Request struct {
+	// AgentKey is the agent's public key, DER SubjectPublicKeyInfo.
+	AgentKey []byte
+	// TLSClientHello, optional, is the agent's first TLS flight for the data plane, relayed
+	// as it came (see internal/tlsflight).
+	TLSClientHello []byte
+}
+
+// Result is the sandbox's answer.
+type Result struct {
+	// SandboxKey is the sandbox's public key, DER SubjectPublicKeyInfo.
+	SandboxKey []byte
+	// TLSServerFlight answers Request.TLSClientHello; empty when there was none.
+	TLSServerFlight []byte
+}
+
+// Initialize calls InitializeTLS on the sandbox's init listener at initAddr and returns the
+// sandbox's answer. The init channel carries no secrets (public keys and the clear or
+// encrypted messages of a TLS handshake only) and is reachable only by the manager, so it is
+// not encrypted. Nothing is kept: the caller hands the result to the agent.
+func Initialize(ctx context.Context, initAddr string, req Request) (Result, error) {
 	a, err := endpoint.Parse(initAddr)
 	if err != nil {
-		return nil, fmt.Errorf("init address: %w", err)
+		return Result{}, fmt.Errorf("init address: %w", err)
 	}
 	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, fmt.Errorf("dialing init listener %s: %w", a, err)
+		return Result{}, fmt.Errorf("dialing init listener %s: %w", a, err)
 	}
 	defer conn.Close()
-	return initialize(ctx, conn, a.String(), agentKey)
+	return initialize(ctx, conn, a.String(), req)
 }
 
-func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, agentKey []byte) ([]byte, error) {
-	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx, &sandboxv1.InitializeTLSRequest{AgentPublicKey: agentKey})
+func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
+	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
+		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello})
 	if err != nil {
-		return nil, fmt.Errorf("InitializeTLS on %s: %w", addr, err)
+		return Result{}, fmt.Errorf("InitializeTLS on %s: %w", addr, err)
 	}
 	if _, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey()); err != nil {
-		return nil, fmt.Errorf("InitializeTLS on %s returned a bad key: %w", addr, err)
+		return Result{}, fmt.Errorf("InitializeTLS on %s returned a bad key: %w", addr, err)
 	}
-	return resp.GetSandboxPublicKey(), nil
+	if len(resp.GetTlsServerFlight()) > 0 && len(req.TLSClientHello) == 0 {
+		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight nobody asked for", addr)
+	}
+	return Result{SandboxKey: resp.GetSandboxPublicKey(), TLSServerFlight: resp.GetTlsServerFlight()}, nil
 }
 
 // Conns prepares the connection to a unit's init listener while the unit waits in the warm
@@ -89,17 +111,17 @@ func (c *Conns) Forget(initAddr string) {
 const closeDelay = 500 * time.Millisecond
 
 // Initialize is Initialize over the prepared connection when there is one.
-func (c *Conns) Initialize(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error) {
+func (c *Conns) Initialize(ctx context.Context, initAddr string, req Request) (Result, error) {
 	c.mu.Lock()
 	conn := c.m[initAddr]
 	delete(c.m, initAddr)
 	c.mu.Unlock()
 	if conn == nil {
-		return Initialize(ctx, initAddr, agentKey)
+		return Initialize(ctx, initAddr, req)
 	}
 	// Closed a little later, off the allocation path: the sandbox closes its end once the
 	// agent's first call is answered, and a close now would be work for the sandbox during
 	// the agent's handshake.
 	defer time.AfterFunc(closeDelay, func() { conn.Close() })
-	return initialize(ctx, conn, initAddr, agentKey)
+	return initialize(ctx, conn, initAddr, req)
 }

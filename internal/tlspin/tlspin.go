@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"sync/atomic"
 	"time"
 )
 
@@ -134,6 +135,9 @@ func ServerConfigCert(cert tls.Certificate, pinnedClient crypto.PublicKey) (*tls
 		// Full-size records from the first byte: fewer writes, and so fewer rounds through
 		// gVisor, for bulk transfers.
 		DynamicRecordSizingDisabled: true,
+		// A sandbox serves one agent once: a resumption ticket could never be used, and
+		// sending one is a write on the handshake's critical path.
+		SessionTicketsDisabled: true,
 	}, nil
 }
 
@@ -167,11 +171,65 @@ func ClientConfigCert(cert tls.Certificate, pinnedServer crypto.PublicKey) (*tls
 	}, nil
 }
 
+// Pin is a pinned public key that is set after the configuration checking it is made: an
+// agent sends its ClientHello before it learns the sandbox's key (see internal/tlsflight).
+// A peer is refused while the pin is unset. It is safe for concurrent use.
+type Pin struct{ key atomic.Pointer[pinnedKey] }
+
+type pinnedKey struct{ equaler }
+
+// Set pins pub, which must be an ECDSA P-256 or Ed25519 key. A pin is set once; a second Set
+// fails.
+func (p *Pin) Set(pub crypto.PublicKey) error {
+	if err := checkType(pub); err != nil {
+		return err
+	}
+	if !p.key.CompareAndSwap(nil, &pinnedKey{pub.(equaler)}) {
+		return errors.New("tlspin: pin already set")
+	}
+	return nil
+}
+
+// ClientConfigPin is ClientConfigCert for a server key set later through pin, with the client
+// certificate made by cert when the server asks for it (so that making it overlaps the first
+// round trip).
+func ClientConfigPin(cert func() (tls.Certificate, error), pin *Pin) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := cert()
+			if err != nil {
+				return nil, err
+			}
+			return &c, nil
+		},
+		InsecureSkipVerify: true, // see ClientConfigCert
+		VerifyPeerCertificate: verify(func() equaler {
+			if k := pin.key.Load(); k != nil {
+				return k.equaler
+			}
+			return nil
+		}),
+		NextProtos:                  []string{"h2"},
+		DynamicRecordSizingDisabled: true,
+	}
+}
+
 type equaler interface{ Equal(crypto.PublicKey) bool }
 
 func verifier(pinned crypto.PublicKey) func([][]byte, [][]*x509.Certificate) error {
 	want := pinned.(equaler) // checkType admitted only key types with Equal.
+	return verify(func() equaler { return want })
+}
+
+// verify checks the peer's first certificate against the key pinned() returns; nil refuses
+// every peer.
+func verify(pinned func() equaler) func([][]byte, [][]*x509.Certificate) error {
 	return func(raw [][]byte, _ [][]*x509.Certificate) error {
+		want := pinned()
+		if want == nil {
+			return fmt.Errorf("%w: no key pinned yet", ErrPinMismatch)
+		}
 		if len(raw) == 0 {
 			return fmt.Errorf("%w: no certificate presented", ErrPinMismatch)
 		}

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 )
 
@@ -168,13 +169,15 @@ func (a *Allocator) Egress(id string) []string {
 }
 
 // Initializer is an in-memory sFuse: it checks nothing about the unit and returns a fresh
-// public key, standing in for internal/sfuse.Initialize when no sandbox runs.
-func Initializer(ctx context.Context, initAddr string, agentKey []byte) ([]byte, error) {
+// public key, standing in for internal/sfuse.Initialize when no sandbox runs. It answers no
+// TLS flight (there is no data plane to continue it).
+func Initializer(ctx context.Context, initAddr string, req sfuse.Request) (sfuse.Result, error) {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return sfuse.Result{}, err
 	}
-	return x509.MarshalPKIXPublicKey(&k.PublicKey)
+	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	return sfuse.Result{SandboxKey: der}, err
 }
 
 // Shared is an Allocator whose pool is shared by several managers, as pods in an API server

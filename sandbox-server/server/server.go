@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -72,10 +72,11 @@ type Server struct {
 
 	dataLn *gate // set by Serve before the init listener is served
 
-	mu      sync.Mutex // guards blown and data
+	mu      sync.Mutex // guards blown, data and pending
 	blown   bool
 	data    *grpc.Server
-	blownCh chan struct{} // closed once the fuse has blown
+	pending *tlsflight.Pending // the relayed handshake the agent's first connection continues
+	blownCh chan struct{}      // closed once the fuse has blown
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
 	firstCallOnce sync.Once
@@ -180,6 +181,18 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	}
 	initSrv.GracefulStop()
 	s.log.Info("sandbox initialised; init listener closed")
+	// A relayed handshake nobody continued (the agent fell back to a full one, or never
+	// came) is dropped once the agent has made a call, or after a while.
+	abandon := time.AfterFunc(pendingTTL, s.abandonPending)
+	defer abandon.Stop()
+	defer s.abandonPending()
+	go func() {
+		select {
+		case <-s.firstCall:
+			s.abandonPending()
+		case <-ctx.Done():
+		}
+	}()
 
 	select {
 	case <-ctx.Done():
@@ -192,38 +205,64 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	}
 }
 
-// initialize performs the one initialisation: it pins agentKey, opens the data listener's
-// gate and starts the data plane. It returns the sandbox's public key.
-func (s *Server) initialize(agentDER []byte) ([]byte, error) {
+// initialize performs the one initialisation: it pins agentKey, answers the agent's relayed
+// ClientHello if there is one, opens the data listener's gate and starts the data plane. It
+// returns the sandbox's public key and its TLS flight. A bad key or ClientHello leaves the
+// fuse intact.
+func (s *Server) initialize(ctx context.Context, agentDER, hello []byte) (pub, flight []byte, err error) {
 	agentKey, err := tlspin.ParsePublicKey(agentDER)
 	if err != nil {
-		return nil, fmt.Errorf("agent public key: %w", err)
+		return nil, nil, fmt.Errorf("agent public key: %w", err)
+	}
+	cfg, err := tlspin.ServerConfigCert(s.cert, agentKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building TLS config: %w", err)
+	}
+	var pending *tlsflight.Pending
+	if len(hello) > 0 {
+		if flight, pending, err = tlsflight.Answer(ctx, cfg, hello); err != nil {
+			return nil, nil, errors.Join(errInvalid, fmt.Errorf("TLS ClientHello: %w", err))
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.blown {
-		return nil, errAlreadyInitialised
+		if pending != nil {
+			pending.Abort()
+		}
+		return nil, nil, errAlreadyInitialised
 	}
-	data, err := s.newDataServer(s.cert, agentKey, func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
-	if err != nil {
-		return nil, err // the fuse stays intact: the manager may try again
-	}
+	data := s.newDataServer(tlsflight.ServerCredentials(cfg, s.takePending), func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
 	s.dataLn.Open()
-	s.blown, s.data = true, data
+	s.blown, s.data, s.pending = true, data, pending
 	go func() { s.dataErr <- data.Serve(bufferedListener{s.dataLn}) }()
 	close(s.blownCh)
-	return s.pub, nil
+	return s.pub, flight, nil
 }
 
-// newDataServer builds the data plane's gRPC server, to serve on a bufferedListener. onCall,
-// if set, runs after every call returns.
-func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, onCall func()) (*grpc.Server, error) {
-	cfg, err := tlspin.ServerConfigCert(cert, agent)
-	if err != nil {
-		return nil, fmt.Errorf("building TLS config: %w", err)
+// pendingTTL bounds how long a relayed handshake waits for the agent's connection.
+const pendingTTL = 30 * time.Second
+
+// takePending hands the relayed handshake to the first connection that continues one.
+func (s *Server) takePending() *tlsflight.Pending {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pending
+	s.pending = nil
+	return p
+}
+
+func (s *Server) abandonPending() {
+	if p := s.takePending(); p != nil {
+		p.Abort()
 	}
+}
+
+// newDataServer builds the data plane's gRPC server with creds, to serve on a
+// bufferedListener. onCall, if set, runs after every call returns.
+func (s *Server) newDataServer(creds credentials.TransportCredentials, onCall func()) *grpc.Server {
 	opts := []grpc.ServerOption{
-		grpc.Creds(credentials.NewTLS(cfg)),
+		grpc.Creds(creds),
 		grpc.MaxRecvMsgSize(s.opts.Limits.MaxMessageBytes),
 		grpc.MaxSendMsgSize(s.opts.Limits.MaxMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
@@ -246,7 +285,7 @@ func (s *Server) newDataServer(cert tls.Certificate, agent crypto.PublicKey, onC
 	}
 	srv := grpc.NewServer(opts...)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
-	return srv, nil
+	return srv
 }
 
 type initService struct {
@@ -255,12 +294,12 @@ type initService struct {
 }
 
 func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
-	pub, err := i.s.initialize(req.GetAgentPublicKey())
+	pub, flight, err := i.s.initialize(ctx, req.GetAgentPublicKey(), req.GetTlsClientHello())
 	if err != nil {
 		i.s.log.Warn("InitializeTLS refused", "err", err)
 		return nil, toStatus(err)
 	}
-	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub}, nil
+	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub, TlsServerFlight: flight}, nil
 }
 
 // devNull is shared as the standard input of commands that get none.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,13 +14,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
@@ -119,22 +123,22 @@ func TestFuseBlowsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	servesNothing(t, dataAddr[len("unix://"):])
-	if _, err := sfuse.Initialize(ctx, initAddr, []byte("garbage")); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
+	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: []byte("garbage")}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
 		t.Fatalf("malformed init: %v, want InvalidArgument", err)
 	}
 	servesNothing(t, dataAddr[len("unix://"):]) // a malformed init leaves the gate shut
 	key, _ := client.NewKey()
-	pub, err := sfuse.Initialize(ctx, initAddr, key.PublicKey())
+	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("init after a malformed one: %v", err)
 	}
 	other, _ := client.NewKey()
 	// The init listener outlives the fuse until the agent's first call (so closing it does
 	// not compete with the agent's handshake), refusing everything meanwhile.
-	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
+	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
 		t.Fatalf("second InitializeTLS: %v, want FailedPrecondition", err)
 	}
-	sb, err := client.Dial(dataAddr, pub, key)
+	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,14 +155,14 @@ func TestFuseBlowsOnce(t *testing.T) {
 			t.Fatal("init socket still present after the agent's first call")
 		}
 	}
-	if _, err := sfuse.Initialize(ctx, initAddr, other.PublicKey()); err == nil {
+	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); err == nil {
 		t.Fatal("InitializeTLS after the init listener closed succeeded")
 	}
 	res, err = sb.Exec(ctx, client.Command{Script: `printf %s "$A"`})
 	if err != nil || string(res.Stdout) != "1" {
 		t.Fatalf("state not carried: %v %q", err, res.Stdout)
 	}
-	intruder, _ := client.Dial(dataAddr, pub, other)
+	intruder, _ := client.Dial(dataAddr, pub.SandboxKey, other)
 	defer intruder.Close()
 	if _, err := intruder.Run(ctx, "true"); status.Code(errors.Unwrap(err)) != codes.Unavailable {
 		t.Fatalf("intruder exec: %v, want Unavailable", err)
@@ -186,5 +190,92 @@ func servesNothing(t *testing.T, path string) {
 	n, err := c.Read(make([]byte, 64))
 	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
 		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
+	}
+}
+
+// The agent's ClientHello relayed through InitializeTLS is answered there, and the agent's
+// first data connection continues that handshake; a hello the sandbox cannot answer is
+// refused without blowing the fuse, and a spent relayed handshake cannot be continued again.
+func TestRelayedHandshake(t *testing.T) {
+	initAddr, dataAddr, _ := startInProcess(t, time.Minute)
+	dataPath := dataAddr[len("unix://"):]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, _ := client.NewKey()
+	cert, err := tlspin.Certificate(key.Signer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := &tlspin.Pin{}
+	cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, pin)
+	hs, err := tlsflight.StartClient(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hs.Abort()
+
+	bad := append([]byte{}, hs.Hello()...)
+	bad = bad[:len(bad)/2]
+	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: bad}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
+		t.Fatalf("truncated ClientHello: %v, want InvalidArgument", err)
+	}
+	servesNothing(t, dataPath) // the fuse is intact
+
+	res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: hs.Hello()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.TLSServerFlight) == 0 {
+		t.Fatal("no TLS flight in the answer to a ClientHello")
+	}
+	sandboxKey, err := tlspin.ParsePublicKey(res.SandboxKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pin.Set(sandboxKey); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := net.Dial("unix", dataPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := hs.Finish(ctx, raw, res.TLSServerFlight)
+	if err != nil {
+		t.Fatalf("finishing the relayed handshake: %v", err)
+	}
+	first := make(chan *tls.Conn, 1)
+	first <- tc
+	conn, err := grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, "unix", dataPath, cfg)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rpc := sandboxv1.NewSandboxClient(conn)
+	if _, err := rpc.Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
+		t.Fatalf("call over the relayed handshake: %v", err)
+	}
+
+	// A second continuation finds nothing pending: the server closes it unanswered.
+	c, err := net.Dial("unix", dataPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte("\x14\x03\x03\x00\x01\x01"))
+	if n, err := c.Read(make([]byte, 64)); n != 0 || err == nil {
+		t.Fatalf("second continuation: read %d bytes, %v; want the connection closed", n, err)
+	}
+	// An ordinary handshake by the same agent still works beside the relayed connection.
+	sb, err := client.Dial(dataAddr, res.SandboxKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if _, err := sb.Run(ctx, "true"); err != nil {
+		t.Fatalf("ordinary handshake after the relayed one: %v", err)
+	}
+	if _, err := rpc.Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
+		t.Fatalf("relayed connection after the others: %v", err)
 	}
 }

@@ -2,24 +2,27 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
-// WarmUp runs one throwaway pinned-TLS handshake and data-plane call through this server's own
-// code, on a private unix socket, before the sandbox waits in the pool: a self-test (a server
-// that cannot complete it never enters the pool) that also runs the data plane's code paths
-// once, off the allocation path. It uses its own keys and never touches the pinned identity
-// or the init listener.
+// WarmUp runs one throwaway pinned-TLS handshake, relayed as an allocation relays it (see
+// internal/tlsflight), and one data-plane call through this server's own code, on a private
+// unix socket, before the sandbox waits in the pool: a self-test (a server that cannot
+// complete it never enters the pool) that also runs the data plane's code paths once, off the
+// allocation path. It uses its own keys and never touches the pinned identity or the init
+// listener.
 func (s *Server) WarmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -36,27 +39,59 @@ func (s *Server) WarmUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cert, err := tlspin.Certificate(serverKey)
+	serverCert, err := tlspin.Certificate(serverKey)
 	if err != nil {
 		return err
 	}
+	clientCert, err := tlspin.Certificate(clientKey)
+	if err != nil {
+		return err
+	}
+	// The agent's and the sandbox's halves of sFuse's relayed first round trip.
+	pin := &tlspin.Pin{}
+	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
+	hello, err := tlsflight.StartClient(ctx, ccfg)
+	if err != nil {
+		return err
+	}
+	defer hello.Abort()
+	scfg, err := tlspin.ServerConfigCert(serverCert, clientKey.Public())
+	if err != nil {
+		return err
+	}
+	flight, pending, err := tlsflight.Answer(ctx, scfg, hello.Hello())
+	if err != nil {
+		return err
+	}
+	defer pending.Abort()
+	var once sync.Once
+	srv := s.newDataServer(tlsflight.ServerCredentials(scfg, func() (p *tlsflight.Pending) {
+		once.Do(func() { p = pending })
+		return p
+	}), nil)
 	sock := filepath.Join(dir, "warm.sock")
-	srv, err := s.newDataServer(cert, clientKey.Public(), nil)
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		return fmt.Errorf("binding the warm-up listener: %w", err)
 	}
 	go srv.Serve(bufferedListener{ln})
 	defer srv.Stop()
-	cfg, err := tlspin.ClientConfig(clientKey, serverKey.Public())
+	if err := pin.Set(serverKey.Public()); err != nil {
+		return err
+	}
+	raw, err := net.Dial("unix", sock)
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	tc, err := hello.Finish(ctx, raw, flight)
 	if err != nil {
+		return fmt.Errorf("warm-up handshake: %w", err)
+	}
+	first := make(chan *tls.Conn, 1)
+	first <- tc
+	conn, err := grpc.NewClient("passthrough:///warm-up", tlsflight.DialOptions(first, "unix", sock, ccfg)...)
+	if err != nil {
+		tc.Close()
 		return err
 	}
 	defer conn.Close()

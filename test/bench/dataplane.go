@@ -106,11 +106,11 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	if err != nil {
 		return nil, err
 	}
-	pub, err := sfuse.Initialize(ctx, sb.InitAddr, key.PublicKey())
+	pub, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.Dial(sb.DataAddr, pub, key)
+	c, err := client.Dial(sb.DataAddr, pub.SandboxKey, key)
 	if err != nil {
 		return nil, err
 	}

@@ -162,10 +162,11 @@ func TestDataPlaneRejectsUnpinnedClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sandboxKey, err := sfuse.Initialize(ctx, sb.InitAddr, agentKey.PublicKey())
+	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: agentKey.PublicKey()})
 	if err != nil {
 		t.Fatalf("sFuse: %v", err)
 	}
+	sandboxKey := fused.SandboxKey
 	good := dial(t, sb.DataAddr, sandboxKey, agentKey)
 	dataPath := socketPath(sb.DataAddr)
 

@@ -105,7 +105,7 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := sfuse.Initialize(ctx, sb.InitAddr, tc.key)
+			_, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: tc.key})
 			wantCode(t, "InitializeTLS with a malformed key", err, codes.InvalidArgument)
 			servesNothing(t, socketPath(sb.DataAddr)) // the gate stays shut
 		})
@@ -113,11 +113,11 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 
 	// The fuse is intact: a valid initialisation still succeeds and serves the data plane.
 	key := newKey(t)
-	pub, err := sfuse.Initialize(ctx, sb.InitAddr, key.PublicKey())
+	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("valid InitializeTLS after malformed ones: %v", err)
 	}
-	c := dial(t, sb.DataAddr, pub, key)
+	c := dial(t, sb.DataAddr, fused.SandboxKey, key)
 	if out := sh(t, ctx, c, "echo ok"); out != "ok\n" {
 		t.Fatalf("exec after init: stdout %q", out)
 	}
@@ -128,22 +128,22 @@ func TestInitializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
 	first, second := newKey(t), newKey(t)
 
-	pub, err := sfuse.Initialize(ctx, sb.InitAddr, first.PublicKey())
+	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: first.PublicKey()})
 	if err != nil {
 		t.Fatalf("first InitializeTLS: %v", err)
 	}
 	// Right away (racing the init listener's shutdown) and once the socket is gone.
-	_, err = sfuse.Initialize(ctx, sb.InitAddr, second.PublicKey())
+	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: second.PublicKey()})
 	wantCode(t, "second InitializeTLS", err, codes.FailedPrecondition, codes.Unavailable)
 	waitSocketGone(t, socketPath(sb.InitAddr))
-	_, err = sfuse.Initialize(ctx, sb.InitAddr, second.PublicKey())
+	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: second.PublicKey()})
 	wantCode(t, "InitializeTLS after the init socket is gone", err, codes.Unavailable)
 
-	good := dial(t, sb.DataAddr, pub, first)
+	good := dial(t, sb.DataAddr, fused.SandboxKey, first)
 	if err := execMarker(ctx, good, "first-agent"); err != nil {
 		t.Fatalf("the first agent can no longer exec: %v", err)
 	}
-	intruder := dial(t, sb.DataAddr, pub, second)
+	intruder := dial(t, sb.DataAddr, fused.SandboxKey, second)
 	if err := execMarker(ctx, intruder, "second-agent"); err == nil {
 		t.Fatal("a client with the second agent's key could exec: the pin was changed")
 	}
@@ -158,14 +158,14 @@ func TestInitializeTLSConcurrentExactlyOneWins(t *testing.T) {
 	for i := range keys {
 		keys[i] = newKey(t)
 	}
-	pubs := make([][]byte, n)
+	pubs := make([]sfuse.Result, n)
 	errs := make([]error, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			pubs[i], errs[i] = sfuse.Initialize(ctx, sb.InitAddr, keys[i].PublicKey())
+			pubs[i], errs[i] = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: keys[i].PublicKey()})
 		})
 	}
 	close(start)
@@ -190,7 +190,7 @@ func TestInitializeTLSConcurrentExactlyOneWins(t *testing.T) {
 	if winner < 0 {
 		t.Fatalf("no InitializeTLS succeeded: %v", errs)
 	}
-	good := dial(t, sb.DataAddr, pubs[winner], keys[winner])
+	good := dial(t, sb.DataAddr, pubs[winner].SandboxKey, keys[winner])
 	if err := execMarker(ctx, good, "winner"); err != nil {
 		t.Fatalf("the winning key cannot exec: %v", err)
 	}
@@ -198,7 +198,7 @@ func TestInitializeTLSConcurrentExactlyOneWins(t *testing.T) {
 		if i == winner {
 			continue
 		}
-		c := dial(t, sb.DataAddr, pubs[winner], keys[i])
+		c := dial(t, sb.DataAddr, pubs[winner].SandboxKey, keys[i])
 		marker := "loser-" + string(rune('a'+i))
 		if err := execMarker(ctx, c, marker); err == nil {
 			t.Errorf("losing key %d can exec", i)
@@ -228,11 +228,11 @@ func TestDataSocketServesNothingBeforeInit(t *testing.T) {
 		t.Fatal("a data-plane call before init succeeded")
 	}
 	early.Close()
-	pub, err := sfuse.Initialize(ctx, sb.InitAddr, key.PublicKey())
+	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("init after refused early connections: %v", err)
 	}
-	good := dial(t, sb.DataAddr, pub, key)
+	good := dial(t, sb.DataAddr, fused.SandboxKey, key)
 	if _, err := good.Stat(ctx, ".", false); err != nil {
 		t.Fatalf("data plane after init: %v", err)
 	}
@@ -306,7 +306,7 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 		t.Errorf("server log does not say why it exited:\n%s", log)
 	}
 	// And it can no longer be initialised.
-	_, err = sfuse.Initialize(ctx, sb.InitAddr, newKey(t).PublicKey())
+	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: newKey(t).PublicKey()})
 	wantCode(t, "InitializeTLS after the idle TTL", err, codes.Unavailable)
 }
 

@@ -27,6 +27,9 @@ func TestAllocateExecRelease(t *testing.T) {
 		t.Fatalf("Allocate: %v", err)
 	}
 	id := a.ID
+	if !a.Relayed {
+		t.Error("the data connection made a full handshake: the one begun in the allocation was not continued")
+	}
 	if !slices.Contains(e.containers(t), id) || !slices.Contains(e.sandboxDirs(t), id) {
 		t.Errorf("allocated %s, but runsc lists %v and the state directory holds %v", id, e.containers(t), e.sandboxDirs(t))
 	}
@@ -88,6 +91,9 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
+		}
+		if !a.Relayed {
+			t.Errorf("allocation %d: the relayed handshake was not continued", i)
 		}
 		if slices.Contains(ids, a.ID) {
 			t.Errorf("allocation %d got sandbox %s again (earlier: %v)", i, a.ID, ids)

@@ -135,10 +135,11 @@ func StartBound(t testing.TB, o Options) *Bound {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pub, err := sfuse.Initialize(ctx, sb.InitAddr, key.PublicKey())
+	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("sFuse: %v", err)
 	}
+	pub := res.SandboxKey
 	c, err := client.Dial(sb.DataAddr, pub, key)
 	if err != nil {
 		t.Fatal(err)

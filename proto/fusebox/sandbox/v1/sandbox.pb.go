@@ -143,6 +143,12 @@ type InitializeTLSRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's public key as DER-encoded SubjectPublicKeyInfo (PKIX). ECDSA P-256 or Ed25519.
 	AgentPublicKey []byte `protobuf:"bytes,1,opt,name=agent_public_key,json=agentPublicKey,proto3" json:"agent_public_key,omitempty"`
+	// Optional: the agent's ClientHello record for the data plane (relayed, opaque to the
+	// manager). The sandbox answers it in tls_server_flight and keeps the handshake pending: the
+	// first data connection that does not start with a ClientHello continues it with the agent's
+	// second flight. A ClientHello the sandbox cannot answer fails the call with
+	// INVALID_ARGUMENT and leaves the fuse intact. At most 16 KiB.
+	TlsClientHello []byte `protobuf:"bytes,2,opt,name=tls_client_hello,json=tlsClientHello,proto3" json:"tls_client_hello,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -184,13 +190,23 @@ func (x *InitializeTLSRequest) GetAgentPublicKey() []byte {
 	return nil
 }
 
+func (x *InitializeTLSRequest) GetTlsClientHello() []byte {
+	if x != nil {
+		return x.TlsClientHello
+	}
+	return nil
+}
+
 type InitializeTLSResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sandbox's public key as DER-encoded SubjectPublicKeyInfo. The agent pins it: the data
 	// listener's TLS certificate carries exactly this key.
 	SandboxPublicKey []byte `protobuf:"bytes,1,opt,name=sandbox_public_key,json=sandboxPublicKey,proto3" json:"sandbox_public_key,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The sandbox's TLS reply to tls_client_hello (ServerHello through Finished); empty when the
+	// request carried none.
+	TlsServerFlight []byte `protobuf:"bytes,2,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *InitializeTLSResponse) Reset() {
@@ -226,6 +242,13 @@ func (*InitializeTLSResponse) Descriptor() ([]byte, []int) {
 func (x *InitializeTLSResponse) GetSandboxPublicKey() []byte {
 	if x != nil {
 		return x.SandboxPublicKey
+	}
+	return nil
+}
+
+func (x *InitializeTLSResponse) GetTlsServerFlight() []byte {
+	if x != nil {
+		return x.TlsServerFlight
 	}
 	return nil
 }
@@ -2509,11 +2532,13 @@ var File_fusebox_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"@\n" +
+	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
 	"\x14InitializeTLSRequest\x12(\n" +
-	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\"E\n" +
+	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12(\n" +
+	"\x10tls_client_hello\x18\x02 \x01(\fR\x0etlsClientHello\"q\n" +
 	"\x15InitializeTLSResponse\x12,\n" +
-	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\"\xf0\x02\n" +
+	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12*\n" +
+	"\x11tls_server_flight\x18\x02 \x01(\fR\x0ftlsServerFlight\"\xf0\x02\n" +
 	"\vExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x16\n" +
 	"\x06script\x18\x02 \x01(\tR\x06script\x12\x10\n" +

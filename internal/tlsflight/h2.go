@@ -1,0 +1,90 @@
+package tlsflight
+
+import "net"
+
+// HTTP/2 lets a client send requests straight after its connection preface, under the
+// protocol's default settings until the server's SETTINGS frame arrives (RFC 9113 §3.4,
+// §6.5.3). grpc-go's client instead waits for the server's SETTINGS before its first request,
+// and after a relayed handshake that wait is a round trip into the sandbox of its own: the
+// server can send its SETTINGS only once the client's second flight has reached it. defaults
+// removes the wait without changing what either side may do: it gives the client transport an
+// empty SETTINGS frame, which changes nothing (every setting keeps its default, exactly what
+// the client may assume before the server's frame), and removes the client's acknowledgement
+// of that frame from the stream, so the server sees the same frames as ever. The server's own
+// SETTINGS arrive a moment later and apply as usual.
+
+// emptySettings is an HTTP/2 SETTINGS frame with no settings: length 0, type 0x4, no
+// flags, stream 0.
+var emptySettings = []byte{0, 0, 0, 0x4, 0, 0, 0, 0, 0}
+
+// settingsAck is the acknowledgement the client sends for it: type 0x4, flag ACK (0x1).
+var settingsAck = [9]byte{0, 0, 0, 0x4, 0x1, 0, 0, 0, 0}
+
+// clientPrefaceLen is the length of "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", written before any frame.
+const clientPrefaceLen = 24
+
+// defaults is a client transport connection that starts with an implicit empty SETTINGS frame
+// (see above). Reads come from one goroutine at a time, as do writes.
+type defaults struct {
+	net.Conn
+	injected bool // read side: emptySettings returned
+
+	// Write side: the stream is parsed frame by frame until the acknowledgement is removed.
+	done    bool
+	preface int    // preface bytes still to pass
+	skip    int    // payload bytes of the current frame still to pass
+	head    []byte // a frame header split across writes
+}
+
+func newDefaults(c net.Conn) *defaults { return &defaults{Conn: c, preface: clientPrefaceLen} }
+
+func (d *defaults) Read(p []byte) (int, error) {
+	if !d.injected {
+		if len(p) < len(emptySettings) {
+			return d.Conn.Read(p) // grpc-go reads through a large buffer; never happens
+		}
+		d.injected = true
+		return copy(p, emptySettings), nil
+	}
+	return d.Conn.Read(p)
+}
+
+func (d *defaults) Write(p []byte) (int, error) {
+	if d.done {
+		return d.Conn.Write(p)
+	}
+	out := make([]byte, 0, len(p))
+	rest := p
+	for len(rest) > 0 && !d.done {
+		switch {
+		case d.preface > 0:
+			n := min(d.preface, len(rest))
+			out, rest, d.preface = append(out, rest[:n]...), rest[n:], d.preface-n
+		case d.skip > 0:
+			n := min(d.skip, len(rest))
+			out, rest, d.skip = append(out, rest[:n]...), rest[n:], d.skip-n
+		default:
+			n := min(9-len(d.head), len(rest))
+			d.head, rest = append(d.head, rest[:n]...), rest[n:]
+			if len(d.head) < 9 {
+				break // the rest of the header comes with the next write
+			}
+			if [9]byte(d.head) == settingsAck {
+				d.done = true // dropped; everything after passes untouched
+			} else {
+				out = append(out, d.head...)
+				d.skip = int(d.head[0])<<16 | int(d.head[1])<<8 | int(d.head[2])
+			}
+			d.head = d.head[:0]
+		}
+	}
+	out = append(out, rest...)
+	if len(out) > 0 {
+		if _, err := d.Conn.Write(out); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+var _ net.Conn = (*defaults)(nil)

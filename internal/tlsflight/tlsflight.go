@@ -1,0 +1,328 @@
+// Package tlsflight carries the first round trip of a TLS 1.3 handshake outside the
+// connection it secures.
+//
+// A fusebox agent learns its sandbox's address and key from the manager's Allocate, and only
+// then connects; an ordinary handshake would then cost the data connection a round trip into
+// the sandbox (ClientHello out, ServerHello through Finished back) before anything else can
+// happen, and that round trip wakes a sandbox that has sat idle in the pool. With tlsflight
+// the agent's ClientHello travels in the Allocate request, the manager relays it to the
+// sandbox in InitializeTLS (a round trip the allocation pays anyway, to an already awake
+// sandbox), the sandbox's reply comes back in the Allocate response, and the data connection
+// begins at the agent's second flight (Certificate, CertificateVerify, Finished).
+//
+// Nothing about TLS changes: crypto/tls runs both ends over a transport whose first bytes
+// arrive another way, with the same messages, keys and checks as an ordinary handshake. The
+// relay sees what a network observer of an ordinary handshake sees (the ClientHello and
+// ServerHello in clear, the rest encrypted) and, like such an observer, can break the
+// handshake but not read or forge the connection: both ends still authenticate each other's
+// pinned key. A handshake that cannot be continued costs only the optimisation: the agent
+// falls back to a full handshake.
+package tlsflight
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// MaxHelloBytes bounds a relayed ClientHello. Go's is about 1.5 KiB (with the post-quantum
+// key share); the bound leaves room for other clients and keeps the relay's messages small.
+const MaxHelloBytes = 16 << 10
+
+// recordHandshake is the TLS record type of a ClientHello, the first byte of every ordinary
+// handshake. A continuation starts with the client's second flight instead: a
+// change_cipher_spec record (middlebox compatibility) or an encrypted record.
+const recordHandshake = 0x16
+
+// ErrNotPending reports a connection that continues a handshake when none is pending.
+var ErrNotPending = errors.New("tlsflight: no relayed handshake is pending for this connection")
+
+// errAborted ends the reads of a handshake nobody continued.
+var errAborted = errors.New("tlsflight: relayed handshake abandoned")
+
+// splice is the transport under a tls.Conn whose first bytes travel another way. Until a
+// connection is attached, reads return the bytes given in advance and then stall, and writes
+// are collected; once attached, reads return the bytes given at attachment and then the
+// connection's, and writes go to the connection.
+//
+// The TLS layer reads from one goroutine at a time and, before attachment, only its
+// handshake writes: in and joined belong to the reader, out to the handshake.
+type splice struct {
+	in     []byte
+	joined bool
+	out    bytes.Buffer
+
+	stalled   chan struct{} // closed when a read finds nothing to return before attachment
+	stallOnce sync.Once
+
+	attached   chan struct{} // closed by attach or abort; next and conn are set before
+	attachOnce sync.Once
+	next       []byte
+	conn       net.Conn // nil after abort
+}
+
+func newSplice(in []byte) *splice {
+	return &splice{in: in, stalled: make(chan struct{}), attached: make(chan struct{})}
+}
+
+// attach joins c (and bytes to read before c's) and reports whether it was first to join.
+func (s *splice) attach(c net.Conn, next []byte) bool {
+	ok := false
+	s.attachOnce.Do(func() {
+		s.conn, s.next, ok = c, next, true
+		close(s.attached)
+	})
+	return ok
+}
+
+// abort fails the reads and writes waiting for an attachment, if none came.
+func (s *splice) abort() { s.attach(nil, nil) }
+
+func (s *splice) Read(p []byte) (int, error) {
+	if len(s.in) == 0 && !s.joined {
+		select {
+		case <-s.attached:
+		default:
+			s.stallOnce.Do(func() { close(s.stalled) })
+			<-s.attached
+		}
+		s.joined, s.in = true, s.next
+	}
+	if len(s.in) > 0 {
+		n := copy(p, s.in)
+		s.in = s.in[n:]
+		return n, nil
+	}
+	if s.conn == nil {
+		return 0, errAborted
+	}
+	return s.conn.Read(p)
+}
+
+func (s *splice) Write(p []byte) (int, error) {
+	select {
+	case <-s.attached:
+		if s.conn == nil {
+			return 0, errAborted
+		}
+		return s.conn.Write(p)
+	default:
+		return s.out.Write(p)
+	}
+}
+
+func (s *splice) Close() error {
+	s.abort()
+	if s.conn != nil && s.isAttached() {
+		return s.conn.Close()
+	}
+	return nil
+}
+
+func (s *splice) isAttached() bool {
+	select {
+	case <-s.attached:
+		return true
+	default:
+		return false
+	}
+}
+
+// The addresses and deadlines are the attached connection's; before attachment there is
+// none, and the handshake's own context bounds it instead.
+func (s *splice) LocalAddr() net.Addr  { return s.addr(net.Conn.LocalAddr) }
+func (s *splice) RemoteAddr() net.Addr { return s.addr(net.Conn.RemoteAddr) }
+func (s *splice) addr(f func(net.Conn) net.Addr) net.Addr {
+	if s.isAttached() && s.conn != nil {
+		return f(s.conn)
+	}
+	return relayAddr{}
+}
+func (s *splice) SetDeadline(t time.Time) error {
+	return s.deadline(func(c net.Conn) error { return c.SetDeadline(t) })
+}
+func (s *splice) SetReadDeadline(t time.Time) error {
+	return s.deadline(func(c net.Conn) error { return c.SetReadDeadline(t) })
+}
+func (s *splice) SetWriteDeadline(t time.Time) error {
+	return s.deadline(func(c net.Conn) error { return c.SetWriteDeadline(t) })
+}
+func (s *splice) deadline(f func(net.Conn) error) error {
+	if s.isAttached() && s.conn != nil {
+		return f(s.conn)
+	}
+	return nil
+}
+
+type relayAddr struct{}
+
+func (relayAddr) Network() string { return "relay" }
+func (relayAddr) String() string  { return "relayed handshake" }
+
+// firstFlight runs hs (the handshake of a tls.Conn over sp) until it has written what it can
+// without a reply and waits for a read, and returns what it wrote. done receives hs's result.
+func firstFlight(ctx context.Context, sp *splice, hs func(context.Context) error) ([]byte, <-chan error, error) {
+	done := make(chan error, 1)
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer cancel()
+		done <- hs(hctx)
+	}()
+	select {
+	case <-sp.stalled:
+		if sp.out.Len() == 0 {
+			sp.abort()
+			cancel()
+			return nil, nil, errors.New("tlsflight: incomplete handshake message")
+		}
+		return sp.out.Bytes(), done, nil
+	case err := <-done:
+		// Finished or failed without waiting for the peer: with a lone first flight only a
+		// failure can do that.
+		if err == nil {
+			err = errors.New("tlsflight: handshake completed without the peer")
+		}
+		return nil, nil, err
+	case <-ctx.Done():
+		sp.abort()
+		cancel()
+		return nil, nil, ctx.Err()
+	}
+}
+
+// Client is the client side of a handshake whose first flight is relayed.
+type Client struct {
+	sp   *splice
+	tc   *tls.Conn
+	done <-chan error
+
+	hello []byte
+}
+
+// StartClient begins a client handshake with cfg and returns once the ClientHello is made.
+// cfg must not be changed afterwards; its peer check may depend on state set before Finish
+// (the agent learns the sandbox's key with the server's flight).
+func StartClient(ctx context.Context, cfg *tls.Config) (*Client, error) {
+	sp := newSplice(nil)
+	tc := tls.Client(sp, cfg)
+	hello, done, err := firstFlight(ctx, sp, tc.HandshakeContext)
+	if err != nil {
+		return nil, fmt.Errorf("making ClientHello: %w", err)
+	}
+	return &Client{sp: sp, tc: tc, done: done, hello: hello}, nil
+}
+
+// Hello returns the ClientHello record to relay.
+func (c *Client) Hello() []byte { return c.hello }
+
+// Finish completes the handshake over conn, given the server's relayed flight, and returns the
+// established connection, which then owns conn. On failure conn is closed.
+func (c *Client) Finish(ctx context.Context, conn net.Conn, flight []byte) (*tls.Conn, error) {
+	if !c.sp.attach(conn, flight) {
+		conn.Close()
+		return nil, errors.New("tlsflight: handshake already finished or abandoned")
+	}
+	select {
+	case err := <-c.done:
+		if err != nil {
+			c.tc.Close()
+			return nil, err
+		}
+		return c.tc, nil
+	case <-ctx.Done():
+		c.tc.Close() // ends the handshake's reads
+		<-c.done
+		return nil, ctx.Err()
+	}
+}
+
+// Abort abandons a handshake that will not be finished.
+func (c *Client) Abort() {
+	if c.sp.attach(nil, nil) {
+		<-c.done
+	}
+}
+
+// Pending is the server side of a relayed handshake, waiting for the connection that carries
+// the client's second flight.
+type Pending struct {
+	sp   *splice
+	tc   *tls.Conn
+	done <-chan error
+}
+
+// Answer runs the server side of a handshake on hello (a relayed ClientHello) with cfg until
+// the server's flight is made, and returns the flight and the pending handshake. A hello that
+// is malformed, incomplete, or that cfg refuses fails here.
+func Answer(ctx context.Context, cfg *tls.Config, hello []byte) ([]byte, *Pending, error) {
+	switch {
+	case len(hello) == 0:
+		return nil, nil, errors.New("tlsflight: empty ClientHello")
+	case len(hello) > MaxHelloBytes:
+		return nil, nil, fmt.Errorf("tlsflight: ClientHello of %d bytes exceeds %d", len(hello), MaxHelloBytes)
+	case hello[0] != recordHandshake:
+		return nil, nil, fmt.Errorf("tlsflight: not a TLS handshake record (type %#x)", hello[0])
+	}
+	sp := newSplice(bytes.Clone(hello))
+	tc := tls.Server(sp, cfg)
+	flight, done, err := firstFlight(ctx, sp, tc.HandshakeContext)
+	if err != nil {
+		return nil, nil, fmt.Errorf("answering ClientHello: %w", err)
+	}
+	return bytes.Clone(flight), &Pending{sp: sp, tc: tc, done: done}, nil
+}
+
+// Continue completes the handshake over conn, whose first bytes are the client's second
+// flight, and returns the established connection, which then owns conn. It fails on a
+// handshake already continued or abandoned; on failure conn is closed. conn's deadlines bound
+// the wait.
+func (p *Pending) Continue(conn net.Conn) (*tls.Conn, error) {
+	if !p.sp.attach(conn, nil) {
+		conn.Close()
+		return nil, ErrNotPending
+	}
+	if err := <-p.done; err != nil {
+		p.tc.Close()
+		return nil, err
+	}
+	return p.tc, nil
+}
+
+// Abort abandons the handshake if no connection has continued it.
+func (p *Pending) Abort() {
+	if p.sp.attach(nil, nil) {
+		<-p.done
+	}
+}
+
+// IsContinuation reads the first byte of conn and reports whether it starts a continuation
+// (anything but a ClientHello record), returning a connection that replays the byte.
+func IsContinuation(conn net.Conn) (bool, net.Conn, error) {
+	var b [1]byte
+	if _, err := conn.Read(b[:]); err != nil {
+		return false, nil, err
+	}
+	return b[0] != recordHandshake, &replay{Conn: conn, first: b[0], pending: true}, nil
+}
+
+// replay is a connection whose first byte was read ahead.
+type replay struct {
+	net.Conn
+	first   byte
+	pending bool
+}
+
+func (r *replay) Read(p []byte) (int, error) {
+	if r.pending && len(p) > 0 {
+		// The byte alone, without a read that could block: TLS asks again for the rest.
+		r.pending = false
+		p[0] = r.first
+		return 1, nil
+	}
+	return r.Conn.Read(p)
+}
