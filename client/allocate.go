@@ -183,31 +183,43 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 	}
 	// gRPC sets its connection up while the handshake finishes.
 	first := make(chan *tls.Conn, 1)
-	sb, err = dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, cfg)...)
-	if err != nil {
-		hs.Abort()
-		return nil, false, err
+	type dialed struct {
+		sb  *Sandbox
+		err error
 	}
+	grpcReady := make(chan dialed, 1)
+	go func() {
+		sb, err := dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, cfg)...)
+		grpcReady <- dialed{sb, err}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 	defer cancel()
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, a.Network, a.Address)
 	if err != nil {
 		hs.Abort()
-		sb.Close()
+		if g := <-grpcReady; g.sb != nil {
+			g.sb.Close()
+		}
 		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
 	}
 	tc, err := hs.Finish(ctx, raw, flight)
+	g := <-grpcReady
 	switch {
+	case g.err != nil:
+		if tc != nil {
+			tc.Close()
+		}
+		return nil, false, g.err
 	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
-		sb.Close()
+		g.sb.Close()
 		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
 	case err != nil:
 		first <- nil // an ordinary handshake instead
-		return sb, false, nil
+		return g.sb, false, nil
 	}
 	first <- tc
-	return sb, true, nil
+	return g.sb, true, nil
 }
 
 // handshakeTimeout bounds finishing a relayed handshake, as gRPC's minimum connect timeout

@@ -3,6 +3,8 @@ package tlsflight
 import (
 	"context"
 	"crypto/tls"
+	"io"
+	"net"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -40,4 +42,29 @@ func BenchmarkRelayedHandshake(b *testing.B) {
 			p.Abort()
 		}
 	})
+}
+
+func BenchmarkFinish(b *testing.B) {
+	agent, sandbox := newPeer(b), newPeer(b)
+	scfg, _ := tlspin.ServerConfigCert(sandbox.cert, agent.key.Public())
+	ctx := context.Background()
+	for b.Loop() {
+		b.StopTimer()
+		pin := &tlspin.Pin{}
+		cl, _ := StartClient(ctx, tlspin.ClientConfigPin(func() (tls.Certificate, error) { return agent.cert, nil }, pin))
+		flight, p, _ := Answer(ctx, scfg, cl.Hello())
+		pin.Set(sandbox.key.Public())
+		x, y := net.Pipe()
+		go io.Copy(io.Discard, y)
+		b.StartTimer()
+		tc, err := cl.Finish(ctx, x, flight)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		tc.Close()
+		y.Close()
+		p.Abort()
+		b.StartTimer()
+	}
 }
