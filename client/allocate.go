@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -65,12 +66,81 @@ type Allocation struct {
 type Manager struct {
 	conn *grpc.ClientConn
 	rpc  managerv1.ManagerClient
+
+	// next is a handshake made ahead, with a fresh key, for the next Allocate that brings no
+	// key of its own: its ClientHello and certificate cost nothing on that allocation's path.
+	ahead     bool // make handshakes ahead (a kept Manager; not Allocate's one-shot one)
+	next      atomic.Pointer[handshake]
+	preparing atomic.Bool
+	closed    atomic.Bool
+}
+
+// handshake is a data-plane TLS handshake begun for one allocation (see internal/tlsflight).
+type handshake struct {
+	key *Key
+	pin *tlspin.Pin // the sandbox's key, set from the allocation's answer
+	cfg *tls.Config
+	hs  *tlsflight.Client
+}
+
+func newHandshake(ctx context.Context, key *Key) (*handshake, error) {
+	if key == nil {
+		var err error
+		if key, err = NewKey(); err != nil {
+			return nil, err
+		}
+	}
+	go key.cert() // the certificate the handshake presents, made meanwhile
+	h := &handshake{key: key, pin: &tlspin.Pin{}}
+	h.cfg = tlspin.ClientConfigPin(key.cert, h.pin)
+	var err error
+	if h.hs, err = tlsflight.StartClient(ctx, h.cfg); err != nil {
+		return nil, fmt.Errorf("starting the data-plane handshake: %w", err)
+	}
+	return h, nil
+}
+
+// prepare makes the next handshake in the background, unless one is ready or being made.
+func (m *Manager) prepare() {
+	if !m.ahead || m.closed.Load() || m.next.Load() != nil || !m.preparing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer m.preparing.Store(false)
+		h, err := newHandshake(context.Background(), nil)
+		if err != nil {
+			return // the next Allocate makes its own and reports the error
+		}
+		if !m.next.CompareAndSwap(nil, h) || m.closed.Load() {
+			h.hs.Abort()
+			if m.closed.Load() {
+				m.drop()
+			}
+		}
+	}()
+}
+
+// drop abandons the prepared handshake, if any.
+func (m *Manager) drop() {
+	if h := m.next.Swap(nil); h != nil {
+		h.hs.Abort()
+	}
 }
 
 // NewManager connects to the manager at addr (unix:///path or tcp://host:port). creds secure
 // the connection; nil means none, which is right for the local manager's unix socket only.
 // The connection is made at once, in the background.
 func NewManager(addr string, creds credentials.TransportCredentials) (*Manager, error) {
+	m, err := newManager(addr, creds)
+	if err != nil {
+		return nil, err
+	}
+	m.ahead = true
+	m.prepare()
+	return m, nil
+}
+
+func newManager(addr string, creds credentials.TransportCredentials) (*Manager, error) {
 	a, err := endpoint.Parse(addr)
 	if err != nil {
 		return nil, fmt.Errorf("manager address: %w", err)
@@ -88,14 +158,18 @@ func NewManager(addr string, creds credentials.TransportCredentials) (*Manager, 
 
 // Close closes the connection. Allocations made through it stop renewing their leases and
 // cannot be released through it afterwards: close them first.
-func (m *Manager) Close() error { return m.conn.Close() }
+func (m *Manager) Close() error {
+	m.closed.Store(true)
+	m.drop()
+	return m.conn.Close()
+}
 
 // Allocate asks the manager at managerAddr (unix:///path or tcp://host:port) for a sandbox,
 // dials it directly with pinned keys, and renews its lease in the background until Close.
 // It connects to the manager for this one allocation (o.ManagerCredentials secure that
 // connection); an agent that allocates repeatedly should keep a Manager instead.
 func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
-	m, err := NewManager(managerAddr, o.ManagerCredentials)
+	m, err := newManager(managerAddr, o.ManagerCredentials)
 	if err != nil {
 		return nil, err
 	}
@@ -112,26 +186,25 @@ func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allo
 // lease in the background until the allocation's Close. o.ManagerCredentials is not used: the
 // Manager's connection is.
 func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation, error) {
-	key := o.Key
-	if key == nil {
+	// The data plane's TLS handshake is begun before the call (made ahead when the agent
+	// brings no key): its first round trip rides on the allocation (see internal/tlsflight).
+	// The sandbox's key, pinned before the handshake goes on, comes with the answer.
+	var h *handshake
+	if o.Key == nil {
+		h = m.next.Swap(nil)
+		// The next one is made once this allocation is done, not competing with it.
+		defer m.prepare()
+	}
+	if h == nil {
 		var err error
-		if key, err = NewKey(); err != nil {
+		if h, err = newHandshake(ctx, o.Key); err != nil {
 			return nil, err
 		}
 	}
-	go key.cert() // the certificate the handshake presents, made while the manager allocates
+	key, pin, cfg, hs := h.key, h.pin, h.cfg, h.hs
 	req := &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
-	}
-	// The data plane's TLS handshake starts now: its first round trip rides on the
-	// allocation (see internal/tlsflight). The sandbox's key, pinned before the handshake
-	// goes on, comes with the answer.
-	pin := &tlspin.Pin{}
-	cfg := tlspin.ClientConfigPin(key.cert, pin)
-	hs, err := tlsflight.StartClient(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("starting the data-plane handshake: %w", err)
 	}
 	req.TlsClientHello = hs.Hello()
 	resp, err := m.rpc.Allocate(ctx, req)

@@ -483,3 +483,17 @@ func TestWaitingAllocationKeepsItsUnitAgainstTrimming(t *testing.T) {
 		}
 	}
 }
+
+// The units' warm-up counts in the provisioning latency the estimator sizes the pool by.
+func TestProvisioningLatencyIncludesWarmUp(t *testing.T) {
+	e := newEnv(t, 2, func(o *manager.Options) { o.WarmUp = manager.GVisorWarmUp })
+	e.alloc.Delay = 20 * time.Millisecond
+	if got := e.m.ProvisioningLatency(); got != time.Second+manager.GVisorWarmUp {
+		t.Errorf("before any creation: %v, want the 1 s guess plus the warm-up", got)
+	}
+	e.start(t)
+	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
+	if got := e.m.ProvisioningLatency(); got < manager.GVisorWarmUp+20*time.Millisecond || got >= manager.GVisorWarmUp+time.Second {
+		t.Errorf("after creations of about 20 ms: %v, want 20 ms plus the %v warm-up", got, manager.GVisorWarmUp)
+	}
+}

@@ -123,13 +123,16 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	conns := &sfuse.Conns{}
-	var refill time.Duration
+	var refill, warm time.Duration
 	if c.Allocator != "kube" {
 		refill = manager.DefaultRefillDelay // units are made on this host, beside the agents' sandboxes
 	}
+	if c.Allocator != "process" {
+		warm = manager.GVisorWarmUp // runsc here, or in the sandbox pods' runtime class
+	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		RefillDelay: refill, Logger: log, Metrics: manager.NewMetrics(reg)})
+		RefillDelay: refill, WarmUp: warm, Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err
 	}

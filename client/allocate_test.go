@@ -1,0 +1,86 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/internal/leakcheck"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// refusing is a manager that records each Allocate request and refuses it.
+type refusing struct {
+	managerv1.UnimplementedManagerServer
+	mu   sync.Mutex
+	reqs []*managerv1.AllocateRequest
+}
+
+func (r *refusing) Allocate(_ context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs = append(r.reqs, req)
+	return nil, status.Error(codes.ResourceExhausted, "no capacity")
+}
+
+// A kept Manager makes each allocation's key and ClientHello ahead of it; every allocation
+// still gets a fresh key and its own handshake, and Close leaves nothing running.
+func TestManagerPreparesAFreshHandshakePerAllocation(t *testing.T) {
+	leakcheck.Check(t)
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fake := &refusing{}
+	managerv1.RegisterManagerServer(srv, fake)
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	m, err := NewManager("unix://"+sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, _ := NewKey()
+	for i := range 4 {
+		o := AllocateOptions{}
+		if i == 2 {
+			o.Key = own // an agent's own key is used as given
+		}
+		if _, err := m.Allocate(context.Background(), o); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("allocation %d: %v, want the manager's refusal", i, err)
+		}
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if len(fake.reqs) != 4 {
+		t.Fatalf("%d requests, want 4", len(fake.reqs))
+	}
+	if !bytes.Equal(fake.reqs[2].GetAgentPublicKey(), own.PublicKey()) {
+		t.Error("the agent's own key was not the one sent")
+	}
+	for i, a := range fake.reqs {
+		if len(a.GetTlsClientHello()) == 0 || a.GetTlsClientHello()[0] != 0x16 {
+			t.Errorf("request %d carries no ClientHello", i)
+		}
+		for j, b := range fake.reqs[:i] {
+			if bytes.Equal(a.GetAgentPublicKey(), b.GetAgentPublicKey()) {
+				t.Errorf("requests %d and %d share an agent key", j, i)
+			}
+			if bytes.Equal(a.GetTlsClientHello(), b.GetTlsClientHello()) {
+				t.Errorf("requests %d and %d share a ClientHello", j, i)
+			}
+		}
+	}
+}
