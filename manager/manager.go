@@ -80,6 +80,11 @@ type Options struct {
 	// estimator sizes the pool by, so that at a steady demand the unit an allocation takes
 	// (the oldest ready one) has warmed up; an allocation never waits for it.
 	WarmUp time.Duration
+	// Ping, if set with a positive PingInterval, is called every PingInterval with the init
+	// address of the unit the next allocation will take, to find it dead before an
+	// allocation does (see pingHead). internal/sfuse.Conns.Ping in production.
+	Ping         func(ctx context.Context, initAddr string) error
+	PingInterval time.Duration
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
 	ClaimGrace time.Duration
@@ -257,6 +262,10 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 	}()
+	if m.o.Ping != nil && m.o.PingInterval > 0 && m.shared == nil {
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.pingHead(loopCtx, ctx.Done()) }()
+	}
 	return nil
 }
 

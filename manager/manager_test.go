@@ -497,3 +497,41 @@ func TestProvisioningLatencyIncludesWarmUp(t *testing.T) {
 		t.Errorf("after creations of about 20 ms: %v, want 20 ms plus the %v warm-up", got, manager.GVisorWarmUp)
 	}
 }
+
+// The manager pings the unit its next allocation takes; one that stops answering is
+// destroyed after three misses in a row, counted as a ping failure, and replaced.
+func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
+	var mu sync.Mutex
+	pinged := map[string]int{}
+	dead := ""
+	e := newEnv(t, 2, func(o *manager.Options) {
+		o.PingInterval = 5 * time.Millisecond
+		o.Ping = func(ctx context.Context, addr string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			pinged[addr]++
+			if addr == dead {
+				return errors.New("connection refused")
+			}
+			return nil
+		}
+	})
+	e.start(t)
+	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
+	head := e.m.States().OldestReady("default", 1)[0]
+	u, _ := e.m.States().Get(head)
+	eventually(t, "pings of the next unit", func() bool { mu.Lock(); defer mu.Unlock(); return pinged[u.Info.InitAddr] >= 3 })
+	mu.Lock()
+	for addr, n := range pinged {
+		if addr != u.Info.InitAddr && n > 0 {
+			t.Errorf("%s, not the next unit, was pinged %d times", addr, n)
+		}
+	}
+	dead = u.Info.InitAddr
+	mu.Unlock()
+	eventually(t, "the dead unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), head) })
+	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("ping")); got != 1 {
+		t.Errorf("ping failures = %v, want 1", got)
+	}
+	eventually(t, "the pool refilled", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
+}

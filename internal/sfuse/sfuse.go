@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -124,4 +126,32 @@ func (c *Conns) Initialize(ctx context.Context, initAddr string, req Request) (R
 	// the agent's handshake.
 	defer time.AfterFunc(closeDelay, func() { conn.Close() })
 	return initialize(ctx, conn, initAddr, req)
+}
+
+// Ping checks that the init listener at initAddr answers (the gRPC health service, which a
+// sandbox serves there until its fuse blows), over the prepared connection when there is one.
+// The manager pings the unit its next allocation will take, to find a dead one before an
+// agent does.
+func (c *Conns) Ping(ctx context.Context, initAddr string) error {
+	c.mu.Lock()
+	conn := c.m[initAddr]
+	c.mu.Unlock()
+	if conn == nil {
+		a, err := endpoint.Parse(initAddr)
+		if err != nil {
+			return fmt.Errorf("init address: %w", err)
+		}
+		if conn, err = grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return fmt.Errorf("dialing init listener %s: %w", a, err)
+		}
+		defer conn.Close()
+	}
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return fmt.Errorf("pinging %s: %w", initAddr, err)
+	}
+	if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("pinging %s: %v", initAddr, s)
+	}
+	return nil
 }

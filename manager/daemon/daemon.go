@@ -45,6 +45,10 @@ type Config struct {
 	PoolMax       int
 	LeaseTTL      time.Duration
 	MaxLeaseTTL   time.Duration
+	// PoolPing is how often the unit the next allocation takes is checked for liveness
+	// (manager.Options.PingInterval); 0 turns it off. Not with the kube allocator, whose
+	// pool is shared by the replicas.
+	PoolPing time.Duration
 	// Kube configures --allocator kube.
 	Kube KubeConfig
 	// Ready, if set, is called once the manager serves, with the address it listens on.
@@ -132,7 +136,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		RefillDelay: refill, WarmUp: warm, Logger: log, Metrics: manager.NewMetrics(reg)})
+		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err
 	}

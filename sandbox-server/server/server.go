@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -143,6 +146,8 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	defer s.dataLn.Close() // the data server's Stop closes it too; Close is idempotent
 	initSrv := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
 	sandboxv1.RegisterInitServer(initSrv, &initService{s: s})
+	// The manager pings the unit its next allocation will take, to find a dead one early.
+	healthpb.RegisterHealthServer(initSrv, health.NewServer())
 	initErr := make(chan error, 1)
 	go func() { initErr <- initSrv.Serve(initLn) }()
 

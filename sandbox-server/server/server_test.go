@@ -123,6 +123,10 @@ func TestFuseBlowsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	servesNothing(t, dataAddr[len("unix://"):])
+	var conns sfuse.Conns
+	if err := conns.Ping(ctx, initAddr); err != nil {
+		t.Fatalf("ping of a sandbox in the pool: %v", err)
+	}
 	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: []byte("garbage")}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
 		t.Fatalf("malformed init: %v, want InvalidArgument", err)
 	}
@@ -157,6 +161,9 @@ func TestFuseBlowsOnce(t *testing.T) {
 	}
 	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); err == nil {
 		t.Fatal("InitializeTLS after the init listener closed succeeded")
+	}
+	if err := conns.Ping(ctx, initAddr); err == nil {
+		t.Fatal("ping after the init listener closed succeeded")
 	}
 	res, err = sb.Exec(ctx, client.Command{Script: `printf %s "$A"`})
 	if err != nil || string(res.Stdout) != "1" {

@@ -24,7 +24,9 @@ type AllocateOptions struct {
 	// Settle is how long the pool stays full and idle before each warm allocation
 	// (default 100 ms; negative: none).
 	Settle time.Duration
-	Log    *slog.Logger
+	// PoolPing is the manager's ping interval for the pool's next unit (0: none).
+	PoolPing time.Duration
+	Log      *slog.Logger
 }
 
 // AllocateResult is the JSON `fusebox bench allocate --json` prints.
@@ -42,6 +44,7 @@ type AllocateResult struct {
 	PoolRefillPerS     float64 `json:"pool_refill_per_s"`
 	PoolSize           int     `json:"pool_size"`
 	SettleMs           float64 `json:"settle_ms"`
+	PoolPingMs         float64 `json:"pool_ping_ms"`
 	Note               string  `json:"note"`
 }
 
@@ -79,7 +82,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	conns := &sfuse.Conns{}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
-		RefillDelay: manager.DefaultRefillDelay, WarmUp: manager.GVisorWarmUp, Logger: o.Log})
+		RefillDelay: manager.DefaultRefillDelay, WarmUp: manager.GVisorWarmUp, Ping: conns.Ping, PingInterval: o.PoolPing, Logger: o.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +95,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer stop()
-	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle),
+	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing),
 		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is past gVisor's 1 s clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 
 	ready := func() int { return m.States().Counts("")[manager.Ready] }

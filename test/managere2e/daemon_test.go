@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -168,6 +169,35 @@ func TestWarmPoolRefills(t *testing.T) {
 	if got, want := e.containers(t), slices.Sorted(slices.Values(append(ready, held...))); !slices.Equal(got, want) {
 		t.Errorf("runsc lists %v, want the ready and bound units %v", got, want)
 	}
+}
+
+// A sandbox that dies while it waits in the pool is found by the manager's ping, destroyed
+// and replaced, and the next allocation gets a live one.
+func TestDeadPoolUnitIsReplaced(t *testing.T) {
+	e := newEnv(t)
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1, PoolPing: 50 * time.Millisecond})
+	ctx := testCtx(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+	dead := idsIn(waitPoolSettled(t, ctx, mc, 1), managerv1.UnitState_UNIT_STATE_READY)[0]
+	if err := e.RT.Kill(ctx, dead, syscall.SIGKILL, true); err != nil {
+		t.Fatalf("killing the pool's sandbox: %v", err)
+	}
+	eventually(t, pollDeadline, "the dead unit replaced", func() (bool, string) {
+		ready := idsIn(list(t, ctx, mc), managerv1.UnitState_UNIT_STATE_READY)
+		return len(ready) == 1 && ready[0] != dead && !slices.Contains(e.containers(t), dead), fmt.Sprint(ready, e.containers(t))
+	})
+	if !strings.Contains(m.Log.String(), "stopped answering pings") {
+		t.Errorf("the manager did not log why it destroyed %s", dead)
+	}
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	if err != nil {
+		t.Fatalf("allocation after the replacement: %v", err)
+	}
+	defer a.Close()
+	if a.ID == dead {
+		t.Fatalf("allocated the dead unit %s", dead)
+	}
+	sh(t, ctx, a.Sandbox, "true")
 }
 
 // A lease that is not renewed expires: the manager destroys the sandbox and its data plane
