@@ -17,7 +17,7 @@ type Key struct {
 	cert func() (tls.Certificate, error)
 }
 
-// NewKey generates an ECDSA P-256 keypair.
+// NewKey generates an Ed25519 keypair.
 func NewKey() (*Key, error) {
 	s, err := tlspin.GenerateKey()
 	if err != nil {
