@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -254,8 +253,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 		hs.Abort()
 		return nil, false, err
 	}
-	// gRPC sets its connection up while the handshake finishes.
-	first := make(chan *tls.Conn, 1)
+	// gRPC sets its connection up while the handshake finishes; the finished handshake is
+	// sent with the first request (see tlsflight.DialOptions).
+	first := make(chan *tlsflight.Client, 1)
 	type dialed struct {
 		sb  *Sandbox
 		err error
@@ -265,24 +265,11 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 		sb, err := dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, cfg)...)
 		grpcReady <- dialed{sb, err}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
-	defer cancel()
-	var d net.Dialer
-	raw, err := d.DialContext(ctx, a.Network, a.Address)
-	if err != nil {
-		hs.Abort()
-		if g := <-grpcReady; g.sb != nil {
-			g.sb.Close()
-		}
-		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
-	}
-	tc, err := hs.Finish(ctx, raw, flight)
+	_, err = hs.Finish(ctx, flight)
 	g := <-grpcReady
 	switch {
 	case g.err != nil:
-		if tc != nil {
-			tc.Close()
-		}
+		hs.Abort()
 		return nil, false, g.err
 	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
 		g.sb.Close()
@@ -291,13 +278,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 		first <- nil // an ordinary handshake instead
 		return g.sb, false, nil
 	}
-	first <- tc
+	first <- hs
 	return g.sb, true, nil
 }
-
-// handshakeTimeout bounds finishing a relayed handshake, as gRPC's minimum connect timeout
-// bounds an ordinary one.
-const handshakeTimeout = 20 * time.Second
 
 func (a *Allocation) renew(every time.Duration) {
 	defer close(a.done)

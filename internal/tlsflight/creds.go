@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -98,14 +100,25 @@ func authInfo(tc *tls.Conn) (credentials.AuthInfo, error) {
 	return credentials.TLSInfo{State: cs, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
 }
 
-// DialOptions are the gRPC dial options of a client connection whose first transport comes
-// from first: a connection Client.Finish returned, or nil when the relayed handshake failed,
-// for an ordinary handshake with cfg instead. Every later transport (after that one fails)
-// dials network/address and makes an ordinary handshake. Dial a "passthrough:///" target with
-// them. The gRPC connection can be set up while the relayed handshake finishes; first must
-// receive a value or the first dial waits until its context ends.
-func DialOptions(first <-chan *tls.Conn, network, address string, cfg *tls.Config) []grpc.DialOption {
+// flushAfter bounds how long a finished relayed handshake is held for the first request to
+// join it (see Client.Finish): the server's half of the handshake waits meanwhile.
+const flushAfter = 5 * time.Millisecond
+
+// DialOptions are the gRPC dial options of a client connection whose first transport is the
+// handshake first delivers, finished (Client.Finish), or nil when the relayed handshake
+// failed, for an ordinary handshake with cfg instead. The finished handshake is connected to
+// network/address when the first request is written, so that the server receives the end of
+// the handshake and the request in one write, or after flushAfter without a request. Every
+// later transport (after that one fails) dials and makes an ordinary handshake. Dial a
+// "passthrough:///" target with them. The gRPC connection can be set up while the relayed
+// handshake finishes; first must receive a value or the first dial waits until its context
+// ends.
+func DialOptions(first <-chan *Client, network, address string, cfg *tls.Config) []grpc.DialOption {
 	var taken atomic.Bool
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
+	}
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(clientCredentials(cfg)),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
@@ -113,16 +126,38 @@ func DialOptions(first <-chan *tls.Conn, network, address string, cfg *tls.Confi
 				select {
 				case c := <-first:
 					if c != nil {
-						// The server's SETTINGS need not be awaited (see defaults).
-						return &established{Conn: newDefaults(c), tls: c}, nil
+						return c.established(dial), nil
 					}
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
 			}
-			var d net.Dialer
-			return d.DialContext(ctx, network, address)
+			return dial(ctx)
 		}),
 		grpc.WithNoProxy(),
 	}
 }
+
+// established hands a finished handshake to gRPC: the server's SETTINGS need not be awaited
+// (see defaults), and the held bytes go out with the first request or after flushAfter.
+func (c *Client) established(dial func(context.Context) (net.Conn, error)) *established {
+	var once sync.Once
+	connect := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+			defer cancel()
+			conn, err := dial(ctx)
+			if err != nil {
+				c.hold.abort(fmt.Errorf("tlsflight: dialing: %w", err))
+				return
+			}
+			c.Connect(conn) // a failure fails the transport's reads and writes
+		})
+	}
+	time.AfterFunc(flushAfter, connect)
+	return &established{Conn: newDefaults(c.tc, connect), tls: c.tc}
+}
+
+// handshakeTimeout bounds connecting a finished relayed handshake, as gRPC's minimum connect
+// timeout bounds an ordinary one.
+const handshakeTimeout = 20 * time.Second

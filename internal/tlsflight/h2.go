@@ -12,6 +12,11 @@ import "net"
 // the client may assume before the server's frame), and removes the client's acknowledgement
 // of that frame from the stream, so the server sees the same frames as ever. The server's own
 // SETTINGS arrive a moment later and apply as usual.
+//
+// defaults also tells when the first request has been written (its HEADERS frame), so that
+// the held handshake and everything after it go to the server in one write (see
+// Client.Finish): the server then finds its handshake's end, the HTTP/2 preface and the
+// request together, and answers after a single wake-up.
 
 // emptySettings is an HTTP/2 SETTINGS frame with no settings: length 0, type 0x4, no
 // flags, stream 0.
@@ -29,14 +34,23 @@ type defaults struct {
 	net.Conn
 	injected bool // read side: emptySettings returned
 
-	// Write side: the stream is parsed frame by frame until the acknowledgement is removed.
+	// Write side: the stream is parsed frame by frame until the acknowledgement is removed
+	// and the first HEADERS frame has passed.
 	done    bool
+	acked   bool   // the acknowledgement was removed
+	headers bool   // a HEADERS frame has passed
+	request func() // called once the first HEADERS frame is written (nil: nobody asks)
 	preface int    // preface bytes still to pass
 	skip    int    // payload bytes of the current frame still to pass
 	head    []byte // a frame header split across writes
 }
 
-func newDefaults(c net.Conn) *defaults { return &defaults{Conn: c, preface: clientPrefaceLen} }
+// frameHeaders is the HTTP/2 HEADERS frame type, which opens a request.
+const frameHeaders = 0x1
+
+func newDefaults(c net.Conn, request func()) *defaults {
+	return &defaults{Conn: c, preface: clientPrefaceLen, request: request}
+}
 
 func (d *defaults) Read(p []byte) (int, error) {
 	if !d.injected {
@@ -69,13 +83,18 @@ func (d *defaults) Write(p []byte) (int, error) {
 			if len(d.head) < 9 {
 				break // the rest of the header comes with the next write
 			}
-			if [9]byte(d.head) == settingsAck {
-				d.done = true // dropped; everything after passes untouched
+			if !d.acked && [9]byte(d.head) == settingsAck {
+				d.acked = true // dropped
 			} else {
 				out = append(out, d.head...)
 				d.skip = int(d.head[0])<<16 | int(d.head[1])<<8 | int(d.head[2])
+				if d.head[3] == frameHeaders {
+					d.headers = true
+				}
 			}
 			d.head = d.head[:0]
+			// Everything after passes untouched once both are seen.
+			d.done = d.acked && (d.headers || d.request == nil)
 		}
 	}
 	out = append(out, rest...)
@@ -83,6 +102,10 @@ func (d *defaults) Write(p []byte) (int, error) {
 		if _, err := d.Conn.Write(out); err != nil {
 			return 0, err
 		}
+	}
+	if d.headers && d.request != nil {
+		d.request()
+		d.request = nil
 	}
 	return len(p), nil
 }

@@ -18,6 +18,7 @@ type recorder struct {
 
 func (r *recorder) Read(p []byte) (int, error)  { return r.in.Read(p) }
 func (r *recorder) Write(p []byte) (int, error) { r.writes++; return r.written.Write(p) }
+func (r *recorder) Close() error                { return nil }
 
 // clientStream is what grpc-go's client writes first: the preface, its SETTINGS and a
 // WINDOW_UPDATE, then (after reading the server's first SETTINGS) the acknowledgement, a
@@ -46,7 +47,8 @@ func TestDefaultsDropsOnlyTheFirstAck(t *testing.T) {
 	all, want := clientStream(t)
 	for _, chunk := range []int{1, 2, 5, 9, 10, 24, 33, 100, len(all)} {
 		r := &recorder{}
-		d := newDefaults(r)
+		requested := 0
+		d := newDefaults(r, func() { requested++ })
 		for rest := all; len(rest) > 0; {
 			n := min(chunk, len(rest))
 			if m, err := d.Write(rest[:n]); err != nil || m != n {
@@ -57,6 +59,9 @@ func TestDefaultsDropsOnlyTheFirstAck(t *testing.T) {
 		if !bytes.Equal(r.written.Bytes(), want) {
 			t.Errorf("chunk %d: wrote %d bytes, want %d with exactly the first SETTINGS ACK removed", chunk, r.written.Len(), len(want))
 		}
+		if requested != 1 {
+			t.Errorf("chunk %d: the first request was reported %d times, want once", chunk, requested)
+		}
 	}
 }
 
@@ -64,7 +69,7 @@ func TestDefaultsReadsAnEmptySettingsFrameFirst(t *testing.T) {
 	r := &recorder{}
 	fr := http2.NewFramer(&r.in, nil)
 	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 8 << 20})
-	d := newDefaults(r)
+	d := newDefaults(r, nil)
 	rf := http2.NewFramer(nil, d)
 	f, err := rf.ReadFrame()
 	if err != nil {

@@ -200,6 +200,7 @@ type Client struct {
 	sp   *splice
 	tc   *tls.Conn
 	done <-chan error
+	hold *held
 
 	hello []byte
 }
@@ -214,38 +215,164 @@ func StartClient(ctx context.Context, cfg *tls.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("making ClientHello: %w", err)
 	}
-	return &Client{sp: sp, tc: tc, done: done, hello: hello}, nil
+	return &Client{sp: sp, tc: tc, done: done, hello: hello, hold: newHeld()}, nil
 }
 
 // Hello returns the ClientHello record to relay.
 func (c *Client) Hello() []byte { return c.hello }
 
-// Finish completes the handshake over conn, given the server's relayed flight, and returns the
-// established connection, which then owns conn. On failure conn is closed.
-func (c *Client) Finish(ctx context.Context, conn net.Conn, flight []byte) (*tls.Conn, error) {
-	if !c.sp.attach(conn, flight) {
-		conn.Close()
+// Finish completes the handshake, given the server's relayed flight, and returns the
+// established connection. A TLS 1.3 client reads nothing after the server's flight, so this
+// needs no network: the client's second flight, and everything written on the connection
+// afterwards, are held until Connect sends them in one write (the server, which answers
+// nothing before it has them all, then wakes once), and reads wait for Connect.
+func (c *Client) Finish(ctx context.Context, flight []byte) (*tls.Conn, error) {
+	if !c.sp.attach(c.hold, flight) {
 		return nil, errors.New("tlsflight: handshake already finished or abandoned")
 	}
 	select {
 	case err := <-c.done:
 		if err != nil {
+			c.hold.abort(err)
 			c.tc.Close()
 			return nil, err
 		}
 		return c.tc, nil
 	case <-ctx.Done():
-		c.tc.Close() // ends the handshake's reads
+		c.hold.abort(ctx.Err())
+		c.tc.Close() // ends the handshake
 		<-c.done
 		return nil, ctx.Err()
 	}
 }
 
-// Abort abandons a handshake that will not be finished.
+// Connect joins a finished handshake to conn: it sends everything held in one write, and
+// from then on the connection reads and writes through conn, which it owns. Only the first
+// call joins; later ones return its result.
+func (c *Client) Connect(conn net.Conn) error { return c.hold.connect(conn) }
+
+// Abort abandons a handshake that will not be finished, or a finished one never connected.
 func (c *Client) Abort() {
 	if c.sp.attach(nil, nil) {
 		<-c.done
 	}
+	c.hold.abort(errAborted)
+}
+
+// held is a finished client handshake's transport until Connect: writes collect, reads wait.
+type held struct {
+	mu    sync.Mutex // guards buf, conn, err; held across the joining write to keep order
+	buf   []byte
+	conn  net.Conn
+	err   error
+	ready chan struct{} // closed once conn or err is set
+}
+
+func newHeld() *held { return &held{ready: make(chan struct{})} }
+
+func (h *held) connect(c net.Conn) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != nil || h.err != nil {
+		if c != h.conn {
+			c.Close()
+		}
+		return h.err
+	}
+	if _, err := c.Write(h.buf); err != nil {
+		c.Close()
+		h.err = fmt.Errorf("tlsflight: sending the held handshake: %w", err)
+		close(h.ready)
+		return h.err
+	}
+	h.buf, h.conn = nil, c
+	close(h.ready)
+	return nil
+}
+
+func (h *held) abort(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn == nil && h.err == nil {
+		h.err = err
+		close(h.ready)
+	}
+}
+
+func (h *held) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	switch {
+	case h.err != nil:
+		err := h.err
+		h.mu.Unlock()
+		return 0, err
+	case h.conn != nil:
+		c := h.conn
+		h.mu.Unlock()
+		return c.Write(p)
+	}
+	h.buf = append(h.buf, p...)
+	h.mu.Unlock()
+	return len(p), nil
+}
+
+func (h *held) Read(p []byte) (int, error) {
+	<-h.ready
+	if h.err != nil {
+		return 0, h.err
+	}
+	return h.conn.Read(p)
+}
+
+func (h *held) Close() error {
+	h.abort(net.ErrClosed)
+	h.mu.Lock()
+	c := h.conn
+	h.mu.Unlock()
+	if c != nil {
+		return c.Close()
+	}
+	return nil
+}
+
+func (h *held) joined() net.Conn {
+	select {
+	case <-h.ready:
+		return h.conn
+	default:
+		return nil
+	}
+}
+
+func (h *held) LocalAddr() net.Addr {
+	if c := h.joined(); c != nil {
+		return c.LocalAddr()
+	}
+	return relayAddr{}
+}
+func (h *held) RemoteAddr() net.Addr {
+	if c := h.joined(); c != nil {
+		return c.RemoteAddr()
+	}
+	return relayAddr{}
+}
+func (h *held) SetDeadline(t time.Time) error {
+	if c := h.joined(); c != nil {
+		return c.SetDeadline(t)
+	}
+	return nil
+}
+func (h *held) SetReadDeadline(t time.Time) error {
+	if c := h.joined(); c != nil {
+		return c.SetReadDeadline(t)
+	}
+	return nil
+}
+func (h *held) SetWriteDeadline(t time.Time) error {
+	if c := h.joined(); c != nil {
+		return c.SetWriteDeadline(t)
+	}
+	return nil
 }
 
 // Pending is the server side of a relayed handshake, waiting for the connection that carries

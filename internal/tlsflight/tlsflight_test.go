@@ -127,11 +127,14 @@ func TestRelayedHandshakeCarriesData(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ct, err := r.client.Finish(ctx, conn, r.flight)
+	ct, err := r.client.Finish(ctx, r.flight)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ct.Close()
+	if err := r.client.Connect(conn); err != nil {
+		t.Fatal(err)
+	}
 	s := <-srv
 	if s.err != nil {
 		t.Fatal(s.err)
@@ -176,10 +179,7 @@ func TestWrongSandboxKeyFailsTheClient(t *testing.T) {
 	if err := r.pin.Set(other.key.Public()); err != nil { // the manager lied about the key
 		t.Fatal(err)
 	}
-	a, b := net.Pipe()
-	defer b.Close()
-	go io.Copy(io.Discard, b)
-	_, err := r.client.Finish(context.Background(), a, r.flight)
+	_, err := r.client.Finish(context.Background(), r.flight)
 	if !errors.Is(err, tlspin.ErrPinMismatch) {
 		t.Fatalf("Finish: %v, want ErrPinMismatch", err)
 	}
@@ -190,10 +190,7 @@ func TestUnsetPinFailsTheClient(t *testing.T) {
 	agent, sandbox := newPeer(t), newPeer(t)
 	r := relay(t, agent, sandbox, agent.key.Public())
 	defer r.pending.Abort()
-	a, b := net.Pipe()
-	defer b.Close()
-	go io.Copy(io.Discard, b)
-	if _, err := r.client.Finish(context.Background(), a, r.flight); !errors.Is(err, tlspin.ErrPinMismatch) {
+	if _, err := r.client.Finish(context.Background(), r.flight); !errors.Is(err, tlspin.ErrPinMismatch) {
 		t.Fatalf("Finish without a pin: %v, want ErrPinMismatch", err)
 	}
 }
@@ -216,8 +213,11 @@ func TestWrongAgentKeyFailsTheServer(t *testing.T) {
 		_, err = r.pending.Continue(c)
 		srv <- err
 	}()
-	ct, err := r.client.Finish(context.Background(), conn, r.flight)
+	ct, err := r.client.Finish(context.Background(), r.flight)
 	if err == nil {
+		if err := r.client.Connect(conn); err != nil {
+			t.Fatal(err)
+		}
 		// TLS 1.3: the client finishes before the server has checked it; the refusal
 		// arrives as an alert on the first read.
 		defer ct.Close()
@@ -287,23 +287,60 @@ func TestAbandonedHandshakesEnd(t *testing.T) {
 	if _, err := r.pending.Continue(a); !errors.Is(err, ErrNotPending) {
 		t.Errorf("Continue after Abort: %v", err)
 	}
-	if _, err := r.client.Finish(context.Background(), b, r.flight); err == nil {
+	if _, err := r.client.Finish(context.Background(), r.flight); err == nil {
 		t.Error("Finish after Abort succeeded")
 	}
 }
 
-func TestFinishHonoursContext(t *testing.T) {
+// A finished handshake holds its second flight and what is written after it, and Connect
+// sends all of it in one write; writes after that pass straight through.
+func TestConnectSendsEverythingHeldInOneWrite(t *testing.T) {
 	leakcheck.Check(t)
 	agent, sandbox := newPeer(t), newPeer(t)
 	r := relay(t, agent, sandbox, agent.key.Public())
 	defer r.pending.Abort()
 	r.pin.Set(sandbox.key.Public())
-	a, b := net.Pipe() // nobody reads b: the client's second flight blocks
-	defer b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := r.client.Finish(ctx, a, r.flight); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Finish: %v, want DeadlineExceeded", err)
+	ct, err := r.client.Finish(context.Background(), r.flight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ct.Write([]byte("first request")); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	if err := r.client.Connect(rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.writes != 1 || rec.written.Len() < 100 {
+		t.Fatalf("Connect made %d writes of %d bytes, want the held flight and request in one", rec.writes, rec.written.Len())
+	}
+	if _, err := ct.Write([]byte("more")); err != nil || rec.writes != 2 {
+		t.Fatalf("a write after Connect: %v, %d writes", err, rec.writes)
+	}
+	if err := r.client.Connect(&recorder{}); err != nil || rec.writes != 2 {
+		t.Fatalf("a second Connect: %v, %d writes on the first connection", err, rec.writes)
+	}
+}
+
+// A finished handshake that is never connected fails its reads and writes once abandoned.
+func TestAbandonedFinishedHandshakeFails(t *testing.T) {
+	leakcheck.Check(t)
+	agent, sandbox := newPeer(t), newPeer(t)
+	r := relay(t, agent, sandbox, agent.key.Public())
+	defer r.pending.Abort()
+	r.pin.Set(sandbox.key.Public())
+	ct, err := r.client.Finish(context.Background(), r.flight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan error, 1)
+	go func() { _, err := ct.Read(make([]byte, 1)); read <- err }()
+	r.client.Abort()
+	if err := <-read; err == nil {
+		t.Error("read on an abandoned handshake succeeded")
+	}
+	if _, err := ct.Write([]byte("x")); err == nil {
+		t.Error("write on an abandoned handshake succeeded")
 	}
 }
 

@@ -242,16 +242,11 @@ func TestRelayedHandshake(t *testing.T) {
 	if err := pin.Set(sandboxKey); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := net.Dial("unix", dataPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc, err := hs.Finish(ctx, raw, res.TLSServerFlight)
-	if err != nil {
+	if _, err := hs.Finish(ctx, res.TLSServerFlight); err != nil {
 		t.Fatalf("finishing the relayed handshake: %v", err)
 	}
-	first := make(chan *tls.Conn, 1)
-	first <- tc
+	first := make(chan *tlsflight.Client, 1)
+	first <- hs
 	conn, err := grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, "unix", dataPath, cfg)...)
 	if err != nil {
 		t.Fatal(err)

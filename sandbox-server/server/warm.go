@@ -79,19 +79,13 @@ func (s *Server) WarmUp(ctx context.Context) error {
 	if err := pin.Set(serverKey.Public()); err != nil {
 		return err
 	}
-	raw, err := net.Dial("unix", sock)
-	if err != nil {
-		return err
-	}
-	tc, err := hello.Finish(ctx, raw, flight)
-	if err != nil {
+	if _, err := hello.Finish(ctx, flight); err != nil {
 		return fmt.Errorf("warm-up handshake: %w", err)
 	}
-	first := make(chan *tls.Conn, 1)
-	first <- tc
+	first := make(chan *tlsflight.Client, 1)
+	first <- hello
 	conn, err := grpc.NewClient("passthrough:///warm-up", tlsflight.DialOptions(first, "unix", sock, ccfg)...)
 	if err != nil {
-		tc.Close()
 		return err
 	}
 	defer conn.Close()
