@@ -292,18 +292,26 @@ func TestAbandonedHandshakesEnd(t *testing.T) {
 	}
 }
 
-// A finished handshake holds its second flight and what is written after it, and Connect
-// sends all of it in one write; writes after that pass straight through.
-func TestConnectSendsEverythingHeldInOneWrite(t *testing.T) {
-	leakcheck.Check(t)
+// finished returns a relayed handshake finished offline (never connected) with the right
+// keys, and its connection.
+func finished(t *testing.T) (relayed, *tls.Conn) {
+	t.Helper()
 	agent, sandbox := newPeer(t), newPeer(t)
 	r := relay(t, agent, sandbox, agent.key.Public())
-	defer r.pending.Abort()
+	t.Cleanup(r.pending.Abort)
 	r.pin.Set(sandbox.key.Public())
 	ct, err := r.client.Finish(context.Background(), r.flight)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r, ct
+}
+
+// A finished handshake holds its second flight and what is written after it, and Connect
+// sends all of it in one write; writes after that pass straight through.
+func TestConnectSendsEverythingHeldInOneWrite(t *testing.T) {
+	leakcheck.Check(t)
+	r, ct := finished(t)
 	if _, err := ct.Write([]byte("first request")); err != nil {
 		t.Fatal(err)
 	}
@@ -325,14 +333,7 @@ func TestConnectSendsEverythingHeldInOneWrite(t *testing.T) {
 // A finished handshake that is never connected fails its reads and writes once abandoned.
 func TestAbandonedFinishedHandshakeFails(t *testing.T) {
 	leakcheck.Check(t)
-	agent, sandbox := newPeer(t), newPeer(t)
-	r := relay(t, agent, sandbox, agent.key.Public())
-	defer r.pending.Abort()
-	r.pin.Set(sandbox.key.Public())
-	ct, err := r.client.Finish(context.Background(), r.flight)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, ct := finished(t)
 	read := make(chan error, 1)
 	go func() { _, err := ct.Read(make([]byte, 1)); read <- err }()
 	r.client.Abort()
