@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
@@ -62,8 +63,11 @@ func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Req
 	if _, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey()); err != nil {
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a bad key: %w", addr, err)
 	}
-	if len(resp.GetTlsServerFlight()) > 0 && len(req.TLSClientHello) == 0 {
+	switch f := resp.GetTlsServerFlight(); {
+	case len(f) > 0 && len(req.TLSClientHello) == 0:
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight nobody asked for", addr)
+	case len(f) > tlsflight.MaxFlightBytes:
+		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight of %d bytes (at most %d)", addr, len(f), tlsflight.MaxFlightBytes)
 	}
 	return Result{SandboxKey: resp.GetSandboxPublicKey(), TLSServerFlight: resp.GetTlsServerFlight()}, nil
 }
