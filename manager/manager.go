@@ -526,9 +526,17 @@ func (m *Manager) recordAllocation() {
 
 // takeReady pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
 // starts one creation of its own (whatever the estimator's target), so it never depends on
-// the pool's size alone; spare units it makes join the pool.
+// the pool's size alone, and starts another if that one fails (after the creation backoff);
+// spare units it makes join the pool.
 func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
-	var timeout <-chan time.Time
+	var timeout, retry <-chan time.Time
+	var mine chan bool // this allocation's creation: whether it made a unit
+	start := func() {
+		mine = make(chan bool, 1)
+		m.creating.Add(1)
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); mine <- m.create(m.lifetime(), tmpl) }()
+	}
 	for {
 		u, ok, wait := m.ops.TakeReady(tmpl)
 		if ok {
@@ -541,13 +549,19 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			// beyond its target for the waiters to take.
 			m.waiting.Add(1)
 			defer m.waiting.Add(-1)
-			m.creating.Add(1)
-			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
+			start()
 		}
 		m.nudge()
 		select {
 		case <-wait:
+		case made := <-mine:
+			mine = nil
+			if !made {
+				retry = time.After(m.backoffLeft())
+			}
+		case <-retry:
+			retry = nil
+			start()
 		case <-timeout:
 			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
 		case <-ctx.Done():
@@ -731,20 +745,19 @@ func (m *Manager) failure(stage string) {
 	}
 }
 
-// create makes one unit of template and puts it into the pool. The caller has counted it in
-// m.creating (before starting the goroutine, so that a reconcile pass in between sees it);
-// create uncounts it when done.
-func (m *Manager) create(ctx context.Context, tmpl string) {
+// create makes one unit of template and puts it into the pool, and reports whether it did.
+// The caller has counted it in m.creating (before starting the goroutine, so that a reconcile
+// pass in between sees it); create uncounts it when done.
+func (m *Manager) create(ctx context.Context, tmpl string) bool {
 	defer m.creating.Add(-1)
 	id := m.o.NewID()
 	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
 	if m.shared != nil {
-		m.createShared(ctx, id, tmpl)
-		return
+		return m.createShared(ctx, id, tmpl)
 	}
 	if err := m.ops.Insert(info, Creating, nil); err != nil {
 		m.log.Error("registering new unit", "id", id, "err", err)
-		return
+		return false
 	}
 	m.publishCounts()
 	t0 := time.Now()
@@ -754,14 +767,14 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
 		m.log.Info("unit creation cancelled", "id", id)
 		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: cancelled" })
-		return
+		return false
 	}
 	if err != nil {
 		m.failure("create")
 		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
 		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: " + err.Error() })
 		m.publishCounts()
-		return
+		return false
 	}
 	m.recordLatency(time.Since(t0))
 	got.ID, got.Template = id, tmpl
@@ -771,7 +784,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
 		m.log.Error("unit vanished while being created", "id", id, "err", err)
 		m.alloc.Destroy(context.WithoutCancel(ctx), id)
-		return
+		return false
 	}
 	m.totals.creations.Add(1)
 	if m.m != nil {
@@ -781,6 +794,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) {
 		m.o.Prepare(got.InitAddr)
 	}
 	m.publishCounts()
+	return true
 }
 
 // noteCreate keeps the creation backoff: exponential (0.5 s doubling to a minute) after
@@ -795,6 +809,13 @@ func (m *Manager) noteCreate(err error) {
 	} else {
 		m.failStreak = 0
 	}
+}
+
+// backoffLeft is how long creations still wait for the backoff.
+func (m *Manager) backoffLeft() time.Duration {
+	m.backoffMu.Lock()
+	defer m.backoffMu.Unlock()
+	return max(0, time.Until(m.holdUntil))
 }
 
 // heldBack reports whether creations wait for the backoff.
@@ -814,7 +835,7 @@ func (m *Manager) recordLatency(d time.Duration) {
 }
 
 // createShared creates a unit into a shared pool: it is not tracked locally until claimed.
-func (m *Manager) createShared(ctx context.Context, id, tmpl string) {
+func (m *Manager) createShared(ctx context.Context, id, tmpl string) bool {
 	t0 := time.Now()
 	_, err := m.alloc.Create(ctx, id, tmpl)
 	m.noteCreate(err)
@@ -823,13 +844,14 @@ func (m *Manager) createShared(ctx context.Context, id, tmpl string) {
 			m.failure("create")
 			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
 		}
-		return
+		return false
 	}
 	m.recordLatency(time.Since(t0))
 	m.totals.creations.Add(1)
 	if m.m != nil {
 		m.m.Creations.Inc()
 	}
+	return true
 }
 
 func estimatorObservation(now time.Time, allocs, ready, creating, bound int, lat time.Duration) estimator.Observation {

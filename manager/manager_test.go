@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -534,4 +535,29 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 		t.Errorf("ping failures = %v, want 1", got)
 	}
 	eventually(t, "the pool refilled", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
+}
+
+// An allocation waiting on an empty pool whose own creation fails starts another (after the
+// creation backoff) instead of waiting out its deadline.
+func TestWaitingAllocationRetriesAFailedCreation(t *testing.T) {
+	e := newEnv(t, 0, func(o *manager.Options) { o.AllocateWait = 20 * time.Second })
+	var creates atomic.Int32
+	e.alloc.Fail = func(method, id string) error {
+		if method == "Create" && creates.Add(1) == 1 {
+			return errors.New("injected: runsc create failed")
+		}
+		return nil
+	}
+	e.start(t)
+	a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+	if err != nil {
+		t.Fatalf("allocation after one failed creation: %v", err)
+	}
+	if n := creates.Load(); n != 2 {
+		t.Errorf("%d creations, want 2 (the failed one and its retry)", n)
+	}
+	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("create")); got != 1 {
+		t.Errorf("create failures = %v, want 1", got)
+	}
+	e.m.Release(context.Background(), a.ID, a.LeaseToken)
 }
