@@ -24,6 +24,8 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // labelName is what a label name may be: it becomes part of an annotation key, which must
@@ -443,8 +445,12 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	if _, err := tlspin.ParsePublicKey(req.AgentPublicKey); err != nil {
 		return Allocation{}, fmt.Errorf("%w: agent public key: %v", ErrInvalid, err)
 	}
-	if len(req.TLSClientHello) > tlsflight.MaxHelloBytes {
-		return Allocation{}, fmt.Errorf("%w: TLS ClientHello of %d bytes (at most %d)", ErrInvalid, len(req.TLSClientHello), tlsflight.MaxHelloBytes)
+	if len(req.TLSClientHello) > 0 {
+		// Checked before a unit is spent on it; a well-formed hello the sandbox still
+		// refuses ends the allocation below without trying another unit.
+		if err := tlsflight.CheckHello(req.TLSClientHello); err != nil {
+			return Allocation{}, fmt.Errorf("%w: TLS ClientHello: %v", ErrInvalid, err)
+		}
 	}
 	tmpl := req.Template
 	if tmpl == "" {
@@ -500,6 +506,9 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		lastErr = err
 		if ctx.Err() != nil {
 			return Allocation{}, ctx.Err()
+		}
+		if errors.Is(err, ErrInvalid) {
+			return Allocation{}, err // the request's fault: another unit would refuse it too
 		}
 		m.log.Warn("binding a unit failed; trying another", "id", u.Info.ID, "err", err)
 	}
@@ -619,6 +628,11 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	eerr, aerr := <-egressed, <-annotated
 	if eerr != nil {
 		return fail("egress", eerr)
+	}
+	if status.Code(err) == codes.InvalidArgument {
+		// The sandbox refused what the agent sent (the fuse is intact, but the unit is
+		// destroyed all the same: it has been offered to someone).
+		err = fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if err != nil {
 		return fail("init", err)

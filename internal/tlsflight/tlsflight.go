@@ -387,17 +387,43 @@ type Pending struct {
 	done <-chan error
 }
 
+// CheckHello checks, cheaply and without a TLS stack, that hello is one TLS handshake record
+// holding exactly one ClientHello: what a relay can check before it spends anything on it.
+// (Answer still refuses a well-formed ClientHello that TLS 1.3 cannot answer.)
+func CheckHello(hello []byte) error {
+	switch {
+	case len(hello) == 0:
+		return errors.New("tlsflight: empty ClientHello")
+	case len(hello) > MaxHelloBytes:
+		return fmt.Errorf("tlsflight: ClientHello of %d bytes exceeds %d", len(hello), MaxHelloBytes)
+	case hello[0] != recordHandshake:
+		return fmt.Errorf("tlsflight: not a TLS handshake record (type %#x)", hello[0])
+	case len(hello) < 9:
+		return fmt.Errorf("tlsflight: incomplete ClientHello (%d bytes)", len(hello))
+	}
+	recLen := int(hello[3])<<8 | int(hello[4])
+	hsLen := int(hello[6])<<16 | int(hello[7])<<8 | int(hello[8])
+	switch {
+	case hello[1] != 3:
+		return fmt.Errorf("tlsflight: record version %d.%d is not TLS", hello[1], hello[2])
+	case len(hello) < 5+recLen:
+		return fmt.Errorf("tlsflight: incomplete ClientHello (%d bytes for a record of %d)", len(hello), 5+recLen)
+	case len(hello) > 5+recLen:
+		return fmt.Errorf("tlsflight: %d bytes after the ClientHello's record", len(hello)-5-recLen)
+	case hello[5] != 1:
+		return fmt.Errorf("tlsflight: handshake message type %d is not a ClientHello", hello[5])
+	case 4+hsLen != recLen:
+		return fmt.Errorf("tlsflight: ClientHello length %d does not fill its record of %d", hsLen, recLen)
+	}
+	return nil
+}
+
 // Answer runs the server side of a handshake on hello (a relayed ClientHello) with cfg until
 // the server's flight is made, and returns the flight and the pending handshake. A hello that
 // is malformed, incomplete, or that cfg refuses fails here.
 func Answer(ctx context.Context, cfg *tls.Config, hello []byte) ([]byte, *Pending, error) {
-	switch {
-	case len(hello) == 0:
-		return nil, nil, errors.New("tlsflight: empty ClientHello")
-	case len(hello) > MaxHelloBytes:
-		return nil, nil, fmt.Errorf("tlsflight: ClientHello of %d bytes exceeds %d", len(hello), MaxHelloBytes)
-	case hello[0] != recordHandshake:
-		return nil, nil, fmt.Errorf("tlsflight: not a TLS handshake record (type %#x)", hello[0])
+	if err := CheckHello(hello); err != nil {
+		return nil, nil, err
 	}
 	sp := newSplice(bytes.Clone(hello))
 	tc := tls.Server(sp, cfg)

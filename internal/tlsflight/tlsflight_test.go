@@ -259,7 +259,9 @@ func TestAnswerRefusesBadHellos(t *testing.T) {
 		{"oversized", string(make([]byte, MaxHelloBytes+1)), "exceeds"},
 		{"not a handshake record", "\x17" + string(hello[1:]), "not a TLS handshake record"},
 		{"truncated", string(hello[:len(hello)/2]), "incomplete"},
-		{"not a ClientHello", string(corrupt), "tls: "},
+		{"not a ClientHello", string(corrupt), "is not a ClientHello"},
+		{"two records", string(hello) + string(hello), "bytes after the ClientHello"},
+		{"SSL 2 version", string(hello[:1]) + "\x02" + string(hello[2:]), "is not TLS"},
 		{"TLS 1.2 only", string(old.Hello()), "version"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
