@@ -55,11 +55,12 @@ var errAborted = errors.New("tlsflight: relayed handshake abandoned")
 // connection's, and writes go to the connection.
 //
 // The TLS layer reads from one goroutine at a time and, before attachment, only its
-// handshake writes: in and joined belong to the reader, out to the handshake.
+// handshake writes: in and switched belong to the reader, out to the handshake.
 type splice struct {
-	in     []byte
-	joined bool
-	out    bytes.Buffer
+	late
+	in       []byte
+	switched bool // the reader has moved on to the attached side
+	out      bytes.Buffer
 
 	stalled   chan struct{} // closed when a read finds nothing to return before attachment
 	stallOnce sync.Once
@@ -71,7 +72,9 @@ type splice struct {
 }
 
 func newSplice(in []byte) *splice {
-	return &splice{in: in, stalled: make(chan struct{}), attached: make(chan struct{})}
+	s := &splice{in: in, stalled: make(chan struct{}), attached: make(chan struct{})}
+	s.late = late{s.joined}
+	return s
 }
 
 // attach joins c (and bytes to read before c's) and reports whether it was first to join.
@@ -88,14 +91,14 @@ func (s *splice) attach(c net.Conn, next []byte) bool {
 func (s *splice) abort() { s.attach(nil, nil) }
 
 func (s *splice) Read(p []byte) (int, error) {
-	if len(s.in) == 0 && !s.joined {
+	if len(s.in) == 0 && !s.switched {
 		select {
 		case <-s.attached:
 		default:
 			s.stallOnce.Do(func() { close(s.stalled) })
 			<-s.attached
 		}
-		s.joined, s.in = true, s.next
+		s.switched, s.in = true, s.next
 	}
 	if len(s.in) > 0 {
 		n := copy(p, s.in)
@@ -122,8 +125,8 @@ func (s *splice) Write(p []byte) (int, error) {
 
 func (s *splice) Close() error {
 	s.abort()
-	if s.conn != nil && s.isAttached() {
-		return s.conn.Close()
+	if c := s.joined(); c != nil {
+		return c.Close()
 	}
 	return nil
 }
@@ -137,28 +140,46 @@ func (s *splice) isAttached() bool {
 	}
 }
 
-// The addresses and deadlines are the attached connection's; before attachment there is
-// none, and the handshake's own context bounds it instead.
-func (s *splice) LocalAddr() net.Addr  { return s.addr(net.Conn.LocalAddr) }
-func (s *splice) RemoteAddr() net.Addr { return s.addr(net.Conn.RemoteAddr) }
-func (s *splice) addr(f func(net.Conn) net.Addr) net.Addr {
-	if s.isAttached() && s.conn != nil {
-		return f(s.conn)
+// joined returns the attached connection, nil before attachment or after abort.
+func (s *splice) joined() net.Conn {
+	if s.isAttached() {
+		return s.conn
+	}
+	return nil
+}
+
+// late gives a connection joined after it is made the address and deadline methods of
+// net.Conn: they act on the joined connection, and before it on nothing (the handshake's
+// own context bounds that time).
+type late struct{ joined func() net.Conn }
+
+func (l late) LocalAddr() net.Addr {
+	if c := l.joined(); c != nil {
+		return c.LocalAddr()
 	}
 	return relayAddr{}
 }
-func (s *splice) SetDeadline(t time.Time) error {
-	return s.deadline(func(c net.Conn) error { return c.SetDeadline(t) })
+func (l late) RemoteAddr() net.Addr {
+	if c := l.joined(); c != nil {
+		return c.RemoteAddr()
+	}
+	return relayAddr{}
 }
-func (s *splice) SetReadDeadline(t time.Time) error {
-	return s.deadline(func(c net.Conn) error { return c.SetReadDeadline(t) })
+func (l late) SetDeadline(t time.Time) error {
+	if c := l.joined(); c != nil {
+		return c.SetDeadline(t)
+	}
+	return nil
 }
-func (s *splice) SetWriteDeadline(t time.Time) error {
-	return s.deadline(func(c net.Conn) error { return c.SetWriteDeadline(t) })
+func (l late) SetReadDeadline(t time.Time) error {
+	if c := l.joined(); c != nil {
+		return c.SetReadDeadline(t)
+	}
+	return nil
 }
-func (s *splice) deadline(f func(net.Conn) error) error {
-	if s.isAttached() && s.conn != nil {
-		return f(s.conn)
+func (l late) SetWriteDeadline(t time.Time) error {
+	if c := l.joined(); c != nil {
+		return c.SetWriteDeadline(t)
 	}
 	return nil
 }
@@ -265,6 +286,7 @@ func (c *Client) Abort() {
 
 // held is a finished client handshake's transport until Connect: writes collect, reads wait.
 type held struct {
+	late
 	mu    sync.Mutex // guards buf, conn, err; held across the joining write to keep order
 	buf   []byte
 	conn  net.Conn
@@ -272,7 +294,11 @@ type held struct {
 	ready chan struct{} // closed once conn or err is set
 }
 
-func newHeld() *held { return &held{ready: make(chan struct{})} }
+func newHeld() *held {
+	h := &held{ready: make(chan struct{})}
+	h.late = late{h.joined}
+	return h
+}
 
 func (h *held) connect(c net.Conn) error {
 	h.mu.Lock()
@@ -346,37 +372,6 @@ func (h *held) joined() net.Conn {
 	default:
 		return nil
 	}
-}
-
-func (h *held) LocalAddr() net.Addr {
-	if c := h.joined(); c != nil {
-		return c.LocalAddr()
-	}
-	return relayAddr{}
-}
-func (h *held) RemoteAddr() net.Addr {
-	if c := h.joined(); c != nil {
-		return c.RemoteAddr()
-	}
-	return relayAddr{}
-}
-func (h *held) SetDeadline(t time.Time) error {
-	if c := h.joined(); c != nil {
-		return c.SetDeadline(t)
-	}
-	return nil
-}
-func (h *held) SetReadDeadline(t time.Time) error {
-	if c := h.joined(); c != nil {
-		return c.SetReadDeadline(t)
-	}
-	return nil
-}
-func (h *held) SetWriteDeadline(t time.Time) error {
-	if c := h.joined(); c != nil {
-		return c.SetWriteDeadline(t)
-	}
-	return nil
 }
 
 // Pending is the server side of a relayed handshake, waiting for the connection that carries
