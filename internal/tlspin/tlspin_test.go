@@ -118,7 +118,7 @@ func TestPinning(t *testing.T) {
 	}
 
 	noCert := good.Clone()
-	noCert.Certificates = nil
+	noCert.Certificates, noCert.GetClientCertificate = nil, nil
 	if _, serr := handshake(t, srv, noCert); serr == nil {
 		t.Fatal("client without certificate was accepted")
 	}
