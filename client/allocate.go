@@ -110,11 +110,12 @@ func (m *Manager) prepare() {
 		if err != nil {
 			return // the next Allocate makes its own and reports the error
 		}
-		if !m.next.CompareAndSwap(nil, h) || m.closed.Load() {
+		if m.closed.Load() || !m.next.CompareAndSwap(nil, h) {
 			h.hs.Abort()
-			if m.closed.Load() {
-				m.drop()
-			}
+			return
+		}
+		if m.closed.Load() {
+			m.drop() // Close ran between the check and the swap
 		}
 	}()
 }
@@ -200,21 +201,20 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 			return nil, err
 		}
 	}
-	key, pin, cfg, hs := h.key, h.pin, h.cfg, h.hs
-	req := &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
+	req := &managerv1.AllocateRequest{AgentPublicKey: h.key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
 	}
-	req.TlsClientHello = hs.Hello()
+	req.TlsClientHello = h.hs.Hello()
 	resp, err := m.rpc.Allocate(ctx, req)
 	if err != nil {
-		hs.Abort()
+		h.hs.Abort()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
 	}
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, hs, pin, cfg, key, o.Sandbox)
+	sb, relayed, err := connect(ctx, resp, h.hs, h.pin, h.cfg, o.Sandbox)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -229,29 +229,33 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 }
 
 // connect connects to the sandbox resp describes: it finishes the relayed handshake hs when
-// the sandbox answered it, and makes an ordinary one otherwise (an older manager or sandbox,
-// or a relayed handshake the sandbox no longer holds). A sandbox presenting a key other than
-// the one the manager returned is refused either way.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, key *Key, o Options) (sb *Sandbox, relayed bool, err error) {
-	flight := resp.GetTlsServerFlight()
-	if len(flight) == 0 {
-		hs.Abort()
-		sb, err := Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key, o)
-		return sb, false, err
-	}
+// the sandbox answered it, and makes an ordinary one with cfg otherwise (an older manager or
+// sandbox, or a relayed handshake that could not be finished). A sandbox presenting a key
+// other than the one the manager returned is refused either way.
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, o Options) (sb *Sandbox, relayed bool, err error) {
+	defer func() {
+		if !relayed {
+			hs.Abort()
+		}
+	}()
 	a, err := endpoint.Parse(resp.GetEndpoint())
 	if err != nil {
-		hs.Abort()
-		return nil, false, fmt.Errorf("sandbox endpoint: %w", err)
+		return nil, false, fmt.Errorf("dialing sandbox: %w", err)
 	}
 	sandboxKey, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey())
 	if err != nil {
-		hs.Abort()
-		return nil, false, fmt.Errorf("sandbox key: %w", err)
+		return nil, false, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
 	}
 	if err := pin.Set(sandboxKey); err != nil {
-		hs.Abort()
 		return nil, false, err
+	}
+	full := func() (*Sandbox, bool, error) {
+		sb, err := dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		return sb, false, err
+	}
+	flight := resp.GetTlsServerFlight()
+	if len(flight) == 0 {
+		return full()
 	}
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
 	// sent with the first request (see tlsflight.DialOptions).
@@ -269,13 +273,12 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 	g := <-grpcReady
 	switch {
 	case g.err != nil:
-		hs.Abort()
 		return nil, false, g.err
 	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
 		g.sb.Close()
 		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
 	case err != nil:
-		first <- nil // an ordinary handshake instead
+		first <- nil // the gRPC connection makes an ordinary handshake instead
 		return g.sb, false, nil
 	}
 	first <- hs
