@@ -24,8 +24,6 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // labelName is what a label name may be: it becomes part of an annotation key, which must
@@ -629,7 +627,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	if eerr != nil {
 		return fail("egress", eerr)
 	}
-	if status.Code(err) == codes.InvalidArgument {
+	if errors.Is(err, sfuse.ErrRefused) {
 		// The sandbox refused what the agent sent (the fuse is intact, but the unit is
 		// destroyed all the same: it has been offered to someone).
 		err = fmt.Errorf("%w: %v", ErrInvalid, err)

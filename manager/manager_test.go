@@ -570,7 +570,7 @@ func TestBadClientHelloSpendsAtMostOneUnit(t *testing.T) {
 		o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
 			inits.Add(1)
 			if len(req.TLSClientHello) > 0 {
-				return sfuse.Result{}, fmt.Errorf("InitializeTLS on %s: %w", addr, status.Error(codes.InvalidArgument, "TLS ClientHello: tls: unsupported versions"))
+				return sfuse.Result{}, fmt.Errorf("InitializeTLS on %s: %w: %w", addr, sfuse.ErrRefused, status.Error(codes.InvalidArgument, "TLS ClientHello: tls: unsupported versions"))
 			}
 			return memalloc.Initializer(ctx, addr, req)
 		}

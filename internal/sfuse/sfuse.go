@@ -5,11 +5,14 @@ package sfuse
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -42,21 +45,44 @@ type Result struct {
 // encrypted messages of a TLS handshake only) and is reachable only by the manager, so it is
 // not encrypted. Nothing is kept: the caller hands the result to the agent.
 func Initialize(ctx context.Context, initAddr string, req Request) (Result, error) {
+	conn, err := dial(initAddr)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	return initialize(ctx, conn, initAddr, req)
+}
+
+// ErrRefused reports an InitializeTLS the sandbox refused as malformed (INVALID_ARGUMENT):
+// the request's fault, which another sandbox would refuse too. The fuse is intact.
+var ErrRefused = errors.New("the sandbox refused the request")
+
+// refused is the sandbox's INVALID_ARGUMENT: it is ErrRefused and unwraps to the status.
+type refused struct{ error }
+
+func (r refused) Is(target error) bool { return target == ErrRefused }
+func (r refused) Unwrap() error        { return r.error }
+
+// dial makes a (lazy) connection to the init listener at initAddr. The init channel is not
+// encrypted (see Initialize).
+func dial(initAddr string) (*grpc.ClientConn, error) {
 	a, err := endpoint.Parse(initAddr)
 	if err != nil {
-		return Result{}, fmt.Errorf("init address: %w", err)
+		return nil, fmt.Errorf("init address: %w", err)
 	}
 	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return Result{}, fmt.Errorf("dialing init listener %s: %w", a, err)
+		return nil, fmt.Errorf("dialing init listener %s: %w", a, err)
 	}
-	defer conn.Close()
-	return initialize(ctx, conn, a.String(), req)
+	return conn, nil
 }
 
 func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
 	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
 		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello})
+	if status.Code(err) == codes.InvalidArgument {
+		err = refused{err}
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("InitializeTLS on %s: %w", addr, err)
 	}
@@ -82,13 +108,9 @@ type Conns struct {
 
 // Prepare starts connecting to initAddr in the background.
 func (c *Conns) Prepare(initAddr string) {
-	a, err := endpoint.Parse(initAddr)
+	conn, err := dial(initAddr)
 	if err != nil {
 		return // Initialize reports it
-	}
-	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return
 	}
 	conn.Connect()
 	c.mu.Lock()
@@ -141,12 +163,9 @@ func (c *Conns) Ping(ctx context.Context, initAddr string) error {
 	conn := c.m[initAddr]
 	c.mu.Unlock()
 	if conn == nil {
-		a, err := endpoint.Parse(initAddr)
-		if err != nil {
-			return fmt.Errorf("init address: %w", err)
-		}
-		if conn, err = grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-			return fmt.Errorf("dialing init listener %s: %w", a, err)
+		var err error
+		if conn, err = dial(initAddr); err != nil {
+			return err
 		}
 		defer conn.Close()
 	}

@@ -223,8 +223,8 @@ func TestRelayedHandshake(t *testing.T) {
 
 	bad := append([]byte{}, hs.Hello()...)
 	bad = bad[:len(bad)/2]
-	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: bad}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
-		t.Fatalf("truncated ClientHello: %v, want InvalidArgument", err)
+	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: bad}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || !errors.Is(err, sfuse.ErrRefused) {
+		t.Fatalf("truncated ClientHello: %v, want InvalidArgument, sfuse.ErrRefused", err)
 	}
 	servesNothing(t, dataPath) // the fuse is intact
 
