@@ -831,11 +831,7 @@ func (m *Manager) backoffLeft() time.Duration {
 }
 
 // heldBack reports whether creations wait for the backoff.
-func (m *Manager) heldBack() bool {
-	m.backoffMu.Lock()
-	defer m.backoffMu.Unlock()
-	return time.Now().Before(m.holdUntil)
-}
+func (m *Manager) heldBack() bool { return m.backoffLeft() > 0 }
 
 func (m *Manager) recordLatency(d time.Duration) {
 	m.latMu.Lock()

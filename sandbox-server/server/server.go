@@ -188,15 +188,15 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	s.log.Info("sandbox initialised; init listener closed")
 	// A relayed handshake nobody continued (the agent fell back to a full one, or never
 	// came) is dropped once the agent has made a call, or after a while.
-	abandon := time.AfterFunc(pendingTTL, s.abandonPending)
-	defer abandon.Stop()
 	defer s.abandonPending()
 	go func() {
 		select {
 		case <-s.firstCall:
-			s.abandonPending()
+		case <-time.After(pendingTTL):
 		case <-ctx.Done():
+			return // the deferred call drops it
 		}
+		s.abandonPending()
 	}()
 
 	select {
