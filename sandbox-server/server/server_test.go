@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 func TestCodeOf(t *testing.T) {
@@ -122,7 +122,7 @@ func TestFuseBlowsOnce(t *testing.T) {
 	initAddr, dataAddr, _ := startInProcess(t, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	servesNothing(t, dataAddr[len("unix://"):])
+	sandboxtest.ServesNothing(t, dataAddr[len("unix://"):])
 	var conns sfuse.Conns
 	if err := conns.Ping(ctx, initAddr); err != nil {
 		t.Fatalf("ping of a sandbox in the pool: %v", err)
@@ -130,7 +130,7 @@ func TestFuseBlowsOnce(t *testing.T) {
 	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: []byte("garbage")}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
 		t.Fatalf("malformed init: %v, want InvalidArgument", err)
 	}
-	servesNothing(t, dataAddr[len("unix://"):]) // a malformed init leaves the gate shut
+	sandboxtest.ServesNothing(t, dataAddr[len("unix://"):]) // a malformed init leaves the gate shut
 	key, _ := client.NewKey()
 	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
@@ -183,23 +183,6 @@ func TestIdleTTL(t *testing.T) {
 	}
 }
 
-// servesNothing checks that the data socket at path, bound before initialisation, closes a
-// connection without reading a request or writing a byte.
-func servesNothing(t *testing.T, path string) {
-	t.Helper()
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatalf("dialing the pre-bound data socket: %v", err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
-	n, err := c.Read(make([]byte, 64))
-	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
-		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
-	}
-}
-
 // The agent's ClientHello relayed through InitializeTLS is answered there, and the agent's
 // first data connection continues that handshake; a hello the sandbox cannot answer is
 // refused without blowing the fuse, and a spent relayed handshake cannot be continued again.
@@ -226,7 +209,7 @@ func TestRelayedHandshake(t *testing.T) {
 	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: bad}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || !errors.Is(err, sfuse.ErrRefused) {
 		t.Fatalf("truncated ClientHello: %v, want InvalidArgument, sfuse.ErrRefused", err)
 	}
-	servesNothing(t, dataPath) // the fuse is intact
+	sandboxtest.ServesNothing(t, dataPath) // the fuse is intact
 
 	res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: hs.Hello()})
 	if err != nil {

@@ -8,14 +8,12 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"errors"
-	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -107,7 +105,7 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: tc.key})
 			wantCode(t, "InitializeTLS with a malformed key", err, codes.InvalidArgument)
-			servesNothing(t, socketPath(sb.DataAddr)) // the gate stays shut
+			sandboxtest.ServesNothing(t, socketPath(sb.DataAddr)) // the gate stays shut
 		})
 	}
 
@@ -213,7 +211,7 @@ func TestDataSocketServesNothingBeforeInit(t *testing.T) {
 	// to the host under gVisor), but until the fuse blows every connection is closed unserved:
 	// no TLS handshake, no byte back.
 	for range 3 {
-		servesNothing(t, socketPath(sb.DataAddr))
+		sandboxtest.ServesNothing(t, socketPath(sb.DataAddr))
 	}
 	// A client with a key is refused too, and after that the sandbox still initialises.
 	key, _ := client.NewKey()
@@ -308,21 +306,4 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 	// And it can no longer be initialised.
 	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: newKey(t).PublicKey()})
 	wantCode(t, "InitializeTLS after the idle TTL", err, codes.Unavailable)
-}
-
-// servesNothing checks that the data socket at path, bound before initialisation, closes a
-// connection without reading a request or writing a byte.
-func servesNothing(t *testing.T, path string) {
-	t.Helper()
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatalf("dialing the pre-bound data socket: %v", err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
-	n, err := c.Read(make([]byte, 64))
-	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
-		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
-	}
 }

@@ -50,13 +50,7 @@ func TestManagerRefusesNamespaceWithoutDefaultDeny(t *testing.T) {
 func TestManagerFillsSharedPool(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := ctxT(t)
-	dd, err := kubealloc.DefaultDenyPolicy(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Create(ctx, dd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createDefaultDeny(t, ctx, ns)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -128,13 +122,7 @@ spec:
 func TestManagerUsesSandboxTemplate(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := ctxT(t)
-	dd, err := kubealloc.DefaultDenyPolicy(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Create(ctx, dd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createDefaultDeny(t, ctx, ns)
 	cfg := daemonConfig(t, ns)
 	cfg.PoolSize, cfg.PoolMax = 1, 1
 	cfg.Kube.SandboxTemplate = filepath.Join(t.TempDir(), "pod.yaml")

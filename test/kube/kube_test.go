@@ -144,6 +144,18 @@ func createPool(t *testing.T, a *kubealloc.Allocator, prefix string, n int, all 
 }
 
 // waitFor waits for an informer-fed condition (test side only).
+// createDefaultDeny creates the default-deny CiliumNetworkPolicy in ns.
+func createDefaultDeny(t *testing.T, ctx context.Context, ns string) {
+	t.Helper()
+	dd, err := kubealloc.DefaultDenyPolicy(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Create(ctx, dd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -484,13 +496,7 @@ func TestCheckDefaultDeny(t *testing.T) {
 	if err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Delete(ctx, kubealloc.DefaultDenyName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	dd, err := kubealloc.DefaultDenyPolicy(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Create(ctx, dd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createDefaultDeny(t, ctx, ns)
 	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns); err != nil {
 		t.Fatalf("with the policy: %v", err)
 	}

@@ -6,12 +6,16 @@ package sandboxtest
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,4 +150,21 @@ func StartBound(t testing.TB, o Options) *Bound {
 	}
 	t.Cleanup(func() { c.Close() })
 	return &Bound{Sandbox: sb, Client: c, Key: key, SandboxKey: pub}
+}
+
+// ServesNothing checks that the data socket at path, bound before initialisation, closes a
+// connection without reading a request or writing a byte.
+func ServesNothing(t testing.TB, path string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dialing the pre-bound data socket: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
+	n, err := c.Read(make([]byte, 64))
+	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
+	}
 }
