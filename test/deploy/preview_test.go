@@ -70,14 +70,9 @@ func TestPreviewEveryStack(t *testing.T) {
 // message naming the key.
 func TestPreviewRefusesATaggedImage(t *testing.T) {
 	tl := tools(t)
-	repo := t.TempDir()
-	os.MkdirAll(filepath.Join(repo, "stacks"), 0o755)
-	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
-	b, _ := os.ReadFile(filepath.Join(repoRoot(), "infra", "Pulumi.yaml"))
-	os.WriteFile(filepath.Join(repo, "infra", "Pulumi.yaml"), b, 0o644)
-	local, _ := os.ReadFile(filepath.Join(repoRoot(), "stacks", "Pulumi.local.yaml"))
-	bad := strings.Replace(string(local), "registry.example.com/fusebox/manager@sha256:", "registry.example.com/fusebox/manager:latest#", 1)
-	os.WriteFile(filepath.Join(repo, "stacks", "Pulumi.tagged.yaml"), []byte(bad), 0o644)
+	repo := mocktest.ScratchRepo(t, repoRoot(), "tagged", func(local string) string {
+		return strings.Replace(local, "registry.example.com/fusebox/manager@sha256:", "registry.example.com/fusebox/manager:latest#", 1)
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	_, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "tagged", RepoDir: repo, Tools: tl,

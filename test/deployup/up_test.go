@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusebox-dev/fusebox/components/manager"
+	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 )
@@ -55,20 +56,13 @@ func TestUpLocalStack(t *testing.T) {
 
 	// The local stack, with skipAwait: this control plane runs no deployment controller or
 	// scheduler, so the manager's Deployment never gets pods.
-	repo := t.TempDir()
-	os.MkdirAll(filepath.Join(repo, "infra"), 0o755)
-	os.MkdirAll(filepath.Join(repo, "stacks"), 0o755)
-	b, _ := os.ReadFile(filepath.Join(repoRoot(), "infra", "Pulumi.yaml"))
-	os.WriteFile(filepath.Join(repo, "infra", "Pulumi.yaml"), b, 0o644)
-	local, err := os.ReadFile(filepath.Join(repoRoot(), "stacks", "Pulumi.local.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stack := strings.Replace(string(local), "  fusebox:manager:\n", "  fusebox:manager:\n    skipAwait: true\n", 1)
-	if stack == string(local) {
-		t.Fatal("stacks/Pulumi.local.yaml has no fusebox:manager block to extend")
-	}
-	os.WriteFile(filepath.Join(repo, "stacks", "Pulumi.local.yaml"), []byte(stack), 0o644)
+	repo := mocktest.ScratchRepo(t, repoRoot(), "local", func(local string) string {
+		stack := strings.Replace(local, "  fusebox:manager:\n", "  fusebox:manager:\n    skipAwait: true\n", 1)
+		if stack == local {
+			t.Fatal("stacks/Pulumi.local.yaml has no fusebox:manager block to extend")
+		}
+		return stack
+	})
 
 	// Everything the API server holds before up, to compare with what is left after destroy.
 	before := snapshot(ctx, t)
