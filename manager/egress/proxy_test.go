@@ -522,15 +522,7 @@ func TestCloseEndsTunnels(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- p.Serve(ln) }()
 	mustAllow(t, p, echo)
-	var tunnels []net.Conn
-	for range 3 {
-		c, br, res, _ := connect(t, sock, echo)
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("CONNECT: %s", res.Status)
-		}
-		expectEcho(t, c, br, "x")
-		tunnels = append(tunnels, c)
-	}
+	tunnels := openTunnels(t, sock, echo, 3, "x")
 	idle, err := net.Dial("unix", sock) // a client connection with no request yet
 	if err != nil {
 		t.Fatal(err)
@@ -645,15 +637,7 @@ func TestConnectionCap(t *testing.T) {
 	o.MaxConns = 2
 	p, sock := startProxy(t, o)
 	mustAllow(t, p, echo)
-	var tunnels []net.Conn
-	for range 2 {
-		c, br, res, _ := connect(t, sock, echo)
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("CONNECT within the cap: %s", res.Status)
-		}
-		expectEcho(t, c, br, "ping")
-		tunnels = append(tunnels, c)
-	}
+	tunnels := openTunnels(t, sock, echo, 2, "ping")
 	c, _, res, body := connect(t, sock, echo)
 	c.Close()
 	want := "fusebox egress: this sandbox has 2 connections open through its egress proxy, the most it may; close some and retry\n"
@@ -676,4 +660,20 @@ func TestConnectionCap(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	tunnels[1].Close()
+}
+
+// openTunnels opens n CONNECT tunnels through the proxy at sock to the echo server and checks
+// that each echoes msg.
+func openTunnels(t *testing.T, sock, echo string, n int, msg string) []net.Conn {
+	t.Helper()
+	var tunnels []net.Conn
+	for i := range n {
+		c, br, res, _ := connect(t, sock, echo)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("CONNECT %d of %d: %s", i+1, n, res.Status)
+		}
+		expectEcho(t, c, br, msg)
+		tunnels = append(tunnels, c)
+	}
+	return tunnels
 }
