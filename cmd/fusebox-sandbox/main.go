@@ -54,6 +54,7 @@ func main() {
 	flag.DurationVar(&lim.DefaultTimeout, "exec-timeout", 10*time.Minute, "timeout of an exec that sets none")
 	flag.DurationVar(&lim.MaxTimeout, "max-exec-timeout", 24*time.Hour, "cap on any exec timeout")
 	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
+	flag.IntVar(&cfg.Server.PoolProcs, "pool-procs", 1, "GOMAXPROCS while waiting in the pool, until the agent's first call is answered (0: leave it; see server.Options.PoolProcs)")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock); empty: no egress at all (no relay, no proxy variables)")

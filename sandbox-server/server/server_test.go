@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -73,6 +74,13 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 // of the protocol, not of the isolation (test/dataplane runs it under gVisor).
 func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string, wait func() error) {
 	t.Helper()
+	return startInProcessWith(t, Options{IdleTTL: ttl})
+}
+
+// startInProcessWith is startInProcess with opts (the workspace, reaper, environment and
+// workspace directory are set here).
+func startInProcessWith(t *testing.T, opts Options) (initAddr, dataAddr string, wait func() error) {
+	t.Helper()
 	dir := t.TempDir()
 	ws, err := workspace.Open(workspace.Options{Dir: dir, MountPath: dir})
 	if err != nil {
@@ -84,8 +92,9 @@ func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string,
 	}
 	sock := t.TempDir()
 	data := endpoint.Addr{Network: "unix", Address: filepath.Join(sock, "data.sock")}
-	srv, err := New(Options{Workspace: ws, WorkspaceDir: dir, Reaper: r, IdleTTL: ttl,
-		BaseEnv: map[string]string{"PATH": os.Getenv("PATH")}})
+	opts.Workspace, opts.WorkspaceDir, opts.Reaper = ws, dir, r
+	opts.BaseEnv = map[string]string{"PATH": os.Getenv("PATH")}
+	srv, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +183,42 @@ func TestFuseBlowsOnce(t *testing.T) {
 	if _, err := intruder.Run(ctx, "true"); status.Code(errors.Unwrap(err)) != codes.Unavailable {
 		t.Fatalf("intruder exec: %v, want Unavailable", err)
 	}
+}
+
+// A server with PoolProcs runs with that GOMAXPROCS until the agent's first call has been
+// answered, then with the one it started with.
+func TestPoolProcsUntilTheFirstCall(t *testing.T) {
+	prev := runtime.GOMAXPROCS(2)
+	defer runtime.GOMAXPROCS(prev)
+	procsBecome := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); runtime.GOMAXPROCS(0) != n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("GOMAXPROCS = %d, want %d", runtime.GOMAXPROCS(0), n)
+			}
+		}
+	}
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, PoolProcs: 1})
+	procsBecome(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, _ := client.NewKey()
+	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Fatalf("GOMAXPROCS after InitializeTLS = %d, want 1 until the first call", got)
+	}
+	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if _, err := sb.Stat(ctx, ".", false); err != nil {
+		t.Fatal(err)
+	}
+	procsBecome(2)
 }
 
 func TestIdleTTL(t *testing.T) {
