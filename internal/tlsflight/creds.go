@@ -49,7 +49,7 @@ func (s *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 	if err != nil {
 		return nil, nil, err
 	}
-	return tc, info, nil
+	return newServerHold(tc), info, nil
 }
 
 func (s *serverCreds) Clone() credentials.TransportCredentials {

@@ -1,6 +1,11 @@
 package tlsflight
 
-import "net"
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // HTTP/2 lets a client send requests straight after its connection preface, under the
 // protocol's default settings until the server's SETTINGS frame arrives (RFC 9113 §3.4,
@@ -111,3 +116,99 @@ func (d *defaults) Write(p []byte) (int, error) {
 }
 
 var _ net.Conn = (*defaults)(nil)
+
+// A server that continues a relayed handshake holds its first writes (its SETTINGS, a
+// WINDOW_UPDATE, the acknowledgement of the client's SETTINGS) until the first response's
+// HEADERS frame and sends them with it in one write (or after flushAfter without one). Only
+// tlsflight's client continues a relayed handshake, and it does not wait for them (see
+// defaults); sent at once, they would cost a write, and the client's acknowledgement of the
+// server's SETTINGS would reach the sandbox while it serves the first request, another
+// wake-up inside gVisor on the first call's path. Held, that acknowledgement comes after the
+// response.
+
+// maxServerHold bounds the bytes held.
+const maxServerHold = 64 << 10
+
+// serverHold is a server transport connection whose first writes are held (see above).
+// Writes come from one goroutine at a time; the flush timer may run concurrently.
+type serverHold struct {
+	net.Conn
+	done   atomic.Bool // nothing is held any more: writes pass straight through
+	mu     sync.Mutex  // guards the fields below, and is held across the flushing write
+	buf    []byte
+	parsed int // bytes of buf parsed, at a frame boundary
+	timer  *time.Timer
+	err    error
+}
+
+func newServerHold(c net.Conn) *serverHold { return &serverHold{Conn: c} }
+
+func (h *serverHold) Write(p []byte) (int, error) {
+	if h.done.Load() {
+		return h.Conn.Write(p)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err != nil {
+		return 0, h.err
+	}
+	if h.done.Load() {
+		return h.Conn.Write(p)
+	}
+	h.buf = append(h.buf, p...)
+	if h.headersHeld() || len(h.buf) >= maxServerHold {
+		if err := h.flushLocked(); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if h.timer == nil {
+		h.timer = time.AfterFunc(flushAfter, h.flush)
+	}
+	return len(p), nil
+}
+
+// headersHeld reports whether a HEADERS frame starts in buf.
+func (h *serverHold) headersHeld() bool {
+	for h.parsed+9 <= len(h.buf) {
+		head := h.buf[h.parsed : h.parsed+9]
+		if head[3] == frameHeaders {
+			return true
+		}
+		h.parsed += 9 + (int(head[0])<<16 | int(head[1])<<8 | int(head[2]))
+	}
+	return false
+}
+
+// flushLocked sends what is held and ends holding.
+func (h *serverHold) flushLocked() error {
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	buf := h.buf
+	h.buf = nil
+	if len(buf) > 0 {
+		if _, err := h.Conn.Write(buf); err != nil {
+			h.err = err
+			return err
+		}
+	}
+	h.done.Store(true)
+	return nil
+}
+
+func (h *serverHold) flush() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.done.Load() && h.err == nil {
+		h.flushLocked()
+	}
+}
+
+// Close sends what is held, then closes.
+func (h *serverHold) Close() error {
+	h.flush()
+	return h.Conn.Close()
+}
+
+var _ net.Conn = (*serverHold)(nil)

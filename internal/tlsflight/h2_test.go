@@ -3,7 +3,10 @@ package tlsflight
 import (
 	"bytes"
 	"net"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -84,5 +87,84 @@ func TestDefaultsReadsAnEmptySettingsFrameFirst(t *testing.T) {
 	}
 	if s, ok := f.(*http2.SettingsFrame); !ok || s.NumSettings() != 1 {
 		t.Fatalf("second frame %v, want the server's SETTINGS", f)
+	}
+}
+
+// lockedRecorder is a recorder safe for the flush timer's concurrent write.
+type lockedRecorder struct {
+	net.Conn
+	mu     sync.Mutex
+	writes [][]byte
+}
+
+func (r *lockedRecorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writes = append(r.writes, bytes.Clone(p))
+	return len(p), nil
+}
+
+func (r *lockedRecorder) Close() error { return nil }
+
+func (r *lockedRecorder) written() [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.writes)
+}
+
+// serverStream is what grpc-go's server writes first: its SETTINGS and a WINDOW_UPDATE, the
+// acknowledgement of the client's SETTINGS, then the first response.
+func serverStream(t *testing.T) (preface, response []byte) {
+	t.Helper()
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, nil)
+	fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 14})
+	fr.WriteWindowUpdate(0, 16<<20)
+	fr.WriteSettingsAck()
+	// A payload byte that looks like a HEADERS frame's type does not count.
+	fr.WriteData(0, false, []byte{0, 0, 0, frameHeaders, 0, 0, 0, 0, 0})
+	preface = bytes.Clone(b.Bytes())
+	b.Reset()
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x88}, EndHeaders: true})
+	fr.WriteData(1, true, []byte("response"))
+	return preface, bytes.Clone(b.Bytes())
+}
+
+func TestServerHoldSendsThePrefaceWithTheFirstResponse(t *testing.T) {
+	preface, response := serverStream(t)
+	rec := &lockedRecorder{}
+	h := newServerHold(rec)
+	for i := 0; i < len(preface); i += 7 { // split anywhere, frame headers included
+		if n, err := h.Write(preface[i:min(i+7, len(preface))]); err != nil || n != min(7, len(preface)-i) {
+			t.Fatalf("write: %d, %v", n, err)
+		}
+	}
+	if w := rec.written(); len(w) != 0 {
+		t.Fatalf("%d writes before the response, want none", len(w))
+	}
+	h.Write(response)
+	h.Write([]byte("later"))
+	want := [][]byte{append(bytes.Clone(preface), response...), []byte("later")}
+	if w := rec.written(); !slices.EqualFunc(w, want, bytes.Equal) {
+		t.Fatalf("writes %q, want %q", w, want)
+	}
+}
+
+func TestServerHoldFlushesWithoutAResponse(t *testing.T) {
+	preface, _ := serverStream(t)
+	rec := &lockedRecorder{}
+	h := newServerHold(rec)
+	h.Write(preface)
+	for deadline := time.Now().Add(10 * time.Second); len(rec.written()) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the held preface was never sent")
+		}
+	}
+	if w := rec.written(); len(w) != 1 || !bytes.Equal(w[0], preface) {
+		t.Fatalf("writes %q, want the preface once", w)
+	}
+	h.Write([]byte("next"))
+	if w := rec.written(); len(w) != 2 || string(w[1]) != "next" {
+		t.Fatalf("writes after the flush: %q", w)
 	}
 }
