@@ -148,6 +148,7 @@ type ahead struct {
 	done  chan struct{} // closed when the dial has returned
 	conn  net.Conn
 	err   error
+	timer *time.Timer // drops it unless taken in time
 	mu    sync.Mutex
 	ended bool // taken or dropped
 }
@@ -164,7 +165,7 @@ func dialAhead(dial func(context.Context) (net.Conn, error)) *ahead {
 		defer cancel()
 		a.conn, a.err = dial(ctx)
 	}()
-	time.AfterFunc(handshakeTimeout, a.drop)
+	a.timer = time.AfterFunc(handshakeTimeout, a.drop)
 	return a
 }
 
@@ -182,6 +183,7 @@ func (a *ahead) take(ctx context.Context) (net.Conn, error) {
 		return nil, errDropped
 	}
 	a.ended = true
+	a.timer.Stop()
 	return a.conn, a.err
 }
 
