@@ -36,6 +36,19 @@ type AllocateOptions struct {
 	ManagerCredentials credentials.TransportCredentials
 	// Sandbox tunes the data-plane connection.
 	Sandbox Options
+	// Trace, if set, receives when the allocation's steps on this side happened.
+	Trace *AllocateTrace
+}
+
+// AllocateTrace records when an allocation's client-side steps happened, for finding where
+// its time goes (fusebox bench allocate --trace puts them beside the manager's and the
+// sandbox's own).
+type AllocateTrace struct {
+	// Answered is when the manager's answer arrived.
+	Answered time.Time
+	// Finished is when the relayed TLS handshake was finished (zero without one): the data
+	// connection's first write, with the first request, follows.
+	Finished time.Time
 }
 
 // Allocation is a bound sandbox: the embedded Sandbox talks to it directly; Close releases it.
@@ -207,6 +220,9 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	}
 	req.TlsClientHello = h.hs.Hello()
 	resp, err := m.rpc.Allocate(ctx, req)
+	if o.Trace != nil {
+		o.Trace.Answered = time.Now()
+	}
 	if err != nil {
 		h.hs.Abort()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
@@ -214,7 +230,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, h.hs, h.pin, h.cfg, o.Sandbox)
+	sb, relayed, err := connect(ctx, resp, h.hs, h.pin, h.cfg, o.Sandbox, o.Trace)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -232,7 +248,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 // the sandbox answered it, and makes an ordinary one with cfg otherwise (an older manager or
 // sandbox, or a relayed handshake that could not be finished). A sandbox presenting a key
 // other than the one the manager returned is refused either way.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, o Options) (sb *Sandbox, relayed bool, err error) {
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, o Options, trace *AllocateTrace) (sb *Sandbox, relayed bool, err error) {
 	defer func() {
 		if !relayed {
 			hs.Abort()
@@ -270,6 +286,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 		grpcReady <- dialed{sb, err}
 	}()
 	_, err = hs.Finish(ctx, flight)
+	if trace != nil && err == nil {
+		trace.Finished = time.Now()
+	}
 	g := <-grpcReady
 	switch {
 	case g.err != nil:

@@ -116,12 +116,19 @@ Warm allocations take a unit past gVisor's clock warm-up (about a second after i
 it, every clock read in the sandbox is a system call); allocations of units younger than that
 are measured and reported separately (allocate_young_*).
 
+With --trace it also times each step of the warm allocations, from the agent through the
+manager into the sandbox and back (the sandbox's steps come from its server log's
+"allocation timeline"), and prints each step's median and 90th percentile.
+
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
 to the real API server, and the API requests each allocation makes.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if allocator == "kube" {
+				if o.Trace {
+					return fmt.Errorf("--trace needs --allocator runsc (the kube benchmark's pods run no sandbox)")
+				}
 				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
 				if err != nil {
 					return err
@@ -148,6 +155,16 @@ to the real API server, and the API requests each allocation makes.`,
 			}
 			fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
 				r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+			if r.Steps != nil {
+				fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
+				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(w, "STEP\tP50 MS\tP90 MS\t")
+				for _, st := range r.Steps.Steps {
+					fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%s\n", st.Name, st.P50Ms, st.P90Ms, st.What)
+				}
+				fmt.Fprintf(w, "total\t%.2f\t\t\n", r.Steps.Total)
+				w.Flush()
+			}
 			return nil
 		},
 	}
@@ -162,6 +179,7 @@ to the real API server, and the API requests each allocation makes.`,
 	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
 	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd
 }
 

@@ -24,6 +24,9 @@ const (
 	WorkspaceDir = "/workspace"
 )
 
+// LogName is the sandbox server's log (its standard error) in Options.Dir.
+const LogName = "server.log"
+
 // Options describe one sandbox.
 type Options struct {
 	Runtime *runsc.Runtime // required
@@ -86,7 +89,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
-	log, err := os.Create(filepath.Join(o.Dir, "server.log"))
+	log, err := os.Create(filepath.Join(o.Dir, LogName))
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +147,7 @@ func (s *Sandbox) logTail() string {
 
 // Log returns what the sandbox server wrote to its standard output and error.
 func (s *Sandbox) Log() string {
-	b, _ := os.ReadFile(filepath.Join(s.Dir, "server.log"))
+	b, _ := os.ReadFile(filepath.Join(s.Dir, LogName))
 	return string(b)
 }
 

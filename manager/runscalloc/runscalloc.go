@@ -134,6 +134,12 @@ func (a *Allocator) Name() string { return "runsc" }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
 
+// ServerLog returns the path of unit id's sandbox server log (its standard error, JSON lines),
+// which exists until the unit is destroyed.
+func (a *Allocator) ServerLog(id string) string {
+	return filepath.Join(a.dir(id), localsandbox.LogName)
+}
+
 type unitFile struct {
 	ID       string    `json:"id"`
 	Template string    `json:"template"`

@@ -98,6 +98,7 @@ type Server struct {
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
 	firstCallOnce sync.Once
+	timeline      timeline
 	dataErr       chan error
 }
 
@@ -204,6 +205,7 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	select {
 	case <-s.firstCall:
 		time.Sleep(afterFirstCall)
+		s.timeline.log(s.log)
 	case <-time.After(initCloseDelay):
 	case <-ctx.Done():
 	}
@@ -261,7 +263,15 @@ func (s *Server) initialize(ctx context.Context, agentDER, hello []byte) (pub, f
 		}
 		return nil, nil, errAlreadyInitialised
 	}
-	data := s.newDataServer(tlsflight.ServerCredentials(cfg, s.takePending), func() { s.firstCallOnce.Do(func() { close(s.firstCall) }) })
+	creds := timedCreds{tlsflight.ServerCredentials(cfg, s.takePending), &s.timeline}
+	data := s.newDataServer(creds, func(before bool) {
+		if before {
+			mark(&s.timeline.firstCallStart)
+			return
+		}
+		mark(&s.timeline.firstCallEnded)
+		s.firstCallOnce.Do(func() { close(s.firstCall) })
+	})
 	s.dataLn.Open()
 	s.blown, s.data, s.pending = true, data, pending
 	go func() { s.dataErr <- data.Serve(bufferedListener{s.dataLn}) }()
@@ -288,8 +298,8 @@ func (s *Server) abandonPending() {
 }
 
 // newDataServer builds the data plane's gRPC server with creds, to serve on a
-// bufferedListener. onCall, if set, runs after every call returns.
-func (s *Server) newDataServer(creds credentials.TransportCredentials, onCall func()) *grpc.Server {
+// bufferedListener. around, if set, runs before (true) and after (false) every call.
+func (s *Server) newDataServer(creds credentials.TransportCredentials, around func(before bool)) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.Creds(creds),
 		grpc.MaxRecvMsgSize(s.opts.Limits.MaxMessageBytes),
@@ -301,14 +311,16 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, onCall fu
 		grpc.ReadBufferSize(32 << 10),
 		grpc.WriteBufferSize(32 << 10),
 	}
-	if onCall != nil {
+	if around != nil {
 		opts = append(opts,
 			grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-				defer onCall()
+				around(true)
+				defer around(false)
 				return h(ctx, req)
 			}),
 			grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-				defer onCall()
+				around(true)
+				defer around(false)
 				return h(srv, ss)
 			}))
 	}
@@ -323,11 +335,14 @@ type initService struct {
 }
 
 func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
+	received := time.Now().UnixNano()
 	pub, flight, err := i.s.initialize(ctx, req.GetAgentPublicKey(), req.GetTlsClientHello())
 	if err != nil {
 		i.s.log.Warn("InitializeTLS refused", "err", err)
 		return nil, toStatus(err)
 	}
+	i.s.timeline.initReceived.Store(received) // only one call succeeds
+	mark(&i.s.timeline.initAnswered)
 	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub, TlsServerFlight: flight}, nil
 }
 

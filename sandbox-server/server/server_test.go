@@ -1,15 +1,20 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -219,6 +224,67 @@ func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	procsBecome(2)
+}
+
+// lockedBuffer is a bytes.Buffer for a logger and a test reading it at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// After the agent's first call the server logs when each step of its allocation happened, in
+// order.
+func TestAllocationTimelineIsLogged(t *testing.T) {
+	var logs lockedBuffer
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, _ := client.NewKey()
+	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if _, err := sb.Stat(ctx, ".", false); err != nil {
+		t.Fatal(err)
+	}
+	steps := []string{"init_received_ns", "init_answered_ns", "data_accepted_ns", "handshake_done_ns", "first_call_start_ns", "first_call_end_ns"}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) != nil || rec["msg"] != "allocation timeline" {
+				continue
+			}
+			prev := 0.0
+			for _, step := range steps {
+				v, _ := rec[step].(float64)
+				if v == 0 || v < prev {
+					t.Fatalf("%s = %v after %v: want set and in order (%s)", step, v, prev, line)
+				}
+				prev = v
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no allocation timeline logged:\n%s", logs.String())
+		}
+	}
 }
 
 func TestIdleTTL(t *testing.T) {

@@ -26,7 +26,9 @@ type AllocateOptions struct {
 	Settle time.Duration
 	// PoolPing is the manager's ping interval for the pool's next unit (0: none).
 	PoolPing time.Duration
-	Log      *slog.Logger
+	// Trace times each step of the warm allocations (AllocateResult.Steps).
+	Trace bool
+	Log   *slog.Logger
 }
 
 // AllocateResult is the JSON `fusebox bench allocate --json` prints.
@@ -46,6 +48,8 @@ type AllocateResult struct {
 	SettleMs           float64 `json:"settle_ms"`
 	PoolPingMs         float64 `json:"pool_ping_ms"`
 	Note               string  `json:"note"`
+	// Steps is where the warm allocations' time goes (with Trace).
+	Steps *Steps `json:"steps,omitempty"`
 }
 
 // Allocate measures allocation against a real manager with the runsc allocator: warm
@@ -80,8 +84,13 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	defer alloc.Runtime().ReleaseRoot()
 	est := &switchable{n: 0}
 	conns := &sfuse.Conns{}
+	tr := &tracer{waitForLines: time.Second}
+	var initializer manager.Initializer = conns.Initialize
+	if o.Trace {
+		initializer = tr.initializer(initializer)
+	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
+		Initializer: initializer, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
 		RefillDelay: manager.DefaultRefillDelay, WarmUp: manager.GVisorWarmUp, Ping: conns.Ping, PingInterval: o.PoolPing, Logger: o.Log})
 	if err != nil {
 		return nil, err
@@ -116,9 +125,14 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer agent.Close()
-	one := func() (time.Duration, error) {
+	one := func(trace bool) (time.Duration, error) {
+		var ct client.AllocateTrace
+		ao := client.AllocateOptions{}
+		if trace {
+			ao.Trace = &ct
+		}
 		t0 := time.Now()
-		a, err := agent.Allocate(ctx, client.AllocateOptions{})
+		a, err := agent.Allocate(ctx, ao)
 		if err != nil {
 			return 0, err
 		}
@@ -126,15 +140,18 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			a.Close()
 			return 0, err
 		}
-		d := time.Since(t0)
-		return d, a.Close()
+		done := time.Now()
+		if trace {
+			tr.record(t0, done, ct, alloc.ServerLog(a.ID))
+		}
+		return done.Sub(t0), a.Close()
 	}
 
 	// Cold starts: the pool is empty and kept empty.
 	o.Log.Info("cold starts", "runs", o.ColdRuns)
 	var cold []float64
 	for range o.ColdRuns {
-		d, err := one()
+		d, err := one(false)
 		if err != nil {
 			return nil, fmt.Errorf("cold allocation: %w", err)
 		}
@@ -177,13 +194,13 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}
-	measure := func(runs int, before func() error) ([]float64, error) {
+	measure := func(runs int, trace bool, before func() error) ([]float64, error) {
 		var out []float64
 		for range runs {
 			if err := before(); err != nil {
 				return nil, err
 			}
-			d, err := one()
+			d, err := one(trace)
 			if err != nil {
 				return nil, fmt.Errorf("warm allocation: %w", err)
 			}
@@ -195,16 +212,21 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	// Warm: the next unit (the oldest ready one) is past its warm-up, as in a pool sized for
 	// its demand (the manager counts the warm-up in its provisioning latency).
 	o.Log.Info("warm allocations", "runs", o.Runs)
-	warm, err := measure(o.Runs, func() error { return quiet(manager.GVisorWarmUp + 50*time.Millisecond) })
+	warm, err := measure(o.Runs, o.Trace, func() error { return quiet(manager.GVisorWarmUp + 50*time.Millisecond) })
 	if err != nil {
 		return nil, err
 	}
 	r.AllocateP50Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 99)
+	if o.Trace {
+		if r.Steps, err = tr.steps(); err != nil {
+			return nil, err
+		}
+	}
 
 	// Young: a pool of one, its unit taken as soon as it is ready and settled.
 	o.Log.Info("allocations of young units", "runs", o.YoungRuns)
 	est.set(1)
-	young, err := measure(o.YoungRuns, func() error { return quiet(0) })
+	young, err := measure(o.YoungRuns, false, func() error { return quiet(0) })
 	if err != nil {
 		return nil, err
 	}

@@ -60,13 +60,21 @@ func TestClientWithAndWithoutRelayedHandshake(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			a, err := client.Allocate(ctx, "unix://"+sock, client.AllocateOptions{})
+			var trace client.AllocateTrace
+			start := time.Now()
+			a, err := client.Allocate(ctx, "unix://"+sock, client.AllocateOptions{Trace: &trace})
 			if err != nil {
 				t.Fatalf("Allocate: %v", err)
 			}
 			defer a.Close()
 			if a.Relayed != relay {
 				t.Errorf("Relayed = %v, want %v", a.Relayed, relay)
+			}
+			if trace.Answered.Before(start) {
+				t.Errorf("trace: answered at %v, before the allocation began at %v", trace.Answered, start)
+			}
+			if relay == trace.Finished.IsZero() || relay && trace.Finished.Before(trace.Answered) {
+				t.Errorf("trace: relayed handshake finished at %v (answered %v); want it set, after the answer, only when relayed", trace.Finished, trace.Answered)
 			}
 			res, err := a.Exec(ctx, client.Command{Script: "echo served"})
 			if err != nil || string(res.Stdout) != "served\n" {

@@ -1,0 +1,142 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/manager"
+)
+
+// Steps is where warm allocations' time goes (fusebox bench allocate --trace): each step's
+// median and 90th percentile over the traced allocations.
+type Steps struct {
+	Runs  int     `json:"runs"`
+	Steps []Step  `json:"steps"`
+	Note  string  `json:"note"`
+	Total float64 `json:"total_p50_ms"`
+}
+
+// Step is one step of an allocation.
+type Step struct {
+	Name  string  `json:"step"`
+	What  string  `json:"what"`
+	P50Ms float64 `json:"p50_ms"`
+	P90Ms float64 `json:"p90_ms"`
+}
+
+// stepNames are the steps between consecutive marks of a traced allocation, in order.
+var stepNames = []struct{ name, what string }{
+	{"agent_to_manager", "the agent's Allocate reaching the manager's sFuse call"},
+	{"manager_to_sandbox", "InitializeTLS reaching its handler in the sandbox"},
+	{"sandbox_init", "the sandbox's handler: pinning the key, answering the relayed ClientHello"},
+	{"sandbox_to_manager", "InitializeTLS's answer reaching the manager"},
+	{"manager_to_agent", "the manager's answer reaching the agent"},
+	{"agent_finish", "the agent finishing the relayed handshake"},
+	{"agent_to_sandbox", "the agent's gRPC transport and one write, the sandbox's wake-up and handshake end"},
+	{"sandbox_transport", "the sandbox's gRPC server transport, up to the first call's handler"},
+	{"sandbox_call", "the first call's handler (Stat)"},
+	{"sandbox_to_agent", "the first call's answer reaching the agent"},
+}
+
+// tracer collects the marks of one allocation at a time: the agent's and the manager's (in
+// this process) and the sandbox's (from its log's "allocation timeline").
+type tracer struct {
+	mu           sync.Mutex
+	sfuse        [2]time.Time // the manager's sFuse call: start, end
+	marks        [][]int64    // per traced allocation: Unix ns of each mark
+	missing      int          // allocations without a complete timeline
+	waitForLines time.Duration
+}
+
+// initializer wraps the manager's sFuse call to time it.
+func (t *tracer) initializer(init manager.Initializer) manager.Initializer {
+	return func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
+		start := time.Now()
+		r, err := init(ctx, addr, req)
+		t.mu.Lock()
+		t.sfuse = [2]time.Time{start, time.Now()}
+		t.mu.Unlock()
+		return r, err
+	}
+}
+
+// record adds one allocation: it began at start, the agent's steps are in ct, its first call
+// returned at done, and its sandbox's log is at logPath (read while the sandbox exists).
+func (t *tracer) record(start, done time.Time, ct client.AllocateTrace, logPath string) {
+	tl, ok := t.readTimeline(logPath)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !ok || ct.Finished.IsZero() {
+		t.missing++
+		return
+	}
+	t.marks = append(t.marks, []int64{start.UnixNano(), t.sfuse[0].UnixNano(), tl.InitReceived, tl.InitAnswered,
+		t.sfuse[1].UnixNano(), ct.Answered.UnixNano(), ct.Finished.UnixNano(), tl.HandshakeDone,
+		tl.FirstCallStart, tl.FirstCallEnd, done.UnixNano()})
+}
+
+// sandboxTimeline is the sandbox server's "allocation timeline" log record.
+type sandboxTimeline struct {
+	Msg            string `json:"msg"`
+	InitReceived   int64  `json:"init_received_ns"`
+	InitAnswered   int64  `json:"init_answered_ns"`
+	HandshakeDone  int64  `json:"handshake_done_ns"`
+	FirstCallStart int64  `json:"first_call_start_ns"`
+	FirstCallEnd   int64  `json:"first_call_end_ns"`
+}
+
+// readTimeline waits for the sandbox's timeline in its log (written a few ms after the first
+// call) and returns it.
+func (t *tracer) readTimeline(path string) (sandboxTimeline, bool) {
+	deadline := time.Now().Add(t.waitForLines)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			sc := bufio.NewScanner(bytes.NewReader(b))
+			sc.Buffer(nil, 1<<20)
+			for sc.Scan() {
+				var tl sandboxTimeline
+				if json.Unmarshal(sc.Bytes(), &tl) == nil && tl.Msg == "allocation timeline" && tl.InitReceived != 0 && tl.FirstCallEnd != 0 {
+					return tl, true
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return sandboxTimeline{}, false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// steps summarises the recorded allocations.
+func (t *tracer) steps() (*Steps, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.marks) == 0 {
+		return nil, fmt.Errorf("trace: no allocation with a complete timeline (%d without)", t.missing)
+	}
+	s := &Steps{Runs: len(t.marks), Note: "consecutive marks of each allocation: the agent's and the manager's in the bench process, the sandbox's from its server log (its clock, which gVisor keeps in step with the host's once the sandbox has warmed up; a step across the boundary may be off by some microseconds, and may be negative by as much)"}
+	var total []float64
+	for i, n := range stepNames {
+		var d []float64
+		for _, m := range t.marks {
+			d = append(d, float64(m[i+1]-m[i])/1e6)
+		}
+		s.Steps = append(s.Steps, Step{Name: n.name, What: n.what, P50Ms: round(pct(d, 50)), P90Ms: round(pct(d, 90))})
+	}
+	for _, m := range t.marks {
+		total = append(total, float64(m[len(m)-1]-m[0])/1e6)
+	}
+	s.Total = round(pct(total, 50))
+	if t.missing > 0 {
+		s.Note += fmt.Sprintf("; %d allocations had no complete timeline and are left out", t.missing)
+	}
+	return s, nil
+}
