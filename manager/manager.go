@@ -123,7 +123,7 @@ type Manager struct {
 	creating     atomic.Int32 // creations in flight
 	waiting      atomic.Int32 // allocations waiting for a ready unit (takeReady)
 	target       atomic.Int32
-	totals       struct{ allocations, creations, destructions, failures atomic.Uint64 }
+	totals       struct{ allocations, coldWaits, creations, destructions, failures atomic.Uint64 }
 	latMu        sync.Mutex // guards latencies
 	latencies    []time.Duration
 	demandMu     sync.Mutex  // guards demand
@@ -513,6 +513,14 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
 }
 
+// coldWait counts an allocation that found no ready unit and waits for one to be created.
+func (m *Manager) coldWait() {
+	m.totals.coldWaits.Add(1)
+	if m.m != nil {
+		m.m.ColdWaits.Inc()
+	}
+}
+
 func (m *Manager) recordAllocation() {
 	m.allocs.Add(1)
 	m.totals.allocations.Add(1)
@@ -551,6 +559,7 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			return u, nil
 		}
 		if timeout == nil {
+			m.coldWait()
 			timeout = time.After(m.o.AllocateWait)
 			// Counted until this returns: the reconciler leaves this many ready units
 			// beyond its target for the waiters to take.
@@ -997,6 +1006,8 @@ type PoolStatus struct {
 	ProvisioningLatency    time.Duration
 	Allocations, Creations uint64
 	Destructions, Failures uint64
+	// ColdWaits counts allocations that found no ready unit and waited for a creation.
+	ColdWaits uint64
 }
 
 // Status returns the pool's status.
@@ -1026,5 +1037,6 @@ func (m *Manager) Status() PoolStatus {
 		DemandPerSecond: float64(n) / 60, ProvisioningLatency: m.ProvisioningLatency(),
 		Allocations: m.totals.allocations.Load(), Creations: m.totals.creations.Load(),
 		Destructions: m.totals.destructions.Load(), Failures: m.totals.failures.Load(),
+		ColdWaits: m.totals.coldWaits.Load(),
 	}
 }

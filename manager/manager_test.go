@@ -559,6 +559,24 @@ func TestWaitingAllocationRetriesAFailedCreation(t *testing.T) {
 	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("create")); got != 1 {
 		t.Errorf("create failures = %v, want 1", got)
 	}
+	if got, m := e.m.Status().ColdWaits, testutil.ToFloat64(e.met.ColdWaits); got != 1 || m != 1 {
+		t.Errorf("cold waits = %d (metric %v), want 1: the allocation found the pool empty", got, m)
+	}
+	e.m.Release(context.Background(), a.ID, a.LeaseToken)
+}
+
+// An allocation that finds a ready unit is not a cold wait.
+func TestAllocationFromAReadyUnitIsNoColdWait(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	eventually(t, "a ready unit", func() bool { return e.m.States().Counts("")[manager.Ready] == 1 })
+	a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, m := e.m.Status().ColdWaits, testutil.ToFloat64(e.met.ColdWaits); got != 0 || m != 0 {
+		t.Errorf("cold waits = %d (metric %v), want 0", got, m)
+	}
 	e.m.Release(context.Background(), a.ID, a.LeaseToken)
 }
 

@@ -13,6 +13,7 @@ type Metrics struct {
 	Destructions      prometheus.Counter
 	Failures          *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
 	Allocations       prometheus.Counter
+	ColdWaits         prometheus.Counter // allocations that waited for a creation
 }
 
 // NewMetrics registers the manager's metrics with reg (a fresh registry in tests).
@@ -37,11 +38,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusebox_manager_failures_total", Help: "Failures by stage.",
 		}, []string{"stage"}),
+		ColdWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_cold_waits_total", Help: "Allocations that found no ready unit and waited for one to be created.",
+		}),
 		Allocations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fusebox_manager_allocations_total", Help: "Successful allocations.",
 		}),
 	}
-	reg.MustRegister(m.AllocationSeconds, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations)
+	reg.MustRegister(m.AllocationSeconds, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations, m.ColdWaits)
 	for _, s := range stateNames {
 		m.Units.WithLabelValues(s)
 	}

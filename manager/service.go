@@ -109,6 +109,6 @@ func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest
 	}
 	return &managerv1.PoolStatusResponse{Units: units, Target: int32(st.Target), Estimator: st.Estimator,
 		DemandPerSecond: st.DemandPerSecond, ProvisioningLatency: durationpb.New(st.ProvisioningLatency),
-		Allocations: st.Allocations, Creations: st.Creations, Destructions: st.Destructions, Failures: st.Failures,
+		Allocations: st.Allocations, Creations: st.Creations, Destructions: st.Destructions, Failures: st.Failures, ColdWaits: st.ColdWaits,
 		Allocator: st.Allocator}, nil
 }

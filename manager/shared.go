@@ -39,6 +39,7 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 		}
 		if !asked {
 			asked = true
+			m.coldWait()
 			m.creating.Add(1)
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()

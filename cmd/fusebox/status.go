@@ -45,8 +45,8 @@ func statusCmd() *cobra.Command {
 				states = append(states, fmt.Sprintf("%s %d", s, ps.Units[s]))
 			}
 			fmt.Printf("allocator %s, estimator %s, target %d ready\n%s\n", ps.Allocator, ps.Estimator, ps.Target, strings.Join(states, ", "))
-			fmt.Printf("allocations %d (%.2f/s over the last minute), creations %d, destructions %d, failures %d, provisioning %v\n\n",
-				ps.Allocations, ps.DemandPerSecond, ps.Creations, ps.Destructions, ps.Failures, ps.ProvisioningLatency.AsDuration().Round(time.Millisecond))
+			fmt.Printf("allocations %d (%.2f/s over the last minute; %d waited for a cold start), creations %d, destructions %d, failures %d, provisioning %v\n\n",
+				ps.Allocations, ps.DemandPerSecond, ps.ColdWaits, ps.Creations, ps.Destructions, ps.Failures, ps.ProvisioningLatency.AsDuration().Round(time.Millisecond))
 			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(w, "SANDBOX\tSTATE\tAGE\tLEASE LEFT\tEGRESS\tLABELS / ERROR")
 			sbs := list.Sandboxes

@@ -710,11 +710,13 @@ type PoolStatusResponse struct {
 	// Recent median time from Creating to Ready.
 	ProvisioningLatency *durationpb.Duration `protobuf:"bytes,5,opt,name=provisioning_latency,json=provisioningLatency,proto3" json:"provisioning_latency,omitempty"`
 	// Totals since the manager started.
-	Allocations   uint64 `protobuf:"varint,6,opt,name=allocations,proto3" json:"allocations,omitempty"`
-	Creations     uint64 `protobuf:"varint,7,opt,name=creations,proto3" json:"creations,omitempty"`
-	Destructions  uint64 `protobuf:"varint,8,opt,name=destructions,proto3" json:"destructions,omitempty"`
-	Failures      uint64 `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"`
-	Allocator     string `protobuf:"bytes,10,opt,name=allocator,proto3" json:"allocator,omitempty"`
+	Allocations  uint64 `protobuf:"varint,6,opt,name=allocations,proto3" json:"allocations,omitempty"`
+	Creations    uint64 `protobuf:"varint,7,opt,name=creations,proto3" json:"creations,omitempty"`
+	Destructions uint64 `protobuf:"varint,8,opt,name=destructions,proto3" json:"destructions,omitempty"`
+	Failures     uint64 `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"`
+	Allocator    string `protobuf:"bytes,10,opt,name=allocator,proto3" json:"allocator,omitempty"`
+	// Allocations that found no ready unit and waited for one to be created (a cold start).
+	ColdWaits     uint64 `protobuf:"varint,11,opt,name=cold_waits,json=coldWaits,proto3" json:"cold_waits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -819,6 +821,13 @@ func (x *PoolStatusResponse) GetAllocator() string {
 	return ""
 }
 
+func (x *PoolStatusResponse) GetColdWaits() uint64 {
+	if x != nil {
+		return x.ColdWaits
+	}
+	return 0
+}
+
 var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
@@ -874,7 +883,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
 	"\fListResponse\x129\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x1b.fusebox.manager.v1.SandboxR\tsandboxes\"\x13\n" +
-	"\x11PoolStatusRequest\"\xe5\x03\n" +
+	"\x11PoolStatusRequest\"\x84\x04\n" +
 	"\x12PoolStatusResponse\x12G\n" +
 	"\x05units\x18\x01 \x03(\v21.fusebox.manager.v1.PoolStatusResponse.UnitsEntryR\x05units\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\x05R\x06target\x12\x1c\n" +
@@ -886,7 +895,9 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\fdestructions\x18\b \x01(\x04R\fdestructions\x12\x1a\n" +
 	"\bfailures\x18\t \x01(\x04R\bfailures\x12\x1c\n" +
 	"\tallocator\x18\n" +
-	" \x01(\tR\tallocator\x1a8\n" +
+	" \x01(\tR\tallocator\x12\x1d\n" +
+	"\n" +
+	"cold_waits\x18\v \x01(\x04R\tcoldWaits\x1a8\n" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
