@@ -116,6 +116,12 @@ Warm allocations take a unit past gVisor's clock warm-up (about a second after i
 it, every clock read in the sandbox is a system call); allocations of units younger than that
 are measured and reported separately (allocate_young_*).
 
+Then a steady demand: allocations arrive at --demand-rate (by default half the measured
+refill rate), each released after its first call, with the ewma estimator sizing the pool
+as fusebox local up --estimator ewma would; it reports how many found no ready unit and had
+to wait for a creation (demand_cold_waits; the target is none) and their latency under that
+load (creations and destructions share the machine with them).
+
 With --trace it also times each step of the warm allocations, from the agent through the
 manager into the sandbox and back (the sandbox's steps come from its server log's
 "allocation timeline"), and prints each step's median and 90th percentile.
@@ -155,6 +161,10 @@ to the real API server, and the API requests each allocation makes.`,
 			}
 			fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
 				r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+			if r.DemandRuns > 0 {
+				fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
+					r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)
+			}
 			if r.Steps != nil {
 				fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
 				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -179,6 +189,8 @@ to the real API server, and the API requests each allocation makes.`,
 	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
 	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.IntVar(&o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
+	f.Float64Var(&o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -28,7 +30,12 @@ type AllocateOptions struct {
 	PoolPing time.Duration
 	// Trace times each step of the warm allocations (AllocateResult.Steps).
 	Trace bool
-	Log   *slog.Logger
+	// DemandRuns allocations arrive at DemandRate per second (0: half the measured refill
+	// rate), each released after its first call, with the ewma estimator sizing the pool:
+	// how many found no ready unit (default 100; negative: skip this phase).
+	DemandRuns int
+	DemandRate float64
+	Log        *slog.Logger
 }
 
 // AllocateResult is the JSON `fusebox bench allocate --json` prints.
@@ -48,6 +55,14 @@ type AllocateResult struct {
 	SettleMs           float64 `json:"settle_ms"`
 	PoolPingMs         float64 `json:"pool_ping_ms"`
 	Note               string  `json:"note"`
+	// Steady demand: DemandRuns allocations at DemandPerS, the ewma estimator sizing the
+	// pool; DemandColdWaits of them found no ready unit (the target is none).
+	DemandRuns          int     `json:"demand_runs"`
+	DemandPerS          float64 `json:"demand_per_s"`
+	DemandColdWaits     uint64  `json:"demand_cold_waits"`
+	DemandP50Ms         float64 `json:"demand_p50_ms"`
+	DemandP99Ms         float64 `json:"demand_p99_ms"`
+	DemandPoolTargetMax int     `json:"demand_pool_target_max"`
 	// Steps is where the warm allocations' time goes (with Trace).
 	Steps *Steps `json:"steps,omitempty"`
 }
@@ -67,6 +82,9 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	}
 	if o.PoolSize <= 0 {
 		o.PoolSize = 4
+	}
+	if o.DemandRuns == 0 {
+		o.DemandRuns = 100
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -231,7 +249,77 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	r.AllocateYoungP50Ms, r.AllocateYoungP99Ms = pct(young, 50), pct(young, 99)
+
+	if o.DemandRuns > 0 {
+		rate := o.DemandRate
+		if rate <= 0 {
+			rate = r.PoolRefillPerS / 2
+		}
+		o.Log.Info("steady demand", "runs", o.DemandRuns, "per_s", rate)
+		if err := demand(ctx, m, est, one, o.DemandRuns, rate, r); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// demand runs the steady-demand phase: runs allocations arriving every 1/rate seconds, each
+// released after its first call, with the ewma estimator (as fusebox local up --estimator
+// ewma) sizing the pool from its two-unit floor.
+func demand(ctx context.Context, m *manager.Manager, est *switchable, one func(bool) (time.Duration, error), runs int, rate float64, r *AllocateResult) error {
+	ewma, err := estimator.New("ewma", 2, 64)
+	if err != nil {
+		return err
+	}
+	est.use(ewma)
+	defer est.use(nil)
+	deadline := time.Now().Add(2 * time.Minute)
+	for m.States().Counts("")[manager.Ready] < 2 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demand: the pool did not reach two ready units (%v)", m.Status().Units)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(manager.GVisorWarmUp)
+	before := m.Status().ColdWaits
+	var (
+		mu    sync.Mutex
+		took  []float64
+		errs  []error
+		wg    sync.WaitGroup
+		every = time.Duration(float64(time.Second) / rate)
+		tick  = time.NewTicker(every)
+	)
+	defer tick.Stop()
+	start := time.Now()
+	for i := range runs {
+		if i > 0 {
+			<-tick.C
+		}
+		if t := m.Status().Target; t > r.DemandPoolTargetMax {
+			r.DemandPoolTargetMax = t
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := one(false)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			took = append(took, ms(d))
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return fmt.Errorf("demand: %d of %d allocations failed, the first: %w", len(errs), runs, errs[0])
+	}
+	r.DemandRuns, r.DemandPerS = runs, round(float64(runs-1)/time.Since(start).Seconds())
+	r.DemandColdWaits = m.Status().ColdWaits - before
+	r.DemandP50Ms, r.DemandP99Ms = pct(took, 50), pct(took, 99)
+	return nil
 }
 
 // oldestReadyAge is the age of the unit the next allocation takes (zero if none is ready).
@@ -271,10 +359,30 @@ func waitZero(ready func() int) error {
 	return nil
 }
 
-// switchable is a fixed estimator whose target the benchmark changes.
-type switchable struct{ n int32 }
+// switchable is a fixed estimator whose target the benchmark changes, or another estimator it
+// hands over to.
+type switchable struct {
+	n     int32
+	other atomic.Pointer[estimatorBox]
+}
 
-func (s *switchable) Name() string                     { return "bench" }
-func (s *switchable) Target(estimator.Observation) int { return int(atomicLoad(&s.n)) }
-func (s *switchable) set(n int)                        { atomicStore(&s.n, int32(n)) }
-func (s *switchable) get() int                         { return int(atomicLoad(&s.n)) }
+type estimatorBox struct{ estimator.Estimator }
+
+func (s *switchable) Name() string { return "bench" }
+func (s *switchable) Target(o estimator.Observation) int {
+	if e := s.other.Load(); e != nil {
+		return e.Target(o)
+	}
+	return int(atomicLoad(&s.n))
+}
+func (s *switchable) set(n int) { atomicStore(&s.n, int32(n)) }
+func (s *switchable) get() int  { return int(atomicLoad(&s.n)) }
+
+// use hands the target over to e (nil: back to the fixed one).
+func (s *switchable) use(e estimator.Estimator) {
+	if e == nil {
+		s.other.Store(nil)
+		return
+	}
+	s.other.Store(&estimatorBox{e})
+}

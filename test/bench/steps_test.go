@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/memalloc"
 )
 
 // The tracer reads the sandbox's timeline from its log and reports each step between
@@ -45,5 +48,49 @@ func TestTracerSteps(t *testing.T) {
 	}
 	if _, err := (&tracer{}).steps(); err == nil {
 		t.Error("steps of nothing: no error")
+	}
+}
+
+// The steady-demand phase drives a real manager (here on the in-memory allocator) open loop
+// and counts the allocations that found no ready unit: with creations slower than the
+// demand, some must have.
+func TestDemandCountsColdWaits(t *testing.T) {
+	alloc := memalloc.New()
+	alloc.Delay = 300 * time.Millisecond
+	est := &switchable{}
+	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
+		Initializer: memalloc.Initializer, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	key, err := client.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := func(bool) (time.Duration, error) {
+		start := time.Now()
+		a, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+		if err != nil {
+			return 0, err
+		}
+		return time.Since(start), m.Release(ctx, a.ID, a.LeaseToken)
+	}
+	var r AllocateResult
+	if err := demand(ctx, m, est, one, 20, 40, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.DemandRuns != 20 || r.DemandPerS <= 0 || r.DemandP50Ms <= 0 || r.DemandP99Ms < r.DemandP50Ms {
+		t.Errorf("result %+v: want 20 runs with a rate and latencies", r)
+	}
+	if r.DemandColdWaits == 0 || r.DemandColdWaits > 20 {
+		t.Errorf("%d cold waits: 20 allocations at 40/s on a pool of 2 refilled in 300 ms must find it empty sometimes", r.DemandColdWaits)
+	}
+	if r.DemandPoolTargetMax < 2 {
+		t.Errorf("pool target max %d, want at least the ewma floor of 2", r.DemandPoolTargetMax)
 	}
 }
