@@ -7,9 +7,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -100,6 +102,9 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer alloc.Runtime().ReleaseRoot()
+	// After the manager has closed: a unit it could not destroy (Failed) must not outlive the
+	// benchmark, whose state directory goes with it.
+	defer removeContainers(alloc.Runtime(), o.Log)
 	est := &switchable{n: 0}
 	conns := &sfuse.Conns{}
 	tr := &tracer{waitForLines: time.Second}
@@ -320,6 +325,24 @@ func demand(ctx context.Context, m *manager.Manager, est *switchable, one func(b
 	r.DemandColdWaits = m.Status().ColdWaits - before
 	r.DemandP50Ms, r.DemandP99Ms = pct(took, 50), pct(took, 99)
 	return nil
+}
+
+// removeContainers kills and deletes every container left under rt's root.
+func removeContainers(rt *runsc.Runtime, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	states, err := rt.List(ctx)
+	if err != nil {
+		log.Error("listing leftover containers", "err", err)
+		return
+	}
+	for _, st := range states {
+		log.Warn("removing a leftover container", "id", st.ID, "status", st.Status)
+		_ = rt.Kill(ctx, st.ID, syscall.SIGKILL, true)
+		if err := rt.Delete(ctx, st.ID, true); err != nil {
+			log.Error("deleting a leftover container", "id", st.ID, "err", err)
+		}
+	}
 }
 
 // oldestReadyAge is the age of the unit the next allocation takes (zero if none is ready).
