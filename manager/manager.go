@@ -30,6 +30,10 @@ import (
 // be valid on Kubernetes objects too.
 var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
+// RemainsRetry is how long after a failed destroy the manager destroys the unit again (see
+// Unit.Remains), and again after each further failure.
+const RemainsRetry = 30 * time.Second
+
 // DefaultRefillDelay is the RefillDelay for allocators that create units on the manager's own
 // host: long enough for an allocation and the agent's first calls (a few ms), short against a
 // creation (~100 ms for runsc).
@@ -281,8 +285,14 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 	var errs []error
 	for _, u := range m.ops.Snapshot() {
-		if u.State == Ready {
+		switch {
+		case u.State == Ready:
 			if err := m.destroy(ctx, u.Info.ID, Ready); err != nil {
+				errs = append(errs, err)
+			}
+		case u.State == Failed && u.Remains:
+			// A last try; a unit still failing is left to the next manager's adoption.
+			if err := m.destroy(ctx, u.Info.ID, Failed); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -600,7 +610,9 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 				return
 			}
 			if derr := m.alloc.Destroy(context.Background(), id); derr != nil {
-				m.log.Error("destroying failed unit", "id", id, "err", derr)
+				m.failure("destroy")
+				m.ops.MarkRemains(id) // its Err stays the stage's; Remains says the rest
+				m.log.Error("destroying failed unit; it is retried", "id", id, "err", derr, "retry_after", RemainsRetry)
 			}
 		}()
 		return Allocation{}, fmt.Errorf("%s %s: %w", stage, id, err)
@@ -741,8 +753,10 @@ func (m *Manager) finishDestroy(ctx context.Context, id string) error {
 	err := m.alloc.Destroy(ctx, id)
 	if err != nil {
 		m.failure("destroy")
-		m.ops.Transition(id, Destroying, Failed, func(u *Unit) { u.Err = "destroy: " + err.Error() })
-		m.log.Error("destroying unit", "id", id, "err", err)
+		m.ops.Transition(id, Destroying, Failed, func(u *Unit) {
+			u.Err, u.Remains = fmt.Sprintf("destroy: %v (retried every %v)", err, RemainsRetry), true
+		})
+		m.log.Error("destroying unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
 	} else {
 		m.ops.Transition(id, Destroying, Gone, nil)
 		m.destroyed()
@@ -898,6 +912,14 @@ func (m *Manager) Reconcile(ctx context.Context) {
 		return
 	}
 	now := m.o.Clock.Now()
+	for _, id := range m.ops.RemainsDue(now, RemainsRetry) {
+		if _, err := m.ops.Transition(id, Failed, Destroying, func(u *Unit) { u.Remains = false }); err != nil {
+			continue
+		}
+		m.log.Info("destroying a failed unit's remains again", "id", id)
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
+	}
 	for _, id := range m.ops.Expired(now) {
 		if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
 			continue // released or expired concurrently

@@ -615,3 +615,49 @@ func TestBadClientHelloSpendsAtMostOneUnit(t *testing.T) {
 		t.Errorf("%d units spent on one refused ClientHello, want 1", n)
 	}
 }
+
+// A unit whose destroy fails keeps its remains on record and is destroyed again after
+// RemainsRetry, until that succeeds; nothing is left in the allocator.
+func TestFailedDestroyIsRetried(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	var destroys atomic.Int32
+	e.alloc.Fail = func(method, id string) error {
+		if method == "Destroy" && destroys.Add(1) <= 2 {
+			return errors.New("injected: runsc delete failed")
+		}
+		return nil
+	}
+	e.start(t)
+	eventually(t, "a ready unit", func() bool { return e.ready() == 1 })
+	ctx := context.Background()
+	a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Release(ctx, a.ID, a.LeaseToken); err != nil {
+		t.Fatal(err)
+	}
+	remains := func() bool {
+		u, ok := e.m.States().Get(a.ID)
+		return ok && u.State == manager.Failed && u.Remains
+	}
+	eventually(t, "the failed destroy on record", remains)
+	if !slices.Contains(e.alloc.Units(), a.ID) {
+		t.Fatal("the unit is gone from the allocator although its destroy failed")
+	}
+	// Not before RemainsRetry; then again (failing once more), then for good.
+	time.Sleep(50 * time.Millisecond)
+	if n := destroys.Load(); n != 1 {
+		t.Fatalf("%d destroys before RemainsRetry, want 1", n)
+	}
+	e.clock.Advance(manager.RemainsRetry)
+	eventually(t, "the second destroy", func() bool { return destroys.Load() == 2 && remains() })
+	e.clock.Advance(manager.RemainsRetry)
+	eventually(t, "the unit destroyed", func() bool {
+		_, ok := e.m.States().Get(a.ID)
+		return !ok && !slices.Contains(e.alloc.Units(), a.ID)
+	})
+	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("destroy")); got != 2 {
+		t.Errorf("destroy failures = %v, want 2", got)
+	}
+}

@@ -13,7 +13,8 @@ import (
 type State int32
 
 // The states of a unit. Gone units are forgotten; Failed units are kept (briefly) for
-// visibility after their resources were cleaned up.
+// visibility after their resources were cleaned up, or, when cleaning up failed (Remains),
+// until a retried destroy succeeds.
 const (
 	Creating State = iota + 1
 	Ready
@@ -41,6 +42,7 @@ var transitions = map[State][]State{
 	Initialising: {Bound, Destroying, Failed},
 	Bound:        {Destroying},
 	Destroying:   {Gone, Failed},
+	Failed:       {Destroying}, // a retried destroy of a unit whose destroy failed (Remains)
 }
 
 // Lease is a bound unit's lease. Only a hash of the token is kept.
@@ -60,6 +62,9 @@ type Unit struct {
 	Since   time.Time // when it entered State
 	ReadyAt time.Time
 	Lease   *Lease
+	// Remains marks a Failed unit whose destroy failed: the allocator may still hold its
+	// resources (a running sandbox), so the manager destroys it again later.
+	Remains bool
 }
 
 type unit struct {
@@ -158,15 +163,48 @@ func (s *StateOperator) Transition(id string, from, to State, update func(*Unit)
 		delete(s.units, id)
 	case Failed:
 		s.failed = append(s.failed, id)
-		for len(s.failed) > maxFailedKept {
-			if old, ok := s.units[s.failed[0]]; ok && old.State == Failed {
-				s.leaveLocked(old)
-				delete(s.units, s.failed[0])
-			}
-			s.failed = s.failed[1:]
-		}
+		s.trimFailedLocked()
 	}
 	return u.Unit, nil
+}
+
+// trimFailedLocked forgets the oldest Failed units beyond maxFailedKept, except those whose
+// remains are still to be destroyed.
+func (s *StateOperator) trimFailedLocked() {
+	for i := 0; len(s.failed) > maxFailedKept && i < len(s.failed); {
+		u, ok := s.units[s.failed[i]]
+		switch {
+		case ok && u.State == Failed && u.Remains:
+			i++ // kept: forgetting it would leak what it holds
+			continue
+		case ok && u.State == Failed:
+			s.leaveLocked(u)
+			delete(s.units, s.failed[i])
+		}
+		s.failed = slices.Delete(s.failed, i, i+1)
+	}
+}
+
+// MarkRemains marks Failed unit id as holding remains to destroy again (see Unit.Remains).
+func (s *StateOperator) MarkRemains(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if u, ok := s.units[id]; ok && u.State == Failed {
+		u.Remains = true
+	}
+}
+
+// RemainsDue returns the Failed units with remains that have been Failed for at least after.
+func (s *StateOperator) RemainsDue(now time.Time, after time.Duration) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, id := range s.failed {
+		if u, ok := s.units[id]; ok && u.State == Failed && u.Remains && !now.Before(u.Since.Add(after)) && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // TakeReady pops the oldest Ready unit of template and moves it to Initialising, or returns
