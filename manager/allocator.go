@@ -26,8 +26,9 @@ type Allocator interface {
 	// Name identifies the allocator ("runsc", "process", "kube", "memory").
 	Name() string
 	// Create provisions unit id from template and returns once its init endpoint accepts
-	// connections. On error nothing of the unit is left behind. ErrUnknownTemplate if the
-	// template does not exist.
+	// connections. On error nothing of the unit is left behind, or the error wraps
+	// ErrRemains (then Destroy is retried later). ErrUnknownTemplate if the template does not
+	// exist.
 	Create(ctx context.Context, id, template string) (UnitInfo, error)
 	// Destroy removes unit id and everything it holds. A unit that does not exist is not an
 	// error: Destroy is idempotent.

@@ -13,4 +13,7 @@ var (
 	ErrAllocator       = errors.New("allocator failed")
 	ErrBadTransition   = errors.New("unit is not in the expected state")
 	ErrNoReadyUnit     = errors.New("no ready unit")
+	// ErrRemains is wrapped by an allocator's Create error when cleaning up the failed unit
+	// failed too: something of it may be left, and the manager destroys it again later.
+	ErrRemains = errors.New("the failed unit's cleanup failed")
 )

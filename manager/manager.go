@@ -801,13 +801,13 @@ func (m *Manager) create(ctx context.Context, tmpl string) bool {
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
 		m.log.Info("unit creation cancelled", "id", id)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: cancelled" })
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: cancelled", errors.Is(err, ErrRemains) })
 		return false
 	}
 	if err != nil {
 		m.failure("create")
 		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err = "create: " + err.Error() })
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
 		m.publishCounts()
 		return false
 	}

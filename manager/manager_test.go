@@ -661,3 +661,48 @@ func TestFailedDestroyIsRetried(t *testing.T) {
 		t.Errorf("destroy failures = %v, want 2", got)
 	}
 }
+
+// A creation whose cleanup failed too (ErrRemains) is destroyed again after RemainsRetry; one
+// that cleaned up after itself is not.
+func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	var creates atomic.Int32
+	var first atomic.Value
+	e.alloc.Fail = func(method, id string) error {
+		if method != "Create" {
+			return nil
+		}
+		switch creates.Add(1) {
+		case 1:
+			first.Store(id)
+			return fmt.Errorf("injected: runsc start failed (%w: runsc delete failed)", manager.ErrRemains)
+		case 2:
+			return errors.New("injected: runsc create failed, cleaned up")
+		}
+		return nil
+	}
+	e.start(t)
+	eventually(t, "a ready unit after two failed creations", func() bool { return e.ready() == 1 })
+	destroyed := func(id string) bool {
+		for _, c := range e.alloc.Calls() {
+			if c.Method == "Destroy" && c.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	id := first.Load().(string)
+	if u, ok := e.m.States().Get(id); !ok || u.State != manager.Failed || !u.Remains {
+		t.Fatalf("unit %s after a creation with remains: %+v, want Failed with remains", id, u)
+	}
+	e.clock.Advance(manager.RemainsRetry)
+	eventually(t, "the remains destroyed", func() bool {
+		_, ok := e.m.States().Get(id)
+		return !ok && destroyed(id)
+	})
+	for _, c := range e.alloc.Calls() {
+		if c.Method == "Destroy" && c.ID != id {
+			t.Errorf("destroy of %s, whose creation cleaned up after itself", c.ID)
+		}
+	}
+}

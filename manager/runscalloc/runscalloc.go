@@ -166,6 +166,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		if err != nil {
 			if derr := a.Destroy(context.WithoutCancel(ctx), id); derr != nil {
 				a.o.Logger.Error("cleaning up a failed create", "id", id, "err", derr)
+				err = fmt.Errorf("%w (%w: %v)", err, manager.ErrRemains, derr)
 			}
 		}
 	}()
