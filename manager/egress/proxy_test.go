@@ -2,7 +2,6 @@ package egress
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/leakcheck"
+	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 )
 
 // recorder records the calls of a Proxy's Dial and Resolve.
@@ -583,30 +583,12 @@ func TestIdleTunnelClosed(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer for a slog handler written from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestDecisionsLogged(t *testing.T) {
 	leakcheck.Check(t)
 	srv, _ := upstream(t)
 	host := srv.Listener.Addr().String()
 	var rec recorder
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	o := rec.options(nil, nil)
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	p, sock := startProxy(t, o)

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
@@ -205,6 +204,18 @@ func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 	}
 	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, PoolProcs: 1})
 	procsBecome(1)
+	firstCall(t, initAddr, dataAddr, func() {
+		if got := runtime.GOMAXPROCS(0); got != 1 {
+			t.Fatalf("GOMAXPROCS after InitializeTLS = %d, want 1 until the first call", got)
+		}
+	})
+	procsBecome(2)
+}
+
+// firstCall initialises the server with a fresh agent key, runs between (if set), then makes
+// the agent's first data-plane call (a Stat).
+func firstCall(t *testing.T, initAddr, dataAddr string, between func()) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key, _ := client.NewKey()
@@ -212,8 +223,8 @@ func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := runtime.GOMAXPROCS(0); got != 1 {
-		t.Fatalf("GOMAXPROCS after InitializeTLS = %d, want 1 until the first call", got)
+	if between != nil {
+		between()
 	}
 	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
 	if err != nil {
@@ -223,47 +234,14 @@ func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 	if _, err := sb.Stat(ctx, ".", false); err != nil {
 		t.Fatal(err)
 	}
-	procsBecome(2)
-}
-
-// lockedBuffer is a bytes.Buffer for a logger and a test reading it at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // After the agent's first call the server logs when each step of its allocation happened, in
 // order.
 func TestAllocationTimelineIsLogged(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	key, _ := client.NewKey()
-	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Close()
-	if _, err := sb.Stat(ctx, ".", false); err != nil {
-		t.Fatal(err)
-	}
+	firstCall(t, initAddr, dataAddr, nil)
 	steps := []string{"init_received_ns", "init_answered_ns", "data_accepted_ns", "handshake_done_ns", "first_call_start_ns", "first_call_end_ns"}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		for _, line := range strings.Split(logs.String(), "\n") {

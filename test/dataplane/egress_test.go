@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,12 +13,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
@@ -55,33 +54,15 @@ func newEgressServer(t *testing.T, body string, tls bool) *egressServer {
 
 func (s *egressServer) hostPort() string { return s.Listener.Addr().String() }
 
-// syncBuffer collects the proxy's log for a failing test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // serveEgress serves an egress proxy allowing entries on the host side of the sandbox's
 // /run/fusebox/egress.sock until the test ends.
-func serveEgress(t *testing.T, b *sandboxtest.Bound, entries ...string) *syncBuffer {
+func serveEgress(t *testing.T, b *sandboxtest.Bound, entries ...string) *syncbuf.Buffer {
 	t.Helper()
 	allow, err := egress.ParseAllowlist(entries)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	p := egress.NewProxy(egress.ProxyOptions{
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -5,7 +5,6 @@
 package managere2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +31,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
+	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
@@ -84,24 +84,6 @@ func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
 	if got := status.Code(err); !slices.Contains(want, got) {
 		t.Errorf("%s: got code %v (err %v), want %v", what, got, err, want)
 	}
-}
-
-// syncBuffer collects a log written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // env is one manager's state directory and socket, with the runsc runtime that sees its
@@ -229,7 +211,7 @@ type daemonOpts struct {
 
 // manager is an in-process daemon.Run.
 type manager struct {
-	Log  *syncBuffer
+	Log  *syncbuf.Buffer
 	stop context.CancelFunc
 	done chan error
 }
@@ -238,7 +220,7 @@ type manager struct {
 // test ends, and returns once it serves.
 func (e *env) startDaemon(t *testing.T, o daemonOpts) *manager {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	m := &manager{Log: log, stop: cancel, done: make(chan error, 1)}
