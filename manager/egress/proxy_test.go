@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/echotest"
 	"github.com/fusebox-dev/fusebox/internal/leakcheck"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 )
@@ -106,43 +107,15 @@ func mustAllow(t *testing.T, p *Proxy, entries ...string) {
 	p.SetAllowlist(a)
 }
 
-// echoServer listens on 127.0.0.1 and echoes every connection until the client half-closes
-// it, then half-closes its side. It returns host:port.
+// echoServer listens on 127.0.0.1 and echoes every connection (see echotest.Serve). It
+// returns host:port.
 func echoServer(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
-				io.Copy(io.Discard, c)
-				c.Close()
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
+	echotest.Serve(t, ln)
 	return ln.Addr().String()
 }
 

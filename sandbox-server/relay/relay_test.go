@@ -15,49 +15,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/echotest"
 	"github.com/fusebox-dev/fusebox/internal/leakcheck"
 )
 
-// echoSocket serves a unix socket at path that echoes each connection until the client
-// half-closes it, then half-closes its side. It returns the number of accepted connections.
+// echoSocket serves a unix socket at path that echoes each connection (see echotest.Serve).
+// It returns the number of accepted connections.
 func echoSocket(t *testing.T, path string) *atomic.Int64 {
 	t.Helper()
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var accepted atomic.Int64
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				io.Copy(c, c)
-				c.(*net.UnixConn).CloseWrite()
-				io.Copy(io.Discard, c)
-				c.Close()
-			})
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return &accepted
+	return echotest.Serve(t, ln)
 }
 
 // startRelay runs Serve on a loopback listener until the test ends and returns the

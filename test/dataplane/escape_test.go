@@ -349,7 +349,7 @@ func TestEscapeSymlinkSwapDuringWrites(t *testing.T) {
 		}
 	}()
 	// Let the swapper get going (it creates sw soon after it starts).
-	eventually(t, time.Minute, "swapper started", func() (bool, string) {
+	sandboxtest.Eventually(t, time.Minute, "swapper started", func() (bool, string) {
 		_, err := c.Stat(ctx, "sw", false)
 		return err == nil, errString(err)
 	})

@@ -354,7 +354,7 @@ func startLong(t *testing.T, ctx context.Context, c, observer *client.Sandbox) <
 		t.Fatalf("the command ended before it was running: %v", err)
 	}
 	// The sleeps start just after "ready".
-	eventually(t, 30*time.Second, "the command's three sleeps running", func() (bool, string) {
+	sandboxtest.Eventually(t, 30*time.Second, "the command's three sleeps running", func() (bool, string) {
 		l := leftovers(t, ctx, observer)
 		return len(l) >= 3, strings.Join(l, "; ")
 	})

@@ -207,7 +207,7 @@ func TestWriteFileFromCancelledLeavesNothing(t *testing.T) {
 				t.Fatalf("the write ended before its data was delivered: %v", err)
 			}
 			// The control: the server is writing a temp file when the cancel comes.
-			eventually(t, time.Minute, "a temp file in flight", func() (bool, string) {
+			sandboxtest.Eventually(t, time.Minute, "a temp file in flight", func() (bool, string) {
 				temps := tempFiles(t, ctx, c, "up")
 				return len(temps) == 1, fmt.Sprintf("temp files %q", temps)
 			})
@@ -216,7 +216,7 @@ func TestWriteFileFromCancelledLeavesNothing(t *testing.T) {
 				t.Errorf("cancelled WriteFileFrom returned %v, want a cancellation", err)
 			}
 			// The server sees the cancel after the client has returned: wait for its cleanup.
-			eventually(t, time.Minute, "no temp file left", func() (bool, string) {
+			sandboxtest.Eventually(t, time.Minute, "no temp file left", func() (bool, string) {
 				temps := tempFiles(t, ctx, c, "up")
 				return len(temps) == 0, fmt.Sprintf("temp files %q", temps)
 			})

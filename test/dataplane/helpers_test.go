@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 // testCtx returns a context that ends when the test ends or after d, whichever comes first.
@@ -50,25 +51,6 @@ func sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) str
 	return string(res.Stdout)
 }
 
-// eventually polls cond until it reports done or the deadline passes, then fails with cond's
-// last explanation. It is for effects the server completes asynchronously (reaping killed
-// processes, discarding a cancelled stream's temp file, unlinking a socket): it asserts that
-// they happen, never how fast.
-func eventually(t testing.TB, deadline time.Duration, what string, cond func() (done bool, why string)) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for {
-		done, why := cond()
-		if done {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%s: still not true after %v: %s", what, deadline, why)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // procScan prints, using shell builtins only (so that the scan starts no process that could
 // show up in it), one line per process whose argv[0] is sleep ("sleep <pid> <args...>") and
 // one line per zombie ("zombie <pid> <stat>").
@@ -105,7 +87,7 @@ func leftovers(t testing.TB, ctx context.Context, c *client.Sandbox) []string {
 // sweeper), so this polls.
 func waitNoLeftovers(t testing.TB, ctx context.Context, c *client.Sandbox) {
 	t.Helper()
-	eventually(t, 30*time.Second, "no sleep process and no zombie left in the sandbox", func() (bool, string) {
+	sandboxtest.Eventually(t, 30*time.Second, "no sleep process and no zombie left in the sandbox", func() (bool, string) {
 		l := leftovers(t, ctx, c)
 		return len(l) == 0, strings.Join(l, "; ")
 	})

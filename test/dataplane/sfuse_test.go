@@ -240,7 +240,7 @@ func TestDataSocketServesNothingBeforeInit(t *testing.T) {
 // listener after the InitializeTLS response is on its way, so the unlink follows the call.
 func waitSocketGone(t testing.TB, p string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "init socket "+p+" removed", func() (bool, string) {
+	sandboxtest.Eventually(t, 30*time.Second, "init socket "+p+" removed", func() (bool, string) {
 		_, err := os.Lstat(p)
 		return errors.Is(err, fs.ErrNotExist), "lstat: " + errString(err)
 	})
@@ -290,7 +290,7 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 			t.Errorf("destroying sandbox: %v", err)
 		}
 	})
-	eventually(t, time.Minute, "uninitialised sandbox stopped", func() (bool, string) {
+	sandboxtest.Eventually(t, time.Minute, "uninitialised sandbox stopped", func() (bool, string) {
 		st, err := rt.State(ctx, id)
 		if errors.Is(err, runsc.ErrNotFound) {
 			return true, ""

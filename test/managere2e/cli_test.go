@@ -19,6 +19,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 // A manager killed with SIGKILL does not interrupt the sandbox bound through it; the next
@@ -191,7 +192,7 @@ func TestProcessAllocatorNeedsInsecureFlag(t *testing.T) {
 	if n := strings.Count(l, "INSECURE: allocating a sandbox"); n != 1 {
 		t.Errorf("%d INSECURE allocation warnings for 1 allocation:\n%s", n, l)
 	}
-	eventually(t, pollDeadline, "process sandboxes removed", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "process sandboxes removed", func() (bool, string) {
 		d := e.sandboxDirs(t)
 		return len(d) == 0, strings.Join(d, " ")
 	})
@@ -356,7 +357,7 @@ func TestSecondManagerOnSameStateDirRefused(t *testing.T) {
 
 	second := e.startLocalUp(t, "manager-2", "--pool-size", "2")
 	exited := false
-	eventually(t, pollDeadline, "second manager exits or serves", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "second manager exits or serves", func() (bool, string) {
 		if second.exited() {
 			exited = true
 			return true, ""

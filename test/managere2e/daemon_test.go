@@ -14,6 +14,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 // An allocation through the in-process daemon runs commands under gVisor, and releasing it
@@ -45,7 +46,7 @@ func TestAllocateExecRelease(t *testing.T) {
 	}
 	e.waitUnitGone(t, id)
 	mc := dialManager(t, e.Addr)
-	eventually(t, pollDeadline, "released unit forgotten by List", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "released unit forgotten by List", func() (bool, string) {
 		s, ok := list(t, ctx, mc)[id]
 		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
 	})
@@ -141,7 +142,7 @@ func TestWarmPoolRefills(t *testing.T) {
 		t.Cleanup(func() { a.Close() })
 		held = append(held, a.ID)
 	}
-	eventually(t, pollDeadline, "pool back to 2 ready", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "pool back to 2 ready", func() (bool, string) {
 		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
 		if err != nil {
 			return false, err.Error()
@@ -182,7 +183,7 @@ func TestDeadPoolUnitIsReplaced(t *testing.T) {
 	if err := e.RT.Kill(ctx, dead, syscall.SIGKILL, true); err != nil {
 		t.Fatalf("killing the pool's sandbox: %v", err)
 	}
-	eventually(t, pollDeadline, "the dead unit replaced", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "the dead unit replaced", func() (bool, string) {
 		ready := idsIn(list(t, ctx, mc), managerv1.UnitState_UNIT_STATE_READY)
 		return len(ready) == 1 && ready[0] != dead && !slices.Contains(e.containers(t), dead), fmt.Sprint(ready, e.containers(t))
 	})
@@ -220,12 +221,12 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 	if d := resp.GetLeaseExpires().AsTime().Sub(time.Now()); d > time.Minute {
 		t.Errorf("lease expires in %v, asked for 1s", d)
 	}
-	eventually(t, pollDeadline, "expired unit gone from List", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "expired unit gone from List", func() (bool, string) {
 		s, ok := list(t, ctx, mc)[id]
 		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
 	})
 	e.waitUnitGone(t, id)
-	eventually(t, pollDeadline, "data plane of the expired sandbox stops answering", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "data plane of the expired sandbox stops answering", func() (bool, string) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		res, err := sb.Exec(cctx, client.Command{Argv: []string{"true"}})

@@ -60,24 +60,6 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// eventually polls cond until it reports done, failing with cond's last explanation after
-// deadline. It asserts that asynchronous effects (destruction, pool refill) happen, never how
-// fast.
-func eventually(t testing.TB, deadline time.Duration, what string, cond func() (done bool, why string)) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for {
-		done, why := cond()
-		if done {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%s: still not true after %v: %s", what, deadline, why)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // wantCode fails the test unless err carries one of the gRPC codes want.
 func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
 	t.Helper()
@@ -199,7 +181,7 @@ func (e *env) unitGone(t testing.TB, id string) (bool, string) {
 // waitUnitGone waits until unit id has neither container nor state directory.
 func (e *env) waitUnitGone(t testing.TB, id string) {
 	t.Helper()
-	eventually(t, pollDeadline, "sandbox "+id+" destroyed", func() (bool, string) { return e.unitGone(t, id) })
+	sandboxtest.Eventually(t, pollDeadline, "sandbox "+id+" destroyed", func() (bool, string) { return e.unitGone(t, id) })
 }
 
 // daemonOpts adjust an in-process manager.
@@ -353,7 +335,7 @@ func idsIn(units map[string]*managerv1.Sandbox, st managerv1.UnitState) []string
 func waitPoolSettled(t testing.TB, ctx context.Context, mc managerv1.ManagerClient, ready int) map[string]*managerv1.Sandbox {
 	t.Helper()
 	var units map[string]*managerv1.Sandbox
-	eventually(t, pollDeadline, fmt.Sprintf("pool settled at %d ready", ready), func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, fmt.Sprintf("pool settled at %d ready", ready), func() (bool, string) {
 		units = list(t, ctx, mc)
 		counts := map[string]int{}
 		for _, s := range units {
@@ -476,7 +458,7 @@ func (p *proc) signal(t testing.TB, sig syscall.Signal) int {
 // waitServing waits until the manager at e.Addr answers PoolStatus, failing early if p exits.
 func (e *env) waitServing(t testing.TB, p *proc, mc managerv1.ManagerClient) {
 	t.Helper()
-	eventually(t, pollDeadline, "manager serving", func() (bool, string) {
+	sandboxtest.Eventually(t, pollDeadline, "manager serving", func() (bool, string) {
 		if p.exited() {
 			t.Fatalf("fusebox local up exited (%v) before serving:\n%s", p.err, p.log())
 		}

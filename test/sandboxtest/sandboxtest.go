@@ -168,3 +168,21 @@ func ServesNothing(t testing.TB, path string) {
 		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
 	}
 }
+
+// Eventually polls cond until it reports done, failing with cond's last explanation after
+// deadline. It asserts that asynchronous effects happen (a pool refilling, a sandbox
+// destroyed, a temp file discarded, a socket unlinked), never how fast.
+func Eventually(t testing.TB, deadline time.Duration, what string, cond func() (done bool, why string)) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for {
+		done, why := cond()
+		if done {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: still not true after %v: %s", what, deadline, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
