@@ -49,6 +49,17 @@ type AllocateTrace struct {
 	// Finished is when the relayed TLS handshake was finished (zero without one): the data
 	// connection's first write, with the first request, follows.
 	Finished time.Time
+
+	hs *tlsflight.Client // the relayed handshake, for Sent
+}
+
+// Sent returns when the finished relayed handshake and the first request went to the sandbox
+// in one write (zero before the first call, or without a relayed handshake).
+func (t *AllocateTrace) Sent() time.Time {
+	if t.hs == nil {
+		return time.Time{}
+	}
+	return t.hs.Sent()
 }
 
 // Allocation is a bound sandbox: the embedded Sandbox talks to it directly; Close releases it.
@@ -299,6 +310,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 	case err != nil:
 		first <- nil // the gRPC connection makes an ordinary handshake instead
 		return g.sb, false, nil
+	}
+	if trace != nil {
+		trace.hs = hs
 	}
 	first <- hs
 	return g.sb, true, nil

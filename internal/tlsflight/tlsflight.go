@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -271,6 +272,15 @@ func (c *Client) Finish(ctx context.Context, flight []byte) (*tls.Conn, error) {
 	}
 }
 
+// Sent returns when the finished handshake (and what was written after it) went out in one
+// write, or zero before that.
+func (c *Client) Sent() time.Time {
+	if ns := c.hold.sent.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
 // Connect joins a finished handshake to conn: it sends everything held in one write, and
 // from then on the connection reads and writes through conn, which it owns. Only the first
 // call joins; later ones return its result.
@@ -292,6 +302,7 @@ type held struct {
 	conn  net.Conn
 	err   error
 	ready chan struct{} // closed once conn or err is set
+	sent  atomic.Int64  // Unix ns of the joining write, once it is done
 }
 
 func newHeld() *held {
@@ -315,6 +326,7 @@ func (h *held) connect(c net.Conn) error {
 		close(h.ready)
 		return h.err
 	}
+	h.sent.Store(time.Now().UnixNano())
 	h.buf, h.conn = nil, c
 	close(h.ready)
 	return nil

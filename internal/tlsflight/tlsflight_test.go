@@ -318,8 +318,15 @@ func TestConnectSendsEverythingHeldInOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
+	if !r.client.Sent().IsZero() {
+		t.Fatal("Sent is set before Connect")
+	}
+	before := time.Now()
 	if err := r.client.Connect(rec); err != nil {
 		t.Fatal(err)
+	}
+	if sent := r.client.Sent(); sent.Before(before) || sent.After(time.Now()) {
+		t.Errorf("Sent = %v, want the time of Connect's write", sent)
 	}
 	if rec.writes != 1 || rec.written.Len() < 100 {
 		t.Fatalf("Connect made %d writes of %d bytes, want the held flight and request in one", rec.writes, rec.written.Len())

@@ -165,7 +165,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		}
 		done := time.Now()
 		if trace {
-			tr.record(t0, done, ct, alloc.ServerLog(a.ID))
+			tr.record(t0, done, agentMarks{ct.Answered, ct.Finished, ct.Sent()}, alloc.ServerLog(a.ID))
 		}
 		return done.Sub(t0), a.Close()
 	}

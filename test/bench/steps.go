@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 )
@@ -40,7 +39,8 @@ var stepNames = []struct{ name, what string }{
 	{"sandbox_to_manager", "InitializeTLS's answer reaching the manager"},
 	{"manager_to_agent", "the manager's answer reaching the agent"},
 	{"agent_finish", "the agent finishing the relayed handshake"},
-	{"agent_to_sandbox", "the agent's gRPC transport and one write, the sandbox's wake-up and handshake end"},
+	{"agent_transport", "the agent's gRPC transport and first stream, up to the one write"},
+	{"sandbox_handshake", "the sandbox's wake-up and the end of its handshake"},
 	{"sandbox_transport", "the sandbox's gRPC server transport, up to the first call's handler"},
 	{"sandbox_call", "the first call's handler (Stat)"},
 	{"sandbox_to_agent", "the first call's answer reaching the agent"},
@@ -68,18 +68,21 @@ func (t *tracer) initializer(init manager.Initializer) manager.Initializer {
 	}
 }
 
+// agentMarks are when the agent's steps happened (see client.AllocateTrace).
+type agentMarks struct{ answered, finished, sent time.Time }
+
 // record adds one allocation: it began at start, the agent's steps are in ct, its first call
 // returned at done, and its sandbox's log is at logPath (read while the sandbox exists).
-func (t *tracer) record(start, done time.Time, ct client.AllocateTrace, logPath string) {
+func (t *tracer) record(start, done time.Time, ct agentMarks, logPath string) {
 	tl, ok := t.readTimeline(logPath)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !ok || ct.Finished.IsZero() {
+	if !ok || ct.finished.IsZero() || ct.sent.IsZero() {
 		t.missing++
 		return
 	}
 	t.marks = append(t.marks, []int64{start.UnixNano(), t.sfuse[0].UnixNano(), tl.InitReceived, tl.InitAnswered,
-		t.sfuse[1].UnixNano(), ct.Answered.UnixNano(), ct.Finished.UnixNano(), tl.HandshakeDone,
+		t.sfuse[1].UnixNano(), ct.answered.UnixNano(), ct.finished.UnixNano(), ct.sent.UnixNano(), tl.HandshakeDone,
 		tl.FirstCallStart, tl.FirstCallEnd, done.UnixNano()})
 }
 

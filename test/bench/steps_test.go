@@ -28,13 +28,13 @@ func TestTracerSteps(t *testing.T) {
 	}
 	tr := &tracer{waitForLines: 10 * time.Millisecond}
 	tr.sfuse = [2]time.Time{at(0.5), at(2.5)}
-	tr.record(at(0), at(8), client.AllocateTrace{Answered: at(3), Finished: at(4)}, log)
-	tr.record(at(0), at(8), client.AllocateTrace{Answered: at(3), Finished: at(4)}, filepath.Join(dir, "missing.log"))
+	tr.record(at(0), at(8), agentMarks{at(3), at(4), at(4.5)}, log)
+	tr.record(at(0), at(8), agentMarks{at(3), at(4), at(4.5)}, filepath.Join(dir, "missing.log"))
 	s, err := tr.steps()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []float64{0.5, 0.5, 1, 0.5, 0.5, 1, 1, 1, 1, 1}
+	want := []float64{0.5, 0.5, 1, 0.5, 0.5, 1, 0.5, 0.5, 1, 1, 1}
 	if s.Runs != 1 || len(s.Steps) != len(want) || s.Total != 8 {
 		t.Fatalf("steps %+v, want 1 run of %d steps, 8 ms in all", s, len(want))
 	}

@@ -80,6 +80,9 @@ func TestClientWithAndWithoutRelayedHandshake(t *testing.T) {
 			if err != nil || string(res.Stdout) != "served\n" {
 				t.Fatalf("exec: %v %q", err, res.Stdout)
 			}
+			if sent := trace.Sent(); relay == sent.IsZero() || relay && sent.Before(trace.Finished) {
+				t.Errorf("trace: first write at %v (finished %v); want it set, after the handshake, only when relayed", sent, trace.Finished)
+			}
 		})
 	}
 }
