@@ -555,13 +555,7 @@ func (m *Manager) recordAllocation() {
 // spare units it makes join the pool.
 func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 	var timeout, retry <-chan time.Time
-	var mine chan bool // this allocation's creation: whether it made a unit
-	start := func() {
-		mine = make(chan bool, 1)
-		m.creating.Add(1)
-		m.bg.Add(1)
-		go func() { defer m.bg.Done(); mine <- m.create(m.lifetime(), tmpl) }()
-	}
+	var mine <-chan bool // this allocation's creation: whether it made a unit
 	for {
 		u, ok, wait := m.ops.TakeReady(tmpl)
 		if ok {
@@ -575,7 +569,7 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			// beyond its target for the waiters to take.
 			m.waiting.Add(1)
 			defer m.waiting.Add(-1)
-			start()
+			mine = m.startCreate(m.lifetime(), tmpl)
 		}
 		m.nudge()
 		select {
@@ -587,7 +581,7 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 			}
 		case <-retry:
 			retry = nil
-			start()
+			mine = m.startCreate(m.lifetime(), tmpl)
 		case <-timeout:
 			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
 		case <-ctx.Done():
@@ -725,27 +719,52 @@ func (m *Manager) Release(ctx context.Context, id, token string) error {
 	if err := m.checkToken(u.Lease, token); err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
-	if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
+	if err := m.destroyInBackground(ctx, id, Bound); err != nil {
 		return fmt.Errorf("releasing %s: %w", id, ErrLeaseEnded)
 	}
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		m.finishDestroy(context.WithoutCancel(ctx), id)
-	}()
 	return nil
 }
 
-// destroy moves a unit from state from to Destroying and destroys it.
-func (m *Manager) destroy(ctx context.Context, id string, from State) error {
-	u, err := m.ops.Transition(id, from, Destroying, nil)
+// toDestroying moves a unit from state from to Destroying (a Ready unit's prepared init
+// connection is forgotten).
+func (m *Manager) toDestroying(id string, from State) error {
+	u, err := m.ops.Transition(id, from, Destroying, func(u *Unit) { u.Remains = false })
 	if err != nil {
 		return err
 	}
 	if from == Ready && m.o.Forget != nil {
 		m.o.Forget(u.Info.InitAddr)
 	}
+	return nil
+}
+
+// destroy moves a unit from state from to Destroying and destroys it.
+func (m *Manager) destroy(ctx context.Context, id string, from State) error {
+	if err := m.toDestroying(id, from); err != nil {
+		return err
+	}
 	return m.finishDestroy(ctx, id)
+}
+
+// destroyInBackground moves a unit from state from to Destroying now and destroys it in the
+// background (ctx's values, not its cancellation).
+func (m *Manager) destroyInBackground(ctx context.Context, id string, from State) error {
+	if err := m.toDestroying(id, from); err != nil {
+		return err
+	}
+	m.bg.Add(1)
+	go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
+	return nil
+}
+
+// startCreate counts one creation of tmpl in m.creating and makes it in the background; the
+// channel receives whether it made a unit.
+func (m *Manager) startCreate(ctx context.Context, tmpl string) <-chan bool {
+	made := make(chan bool, 1)
+	m.creating.Add(1)
+	m.bg.Add(1)
+	go func() { defer m.bg.Done(); made <- m.create(ctx, tmpl) }()
+	return made
 }
 
 func (m *Manager) finishDestroy(ctx context.Context, id string) error {
@@ -781,7 +800,7 @@ func (m *Manager) failure(stage string) {
 }
 
 // create makes one unit of template and puts it into the pool, and reports whether it did.
-// The caller has counted it in m.creating (before starting the goroutine, so that a reconcile
+// startCreate has counted it in m.creating (before starting the goroutine, so that a reconcile
 // pass in between sees it); create uncounts it when done.
 func (m *Manager) create(ctx context.Context, tmpl string) bool {
 	defer m.creating.Add(-1)
@@ -913,20 +932,14 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	}
 	now := m.o.Clock.Now()
 	for _, id := range m.ops.RemainsDue(now, RemainsRetry) {
-		if _, err := m.ops.Transition(id, Failed, Destroying, func(u *Unit) { u.Remains = false }); err != nil {
-			continue
+		if m.destroyInBackground(ctx, id, Failed) == nil {
+			m.log.Info("destroying a failed unit's remains again", "id", id)
 		}
-		m.log.Info("destroying a failed unit's remains again", "id", id)
-		m.bg.Add(1)
-		go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
 	}
 	for _, id := range m.ops.Expired(now) {
-		if _, err := m.ops.Transition(id, Bound, Destroying, nil); err != nil {
-			continue // released or expired concurrently
+		if m.destroyInBackground(ctx, id, Bound) == nil { // else released or expired concurrently
+			m.log.Info("lease expired; destroying sandbox", "id", id)
 		}
-		m.log.Info("lease expired; destroying sandbox", "id", id)
-		m.bg.Add(1)
-		go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
 	}
 	c := m.ops.Counts(m.o.PoolTemplate)
 	creating := int(m.creating.Load())
@@ -942,12 +955,7 @@ func (m *Manager) Reconcile(ctx context.Context) {
 		// Unless backing off after failures or waiting out the refill delay.
 		if !m.heldBack() && m.refillDue(c[Ready]) {
 			for range min(deficit, m.o.CreateConcurrency-creating) {
-				m.creating.Add(1)
-				m.bg.Add(1)
-				go func() {
-					defer m.bg.Done()
-					m.create(ctx, m.o.PoolTemplate)
-				}()
+				m.startCreate(ctx, m.o.PoolTemplate)
 			}
 		}
 		return
@@ -955,8 +963,7 @@ func (m *Manager) Reconcile(ctx context.Context) {
 	m.endDeficit()
 	if surplus := c[Ready] - target - int(m.waiting.Load()); surplus > 0 {
 		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
-			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.destroy(context.WithoutCancel(ctx), id, Ready) }()
+			m.destroyInBackground(ctx, id, Ready)
 		}
 	}
 }

@@ -40,9 +40,7 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 		if !asked {
 			asked = true
 			m.coldWait()
-			m.creating.Add(1)
-			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.create(m.lifetime(), tmpl) }()
+			m.startCreate(m.lifetime(), tmpl)
 		}
 		guard.Reset(m.o.MissedEventGuard)
 		select {
@@ -180,9 +178,7 @@ func (m *Manager) reconcileShared(ctx context.Context) {
 	}
 	if deficit := target - ready - creating; deficit > 0 && !m.heldBack() {
 		for range min(deficit, m.o.CreateConcurrency-int(m.creating.Load())) {
-			m.creating.Add(1)
-			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.create(ctx, m.o.PoolTemplate) }()
+			m.startCreate(ctx, m.o.PoolTemplate)
 		}
 	} else if surplus := ready - target; surplus > 0 {
 		// Claim before destroying, so that no replica is handed a unit being destroyed.
