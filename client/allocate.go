@@ -241,7 +241,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, h.hs, h.pin, h.cfg, o.Sandbox, o.Trace)
+	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -255,11 +255,12 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	return a, nil
 }
 
-// connect connects to the sandbox resp describes: it finishes the relayed handshake hs when
-// the sandbox answered it, and makes an ordinary one with cfg otherwise (an older manager or
-// sandbox, or a relayed handshake that could not be finished). A sandbox presenting a key
-// other than the one the manager returned is refused either way.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsflight.Client, pin *tlspin.Pin, cfg *tls.Config, o Options, trace *AllocateTrace) (sb *Sandbox, relayed bool, err error) {
+// connect connects to the sandbox resp describes: it finishes the relayed handshake h when
+// the sandbox answered it, and makes an ordinary one with h's configuration otherwise (an
+// older manager or sandbox, or a relayed handshake that could not be finished). A sandbox
+// presenting a key other than the one the manager returned is refused either way.
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace) (sb *Sandbox, relayed bool, err error) {
+	hs := h.hs
 	defer func() {
 		if !relayed {
 			hs.Abort()
@@ -273,16 +274,13 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 	if err != nil {
 		return nil, false, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
 	}
-	if err := pin.Set(sandboxKey); err != nil {
+	if err := h.pin.Set(sandboxKey); err != nil {
 		return nil, false, err
-	}
-	full := func() (*Sandbox, bool, error) {
-		sb, err := dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-		return sb, false, err
 	}
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 {
-		return full()
+		sb, err := dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))
+		return sb, false, err
 	}
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
 	// sent with the first request (see tlsflight.DialOptions).
@@ -293,7 +291,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, hs *tlsfligh
 	}
 	grpcReady := make(chan dialed, 1)
 	go func() {
-		sb, err := dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, cfg)...)
+		sb, err := dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, h.cfg)...)
 		grpcReady <- dialed{sb, err}
 	}()
 	_, err = hs.Finish(ctx, flight)
