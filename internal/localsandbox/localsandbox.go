@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/runsc"
@@ -171,8 +170,7 @@ func (s *Sandbox) Log() string {
 
 // Destroy kills and deletes the container and removes its directory. It is idempotent.
 func (s *Sandbox) Destroy(ctx context.Context) error {
-	_ = s.rt.Kill(ctx, s.ID, syscall.SIGKILL, true)
-	err := s.rt.Delete(ctx, s.ID, true)
+	err := s.rt.Remove(ctx, s.ID)
 	if rmErr := os.RemoveAll(s.Dir); err == nil && rmErr != nil {
 		err = fmt.Errorf("removing %s: %w", s.Dir, rmErr)
 	}

@@ -3,6 +3,7 @@ package runsc
 import (
 	"context"
 	"errors"
+	"syscall"
 )
 
 // Delete runs `runsc delete`, releasing everything runsc holds for the
@@ -25,4 +26,12 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		return nil
 	}
 	return err
+}
+
+// Remove kills every process of container id and deletes it: the way to be rid of a container
+// in any state. Like Delete, it returns nil if no container with id exists.
+func (r *Runtime) Remove(ctx context.Context, id string) error {
+	// The kill fails for a container that is stopped or gone; the forced delete handles both.
+	_ = r.Kill(ctx, id, syscall.SIGKILL, true)
+	return r.Delete(ctx, id, true)
 }

@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
@@ -251,9 +250,8 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 	if p != nil {
 		p.Close()
 	}
-	_ = a.rt.Kill(ctx, id, syscall.SIGKILL, true) // fails for a stopped or missing container
 	var errs []error
-	if err := a.rt.Delete(ctx, id, true); err != nil {
+	if err := a.rt.Remove(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container %s: %w", id, err))
 	}
 	if err := os.RemoveAll(a.dir(id)); err != nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -338,8 +337,7 @@ func removeContainers(rt *runsc.Runtime, log *slog.Logger) {
 	}
 	for _, st := range states {
 		log.Warn("removing a leftover container", "id", st.ID, "status", st.Status)
-		_ = rt.Kill(ctx, st.ID, syscall.SIGKILL, true)
-		if err := rt.Delete(ctx, st.ID, true); err != nil {
+		if err := rt.Remove(ctx, st.ID); err != nil {
 			log.Error("deleting a leftover container", "id", st.ID, "err", err)
 		}
 	}

@@ -106,8 +106,7 @@ func (e *env) forceClean(t *testing.T) {
 	if states, err := e.RT.List(ctx); err == nil {
 		for _, s := range states {
 			t.Logf("cleanup: removing leftover container %s (%s)", s.ID, s.Status)
-			_ = e.RT.Kill(ctx, s.ID, syscall.SIGKILL, true)
-			if err := e.RT.Delete(ctx, s.ID, true); err != nil {
+			if err := e.RT.Remove(ctx, s.ID); err != nil {
 				t.Errorf("cleanup: deleting container %s: %v", s.ID, err)
 			}
 		}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -114,10 +113,7 @@ func Remove(t testing.TB, rt *runsc.Runtime, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	// The kill fails for a container that is stopped or gone; the forced
-	// delete below handles both.
-	_ = rt.Kill(ctx, id, syscall.SIGKILL, true)
-	if err := rt.Delete(ctx, id, true); err != nil {
+	if err := rt.Remove(ctx, id); err != nil {
 		t.Errorf("deleting container %s: %v", id, err)
 	}
 	states, err := rt.List(ctx)
