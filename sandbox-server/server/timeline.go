@@ -26,8 +26,23 @@ func mark(step *atomic.Int64) {
 	}
 }
 
+// TimelineMessage is the message of the log record that carries an allocation's Timeline.
+const TimelineMessage = "allocation timeline"
+
+// Timeline is the fields of that record (a JSON log line): Unix nanoseconds of each step, 0
+// for a step that did not happen.
+type Timeline struct {
+	InitReceived   int64 `json:"init_received_ns"`
+	InitAnswered   int64 `json:"init_answered_ns"`
+	DataAccepted   int64 `json:"data_accepted_ns"`
+	HandshakeDone  int64 `json:"handshake_done_ns"`
+	FirstCallStart int64 `json:"first_call_start_ns"`
+	FirstCallEnd   int64 `json:"first_call_end_ns"`
+}
+
+// log writes the Timeline record, its keys those of Timeline's JSON.
 func (t *timeline) log(l *slog.Logger) {
-	l.Info("allocation timeline",
+	l.Info(TimelineMessage,
 		"init_received_ns", t.initReceived.Load(), "init_answered_ns", t.initAnswered.Load(),
 		"data_accepted_ns", t.dataAccepted.Load(), "handshake_done_ns", t.handshakeDone.Load(),
 		"first_call_start_ns", t.firstCallStart.Load(), "first_call_end_ns", t.firstCallEnded.Load())

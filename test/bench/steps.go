@@ -12,6 +12,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
 
 // Steps is where warm allocations' time goes (fusebox bench allocate --trace): each step's
@@ -86,33 +87,26 @@ func (t *tracer) record(start, done time.Time, ct agentMarks, logPath string) {
 		tl.FirstCallStart, tl.FirstCallEnd, done.UnixNano()})
 }
 
-// sandboxTimeline is the sandbox server's "allocation timeline" log record.
-type sandboxTimeline struct {
-	Msg            string `json:"msg"`
-	InitReceived   int64  `json:"init_received_ns"`
-	InitAnswered   int64  `json:"init_answered_ns"`
-	HandshakeDone  int64  `json:"handshake_done_ns"`
-	FirstCallStart int64  `json:"first_call_start_ns"`
-	FirstCallEnd   int64  `json:"first_call_end_ns"`
-}
-
 // readTimeline waits for the sandbox's timeline in its log (written a few ms after the first
 // call) and returns it.
-func (t *tracer) readTimeline(path string) (sandboxTimeline, bool) {
+func (t *tracer) readTimeline(path string) (server.Timeline, bool) {
 	deadline := time.Now().Add(t.waitForLines)
 	for {
 		if b, err := os.ReadFile(path); err == nil {
 			sc := bufio.NewScanner(bytes.NewReader(b))
 			sc.Buffer(nil, 1<<20)
 			for sc.Scan() {
-				var tl sandboxTimeline
-				if json.Unmarshal(sc.Bytes(), &tl) == nil && tl.Msg == "allocation timeline" && tl.InitReceived != 0 && tl.FirstCallEnd != 0 {
-					return tl, true
+				var rec struct {
+					Msg string `json:"msg"`
+					server.Timeline
+				}
+				if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == server.TimelineMessage && rec.InitReceived != 0 && rec.FirstCallEnd != 0 {
+					return rec.Timeline, true
 				}
 			}
 		}
 		if time.Now().After(deadline) {
-			return sandboxTimeline{}, false
+			return server.Timeline{}, false
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
