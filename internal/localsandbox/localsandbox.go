@@ -93,12 +93,10 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 		return nil, err
 	}
 	defer log.Close()
-	if err := uncut(ctx, func(ctx context.Context) error {
-		return o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log})
-	}); err != nil {
+	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log}); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", o.ID, err)
 	}
-	if err := uncut(ctx, func(ctx context.Context) error { return o.Runtime.Start(ctx, o.ID) }); err != nil {
+	if err := o.Runtime.Start(ctx, o.ID); err != nil {
 		return nil, fmt.Errorf("starting sandbox %s: %w", o.ID, err)
 	}
 	timeout := o.ReadyTimeout
@@ -132,22 +130,6 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
-}
-
-// runscStepTimeout bounds a runsc create or start that ctx no longer bounds (see uncut).
-const runscStepTimeout = time.Minute
-
-// uncut runs a runsc create or start to its end even if ctx ends first, then reports ctx's
-// error: killed part-way, runsc can leave a sandbox's processes running with no container
-// state to find them by, so that no delete could remove them (seen: a creation cancelled
-// 64 ms in, under load, left its gofer and sandbox running).
-func uncut(ctx context.Context, step func(context.Context) error) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runscStepTimeout)
-	defer cancel()
-	if err := step(sctx); err != nil {
-		return err
-	}
-	return ctx.Err()
 }
 
 // logTail returns the last lines of the server's log, for error messages.

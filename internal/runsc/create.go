@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -24,9 +25,10 @@ type Stdio struct {
 // CreateWithStdio to keep its output.
 //
 // On error, runsc's messages are in the returned *CommandError. A failed or
-// cancelled Create may leave a partially created container behind: callers
-// clean up with Delete(ctx, id, true), which is idempotent. Create does not
-// do that itself because the id might belong to an existing container.
+// cancelled Create may leave a container behind: callers clean up with
+// Remove, which is idempotent. Create does not do that itself because the id
+// might belong to an existing container. Cancelling ctx does not cut runsc
+// short (see runWhole): Create then returns ctx's error once runsc is done.
 //
 // The sandbox process outlives runsc create and is reparented to the
 // caller's nearest child subreaper, or pid 1; see State.Pid for why that
@@ -65,8 +67,23 @@ func (r *Runtime) CreateWithStdio(ctx context.Context, id, bundleDir string, std
 	if stdio.Stderr != nil {
 		c.stderr = stdio.Stderr
 	}
-	_, _, err = r.run(ctx, c)
-	return err
+	return r.runWhole(ctx, c)
+}
+
+// wholeTimeout bounds a runsc create or start that its caller's context no longer bounds.
+const wholeTimeout = time.Minute
+
+// runWhole runs c (a create or start) to its end even if ctx ends first, then reports ctx's
+// error. Killed part-way, runsc can leave a sandbox's processes running with no container
+// state to find them by, so that no delete removes them (seen: a creation cancelled 64 ms in,
+// under load, left its gofer and sandbox running).
+func (r *Runtime) runWhole(ctx context.Context, c call) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wholeTimeout)
+	defer cancel()
+	if _, _, err := r.run(wctx, c); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // checkNetNS refuses a bundle without a network namespace path: with
