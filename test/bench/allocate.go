@@ -104,7 +104,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	// After the manager has closed: a unit it could not destroy (Failed) must not outlive the
 	// benchmark, whose state directory goes with it.
 	defer removeContainers(alloc.Runtime(), o.Log)
-	est := &switchable{n: 0}
+	est := &switchable{}
 	conns := &sfuse.Conns{}
 	tr := &tracer{waitForLines: time.Second}
 	var initializer manager.Initializer = conns.Initialize
@@ -383,7 +383,7 @@ func waitZero(ready func() int) error {
 // switchable is a fixed estimator whose target the benchmark changes, or another estimator it
 // hands over to.
 type switchable struct {
-	n     int32
+	n     atomic.Int32
 	other atomic.Pointer[estimatorBox]
 }
 
@@ -394,10 +394,10 @@ func (s *switchable) Target(o estimator.Observation) int {
 	if e := s.other.Load(); e != nil {
 		return e.Target(o)
 	}
-	return int(atomicLoad(&s.n))
+	return int(s.n.Load())
 }
-func (s *switchable) set(n int) { atomicStore(&s.n, int32(n)) }
-func (s *switchable) get() int  { return int(atomicLoad(&s.n)) }
+func (s *switchable) set(n int) { s.n.Store(int32(n)) }
+func (s *switchable) get() int  { return int(s.n.Load()) }
 
 // use hands the target over to e (nil: back to the fixed one).
 func (s *switchable) use(e estimator.Estimator) {

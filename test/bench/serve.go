@@ -3,7 +3,6 @@ package bench
 import (
 	"net"
 	"path/filepath"
-	"sync/atomic"
 
 	"google.golang.org/grpc"
 
@@ -24,6 +23,3 @@ func ServeManager(m *manager.Manager, dir string) (string, func(), error) {
 	go srv.Serve(ln)
 	return "unix://" + path, srv.Stop, nil
 }
-
-func atomicLoad(p *int32) int32     { return atomic.LoadInt32(p) }
-func atomicStore(p *int32, v int32) { atomic.StoreInt32(p, v) }
