@@ -162,7 +162,9 @@ func (s *StateOperator) Transition(id string, from, to State, update func(*Unit)
 		s.leaveLocked(u)
 		delete(s.units, id)
 	case Failed:
-		s.failed = append(s.failed, id)
+		if !slices.Contains(s.failed, id) { // a retried destroy fails again: listed already
+			s.failed = append(s.failed, id)
+		}
 		s.trimFailedLocked()
 	}
 	return u.Unit, nil
@@ -200,7 +202,7 @@ func (s *StateOperator) RemainsDue(now time.Time, after time.Duration) []string 
 	defer s.mu.Unlock()
 	var ids []string
 	for _, id := range s.failed {
-		if u, ok := s.units[id]; ok && u.State == Failed && u.Remains && !now.Before(u.Since.Add(after)) && !slices.Contains(ids, id) {
+		if u, ok := s.units[id]; ok && u.State == Failed && u.Remains && !now.Before(u.Since.Add(after)) {
 			ids = append(ids, id)
 		}
 	}
