@@ -124,7 +124,9 @@ load (creations and destructions share the machine with them).
 
 With --trace it also times each step of the warm allocations, from the agent through the
 manager into the sandbox and back (the sandbox's steps come from its server log's
-"allocation timeline"), and prints each step's median and 90th percentile.
+"allocation timeline"), and prints each step's median and 90th percentile, and what makes
+the slowest tenth slow: each step's mean over them less its median (TAIL +MS). --trace-csv
+FILE also writes every traced allocation's steps, one row each, for a closer look.
 
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
@@ -145,6 +147,9 @@ to the real API server, and the API requests each allocation makes.`,
 				fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs), %.1f API writes per allocation\n",
 					r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.APIWritesPerAllocation)
 				return nil
+			}
+			if o.TraceCSV != "" && !o.Trace {
+				return fmt.Errorf("--trace-csv needs --trace")
 			}
 			if allocator != "runsc" {
 				return fmt.Errorf("--allocator %q: want runsc or kube", allocator)
@@ -168,12 +173,16 @@ to the real API server, and the API requests each allocation makes.`,
 			if r.Steps != nil {
 				fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
 				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(w, "STEP\tP50 MS\tP90 MS\t")
+				fmt.Fprintln(w, "STEP\tP50 MS\tP90 MS\tTAIL +MS\t")
 				for _, st := range r.Steps.Steps {
-					fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%s\n", st.Name, st.P50Ms, st.P90Ms, st.What)
+					fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%+.2f\t%s\n", st.Name, st.P50Ms, st.P90Ms, st.TailExcessMs, st.What)
 				}
-				fmt.Fprintf(w, "total\t%.2f\t\t\n", r.Steps.Total)
+				fmt.Fprintf(w, "total\t%.2f\t%.2f\t\t\n", r.Steps.Total, r.Steps.TotalP90)
 				w.Flush()
+				fmt.Printf("TAIL +MS: over the %d allocations slower than the total's p90, each step's mean less its median\n", r.Steps.TailRuns)
+				if o.TraceCSV != "" {
+					fmt.Printf("each traced allocation's steps: %s\n", o.TraceCSV)
+				}
 			}
 			return nil
 		},
@@ -191,6 +200,7 @@ to the real API server, and the API requests each allocation makes.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.IntVar(&o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
 	f.Float64Var(&o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
+	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd
 }

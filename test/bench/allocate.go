@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -31,6 +32,8 @@ type AllocateOptions struct {
 	PoolPing time.Duration
 	// Trace times each step of the warm allocations (AllocateResult.Steps).
 	Trace bool
+	// TraceCSV, with Trace, is a file to write each traced allocation's steps to (CSV).
+	TraceCSV string
 	// DemandRuns allocations arrive at DemandRate per second (0: half the measured refill
 	// rate), each released after its first call, with the ewma estimator sizing the pool:
 	// how many found no ready unit (default 100; negative: skip this phase).
@@ -243,6 +246,11 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		if r.Steps, err = tr.steps(); err != nil {
 			return nil, err
 		}
+		if o.TraceCSV != "" {
+			if err := writeFile(o.TraceCSV, tr.writeCSV); err != nil {
+				return nil, fmt.Errorf("writing the trace: %w", err)
+			}
+		}
 	}
 
 	// Young: a pool of one, its unit taken as soon as it is ready and settled.
@@ -406,4 +414,17 @@ func (s *switchable) use(e estimator.Estimator) {
 		return
 	}
 	s.other.Store(&estimatorBox{e})
+}
+
+// writeFile creates path and writes it with write.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

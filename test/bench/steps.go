@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,12 +19,17 @@ import (
 )
 
 // Steps is where warm allocations' time goes (fusebox bench allocate --trace): each step's
-// median and 90th percentile over the traced allocations.
+// median and 90th percentile over the traced allocations, and which steps make the slowest
+// ones slow.
 type Steps struct {
-	Runs  int     `json:"runs"`
-	Steps []Step  `json:"steps"`
-	Note  string  `json:"note"`
-	Total float64 `json:"total_p50_ms"`
+	Runs     int     `json:"runs"`
+	Steps    []Step  `json:"steps"`
+	Note     string  `json:"note"`
+	Total    float64 `json:"total_p50_ms"`
+	TotalP90 float64 `json:"total_p90_ms"`
+	// TailRuns is how many allocations took longer than TotalP90 (the tail Step.TailExcessMs
+	// describes).
+	TailRuns int `json:"tail_runs"`
 }
 
 // Step is one step of an allocation.
@@ -30,6 +38,9 @@ type Step struct {
 	What  string  `json:"what"`
 	P50Ms float64 `json:"p50_ms"`
 	P90Ms float64 `json:"p90_ms"`
+	// TailExcessMs is, over the allocations slower than the total's 90th percentile, the mean
+	// of this step's time less its median: the step's share of what makes them slow.
+	TailExcessMs float64 `json:"tail_excess_ms"`
 }
 
 // stepNames are the steps between consecutive marks of a traced allocation, in order.
@@ -119,21 +130,80 @@ func (t *tracer) steps() (*Steps, error) {
 	if len(t.marks) == 0 {
 		return nil, fmt.Errorf("trace: no allocation with a complete timeline (%d without)", t.missing)
 	}
-	s := &Steps{Runs: len(t.marks), Note: "consecutive marks of each allocation: the agent's and the manager's in the bench process, the sandbox's from its server log (its clock, which gVisor keeps in step with the host's once the sandbox has warmed up; a step across the boundary may be off by some microseconds, and may be negative by as much)"}
-	var total []float64
-	for i, n := range stepNames {
-		var d []float64
-		for _, m := range t.marks {
-			d = append(d, float64(m[i+1]-m[i])/1e6)
+	s := &Steps{Runs: len(t.marks), Note: "consecutive marks of each allocation: the agent's and the manager's in the bench process, the sandbox's from its server log (its clock, which gVisor keeps in step with the host's once the sandbox has warmed up; a step across the boundary may be off by some microseconds, and may be negative by as much); tail_excess_ms: over the allocations slower than total_p90_ms, the mean of each step less its median"}
+	rows := t.rowsLocked()
+	total := column(rows, 0)
+	s.Total, s.TotalP90 = round(pct(total, 50)), round(pct(total, 90))
+	var tail [][]float64
+	for _, r := range rows {
+		if r[0] > s.TotalP90 {
+			tail = append(tail, r)
 		}
-		s.Steps = append(s.Steps, Step{Name: n.name, What: n.what, P50Ms: round(pct(d, 50)), P90Ms: round(pct(d, 90))})
 	}
-	for _, m := range t.marks {
-		total = append(total, float64(m[len(m)-1]-m[0])/1e6)
+	s.TailRuns = len(tail)
+	for i, n := range stepNames {
+		d := column(rows, i+1)
+		st := Step{Name: n.name, What: n.what, P50Ms: round(pct(d, 50)), P90Ms: round(pct(d, 90))}
+		if len(tail) > 0 {
+			var excess float64
+			for _, r := range tail {
+				excess += r[i+1] - st.P50Ms
+			}
+			st.TailExcessMs = round(excess / float64(len(tail)))
+		}
+		s.Steps = append(s.Steps, st)
 	}
-	s.Total = round(pct(total, 50))
 	if t.missing > 0 {
 		s.Note += fmt.Sprintf("; %d allocations had no complete timeline and are left out", t.missing)
 	}
 	return s, nil
+}
+
+// rowsLocked returns one row per traced allocation, in milliseconds: its total, then each
+// step of stepNames.
+func (t *tracer) rowsLocked() [][]float64 {
+	rows := make([][]float64, 0, len(t.marks))
+	for _, m := range t.marks {
+		r := []float64{float64(m[len(m)-1]-m[0]) / 1e6}
+		for i := 1; i < len(m); i++ {
+			r = append(r, float64(m[i]-m[i-1])/1e6)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func column(rows [][]float64, i int) []float64 {
+	c := make([]float64, len(rows))
+	for j, r := range rows {
+		c[j] = r[i]
+	}
+	return c
+}
+
+// writeCSV writes every traced allocation as a row: its total and each step, in
+// milliseconds, with a header naming them (fusebox bench allocate --trace-csv).
+func (t *tracer) writeCSV(w io.Writer) error {
+	t.mu.Lock()
+	rows := t.rowsLocked()
+	t.mu.Unlock()
+	cw := csv.NewWriter(w)
+	header := []string{"total_ms"}
+	for _, n := range stepNames {
+		header = append(header, n.name+"_ms")
+	}
+	if err := cw.Write(header); err != nil {
+		return err
+	}
+	for _, r := range rows {
+		rec := make([]string, len(r))
+		for i, v := range r {
+			rec[i] = strconv.FormatFloat(v, 'f', 3, 64)
+		}
+		if err := cw.Write(rec); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,59 @@ func TestTracerSteps(t *testing.T) {
 	}
 	if _, err := (&tracer{}).steps(); err == nil {
 		t.Error("steps of nothing: no error")
+	}
+}
+
+// The slowest tenth of the allocations is put down to the steps that made it slow, and the
+// CSV has one row per allocation: its total, then each step.
+func TestTracerTailAndCSV(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	at := func(ms float64) time.Time { return base.Add(time.Duration(ms * float64(time.Millisecond))) }
+	ns := func(ms float64) int64 { return at(ms).UnixNano() }
+	log := filepath.Join(t.TempDir(), "server.log")
+	line := fmt.Sprintf(`{"msg":"allocation timeline","init_received_ns":%d,"init_answered_ns":%d,"handshake_done_ns":%d,"first_call_start_ns":%d,"first_call_end_ns":%d}`,
+		ns(1), ns(2), ns(5), ns(6), ns(7))
+	if err := os.WriteFile(log, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr := &tracer{waitForLines: 10 * time.Millisecond}
+	tr.sfuse = [2]time.Time{at(0.5), at(2.5)}
+	for i := range 10 {
+		done := at(8)
+		if i == 3 {
+			done = at(13) // the first call's answer took 5 ms longer
+		}
+		tr.record(at(0), done, agentMarks{at(3), at(4), at(4.5)}, log)
+	}
+	s, err := tr.steps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Total != 8 || s.TotalP90 != 8 || s.TailRuns != 1 {
+		t.Fatalf("total p50 %v p90 %v, %d in the tail; want 8, 8, 1", s.Total, s.TotalP90, s.TailRuns)
+	}
+	for _, st := range s.Steps {
+		want := 0.0
+		if st.Name == "sandbox_to_agent" {
+			want = 5
+		}
+		if st.TailExcessMs != want {
+			t.Errorf("%s: tail excess %v ms, want %v", st.Name, st.TailExcessMs, want)
+		}
+	}
+	var b strings.Builder
+	if err := tr.writeCSV(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 11 {
+		t.Fatalf("%d CSV lines, want a header and 10 rows:\n%s", len(lines), b.String())
+	}
+	if want := "total_ms,agent_to_manager_ms,"; !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], ",sandbox_to_agent_ms") {
+		t.Errorf("header %q", lines[0])
+	}
+	if want := "13.000,0.500,0.500,1.000,0.500,0.500,1.000,0.500,0.500,1.000,1.000,6.000"; lines[4] != want {
+		t.Errorf("slow row %q, want %q", lines[4], want)
 	}
 }
 
