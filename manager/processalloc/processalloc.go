@@ -101,7 +101,9 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	}
 	defer func() {
 		if err != nil {
-			a.Destroy(context.WithoutCancel(ctx), id)
+			if derr := a.Destroy(context.WithoutCancel(ctx), id); derr != nil {
+				err = fmt.Errorf("%w (%w: %v)", err, manager.ErrRemains, derr)
+			}
 		}
 	}()
 	info := a.info(id, template, time.Now().UTC())
@@ -149,15 +151,22 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("processalloc: bad id %q", id)
 	}
 	d := a.dir(id)
-	if b, err := os.ReadFile(filepath.Join(d, "pid")); err == nil {
+	a.mu.Lock()
+	cmd := a.cmds[id]
+	delete(a.cmds, id)
+	a.mu.Unlock()
+	if cmd != nil {
+		// Started by this allocator: whatever the binary turned into, it is ours. The
+		// process itself through its handle (safe once reaped), then its group.
+		cmd.Process.Signal(syscall.SIGKILL)
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	} else if b, err := os.ReadFile(filepath.Join(d, "pid")); err == nil {
+		// Adopted from an earlier manager: only if the pid still runs the sandbox binary.
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && isOurs(pid, a.o.SandboxBinary) {
 			syscall.Kill(-pid, syscall.SIGKILL) // its session and process group
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	a.mu.Lock()
-	delete(a.cmds, id)
-	a.mu.Unlock()
 	return os.RemoveAll(d)
 }
 
