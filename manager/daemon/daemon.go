@@ -109,6 +109,14 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
+		// After the manager's Close (deferred below, so run before this).
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := a.Shutdown(sctx); err != nil {
+				log.Warn("releasing runsc's state on exit", "err", err)
+			}
+		}()
 		alloc = a
 	case "process":
 		a, err := processalloc.New(processalloc.Options{Insecure: c.Insecure, StateDir: c.StateDir,

@@ -126,6 +126,22 @@ func New(o Options) (*Allocator, error) {
 // Runtime returns the runsc runtime (every call uses the same global flags).
 func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 
+// Shutdown releases what runsc keeps under the state directory between containers (its
+// gofers' empty network namespace, a bind mount: see runsc.Runtime.ReleaseRoot) when no
+// container is left, so that a stopped manager's state directory can be removed. With
+// containers left (bound sandboxes, which the next manager on this state directory adopts)
+// it changes nothing. Call it after the manager's Close.
+func (a *Allocator) Shutdown(ctx context.Context) error {
+	states, err := a.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing containers: %w", err)
+	}
+	if len(states) > 0 {
+		return nil
+	}
+	return a.rt.ReleaseRoot()
+}
+
 // Templates returns the template names.
 func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Templates)) }
 

@@ -62,6 +62,10 @@ func TestAllocateExecRelease(t *testing.T) {
 	if c, d := e.containers(t), e.sandboxDirs(t); len(c) != 0 || len(d) != 0 {
 		t.Errorf("after the daemon stopped: containers %v, sandbox directories %v", c, d)
 	}
+	// Nothing is left mounted under the state directory: a user can remove it.
+	if mounts := e.mountsUnder(t); len(mounts) != 0 {
+		t.Errorf("after the daemon stopped, still mounted under the state directory: %v", mounts)
+	}
 	if strings.Contains(m.Log.String(), "level=ERROR") {
 		t.Errorf("manager logged errors:\n%s", m.Log)
 	}

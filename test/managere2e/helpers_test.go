@@ -152,6 +152,23 @@ func (e *env) containers(t testing.TB) []string {
 	return ids
 }
 
+// mountsUnder returns the mount points under the state directory (/proc/self/mountinfo).
+func (e *env) mountsUnder(t testing.TB) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mount-point ...
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], e.StateDir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
 // sandboxDirs returns the names under <state>/sandboxes.
 func (e *env) sandboxDirs(t testing.TB) []string {
 	t.Helper()
