@@ -214,10 +214,14 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	// brings no key): its first round trip rides on the allocation (see internal/tlsflight).
 	// The sandbox's key, pinned before the handshake goes on, comes with the answer.
 	var h *handshake
+	var next *firstCall
 	if o.Key == nil {
 		h = m.next.Swap(nil)
-		// The next one is made once this allocation is done, not competing with it.
-		defer m.prepare()
+		// The next one is made once this allocation's first call has returned, not
+		// competing with it (made as soon as Allocate returned, it cost the first call a
+		// quarter of a millisecond on two cores), or prepareAfter from now without a call.
+		next = &firstCall{fn: m.prepare}
+		time.AfterFunc(prepareAfter, next.run)
 	}
 	if h == nil {
 		var err error
@@ -241,7 +245,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace)
+	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace, next.dialOptions()...)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -259,7 +263,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 // the sandbox answered it, and makes an ordinary one with h's configuration otherwise (an
 // older manager or sandbox, or a relayed handshake that could not be finished). A sandbox
 // presenting a key other than the one the manager returned is refused either way.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace) (sb *Sandbox, relayed bool, err error) {
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, extra ...grpc.DialOption) (sb *Sandbox, relayed bool, err error) {
 	hs := h.hs
 	defer func() {
 		if !relayed {
@@ -279,7 +283,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 {
-		sb, err := dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))
+		sb, err := dial(a.GRPCTarget(), o, append(extra, grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
 		return sb, false, err
 	}
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
@@ -291,7 +295,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	grpcReady := make(chan dialed, 1)
 	go func() {
-		sb, err := dial("passthrough:///"+a.String(), o, tlsflight.DialOptions(first, a.Network, a.Address, h.cfg)...)
+		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, a.Network, a.Address, h.cfg)...)...)
 		grpcReady <- dialed{sb, err}
 	}()
 	_, err = hs.Finish(ctx, flight)
@@ -314,6 +318,38 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	first <- hs
 	return g.sb, true, nil
+}
+
+// prepareAfter is when the next handshake is made after an allocation that has made no
+// call yet (see firstCall).
+const prepareAfter = 50 * time.Millisecond
+
+// firstCall runs fn once: when a connection's first call returns (a unary call) or has opened
+// (a stream), or when run is called, whichever comes first. A nil *firstCall does nothing.
+type firstCall struct {
+	once sync.Once
+	fn   func()
+}
+
+func (f *firstCall) run() { f.once.Do(f.fn) }
+
+// dialOptions are the interceptors that call run.
+func (f *firstCall) dialOptions() []grpc.DialOption {
+	if f == nil {
+		return nil
+	}
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			f.run()
+			return err
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			f.run()
+			return s, err
+		}),
+	}
 }
 
 func (a *Allocation) renew(every time.Duration) {
