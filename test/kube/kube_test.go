@@ -143,7 +143,6 @@ func createPool(t *testing.T, a *kubealloc.Allocator, prefix string, n int, all 
 	return ids
 }
 
-// waitFor waits for an informer-fed condition (test side only).
 // createDefaultDeny creates the default-deny CiliumNetworkPolicy in ns.
 func createDefaultDeny(t *testing.T, ctx context.Context, ns string) {
 	t.Helper()
@@ -156,6 +155,7 @@ func createDefaultDeny(t *testing.T, ctx context.Context, ns string) {
 	}
 }
 
+// waitFor waits for an informer-fed condition (test side only).
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
