@@ -35,22 +35,30 @@ func (r *refusing) Allocate(_ context.Context, req *managerv1.AllocateRequest) (
 	return nil, status.Error(codes.ResourceExhausted, "no capacity")
 }
 
-// A kept Manager makes each allocation's key and ClientHello ahead of it; every allocation
-// still gets a fresh key and its own handshake, and Close leaves nothing running.
-func TestManagerPreparesAFreshHandshakePerAllocation(t *testing.T) {
-	leakcheck.Check(t)
-	sock := filepath.Join(t.TempDir(), "m.sock")
+// serveUnix serves a gRPC server, its services registered by register, on a unix socket
+// until the test ends, and returns its address (unix:///path).
+func serveUnix(t *testing.T, register func(*grpc.Server)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "grpc.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	fake := &refusing{}
-	managerv1.RegisterManagerServer(srv, fake)
+	register(srv)
 	go srv.Serve(ln)
-	defer srv.Stop()
+	t.Cleanup(srv.Stop)
+	return "unix://" + sock
+}
 
-	m, err := NewManager("unix://"+sock, nil)
+// A kept Manager makes each allocation's key and ClientHello ahead of it; every allocation
+// still gets a fresh key and its own handshake, and Close leaves nothing running.
+func TestManagerPreparesAFreshHandshakePerAllocation(t *testing.T) {
+	leakcheck.Check(t)
+	fake := &refusing{}
+	addr := serveUnix(t, func(srv *grpc.Server) { managerv1.RegisterManagerServer(srv, fake) })
+
+	m, err := NewManager(addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,16 +102,8 @@ func TestManagerPreparesAFreshHandshakePerAllocation(t *testing.T) {
 // way: it starts when that call has returned or, without a call, prepareAfter later.
 func TestNextHandshakeWaitsForTheFirstCall(t *testing.T) {
 	leakcheck.Check(t)
-	sock := filepath.Join(t.TempDir(), "m.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	managerv1.RegisterManagerServer(srv, &refusing{})
-	go srv.Serve(ln)
-	defer srv.Stop()
-	m, err := NewManager("unix://"+sock, nil)
+	addr := serveUnix(t, func(srv *grpc.Server) { managerv1.RegisterManagerServer(srv, &refusing{}) })
+	m, err := NewManager(addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,20 +132,12 @@ func TestNextHandshakeWaitsForTheFirstCall(t *testing.T) {
 // opens, or when run is called first.
 func TestFirstCallRunsOnce(t *testing.T) {
 	leakcheck.Check(t)
-	sock := filepath.Join(t.TempDir(), "h.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	go srv.Serve(ln)
-	defer srv.Stop()
+	addr := serveUnix(t, func(srv *grpc.Server) { healthpb.RegisterHealthServer(srv, health.NewServer()) })
 	ctx := context.Background()
 	for _, first := range []string{"unary", "stream", "run"} {
 		var n atomic.Int32
 		f := &firstCall{fn: func() { n.Add(1) }}
-		conn, err := grpc.NewClient("unix://"+sock, append(f.dialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		conn, err := grpc.NewClient(addr, append(f.dialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 		if err != nil {
 			t.Fatal(err)
 		}
