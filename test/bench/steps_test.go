@@ -14,23 +14,38 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
 )
 
+// at is ms milliseconds into a traced allocation (of the tests' fixed clock).
+func at(ms float64) time.Time {
+	return time.Unix(1_800_000_000, 0).Add(time.Duration(ms * float64(time.Millisecond)))
+}
+
+// traceFixture is a tracer that saw the manager's sFuse call from 0.5 to 2.5 ms, and a
+// sandbox log whose timeline has InitializeTLS from 1 to 2 ms, the handshake done at 5 and the
+// first call from 6 to 7 (the data connection accepted at 3.5), after the lines before.
+func traceFixture(t *testing.T, before string) (tr *tracer, log string) {
+	t.Helper()
+	ns := func(ms float64) int64 { return at(ms).UnixNano() }
+	log = filepath.Join(t.TempDir(), "server.log")
+	line := fmt.Sprintf(`{"time":"x","level":"INFO","msg":"allocation timeline","init_received_ns":%d,"init_answered_ns":%d,"data_accepted_ns":%d,"handshake_done_ns":%d,"first_call_start_ns":%d,"first_call_end_ns":%d}`,
+		ns(1), ns(2), ns(3.5), ns(5), ns(6), ns(7))
+	if err := os.WriteFile(log, []byte(before+line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tr = &tracer{waitForLines: 10 * time.Millisecond}
+	tr.sfuse = [2]time.Time{at(0.5), at(2.5)}
+	return tr, log
+}
+
+// agentAt are the agent's marks of the fixture: the answer at 3 ms, the handshake finished
+// at 4, the first write at 4.5.
+var agentAt = agentMarks{at(3), at(4), at(4.5)}
+
 // The tracer reads the sandbox's timeline from its log and reports each step between
 // consecutive marks; an allocation without a timeline is counted and left out.
 func TestTracerSteps(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	at := func(ms float64) time.Time { return base.Add(time.Duration(ms * float64(time.Millisecond))) }
-	ns := func(ms float64) int64 { return at(ms).UnixNano() }
-	dir := t.TempDir()
-	log := filepath.Join(dir, "server.log")
-	line := fmt.Sprintf(`{"time":"x","level":"INFO","msg":"allocation timeline","init_received_ns":%d,"init_answered_ns":%d,"data_accepted_ns":%d,"handshake_done_ns":%d,"first_call_start_ns":%d,"first_call_end_ns":%d}`,
-		ns(1), ns(2), ns(3.5), ns(5), ns(6), ns(7))
-	if err := os.WriteFile(log, []byte("{\"msg\":\"sandbox server waiting\"}\nnot json\n"+line+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr := &tracer{waitForLines: 10 * time.Millisecond}
-	tr.sfuse = [2]time.Time{at(0.5), at(2.5)}
-	tr.record(at(0), at(8), agentMarks{at(3), at(4), at(4.5)}, log)
-	tr.record(at(0), at(8), agentMarks{at(3), at(4), at(4.5)}, filepath.Join(dir, "missing.log"))
+	tr, log := traceFixture(t, "{\"msg\":\"sandbox server waiting\"}\nnot json\n")
+	tr.record(at(0), at(8), agentAt, log)
+	tr.record(at(0), at(8), agentAt, filepath.Join(filepath.Dir(log), "missing.log"))
 	s, err := tr.steps()
 	if err != nil {
 		t.Fatal(err)
@@ -55,23 +70,13 @@ func TestTracerSteps(t *testing.T) {
 // The slowest tenth of the allocations is put down to the steps that made it slow, and the
 // CSV has one row per allocation: its total, then each step.
 func TestTracerTailAndCSV(t *testing.T) {
-	base := time.Unix(1_800_000_000, 0)
-	at := func(ms float64) time.Time { return base.Add(time.Duration(ms * float64(time.Millisecond))) }
-	ns := func(ms float64) int64 { return at(ms).UnixNano() }
-	log := filepath.Join(t.TempDir(), "server.log")
-	line := fmt.Sprintf(`{"msg":"allocation timeline","init_received_ns":%d,"init_answered_ns":%d,"handshake_done_ns":%d,"first_call_start_ns":%d,"first_call_end_ns":%d}`,
-		ns(1), ns(2), ns(5), ns(6), ns(7))
-	if err := os.WriteFile(log, []byte(line+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tr := &tracer{waitForLines: 10 * time.Millisecond}
-	tr.sfuse = [2]time.Time{at(0.5), at(2.5)}
+	tr, log := traceFixture(t, "")
 	for i := range 10 {
 		done := at(8)
 		if i == 3 {
 			done = at(13) // the first call's answer took 5 ms longer
 		}
-		tr.record(at(0), done, agentMarks{at(3), at(4), at(4.5)}, log)
+		tr.record(at(0), done, agentAt, log)
 	}
 	s, err := tr.steps()
 	if err != nil {
