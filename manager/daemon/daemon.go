@@ -49,6 +49,8 @@ type Config struct {
 	// (manager.Options.PingInterval); 0 turns it off. Not with the kube allocator, whose
 	// pool is shared by the replicas.
 	PoolPing time.Duration
+	// KeepSandboxesAwake is runscalloc.Options.KeepAwake (runsc allocator only).
+	KeepSandboxesAwake bool
 	// Kube configures --allocator kube.
 	Kube KubeConfig
 	// Ready, if set, is called once the manager serves, with the address it listens on.
@@ -105,7 +107,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		alloc, isLeader = a, leader
 	case "runsc":
 		a, err := runscalloc.New(runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Logger: log})
+			SandboxBinary: c.SandboxBinary, KeepAwake: c.KeepSandboxesAwake, Logger: log})
 		if err != nil {
 			return err
 		}

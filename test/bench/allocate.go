@@ -30,6 +30,8 @@ type AllocateOptions struct {
 	Settle time.Duration
 	// PoolPing is the manager's ping interval for the pool's next unit (0: none).
 	PoolPing time.Duration
+	// KeepAwake is runscalloc.Options.KeepAwake.
+	KeepAwake bool
 	// Trace times each step of the warm allocations (AllocateResult.Steps).
 	Trace bool
 	// TraceCSV, with Trace, is a file to write each traced allocation's steps to (CSV).
@@ -58,6 +60,7 @@ type AllocateResult struct {
 	PoolSize           int     `json:"pool_size"`
 	SettleMs           float64 `json:"settle_ms"`
 	PoolPingMs         float64 `json:"pool_ping_ms"`
+	KeepAwake          bool    `json:"keep_sandboxes_awake"`
 	Note               string  `json:"note"`
 	// Steady demand: DemandRuns allocations at DemandPerS, the ewma estimator sizing the
 	// pool; DemandColdWaits of them found no ready unit (the target is none).
@@ -99,7 +102,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary})
+	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary, KeepAwake: o.KeepAwake})
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +132,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer stop()
-	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing),
+	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing), KeepAwake: o.KeepAwake,
 		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is past gVisor's 1 s clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 
 	ready := func() int { return m.States().Counts("")[manager.Ready] }

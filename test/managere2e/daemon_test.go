@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
@@ -21,7 +22,7 @@ import (
 // destroys its container and its state directory.
 func TestAllocateExecRelease(t *testing.T) {
 	e := newEnv(t)
-	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true})
 	ctx := testCtx(t, testDeadline)
 
 	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
@@ -40,6 +41,14 @@ func TestAllocateExecRelease(t *testing.T) {
 	}
 	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
+	}
+	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
+	// the commands it starts do not inherit the setting.
+	if out := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ"); !strings.Contains(out, "GODEBUG="+localsandbox.KeepAwakeGODEBUG+"\n") {
+		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", out, localsandbox.KeepAwakeGODEBUG)
+	}
+	if out := sh(t, ctx, a.Sandbox, "env"); strings.Contains(out, "GODEBUG") {
+		t.Errorf("a command's environment has GODEBUG:\n%s", out)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

@@ -205,6 +205,8 @@ type daemonOpts struct {
 	PoolSize int
 	LeaseTTL time.Duration
 	PoolPing time.Duration
+	// KeepAwake is daemon.Config.KeepSandboxesAwake.
+	KeepAwake bool
 }
 
 // manager is an in-process daemon.Run.
@@ -224,7 +226,7 @@ func (e *env) startDaemon(t *testing.T, o daemonOpts) *manager {
 	m := &manager{Log: log, stop: cancel, done: make(chan error, 1)}
 	cfg := daemon.Config{Listen: e.Addr, Allocator: "runsc", StateDir: e.StateDir, Runsc: e.Runsc,
 		SandboxBinary: e.Sandbox, Estimator: "fixed", PoolSize: o.PoolSize, LeaseTTL: o.LeaseTTL, PoolPing: o.PoolPing,
-		Ready: func(addr string) { ready <- addr }}
+		KeepSandboxesAwake: o.KeepAwake, Ready: func(addr string) { ready <- addr }}
 	go func() {
 		m.done <- daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}()
