@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -26,11 +27,16 @@ func mark(step *atomic.Int64) {
 	}
 }
 
-// TimelineMessage is the message of the log record that carries an allocation's Timeline.
+// TimelineMessage is the message of the log record that carries an allocation's Timeline
+// under the key "timeline" (with a JSON handler: {"msg":"allocation timeline",
+// "timeline":{"init_received_ns":...}}; ParseTimeline reads it back).
 const TimelineMessage = "allocation timeline"
 
-// Timeline is the fields of that record (a JSON log line): Unix nanoseconds of each step, 0
-// for a step that did not happen.
+// timelineKey is the record's key for the Timeline; ParseTimeline's struct tag repeats it.
+const timelineKey = "timeline"
+
+// Timeline is that record's value: Unix nanoseconds of each step, 0 for a step that did not
+// happen.
 type Timeline struct {
 	InitReceived   int64 `json:"init_received_ns"`
 	InitAnswered   int64 `json:"init_answered_ns"`
@@ -40,12 +46,18 @@ type Timeline struct {
 	FirstCallEnd   int64 `json:"first_call_end_ns"`
 }
 
-// log writes the Timeline record, its keys those of Timeline's JSON.
+// log writes the Timeline record.
 func (t *timeline) log(l *slog.Logger) {
-	l.Info(TimelineMessage,
-		"init_received_ns", t.initReceived.Load(), "init_answered_ns", t.initAnswered.Load(),
-		"data_accepted_ns", t.dataAccepted.Load(), "handshake_done_ns", t.handshakeDone.Load(),
-		"first_call_start_ns", t.firstCallStart.Load(), "first_call_end_ns", t.firstCallEnded.Load())
+	LogTimeline(l, Timeline{
+		InitReceived: t.initReceived.Load(), InitAnswered: t.initAnswered.Load(),
+		DataAccepted: t.dataAccepted.Load(), HandshakeDone: t.handshakeDone.Load(),
+		FirstCallStart: t.firstCallStart.Load(), FirstCallEnd: t.firstCallEnded.Load()})
+}
+
+// LogTimeline writes tl as the server does after an allocation's first call (tests of its
+// readers write their fixtures with it).
+func LogTimeline(l *slog.Logger, tl Timeline) {
+	l.Info(TimelineMessage, slog.Any(timelineKey, tl))
 }
 
 // timedCreds marks the first server handshake's start and end on a timeline.
@@ -65,4 +77,16 @@ func (c timedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInf
 
 func (c timedCreds) Clone() credentials.TransportCredentials {
 	return timedCreds{c.TransportCredentials.Clone(), c.tl}
+}
+
+// ParseTimeline returns the Timeline of a JSON log line, if the line is that record.
+func ParseTimeline(line []byte) (Timeline, bool) {
+	var rec struct {
+		Msg      string   `json:"msg"`
+		Timeline Timeline `json:"timeline"`
+	}
+	if json.Unmarshal(line, &rec) != nil || rec.Msg != TimelineMessage {
+		return Timeline{}, false
+	}
+	return rec.Timeline, true
 }

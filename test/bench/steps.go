@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -107,12 +106,8 @@ func (t *tracer) readTimeline(path string) (server.Timeline, bool) {
 			sc := bufio.NewScanner(bytes.NewReader(b))
 			sc.Buffer(nil, 1<<20)
 			for sc.Scan() {
-				var rec struct {
-					Msg string `json:"msg"`
-					server.Timeline
-				}
-				if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == server.TimelineMessage && rec.InitReceived != 0 && rec.FirstCallEnd != 0 {
-					return rec.Timeline, true
+				if tl, ok := server.ParseTimeline(sc.Bytes()); ok && tl.InitReceived != 0 && tl.FirstCallEnd != 0 {
+					return tl, true
 				}
 			}
 		}

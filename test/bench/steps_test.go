@@ -1,8 +1,9 @@
 package bench
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
+	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
 
 // at is ms milliseconds into a traced allocation (of the tests' fixed clock).
@@ -26,9 +28,10 @@ func traceFixture(t *testing.T, before string) (tr *tracer, log string) {
 	t.Helper()
 	ns := func(ms float64) int64 { return at(ms).UnixNano() }
 	log = filepath.Join(t.TempDir(), "server.log")
-	line := fmt.Sprintf(`{"time":"x","level":"INFO","msg":"allocation timeline","init_received_ns":%d,"init_answered_ns":%d,"data_accepted_ns":%d,"handshake_done_ns":%d,"first_call_start_ns":%d,"first_call_end_ns":%d}`,
-		ns(1), ns(2), ns(3.5), ns(5), ns(6), ns(7))
-	if err := os.WriteFile(log, []byte(before+line+"\n"), 0o600); err != nil {
+	var line bytes.Buffer
+	server.LogTimeline(slog.New(slog.NewJSONHandler(&line, nil)), server.Timeline{InitReceived: ns(1), InitAnswered: ns(2),
+		DataAccepted: ns(3.5), HandshakeDone: ns(5), FirstCallStart: ns(6), FirstCallEnd: ns(7)})
+	if err := os.WriteFile(log, append([]byte(before), line.Bytes()...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tr = &tracer{waitForLines: 10 * time.Millisecond}
