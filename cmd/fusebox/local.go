@@ -66,7 +66,7 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
 	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never)")
-	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", true, keepAwakeHelp)
+	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", false, keepAwakeHelp)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -50,7 +50,7 @@ the default-deny CiliumNetworkPolicy.`,
 	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
 	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
-	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", true, keepAwakeHelp+" (runsc allocator)")
+	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", false, keepAwakeHelp+" (runsc allocator)")
 	f.StringVar(&c.Kube.Kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster configuration)")
 	f.StringVar(&c.Kube.SandboxNamespace, "sandbox-namespace", "fusebox-sandboxes", "namespace of the sandbox pods")
 	f.StringVar(&c.Kube.ManagerNamespace, "manager-namespace", "fusebox", "namespace of the leader-election Lease")

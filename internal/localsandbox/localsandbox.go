@@ -48,7 +48,7 @@ type Options struct {
 }
 
 // KeepAwakeGODEBUG keeps the sandbox server's Go runtime monitor (sysmon) out of its deep
-// sleep, at a measured cost, for faster allocations.
+// sleep, at a measured cost, for faster typical allocations (not a shorter tail).
 //
 // A Go process whose goroutines are all idle parks sysmon; the next system call wakes it and
 // it then polls every 20 µs for a millisecond or more. Under gVisor an idle sandbox is slow to
@@ -63,8 +63,11 @@ type Options struct {
 // Measured with fusebox bench allocate --trace (three interleaved pairs of 100 warm
 // allocations each, 2026-12-01): InitializeTLS reaching its handler 0.76-0.95 -> 0.53-0.61 ms,
 // the agent's handshake finish 0.43-0.48 -> 0.35-0.37 ms, total p50 3.84-4.31 -> 3.53-3.62 ms.
-// Cost: 4 idle sandboxes used 1.11 s of CPU in 20 s with it, 0.08 s without (about 1.4 % of
-// one CPU per idle sandbox).
+// Over 700 allocations each way (five interleaved pairs): p50 3.95 against 4.27 ms, p90 5.63
+// against 5.95, but p99 7.91 against 7.53: every idle sandbox now wakes 100 times a second,
+// and an allocation that meets those wake-ups on the two CPUs is slower. Cost: 4 idle
+// sandboxes used 1.08 s of CPU in 20 s with it, 0.05 s without (about 1.35 % of one CPU per
+// idle sandbox). Hence off by default (fusebox local up --keep-sandboxes-awake).
 const KeepAwakeGODEBUG = "schedtrace=2147483647"
 
 // withGODEBUG returns env with setting added to its GODEBUG entry (or as a new entry).
