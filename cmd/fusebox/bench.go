@@ -107,7 +107,8 @@ func printJSON(v any) error {
 func benchAllocateCmd() *cobra.Command {
 	var o bench.AllocateOptions
 	var asJSON bool
-	var allocator string
+	var allocator, remote string
+	var busy bool
 	cmd := &cobra.Command{
 		Use:   "allocate",
 		Short: "Warm and cold allocation latency and pool refill rate with the runsc allocator",
@@ -133,9 +134,35 @@ FILE also writes every traced allocation's steps, one row each, for a closer loo
 
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
-to the real API server, and the API requests each allocation makes.`,
+to the real API server, and the API requests each allocation makes.
+
+With --manager ADDR it starts nothing: it measures warm allocations against a manager that
+runs already (fusebox local up's unix socket, or a cluster manager's tcp://host:port reached
+without TLS, e.g. through kubectl port-forward), as an agent on this machine sees them. Before
+each allocation it waits until the manager's pool has held its target of ready units for
+--settle with nothing being created or destroyed (--busy: full is enough, for a manager that
+others use too) and its oldest ready unit is past the warm-up; every allocation is released.
+Only --runs, --settle, --busy and --json apply.`,
+		Example: `  fusebox bench allocate --json --runs 100
+  fusebox bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
+  fusebox bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			if remote != "" {
+				if o.Trace || cmd.Flags().Changed("allocator") {
+					return fmt.Errorf("--manager measures a running manager: --trace and --allocator do not apply")
+				}
+				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Log: o.Log})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(r)
+				}
+				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s); %d allocations waited for a cold start meanwhile\n",
+					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.ColdWaits)
+				return nil
+			}
 			if allocator == "kube" {
 				if o.Trace {
 					return fmt.Errorf("--trace needs --allocator runsc (the kube benchmark's pods run no sandbox)")
@@ -205,6 +232,8 @@ to the real API server, and the API requests each allocation makes.`,
 	f.IntVar(&o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
 	f.Float64Var(&o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
+	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
+	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd
 }

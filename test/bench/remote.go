@@ -1,0 +1,197 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/manager"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+)
+
+// RemoteOptions configure warm allocations against a running manager (fusebox local up, or a
+// cluster's manager), as an agent beside it sees them.
+type RemoteOptions struct {
+	// Manager is the manager's address (unix:///path or tcp://host:port); Credentials secure
+	// the connection to it (nil: none, right for the local unix socket only).
+	Manager     string
+	Credentials credentials.TransportCredentials
+	Runs        int
+	// Settle is how long the pool must have been full before each allocation (default 100
+	// ms; negative: none).
+	Settle time.Duration
+	// Busy measures without waiting for the manager's creations and destructions to finish
+	// (on a manager that others use too, they may never pause); the pool must still be full.
+	Busy bool
+	// Wait bounds each wait for a full pool (default 2 minutes).
+	Wait time.Duration
+	Log  *slog.Logger
+}
+
+// RemoteResult is the JSON `fusebox bench allocate --manager ADDR --json` prints.
+type RemoteResult struct {
+	Manager       string  `json:"manager"`
+	Allocator     string  `json:"allocator"`
+	Runs          int     `json:"runs"`
+	AllocateP50Ms float64 `json:"allocate_p50_ms"`
+	AllocateP90Ms float64 `json:"allocate_p90_ms"`
+	AllocateP95Ms float64 `json:"allocate_p95_ms"`
+	AllocateP99Ms float64 `json:"allocate_p99_ms"`
+	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
+	// while it ran (the manager's cold-wait count, before and after).
+	ColdWaits uint64  `json:"cold_waits"`
+	SettleMs  float64 `json:"settle_ms"`
+	Busy      bool    `json:"busy"`
+	Note      string  `json:"note"`
+}
+
+// ErrNotSettled is returned when the manager's pool did not fill within RemoteOptions.Wait.
+var ErrNotSettled = errors.New("the manager's pool did not fill")
+
+// AllocateRemote measures warm allocations against the manager at o.Manager: before each,
+// it waits until the pool holds its target of ready units (and, unless o.Busy, nothing is
+// being created or destroyed) for o.Settle, and until the unit to be taken (the oldest ready
+// one) is past gVisor's clock warm-up by the manager's clock; then Allocate over one kept
+// connection (sFuse included) with a fresh agent key, the first data-plane call (Stat), and
+// the release. Every allocation is released, also on error.
+func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error) {
+	if o.Runs <= 0 {
+		return nil, errors.New("bench: RemoteOptions.Runs must be positive")
+	}
+	if o.Settle == 0 {
+		o.Settle = 100 * time.Millisecond
+	}
+	if o.Wait <= 0 {
+		o.Wait = 2 * time.Minute
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	addr, err := endpoint.Parse(o.Manager)
+	if err != nil {
+		return nil, fmt.Errorf("manager address: %w", err)
+	}
+	creds := o.Credentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("dialing manager %s: %w", addr, err)
+	}
+	defer conn.Close()
+	mc := managerv1.NewManagerClient(conn)
+	first, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("asking %s for its pool: %w", addr, err)
+	}
+	agent, err := client.NewManager(o.Manager, o.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	defer agent.Close()
+
+	r := &RemoteResult{Manager: o.Manager, Allocator: first.GetAllocator(), Runs: o.Runs, SettleMs: ms(max(o.Settle, 0)), Busy: o.Busy,
+		Note: "warm: the manager's pool is full (and, unless busy, creates and destroys nothing) for settle_ms and its oldest ready unit is past gVisor's 1 s clock warm-up; each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
+	o.Log.Info("warm allocations against a running manager", "manager", o.Manager, "allocator", r.Allocator, "runs", o.Runs)
+	var lat []float64
+	for i := range o.Runs {
+		if err := waitFull(ctx, mc, o); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		a, err := agent.Allocate(ctx, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}})
+		if err != nil {
+			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
+		}
+		_, err = a.Stat(ctx, ".", false)
+		d := time.Since(t0)
+		if cerr := a.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("releasing: %w", cerr)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("allocation %d (%s): %w", i+1, a.ID, err)
+		}
+		lat = append(lat, ms(d))
+	}
+	last, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("asking %s for its pool: %w", addr, err)
+	}
+	r.ColdWaits = last.GetColdWaits() - first.GetColdWaits()
+	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(lat, 50), pct(lat, 90), pct(lat, 95), pct(lat, 99)
+	return r, nil
+}
+
+// waitFull returns once the manager's pool has been full (and quiet, unless o.Busy) for
+// o.Settle and its oldest ready unit is past the warm-up.
+func waitFull(ctx context.Context, mc managerv1.ManagerClient, o RemoteOptions) error {
+	deadline := time.Now().Add(o.Wait)
+	var since time.Time // when the pool was first seen full and quiet, this time round
+	for {
+		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			return fmt.Errorf("asking for the pool: %w", err)
+		}
+		u := ps.GetUnits()
+		full := u[manager.Ready.String()] >= max(ps.GetTarget(), 1) &&
+			(o.Busy || u[manager.Creating.String()] == 0 && u[manager.Destroying.String()] == 0)
+		if !full {
+			since = time.Time{}
+		} else {
+			if since.IsZero() {
+				since = time.Now()
+			}
+			if time.Since(since) >= o.Settle {
+				return waitWarm(ctx, mc)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w in %v: target %d ready, units %v", ErrNotSettled, o.Wait, ps.GetTarget(), u)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitWarm waits until the oldest ready unit, the one the next allocation takes, is
+// manager.GVisorWarmUp old by the manager's clock (the local one may differ: an age outside
+// zero to an hour is not waited for).
+func waitWarm(ctx context.Context, mc managerv1.ManagerClient) error {
+	list, err := mc.List(ctx, &managerv1.ListRequest{})
+	if err != nil {
+		return fmt.Errorf("listing units: %w", err)
+	}
+	var oldest time.Time
+	for _, s := range list.GetSandboxes() {
+		if s.GetState() == managerv1.UnitState_UNIT_STATE_READY && s.GetCreated() != nil {
+			if c := s.GetCreated().AsTime(); oldest.IsZero() || c.Before(oldest) {
+				oldest = c
+			}
+		}
+	}
+	if oldest.IsZero() {
+		return nil
+	}
+	wait := manager.GVisorWarmUp - time.Since(oldest)
+	if wait <= 0 || wait > manager.GVisorWarmUp {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(wait):
+		return nil
+	}
+}

@@ -1,0 +1,42 @@
+package managere2e
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/bench"
+)
+
+// fusebox bench allocate --manager measures warm allocations against a running manager and
+// releases every sandbox it took; a pool that never fills is reported, not waited on forever.
+func TestBenchAgainstRunningManager(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+
+	r, err := bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: e.Addr, Runs: 3, Settle: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("AllocateRemote: %v", err)
+	}
+	if r.Runs != 3 || r.Allocator != "runsc" || r.AllocateP50Ms <= 0 || r.AllocateP99Ms < r.AllocateP50Ms {
+		t.Errorf("result %+v: want 3 runs on runsc with p50 > 0 and p99 >= p50", r)
+	}
+	if r.ColdWaits != 0 {
+		t.Errorf("%d allocations waited for a cold start: each run waits for a full pool", r.ColdWaits)
+	}
+	mc := dialManager(t, e.Addr)
+	for id, s := range list(t, ctx, mc) {
+		if st := s.GetState(); st == managerv1.UnitState_UNIT_STATE_BOUND || st == managerv1.UnitState_UNIT_STATE_INITIALISING {
+			t.Errorf("unit %s is %v after the benchmark: every allocation must be released", id, st)
+		}
+	}
+
+	// Busy does not wait for creations to pause, but the pool must still be full: with a
+	// one-unit pool taken and no time to refill, the wait ends with an error.
+	_, err = bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: e.Addr, Runs: 50, Settle: -1, Busy: true, Wait: time.Nanosecond})
+	if err == nil || !errors.Is(err, bench.ErrNotSettled) {
+		t.Errorf("AllocateRemote with a 1 ns wait: %v, want ErrNotSettled", err)
+	}
+}
