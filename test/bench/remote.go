@@ -59,7 +59,7 @@ var ErrNotSettled = errors.New("the manager's pool did not fill")
 // AllocateRemote measures warm allocations against the manager at o.Manager: before each,
 // it waits until the pool holds its target of ready units (and, unless o.Busy, nothing is
 // being created or destroyed) for o.Settle, and until the unit to be taken (the oldest ready
-// one) is past gVisor's clock warm-up by the manager's clock; then Allocate over one kept
+// one) is past gVisor's clock warm-up (warmAge) by the manager's clock; then Allocate over one kept
 // connection (sFuse included) with a fresh agent key, the first data-plane call (Stat), and
 // the release. Every allocation is released, also on error.
 func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error) {
@@ -165,9 +165,9 @@ func waitFull(ctx context.Context, mc managerv1.ManagerClient, o RemoteOptions) 
 	}
 }
 
-// waitWarm waits until the oldest ready unit, the one the next allocation takes, is
-// manager.GVisorWarmUp old by the manager's clock (the local one may differ: an age outside
-// zero to an hour is not waited for).
+// waitWarm waits until the oldest ready unit, the one the next allocation takes, is warmAge
+// old by the manager's clock (the local one may differ: a wait outside zero to warmAge is not
+// made).
 func waitWarm(ctx context.Context, mc managerv1.ManagerClient) error {
 	list, err := mc.List(ctx, &managerv1.ListRequest{})
 	if err != nil {
@@ -184,8 +184,8 @@ func waitWarm(ctx context.Context, mc managerv1.ManagerClient) error {
 	if oldest.IsZero() {
 		return nil
 	}
-	wait := manager.GVisorWarmUp - time.Since(oldest)
-	if wait <= 0 || wait > manager.GVisorWarmUp {
+	wait := warmAge - time.Since(oldest)
+	if wait <= 0 || wait > warmAge {
 		return nil
 	}
 	select {
