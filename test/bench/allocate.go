@@ -137,7 +137,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	}
 	defer stop()
 	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing), KeepAwake: o.KeepAwake,
-		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is past gVisor's 1 s clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
+		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is 1.2 s past its creation's start, so past gVisor's clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 
 	ready := func() int { return m.States().Counts("")[manager.Ready] }
 	waitReady := func(n int) error {

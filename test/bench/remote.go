@@ -100,7 +100,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	defer agent.Close()
 
 	r := &RemoteResult{Manager: o.Manager, Allocator: first.GetAllocator(), Runs: o.Runs, SettleMs: ms(max(o.Settle, 0)), Busy: o.Busy,
-		Note: "warm: the manager's pool is full (and, unless busy, creates and destroys nothing) for settle_ms and its oldest ready unit is past gVisor's 1 s clock warm-up; each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
+		Note: "warm: the manager's pool is full (and, unless busy, creates and destroys nothing) for settle_ms and its oldest ready unit is 1.2 s past its creation's start by the manager's clock, so past gVisor's clock warm-up; each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 	o.Log.Info("warm allocations against a running manager", "manager", o.Manager, "allocator", r.Allocator, "runs", o.Runs)
 	var lat []float64
 	for i := range o.Runs {
