@@ -132,6 +132,13 @@ manager into the sandbox and back (the sandbox's steps come from its server log'
 the slowest tenth slow: each step's mean over them less its median (TAIL +MS). --trace-csv
 FILE also writes every traced allocation's steps, one row each, for a closer look.
 
+With --sched (root; tracefs, mounted if it is not) it records the kernel's context switches
+during the warm allocations in a tracefs instance of its own and prints who had the CPUs
+during each: this process (agent and manager), gVisor (the sandboxes and runsc), other
+processes, and nobody; the slowest allocations one by one, and how many of the slowest tenth
+had other processes on the CPUs: whether a slow allocation was fusebox's doing or a
+neighbour's.
+
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
 to the real API server, and the API requests each allocation makes.
@@ -145,12 +152,13 @@ others use too) and its oldest ready unit is past the warm-up; every allocation 
 Only --runs, --settle, --busy and --json apply.`,
 		Example: `  fusebox bench allocate --json --runs 100
   fusebox bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
+  fusebox bench allocate --runs 100 --sched
   fusebox bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if remote != "" {
-				if o.Trace || cmd.Flags().Changed("allocator") {
-					return fmt.Errorf("--manager measures a running manager: --trace and --allocator do not apply")
+				if o.Trace || o.Sched || cmd.Flags().Changed("allocator") {
+					return fmt.Errorf("--manager measures a running manager: --trace, --sched and --allocator do not apply")
 				}
 				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Log: o.Log})
 				if err != nil {
@@ -164,8 +172,8 @@ Only --runs, --settle, --busy and --json apply.`,
 				return nil
 			}
 			if allocator == "kube" {
-				if o.Trace {
-					return fmt.Errorf("--trace needs --allocator runsc (the kube benchmark's pods run no sandbox)")
+				if o.Trace || o.Sched {
+					return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
 				}
 				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
 				if err != nil {
@@ -214,6 +222,9 @@ Only --runs, --settle, --busy and --json apply.`,
 					fmt.Printf("each traced allocation's steps: %s\n", o.TraceCSV)
 				}
 			}
+			if r.Sched != nil {
+				printSched(r.Sched)
+			}
 			return nil
 		},
 	}
@@ -234,6 +245,7 @@ Only --runs, --settle, --busy and --json apply.`,
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
 	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
 	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
+	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation: this process, gVisor, other processes, nobody")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd
 }
@@ -268,4 +280,25 @@ func benchManagerCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&d, "duration", 3*time.Second, "time per level")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// printSched prints who had the CPUs during the warm allocations (bench allocate --sched).
+func printSched(s *bench.Sched) {
+	fmt.Printf("\nwho had the %d CPUs during each warm allocation (%d recorded; ms of CPU time):\n", s.CPUs, s.Runs)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "ALLOCATION MS\tTHIS PROCESS\tGVISOR\tOTHER\tIDLE\t")
+	fmt.Fprintf(w, "mean\t%.2f\t%.2f\t%.2f\t%.2f\t\n", s.BenchMs, s.GVisorMs, s.OtherMs, s.IdleMs)
+	for _, a := range s.Slowest {
+		other := fmt.Sprintf("%.2f", a.OtherMs)
+		if a.Other != "" {
+			other += " (most: " + a.Other + ")"
+		}
+		fmt.Fprintf(w, "%.2f\t%.2f\t%.2f\t%s\t%.2f\t\n", a.TotalMs, a.BenchMs, a.GVisorMs, other, a.IdleMs)
+	}
+	w.Flush()
+	fmt.Printf("of the %d allocations slower than the p90, %d had other processes on the CPUs for %.1f ms or more; the p99 of the %d allocations that did not: %.2f ms\n",
+		s.TailRuns, s.TailWithOther, s.OtherThresholdMs, s.WithoutOtherRuns, s.WithoutOtherP99Ms)
+	if s.Lost {
+		fmt.Println("the trace buffer overflowed: the earliest allocations are not counted")
+	}
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
+	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -36,6 +38,9 @@ type AllocateOptions struct {
 	Trace bool
 	// TraceCSV, with Trace, is a file to write each traced allocation's steps to (CSV).
 	TraceCSV string
+	// Sched records the kernel's context switches during the warm allocations and says who
+	// had the CPUs during each (AllocateResult.Sched; root and tracefs).
+	Sched bool
 	// DemandRuns allocations arrive at DemandRate per second (0: half the measured refill
 	// rate), each released after its first call, with the ewma estimator sizing the pool:
 	// how many found no ready unit (default 100; negative: skip this phase).
@@ -76,6 +81,8 @@ type AllocateResult struct {
 	DemandPoolTargetMax int     `json:"demand_pool_target_max"`
 	// Steps is where the warm allocations' time goes (with Trace).
 	Steps *Steps `json:"steps,omitempty"`
+	// Sched is who had the CPUs during the warm allocations (with Sched).
+	Sched *Sched `json:"sched,omitempty"`
 }
 
 // Allocate measures allocation against a real manager with the runsc allocator: warm
@@ -157,12 +164,14 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer agent.Close()
+	var marks *schedMarks // set during the warm allocations, with o.Sched
 	one := func(trace bool) (time.Duration, error) {
 		var ct client.AllocateTrace
 		ao := client.AllocateOptions{}
 		if trace {
 			ao.Trace = &ct
 		}
+		marks.start()
 		t0 := time.Now()
 		a, err := agent.Allocate(ctx, ao)
 		if err != nil {
@@ -173,6 +182,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			return 0, err
 		}
 		done := time.Now()
+		marks.end()
 		if trace {
 			tr.record(t0, done, agentMarks{ct.Answered, ct.Finished, ct.Sent()}, alloc.ServerLog(a.ID))
 		}
@@ -244,7 +254,37 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	// Warm: the next unit (the oldest ready one) is past its warm-up, as in a pool sized for
 	// its demand (the manager counts the warm-up in its provisioning latency).
 	o.Log.Info("warm allocations", "runs", o.Runs)
-	warm, err := measure(o.Runs, o.Trace, func() error { return quiet(warmAge) })
+	var rec *schedtrace.Recorder
+	if o.Sched {
+		if rec, err = schedtrace.Start(0); err != nil {
+			return nil, fmt.Errorf("--sched: %w", err)
+		}
+		marks = &schedMarks{rec: rec}
+	}
+	warm, err := measure(o.Runs, o.Trace, func() error {
+		if rec != nil {
+			// The last allocation's switches, out of the kernel's buffer before the pool
+			// settles for the next.
+			if err := rec.Drain(); err != nil {
+				return err
+			}
+		}
+		return quiet(warmAge)
+	})
+	if rec != nil {
+		marksErr := marks.err
+		marks = nil
+		t, stopErr := rec.Stop()
+		if err == nil {
+			err = errors.Join(marksErr, stopErr)
+		}
+		if err == nil {
+			self, selfErr := selfThreads()
+			if err = selfErr; err == nil {
+				r.Sched, err = schedSummary(t, warm, self)
+			}
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

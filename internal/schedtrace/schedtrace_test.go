@@ -1,0 +1,157 @@
+package schedtrace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+const sample = `# tracer: nop
+#
+# entries-in-buffer/entries-written: 9/9   #P:2
+#
+#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION
+            bash-10      [000] d..2.   100.000000: sched_switch: prev_comm=bash prev_pid=10 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120
+          <idle>-0       [001] d..2.   100.000100: sched_switch: prev_comm=swapper/1 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=my prog next_pid=21 next_prio=120
+         my prog-21      [001] ...1.   100.000200: tracing_mark_write: w:start 1
+          <idle>-0       [000] d..2.   100.000500: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=exe next_pid=30 next_prio=120
+             exe-30      [000] d..2.   100.001500: sched_switch: prev_comm=exe prev_pid=30 prev_prio=120 prev_state=S ==> next_comm=kworker/u8:1 next_pid=40 next_prio=120
+         my prog-21      [001] d..2.   100.002000: sched_switch: prev_comm=my prog prev_pid=21 prev_prio=120 prev_state=S ==> next_comm=swapper/1 next_pid=0 next_prio=120
+    kworker/u8:1-40      [000] d..2.   100.002200: sched_switch: prev_comm=kworker/u8:1 prev_pid=40 prev_prio=120 prev_state=I ==> next_comm=swapper/0 next_pid=0 next_prio=120
+          <idle>-0       [001] ...1.   100.003200: tracing_mark_write: w:end 1
+          <idle>-0       [001] ...1.   100.003300: tracing_mark_write: w:start 2
+`
+
+func TestParseUsageWindows(t *testing.T) {
+	t.Run("whole", func(t *testing.T) { testParseUsageWindows(t, strings.NewReader(sample)) })
+	// As trace_pipe gives it: in pieces that end within lines.
+	t.Run("bytewise", func(t *testing.T) { testParseUsageWindows(t, iotest.OneByteReader(strings.NewReader(sample))) })
+}
+
+func testParseUsageWindows(t *testing.T, rd io.Reader) {
+	tr, err := Parse(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Lost || tr.CPUs() != 2 {
+		t.Fatalf("lost %v, CPUs %d", tr.Lost, tr.CPUs())
+	}
+	w := tr.Windows("w:")
+	if len(w) != 1 {
+		t.Fatalf("windows %v: want only key 1 (2 never ends)", w)
+	}
+	one := w["1"]
+	if one.From != 100*time.Second+200*time.Microsecond || one.To != 100*time.Second+3200*time.Microsecond {
+		t.Fatalf("window %+v", one)
+	}
+	got := tr.Usage(one.From, one.To)
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	want := map[Task]time.Duration{
+		{21, "my prog"}:      us(1800), // 200 -> 2000 on CPU 1
+		{0, "swapper/1"}:     us(1200), // 2000 -> 3200
+		{0, "swapper/0"}:     us(300 + 1000),
+		{30, "exe"}:          us(1000),
+		{40, "kworker/u8:1"}: us(700),
+	}
+	if len(got) != len(want) {
+		t.Fatalf("usage %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%+v ran %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+func TestParseLost(t *testing.T) {
+	tr, err := Parse(strings.NewReader(strings.Replace(sample, "9/9", "9/4000", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.Lost {
+		t.Fatal("an overwritten buffer is not reported")
+	}
+}
+
+func TestParseBadSwitch(t *testing.T) {
+	_, err := Parse(strings.NewReader("   a-1 [000] d..2. 1.000000: sched_switch: prev_comm=a ==> next_comm=b next_pid=x next_prio=1\n"))
+	if err == nil {
+		t.Fatal("a malformed sched_switch parsed")
+	}
+}
+
+// TestRecorder records this process burning a CPU between two marks on the real kernel: the
+// window's usage must put most of its length on this process's threads.
+func TestRecorder(t *testing.T) {
+	r, err := Start(1024)
+	if errors.Is(err, ErrNoTracefs) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Mark("t:start x"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Millisecond)
+	n := 0
+	for time.Now().Before(deadline) {
+		n++
+	}
+	if err := r.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Mark("t:end x"); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := r.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Stop(); err == nil {
+		t.Error("a second Stop did not fail")
+	}
+	if _, err := os.Stat(r.dir); !os.IsNotExist(err) {
+		t.Errorf("instance %s not removed: %v", r.dir, err)
+	}
+	w, ok := tr.Windows("t:")["x"]
+	if !ok {
+		t.Fatalf("no window in %d marks", len(tr.Marks))
+	}
+	if d := w.To - w.From; d < 30*time.Millisecond {
+		t.Fatalf("window %v shorter than the 30 ms marked", d)
+	}
+	mine := threads(t)
+	var self time.Duration
+	for task, d := range tr.Usage(w.From, w.To) {
+		if mine[task.PID] {
+			self += d
+		}
+	}
+	// The busy loop ran on one CPU for the whole window, less what preemption took.
+	if self < (w.To-w.From)/2 {
+		t.Fatalf("this process ran %v of the %v window (loop ran %d times)", self, w.To-w.From, n)
+	}
+}
+
+func threads(t *testing.T) map[int]bool {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[int]bool{}
+	for _, e := range ents {
+		id, err := strconv.Atoi(e.Name())
+		if err != nil {
+			t.Fatal(fmt.Errorf("task %q: %w", e.Name(), err))
+		}
+		m[id] = true
+	}
+	return m
+}

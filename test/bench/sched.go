@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/schedtrace"
+)
+
+// Sched is who had the machine's CPUs during each warm allocation (fusebox bench allocate
+// --sched), from the kernel's context switches: this process (the agent and the manager),
+// gVisor (the sandboxes and runsc), other processes, and nobody (idle). It tells an
+// allocation that was slow because something else on the machine ran from one that was slow
+// on its own.
+type Sched struct {
+	Runs int `json:"runs"`
+	CPUs int `json:"cpus"`
+	// Means over the allocations of CPU time per class (summed over CPUs), ms.
+	BenchMs  float64 `json:"bench_ms"`
+	GVisorMs float64 `json:"gvisor_ms"`
+	OtherMs  float64 `json:"other_ms"`
+	IdleMs   float64 `json:"idle_ms"`
+	// TailRuns allocations were slower than the p90; TailWithOther of them had other
+	// processes on the CPUs for at least OtherThresholdMs.
+	TailRuns         int     `json:"tail_runs"`
+	TailWithOther    int     `json:"tail_with_other"`
+	OtherThresholdMs float64 `json:"other_threshold_ms"`
+	// WithoutOtherP99Ms is the p99 of the allocations that had other processes on the CPUs
+	// for less than OtherThresholdMs (WithoutOtherRuns of them): what this machine's
+	// neighbours cost the figure, not a figure to quote alone.
+	WithoutOtherRuns  int          `json:"without_other_runs"`
+	WithoutOtherP99Ms float64      `json:"without_other_p99_ms"`
+	Slowest           []SchedAlloc `json:"slowest"`
+	// Lost: the trace buffer overflowed and early allocations have no figures.
+	Lost bool   `json:"lost,omitempty"`
+	Note string `json:"note"`
+}
+
+// SchedAlloc is one allocation's CPU time by class.
+type SchedAlloc struct {
+	TotalMs  float64 `json:"total_ms"`
+	BenchMs  float64 `json:"bench_ms"`
+	GVisorMs float64 `json:"gvisor_ms"`
+	OtherMs  float64 `json:"other_ms"`
+	IdleMs   float64 `json:"idle_ms"`
+	// Other names the other task that ran longest ("" if none did).
+	Other string `json:"other,omitempty"`
+}
+
+// otherThreshold is how much CPU time of other processes marks an allocation as disturbed.
+const otherThreshold = 500 * time.Microsecond
+
+// schedPrefix starts the marks of a warm allocation: "fusebox-alloc:start N", ":end N".
+const schedPrefix = "fusebox-alloc:"
+
+// schedMarks marks allocations in a schedtrace recording; a nil *schedMarks does nothing.
+type schedMarks struct {
+	rec *schedtrace.Recorder
+	n   int
+	err error
+}
+
+func (s *schedMarks) start() {
+	if s != nil && s.err == nil {
+		s.err = s.rec.Mark(schedPrefix + "start " + strconv.Itoa(s.n))
+	}
+}
+
+func (s *schedMarks) end() {
+	if s != nil && s.err == nil {
+		s.err = s.rec.Mark(schedPrefix + "end " + strconv.Itoa(s.n))
+		s.n++
+	}
+}
+
+// schedSummary attributes each marked allocation's window; totals[i] is allocation i's
+// measured time (ms). self are this process's thread ids.
+func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
+	windows := t.Windows(schedPrefix)
+	s := &Sched{CPUs: t.CPUs(), Lost: t.Lost, OtherThresholdMs: ms(otherThreshold),
+		Note: "CPU time (summed over CPUs) during each warm allocation, from the kernel's sched_switch events: bench is this process (agent and manager), gvisor the sandboxes' and runsc's processes, other every other task, idle nobody"}
+	var all []SchedAlloc
+	for i, total := range totals {
+		w, ok := windows[strconv.Itoa(i)]
+		if !ok {
+			continue // lost in an overflowed buffer
+		}
+		a := SchedAlloc{TotalMs: total}
+		var other time.Duration
+		var top time.Duration
+		for task, d := range t.Usage(w.From, w.To) {
+			switch {
+			case task.PID == 0:
+				a.IdleMs += ms(d)
+			case self[task.PID]:
+				a.BenchMs += ms(d)
+			case gvisorTask(task.Comm):
+				a.GVisorMs += ms(d)
+			default:
+				other += d
+				if d > top {
+					top, a.Other = d, task.Comm
+				}
+			}
+		}
+		a.OtherMs = ms(other)
+		all = append(all, a)
+	}
+	if len(all) == 0 {
+		return nil, fmt.Errorf("the scheduler trace holds none of the %d allocations' marks (lost: %v)", len(totals), t.Lost)
+	}
+	s.Runs = len(all)
+	p90 := pct(totals, 90)
+	var clean []float64
+	for _, a := range all {
+		s.BenchMs += a.BenchMs / float64(len(all))
+		s.GVisorMs += a.GVisorMs / float64(len(all))
+		s.OtherMs += a.OtherMs / float64(len(all))
+		s.IdleMs += a.IdleMs / float64(len(all))
+		disturbed := a.OtherMs >= ms(otherThreshold)
+		if a.TotalMs > p90 {
+			s.TailRuns++
+			if disturbed {
+				s.TailWithOther++
+			}
+		}
+		if !disturbed {
+			clean = append(clean, a.TotalMs)
+		}
+	}
+	s.WithoutOtherRuns = len(clean)
+	if len(clean) > 0 {
+		s.WithoutOtherP99Ms = pct(clean, 99)
+	}
+	s.BenchMs, s.GVisorMs, s.OtherMs, s.IdleMs = round(s.BenchMs), round(s.GVisorMs), round(s.OtherMs), round(s.IdleMs)
+	sort.Slice(all, func(i, j int) bool { return all[i].TotalMs > all[j].TotalMs })
+	for _, a := range all[:min(5, len(all))] {
+		a.BenchMs, a.GVisorMs, a.OtherMs, a.IdleMs = round(a.BenchMs), round(a.GVisorMs), round(a.OtherMs), round(a.IdleMs)
+		s.Slowest = append(s.Slowest, a)
+	}
+	return s, nil
+}
+
+// gvisorTask reports whether a task named comm is gVisor's: runsc re-executes itself
+// (/proc/self/exe) for the sandbox, the gofer and the platform's stub processes, all "exe".
+func gvisorTask(comm string) bool {
+	return comm == "exe" || strings.HasPrefix(comm, "runsc")
+}
+
+// selfThreads returns this process's thread ids. Go keeps its threads, so those read at the
+// end of a run are those that ran during it.
+func selfThreads() (map[int]bool, error) {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, fmt.Errorf("listing this process's threads: %w", err)
+	}
+	m := map[int]bool{}
+	for _, e := range ents {
+		if id, err := strconv.Atoi(e.Name()); err == nil {
+			m[id] = true
+		}
+	}
+	return m, nil
+}
