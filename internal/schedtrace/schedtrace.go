@@ -53,6 +53,7 @@ func Start(bufferKB int) (*Recorder, error) {
 	if bufferKB <= 0 {
 		bufferKB = 8 << 10
 	}
+	removeStale(filepath.Join(root, "instances"))
 	dir := filepath.Join(root, "instances", fmt.Sprintf("fusebox-%d-%d", os.Getpid(), instances.Add(1)))
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if os.IsPermission(err) {
@@ -85,6 +86,25 @@ func Start(bufferKB int) (*Recorder, error) {
 		return nil, fmt.Errorf("opening the trace pipe: %w", err)
 	}
 	return r, nil
+}
+
+// removeStale removes the instances of recorders whose process is gone (killed before
+// Stop): each would go on recording into its buffer.
+func removeStale(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "fusebox-")
+		if !ok {
+			continue
+		}
+		pid, _, _ := strings.Cut(rest, "-")
+		if n, err := strconv.Atoi(pid); err != nil || n == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/proc", pid)); os.IsNotExist(err) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // findTracefs returns where tracefs is mounted, mounting it at its usual place if the

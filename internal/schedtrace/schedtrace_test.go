@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,6 +84,37 @@ func TestParseBadSwitch(t *testing.T) {
 	_, err := Parse(strings.NewReader("   a-1 [000] d..2. 1.000000: sched_switch: prev_comm=a ==> next_comm=b next_pid=x next_prio=1\n"))
 	if err == nil {
 		t.Fatal("a malformed sched_switch parsed")
+	}
+}
+
+// TestRemoveStale: an instance left by a killed recorder is removed by the next Start; one
+// of a live process is not.
+func TestRemoveStale(t *testing.T) {
+	root := findTracefs()
+	if root == "" {
+		t.Skip(ErrNoTracefs)
+	}
+	// A pid that is not running: past the kernel's maximum.
+	stale := filepath.Join(root, "instances", "fusebox-99999999-1")
+	live := filepath.Join(root, "instances", "fusebox-1-1")
+	for _, d := range []string{stale, live} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.Remove(stale); os.Remove(live) })
+	r, err := Start(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale instance left: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live process's instance was removed: %v", err)
 	}
 }
 

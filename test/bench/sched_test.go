@@ -1,0 +1,55 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/internal/schedtrace"
+)
+
+// Two allocations on two CPUs: in the first (1 ms) this process (tid 7) and gVisor ("exe")
+// share the CPUs; in the second (2 ms) a neighbour ("noisy") takes CPU 1 for 1.5 ms.
+const schedSample = `
+ a-7 [000] d..2. 10.000000: sched_switch: prev_comm=x prev_pid=9 prev_prio=120 prev_state=S ==> next_comm=fusebox next_pid=7 next_prio=120
+ a-0 [001] d..2. 10.000000: sched_switch: prev_comm=x prev_pid=9 prev_prio=120 prev_state=S ==> next_comm=exe next_pid=30 next_prio=120
+ a-7 [000] ...1. 10.000000: tracing_mark_write: fusebox-alloc:start 0
+ a-7 [000] d..2. 10.000600: sched_switch: prev_comm=fusebox prev_pid=7 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120
+ a-7 [000] ...1. 10.001000: tracing_mark_write: fusebox-alloc:end 0
+ a-7 [000] ...1. 10.100000: tracing_mark_write: fusebox-alloc:start 1
+ a-0 [001] d..2. 10.100000: sched_switch: prev_comm=exe prev_pid=30 prev_prio=120 prev_state=S ==> next_comm=noisy next_pid=50 next_prio=120
+ a-0 [001] d..2. 10.101500: sched_switch: prev_comm=noisy prev_pid=50 prev_prio=120 prev_state=S ==> next_comm=runsc next_pid=60 next_prio=120
+ a-7 [000] ...1. 10.102000: tracing_mark_write: fusebox-alloc:end 1
+`
+
+func TestSchedSummary(t *testing.T) {
+	tr, err := schedtrace.Parse(strings.NewReader(schedSample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedSummary(tr, []float64{1, 2}, map[int]bool{7: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Runs != 2 || s.CPUs != 2 || len(s.Slowest) != 2 {
+		t.Fatalf("summary %+v", s)
+	}
+	slow, fast := s.Slowest[0], s.Slowest[1]
+	if fast != (SchedAlloc{TotalMs: 1, BenchMs: 0.6, GVisorMs: 1, IdleMs: 0.4}) {
+		t.Errorf("first allocation %+v", fast)
+	}
+	// CPU 0: idle throughout; CPU 1: noisy 1.5 ms, then runsc 0.5 ms.
+	if slow != (SchedAlloc{TotalMs: 2, GVisorMs: 0.5, OtherMs: 1.5, IdleMs: 2, Other: "noisy"}) {
+		t.Errorf("second allocation %+v", slow)
+	}
+	// The p90 of two is the slower: no allocation is slower, so no tail; the disturbed one
+	// is left out of the p99 without neighbours.
+	if s.TailRuns != 0 || s.WithoutOtherRuns != 1 || s.WithoutOtherP99Ms != 1 {
+		t.Errorf("tail %d, without other %d (p99 %v)", s.TailRuns, s.WithoutOtherRuns, s.WithoutOtherP99Ms)
+	}
+	if _, err := schedSummary(tr, []float64{1, 2, 3}, nil); err != nil {
+		t.Errorf("an allocation without marks (lost) failed the summary: %v", err)
+	}
+	if _, err := schedSummary(&schedtrace.Trace{}, []float64{1}, nil); err == nil {
+		t.Error("a trace without any allocation's marks gave a summary")
+	}
+}
