@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -53,20 +52,7 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.Listen, "listen", defaultManager, "where the manager API listens (unix:///path or tcp://host:port)")
-	f.StringVar(&c.MetricsListen, "metrics-listen", "", "host:port serving Prometheus /metrics (empty: off)")
-	f.StringVar(&c.Allocator, "allocator", "runsc", "runsc (gVisor) or process (no isolation; needs --insecure-process-runtime)")
-	f.BoolVar(&c.Insecure, "insecure-process-runtime", false, "allow the process allocator, which runs generated code on this host without gVisor")
-	f.StringVar(&c.StateDir, "state-dir", "/var/lib/fusebox", "sandboxes, bundles and leases live here")
-	f.StringVar(&c.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
-	f.StringVar(&c.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox")
-	f.StringVar(&c.Estimator, "estimator", "fixed", "pool sizing: fixed, ewma or pid")
-	f.IntVar(&c.PoolSize, "pool-size", 2, "ready sandboxes to keep (the floor for ewma and pid)")
-	f.IntVar(&c.PoolMax, "pool-max", 16, "most ready sandboxes ewma and pid may ask for")
-	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
-	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
-	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never)")
-	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", false, keepAwakeHelp)
+	daemonFlags(f, &c, localDefaults)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -37,20 +36,7 @@ the default-deny CiliumNetworkPolicy.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.Listen, "listen", "tcp://0.0.0.0:9090", "where the manager API listens")
-	f.StringVar(&c.MetricsListen, "metrics-listen", "0.0.0.0:9464", "host:port serving Prometheus /metrics (empty: off)")
-	f.StringVar(&c.Allocator, "allocator", "kube", "kube, runsc, or process (needs --insecure-process-runtime)")
-	f.BoolVar(&c.Insecure, "insecure-process-runtime", false, "allow the process allocator (no isolation)")
-	f.StringVar(&c.StateDir, "state-dir", "/var/lib/fusebox", "state directory (lock file; runsc and process allocators)")
-	f.StringVar(&c.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc (runsc allocator)")
-	f.StringVar(&c.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "fusebox-sandbox (runsc and process allocators)")
-	f.StringVar(&c.Estimator, "estimator", "ewma", "pool sizing: fixed, ewma or pid")
-	f.IntVar(&c.PoolSize, "pool-size", 2, "ready sandboxes to keep (the floor for ewma and pid)")
-	f.IntVar(&c.PoolMax, "pool-max", 32, "most ready sandboxes ewma and pid may ask for")
-	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
-	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
-	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
-	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", false, keepAwakeHelp+" (runsc allocator)")
+	daemonFlags(f, &c, serviceDefaults)
 	f.StringVar(&c.Kube.Kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster configuration)")
 	f.StringVar(&c.Kube.SandboxNamespace, "sandbox-namespace", "fusebox-sandboxes", "namespace of the sandbox pods")
 	f.StringVar(&c.Kube.ManagerNamespace, "manager-namespace", "fusebox", "namespace of the leader-election Lease")
