@@ -440,3 +440,19 @@ func (t *Trace) Windows(prefix string) map[string]Window {
 	}
 	return w
 }
+
+// SelfThreads returns this process's thread ids. Go keeps its threads, so those read at the
+// end of a recording are those of this process that ran during it.
+func SelfThreads() (map[int]bool, error) {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil, fmt.Errorf("listing this process's threads: %w", err)
+	}
+	m := map[int]bool{}
+	for _, e := range ents {
+		if id, err := strconv.Atoi(e.Name()); err == nil {
+			m[id] = true
+		}
+	}
+	return m, nil
+}

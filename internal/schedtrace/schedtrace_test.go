@@ -2,11 +2,9 @@ package schedtrace
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -159,7 +157,10 @@ func TestRecorder(t *testing.T) {
 	if d := w.To - w.From; d < 30*time.Millisecond {
 		t.Fatalf("window %v shorter than the 30 ms marked", d)
 	}
-	mine := threads(t)
+	mine, err := SelfThreads()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var self time.Duration
 	for task, d := range tr.Usage(w.From, w.To) {
 		if mine[task.PID] {
@@ -170,20 +171,4 @@ func TestRecorder(t *testing.T) {
 	if self < (w.To-w.From)/2 {
 		t.Fatalf("this process ran %v of the %v window (loop ran %d times)", self, w.To-w.From, n)
 	}
-}
-
-func threads(t *testing.T) map[int]bool {
-	ents, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[int]bool{}
-	for _, e := range ents {
-		id, err := strconv.Atoi(e.Name())
-		if err != nil {
-			t.Fatal(fmt.Errorf("task %q: %w", e.Name(), err))
-		}
-		m[id] = true
-	}
-	return m
 }

@@ -279,7 +279,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			err = errors.Join(marksErr, stopErr)
 		}
 		if err == nil {
-			self, selfErr := selfThreads()
+			self, selfErr := schedtrace.SelfThreads()
 			if err = selfErr; err == nil {
 				r.Sched, err = schedSummary(t, warm, self)
 			}

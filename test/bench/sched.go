@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -149,20 +148,4 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 // (/proc/self/exe) for the sandbox, the gofer and the platform's stub processes, all "exe".
 func gvisorTask(comm string) bool {
 	return comm == "exe" || strings.HasPrefix(comm, "runsc")
-}
-
-// selfThreads returns this process's thread ids. Go keeps its threads, so those read at the
-// end of a run are those that ran during it.
-func selfThreads() (map[int]bool, error) {
-	ents, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return nil, fmt.Errorf("listing this process's threads: %w", err)
-	}
-	m := map[int]bool{}
-	for _, e := range ents {
-		if id, err := strconv.Atoi(e.Name()); err == nil {
-			m[id] = true
-		}
-	}
-	return m, nil
 }
