@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/test/bench"
 )
 
@@ -115,6 +116,8 @@ func benchAllocateCmd() *cobra.Command {
 		Long: `Runs a manager with the runsc allocator in this process and measures, through the
 real gRPC API and client SDK: warm allocations (Allocate with a ready sandbox waiting, sFuse and
 the first data-plane call included), cold starts (empty pool), and the pool refill rate. Needs root.
+The process takes the manager daemon's garbage-collection target (GOGC 400 unless GOGC is set,
+daemon.GCPercent), as fusebox local up does; the agent in it shares it.
 
 Warm allocations take a unit past gVisor's clock warm-up (about a second after its start: before
 it, every clock read in the sandbox is a system call); allocations of units younger than that
@@ -175,6 +178,7 @@ Only --runs, --settle, --busy and --json apply.`,
 				if o.Trace || o.Sched {
 					return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
 				}
+				daemon.TuneGC() // this process runs the manager
 				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
 				if err != nil {
 					return err
@@ -195,6 +199,7 @@ Only --runs, --settle, --busy and --json apply.`,
 			if _, err := os.Stat(o.Runsc); err != nil {
 				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
 			}
+			daemon.TuneGC() // this process runs the manager, as fusebox local up does
 			r, err := bench.Allocate(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -259,6 +264,7 @@ func benchManagerCmd() *cobra.Command {
 		Use:   "manager",
 		Short: "Allocations per second and latency of the control plane alone (in-memory allocator)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			daemon.TuneGC() // this process runs the manager
 			r, err := bench.Manager(cmd.Context(), clients, rate, d)
 			if err != nil {
 				return err

@@ -48,6 +48,7 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 			c.Ready = func(addr string) {
 				fmt.Fprintf(os.Stderr, "\nfusebox manager listening on %s\n  try:   fusebox run -- uname -a\n  pool:  fusebox status\n\n", addr)
 			}
+			log.Debug("garbage collector", "gogc", daemon.TuneGC())
 			return daemon.Run(cmd.Context(), c, log)
 		},
 	}

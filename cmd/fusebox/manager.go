@@ -32,6 +32,7 @@ the default-deny CiliumNetworkPolicy.`,
 			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			c.Ready = func(addr string) { log.Info("ready", "listen", addr) }
+			log.Debug("garbage collector", "gogc", daemon.TuneGC())
 			return daemon.Run(cmd.Context(), c, log)
 		},
 	}
