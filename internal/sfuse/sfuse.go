@@ -63,6 +63,10 @@ type refused struct{ error }
 func (r refused) Is(target error) bool { return target == ErrRefused }
 func (r refused) Unwrap() error        { return r.error }
 
+// initBufferBytes sizes the init connection's read and write buffers; a larger message
+// passes through in several reads or writes.
+const initBufferBytes = 8 << 10
+
 // dial makes a (lazy) connection to the init listener at initAddr. The init channel is not
 // encrypted (see Initialize).
 func dial(initAddr string) (*grpc.ClientConn, error) {
@@ -70,7 +74,10 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init address: %w", err)
 	}
-	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Its messages are a few KiB (a ClientHello, a server flight): gRPC's 32 KiB buffers
+		// would be most of the garbage of the connection the manager makes per unit.
+		grpc.WithReadBufferSize(initBufferBytes), grpc.WithWriteBufferSize(initBufferBytes))
 	if err != nil {
 		return nil, fmt.Errorf("dialing init listener %s: %w", a, err)
 	}
