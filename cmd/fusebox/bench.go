@@ -152,7 +152,8 @@ without TLS, e.g. through kubectl port-forward), as an agent on this machine see
 each allocation it waits until the manager's pool has held its target of ready units for
 --settle with nothing being created or destroyed (--busy: full is enough, for a manager that
 others use too) and its oldest ready unit is past the warm-up; every allocation is released.
-Only --runs, --settle, --busy and --json apply.`,
+Only --runs, --settle, --busy, --sched and --json apply (with --sched, a manager on this
+machine shows as other fusebox processes).`,
 		Example: `  fusebox bench allocate --json --runs 100
   fusebox bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
   fusebox bench allocate --runs 100 --sched
@@ -160,10 +161,10 @@ Only --runs, --settle, --busy and --json apply.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if remote != "" {
-				if o.Trace || o.Sched || cmd.Flags().Changed("allocator") {
-					return fmt.Errorf("--manager measures a running manager: --trace, --sched and --allocator do not apply")
+				if o.Trace || cmd.Flags().Changed("allocator") {
+					return fmt.Errorf("--manager measures a running manager: --trace and --allocator do not apply")
 				}
-				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Log: o.Log})
+				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Sched: o.Sched, Log: o.Log})
 				if err != nil {
 					return err
 				}
@@ -172,6 +173,9 @@ Only --runs, --settle, --busy and --json apply.`,
 				}
 				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s); %d allocations waited for a cold start meanwhile\n",
 					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.ColdWaits)
+				if r.Sched != nil {
+					printSched(r.Sched)
+				}
 				return nil
 			}
 			if allocator == "kube" {
@@ -291,15 +295,30 @@ func benchManagerCmd() *cobra.Command {
 // printSched prints who had the CPUs during the warm allocations (bench allocate --sched).
 func printSched(s *bench.Sched) {
 	fmt.Printf("\nwho had the %d CPUs during each warm allocation (%d recorded; ms of CPU time):\n", s.CPUs, s.Runs)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ALLOCATION MS\tTHIS PROCESS\tGVISOR\tOTHER\tIDLE\t")
-	fmt.Fprintf(w, "mean\t%.2f\t%.2f\t%.2f\t%.2f\t\n", s.BenchMs, s.GVisorMs, s.OtherMs, s.IdleMs)
+	fusebox := s.FuseboxMs > 0 // another fusebox process ran: a manager apart
 	for _, a := range s.Slowest {
+		fusebox = fusebox || a.FuseboxMs > 0
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	row := func(first string, a bench.SchedAlloc) {
+		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t", first, a.BenchMs, a.GVisorMs)
+		if fusebox {
+			fmt.Fprintf(w, "%.2f\t", a.FuseboxMs)
+		}
 		other := fmt.Sprintf("%.2f", a.OtherMs)
 		if a.Other != "" {
 			other += " (most: " + a.Other + ")"
 		}
-		fmt.Fprintf(w, "%.2f\t%.2f\t%.2f\t%s\t%.2f\t\n", a.TotalMs, a.BenchMs, a.GVisorMs, other, a.IdleMs)
+		fmt.Fprintf(w, "%s\t%.2f\t\n", other, a.IdleMs)
+	}
+	fmt.Fprint(w, "ALLOCATION MS\tTHIS PROCESS\tGVISOR\t")
+	if fusebox {
+		fmt.Fprint(w, "OTHER FUSEBOX\t")
+	}
+	fmt.Fprintln(w, "OTHER\tIDLE\t")
+	row("mean", bench.SchedAlloc{BenchMs: s.BenchMs, GVisorMs: s.GVisorMs, FuseboxMs: s.FuseboxMs, OtherMs: s.OtherMs, IdleMs: s.IdleMs})
+	for _, a := range s.Slowest {
+		row(fmt.Sprintf("%.2f", a.TotalMs), a)
 	}
 	w.Flush()
 	fmt.Printf("of the %d allocations slower than the p90, %d had other processes on the CPUs for %.1f ms or more; the p99 of the %d allocations that did not: %.2f ms\n",

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
-	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -254,36 +252,20 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	// Warm: the next unit (the oldest ready one) is past its warm-up, as in a pool sized for
 	// its demand (the manager counts the warm-up in its provisioning latency).
 	o.Log.Info("warm allocations", "runs", o.Runs)
-	var rec *schedtrace.Recorder
 	if o.Sched {
-		if rec, err = schedtrace.Start(0); err != nil {
-			return nil, fmt.Errorf("--sched: %w", err)
+		if marks, err = startSched(); err != nil {
+			return nil, err
 		}
-		marks = &schedMarks{rec: rec}
 	}
 	warm, err := measure(o.Runs, o.Trace, func() error {
-		if rec != nil {
-			// The last allocation's switches, out of the kernel's buffer before the pool
-			// settles for the next.
-			if err := rec.Drain(); err != nil {
-				return err
-			}
+		if err := marks.drain(); err != nil {
+			return err
 		}
 		return quiet(warmAge)
 	})
-	if rec != nil {
-		marksErr := marks.err
+	if marks != nil {
+		r.Sched, err = marks.finish(warm, err)
 		marks = nil
-		t, stopErr := rec.Stop()
-		if err == nil {
-			err = errors.Join(marksErr, stopErr)
-		}
-		if err == nil {
-			self, selfErr := schedtrace.SelfThreads()
-			if err = selfErr; err == nil {
-				r.Sched, err = schedSummary(t, warm, self)
-			}
-		}
 	}
 	if err != nil {
 		return nil, err

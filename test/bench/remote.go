@@ -33,7 +33,10 @@ type RemoteOptions struct {
 	Busy bool
 	// Wait bounds each wait for a full pool (default 2 minutes).
 	Wait time.Duration
-	Log  *slog.Logger
+	// Sched is AllocateOptions.Sched: who had this machine's CPUs during each allocation
+	// (a manager on this machine shows as other fusebox processes).
+	Sched bool
+	Log   *slog.Logger
 }
 
 // RemoteResult is the JSON `fusebox bench allocate --manager ADDR --json` prints.
@@ -51,6 +54,8 @@ type RemoteResult struct {
 	SettleMs  float64 `json:"settle_ms"`
 	Busy      bool    `json:"busy"`
 	Note      string  `json:"note"`
+	// Sched is who had the CPUs during the allocations (with RemoteOptions.Sched).
+	Sched *Sched `json:"sched,omitempty"`
 }
 
 // ErrNotSettled is returned when the manager's pool did not fill within RemoteOptions.Wait.
@@ -102,25 +107,18 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	r := &RemoteResult{Manager: o.Manager, Allocator: first.GetAllocator(), Runs: o.Runs, SettleMs: ms(max(o.Settle, 0)), Busy: o.Busy,
 		Note: "warm: the manager's pool is full (and, unless busy, creates and destroys nothing) for settle_ms and its oldest ready unit is 1.2 s past its creation's start by the manager's clock, so past gVisor's clock warm-up; each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
 	o.Log.Info("warm allocations against a running manager", "manager", o.Manager, "allocator", r.Allocator, "runs", o.Runs)
-	var lat []float64
-	for i := range o.Runs {
-		if err := waitFull(ctx, mc, o); err != nil {
+	var marks *schedMarks
+	if o.Sched {
+		if marks, err = startSched(); err != nil {
 			return nil, err
 		}
-		t0 := time.Now()
-		a, err := agent.Allocate(ctx, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}})
-		if err != nil {
-			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
-		}
-		_, err = a.Stat(ctx, ".", false)
-		d := time.Since(t0)
-		if cerr := a.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("releasing: %w", cerr)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("allocation %d (%s): %w", i+1, a.ID, err)
-		}
-		lat = append(lat, ms(d))
+	}
+	lat, err := allocateRemote(ctx, agent, mc, o, marks)
+	if marks != nil {
+		r.Sched, err = marks.finish(lat, err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	last, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
 	if err != nil {
@@ -129,6 +127,36 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	r.ColdWaits = last.GetColdWaits() - first.GetColdWaits()
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(lat, 50), pct(lat, 90), pct(lat, 95), pct(lat, 99)
 	return r, nil
+}
+
+// allocateRemote makes the o.Runs measured allocations and returns their times (ms).
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks) ([]float64, error) {
+	var lat []float64
+	for i := range o.Runs {
+		if err := marks.drain(); err != nil {
+			return nil, err
+		}
+		if err := waitFull(ctx, mc, o); err != nil {
+			return nil, err
+		}
+		marks.start()
+		t0 := time.Now()
+		a, err := agent.Allocate(ctx, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}})
+		if err != nil {
+			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
+		}
+		_, err = a.Stat(ctx, ".", false)
+		d := time.Since(t0)
+		marks.end()
+		if cerr := a.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("releasing: %w", cerr)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("allocation %d (%s): %w", i+1, a.ID, err)
+		}
+		lat = append(lat, ms(d))
+	}
+	return lat, nil
 }
 
 // waitFull returns once the manager's pool has been full (and quiet, unless o.Busy) for

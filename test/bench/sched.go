@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -21,8 +22,11 @@ type Sched struct {
 	// Means over the allocations of CPU time per class (summed over CPUs), ms.
 	BenchMs  float64 `json:"bench_ms"`
 	GVisorMs float64 `json:"gvisor_ms"`
-	OtherMs  float64 `json:"other_ms"`
-	IdleMs   float64 `json:"idle_ms"`
+	// FuseboxMs is other fusebox processes: a manager running apart (--manager), or the
+	// process allocator's sandboxes.
+	FuseboxMs float64 `json:"fusebox_ms"`
+	OtherMs   float64 `json:"other_ms"`
+	IdleMs    float64 `json:"idle_ms"`
 	// TailRuns allocations were slower than the p90; TailWithOther of them had other
 	// processes on the CPUs for at least OtherThresholdMs.
 	TailRuns         int     `json:"tail_runs"`
@@ -41,11 +45,12 @@ type Sched struct {
 
 // SchedAlloc is one allocation's CPU time by class.
 type SchedAlloc struct {
-	TotalMs  float64 `json:"total_ms"`
-	BenchMs  float64 `json:"bench_ms"`
-	GVisorMs float64 `json:"gvisor_ms"`
-	OtherMs  float64 `json:"other_ms"`
-	IdleMs   float64 `json:"idle_ms"`
+	TotalMs   float64 `json:"total_ms"`
+	BenchMs   float64 `json:"bench_ms"`
+	GVisorMs  float64 `json:"gvisor_ms"`
+	FuseboxMs float64 `json:"fusebox_ms"`
+	OtherMs   float64 `json:"other_ms"`
+	IdleMs    float64 `json:"idle_ms"`
 	// Other names the other task that ran longest ("" if none did).
 	Other string `json:"other,omitempty"`
 }
@@ -56,11 +61,21 @@ const otherThreshold = 500 * time.Microsecond
 // schedPrefix starts the marks of a warm allocation: "fusebox-alloc:start N", ":end N".
 const schedPrefix = "fusebox-alloc:"
 
-// schedMarks marks allocations in a schedtrace recording; a nil *schedMarks does nothing.
+// schedMarks records a run of allocations (--sched): startSched before them, start and end
+// around each, drain between them (outside the timed window: a drain is work for a CPU),
+// finish after. A nil *schedMarks does nothing.
 type schedMarks struct {
 	rec *schedtrace.Recorder
 	n   int
-	err error
+	err error // the first failed mark or drain
+}
+
+func startSched() (*schedMarks, error) {
+	rec, err := schedtrace.Start(0)
+	if err != nil {
+		return nil, fmt.Errorf("--sched: %w", err)
+	}
+	return &schedMarks{rec: rec}, nil
 }
 
 func (s *schedMarks) start() {
@@ -76,12 +91,37 @@ func (s *schedMarks) end() {
 	}
 }
 
+// drain moves the kernel's buffer into memory.
+func (s *schedMarks) drain() error {
+	if s == nil {
+		return nil
+	}
+	return s.rec.Drain()
+}
+
+// finish stops the recording and attributes the allocations whose times are totals (ms, in
+// order); runErr is the run's own error, returned as it is (the recording is dropped).
+func (s *schedMarks) finish(totals []float64, runErr error) (*Sched, error) {
+	t, err := s.rec.Stop()
+	if runErr != nil {
+		return nil, runErr
+	}
+	if err := errors.Join(s.err, err); err != nil {
+		return nil, fmt.Errorf("--sched: %w", err)
+	}
+	self, err := schedtrace.SelfThreads()
+	if err != nil {
+		return nil, err
+	}
+	return schedSummary(t, totals, self)
+}
+
 // schedSummary attributes each marked allocation's window; totals[i] is allocation i's
 // measured time (ms). self are this process's thread ids.
 func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
 	windows := t.Windows(schedPrefix)
 	s := &Sched{CPUs: t.CPUs(), Lost: t.Lost, OtherThresholdMs: ms(otherThreshold),
-		Note: "CPU time (summed over CPUs) during each warm allocation, from the kernel's sched_switch events: bench is this process (agent and manager), gvisor the sandboxes' and runsc's processes, other every other task, idle nobody"}
+		Note: "CPU time (summed over CPUs) during each warm allocation, from the kernel's sched_switch events: bench is this process (the agent, and the manager unless it runs apart), gvisor the sandboxes' and runsc's processes, fusebox other fusebox processes (a manager running apart), other every other task, idle nobody"}
 	var all []SchedAlloc
 	for i, total := range totals {
 		w, ok := windows[strconv.Itoa(i)]
@@ -99,6 +139,8 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 				a.BenchMs += ms(d)
 			case gvisorTask(task.Comm):
 				a.GVisorMs += ms(d)
+			case strings.HasPrefix(task.Comm, "fusebox"):
+				a.FuseboxMs += ms(d)
 			default:
 				other += d
 				if d > top {
@@ -118,6 +160,7 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 	for _, a := range all {
 		s.BenchMs += a.BenchMs / float64(len(all))
 		s.GVisorMs += a.GVisorMs / float64(len(all))
+		s.FuseboxMs += a.FuseboxMs / float64(len(all))
 		s.OtherMs += a.OtherMs / float64(len(all))
 		s.IdleMs += a.IdleMs / float64(len(all))
 		disturbed := a.OtherMs >= ms(otherThreshold)
@@ -135,10 +178,10 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 	if len(clean) > 0 {
 		s.WithoutOtherP99Ms = pct(clean, 99)
 	}
-	s.BenchMs, s.GVisorMs, s.OtherMs, s.IdleMs = round(s.BenchMs), round(s.GVisorMs), round(s.OtherMs), round(s.IdleMs)
+	s.BenchMs, s.GVisorMs, s.FuseboxMs, s.OtherMs, s.IdleMs = round(s.BenchMs), round(s.GVisorMs), round(s.FuseboxMs), round(s.OtherMs), round(s.IdleMs)
 	sort.Slice(all, func(i, j int) bool { return all[i].TotalMs > all[j].TotalMs })
 	for _, a := range all[:min(5, len(all))] {
-		a.BenchMs, a.GVisorMs, a.OtherMs, a.IdleMs = round(a.BenchMs), round(a.GVisorMs), round(a.OtherMs), round(a.IdleMs)
+		a.BenchMs, a.GVisorMs, a.FuseboxMs, a.OtherMs, a.IdleMs = round(a.BenchMs), round(a.GVisorMs), round(a.FuseboxMs), round(a.OtherMs), round(a.IdleMs)
 		s.Slowest = append(s.Slowest, a)
 	}
 	return s, nil

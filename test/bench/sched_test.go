@@ -8,7 +8,8 @@ import (
 )
 
 // Two allocations on two CPUs: in the first (1 ms) this process (tid 7) and gVisor ("exe")
-// share the CPUs; in the second (2 ms) a neighbour ("noisy") takes CPU 1 for 1.5 ms.
+// share the CPUs; in the second (2 ms) a neighbour ("noisy") takes CPU 1 for 1.5 ms and
+// another fusebox process (a manager apart, tid 70) CPU 0 for its last 0.2 ms.
 const schedSample = `
  a-7 [000] d..2. 10.000000: sched_switch: prev_comm=x prev_pid=9 prev_prio=120 prev_state=S ==> next_comm=fusebox next_pid=7 next_prio=120
  a-0 [001] d..2. 10.000000: sched_switch: prev_comm=x prev_pid=9 prev_prio=120 prev_state=S ==> next_comm=exe next_pid=30 next_prio=120
@@ -18,6 +19,7 @@ const schedSample = `
  a-7 [000] ...1. 10.100000: tracing_mark_write: fusebox-alloc:start 1
  a-0 [001] d..2. 10.100000: sched_switch: prev_comm=exe prev_pid=30 prev_prio=120 prev_state=S ==> next_comm=noisy next_pid=50 next_prio=120
  a-0 [001] d..2. 10.101500: sched_switch: prev_comm=noisy prev_pid=50 prev_prio=120 prev_state=S ==> next_comm=runsc next_pid=60 next_prio=120
+ a-0 [000] d..2. 10.101800: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=fusebox next_pid=70 next_prio=120
  a-7 [000] ...1. 10.102000: tracing_mark_write: fusebox-alloc:end 1
 `
 
@@ -37,8 +39,8 @@ func TestSchedSummary(t *testing.T) {
 	if fast != (SchedAlloc{TotalMs: 1, BenchMs: 0.6, GVisorMs: 1, IdleMs: 0.4}) {
 		t.Errorf("first allocation %+v", fast)
 	}
-	// CPU 0: idle throughout; CPU 1: noisy 1.5 ms, then runsc 0.5 ms.
-	if slow != (SchedAlloc{TotalMs: 2, GVisorMs: 0.5, OtherMs: 1.5, IdleMs: 2, Other: "noisy"}) {
+	// CPU 0: idle 1.8 ms, then the other fusebox 0.2; CPU 1: noisy 1.5 ms, then runsc 0.5 ms.
+	if slow != (SchedAlloc{TotalMs: 2, GVisorMs: 0.5, FuseboxMs: 0.2, OtherMs: 1.5, IdleMs: 1.8, Other: "noisy"}) {
 		t.Errorf("second allocation %+v", slow)
 	}
 	// The p90 of two is the slower: no allocation is slower, so no tail; the disturbed one
