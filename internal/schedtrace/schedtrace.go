@@ -107,6 +107,14 @@ func removeStale(dir string) {
 	}
 }
 
+// Available reports whether a Recorder can start here: ErrNoTracefs if not.
+func Available() error {
+	if findTracefs() == "" {
+		return ErrNoTracefs
+	}
+	return nil
+}
+
 // findTracefs returns where tracefs is mounted, mounting it at its usual place if the
 // kernel has it but nobody mounted it (as perf does); "" if there is none.
 func findTracefs() string {

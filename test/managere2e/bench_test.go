@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/bench"
 )
@@ -16,9 +17,20 @@ func TestBenchAgainstRunningManager(t *testing.T) {
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
 	ctx := testCtx(t, testDeadline)
 
-	r, err := bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: e.Addr, Runs: 3, Settle: 10 * time.Millisecond})
+	// With --sched where the kernel has tracefs (root: this test's sandboxes need it anyway).
+	noTracefs := schedtrace.Available()
+	sched := noTracefs == nil
+	r, err := bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: e.Addr, Runs: 3, Settle: 10 * time.Millisecond, Sched: sched})
 	if err != nil {
 		t.Fatalf("AllocateRemote: %v", err)
+	}
+	if sched {
+		// Every allocation wakes its sandbox (sFuse, the first call): gVisor's processes ran.
+		if s := r.Sched; s == nil || s.Runs != 3 || s.GVisorMs <= 0 || len(s.Slowest) != 3 {
+			t.Errorf("sched %+v: want 3 allocations with gVisor's processes on the CPUs", s)
+		}
+	} else {
+		t.Logf("no --sched: %v", noTracefs)
 	}
 	if r.Runs != 3 || r.Allocator != "runsc" || r.AllocateP50Ms <= 0 || r.AllocateP99Ms < r.AllocateP50Ms {
 		t.Errorf("result %+v: want 3 runs on runsc with p50 > 0 and p99 >= p50", r)
