@@ -226,9 +226,10 @@ type Mark struct {
 // Trace is what was recorded: the marks, and per CPU which task ran from when.
 type Trace struct {
 	Marks []Mark
-	// Runs, per CPU, in time order: Task ran from Start until the next run's Start.
+	// runs, per CPU, in time order: each task ran from its start until the next one's.
 	runs map[int][]run
-	// Lost reports that the buffer overflowed: the earliest switches are missing.
+	// Lost reports that the buffer overflowed: some switches are missing (the kernel
+	// overwrote the oldest before they were drained).
 	Lost bool
 }
 
