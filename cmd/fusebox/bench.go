@@ -324,6 +324,6 @@ func printSched(s *bench.Sched) {
 	fmt.Printf("of the %d allocations slower than the p90, %d had other processes on the CPUs for %.1f ms or more; the p99 of the %d allocations that did not: %.2f ms\n",
 		s.TailRuns, s.TailWithOther, s.OtherThresholdMs, s.WithoutOtherRuns, s.WithoutOtherP99Ms)
 	if s.Lost {
-		fmt.Println("the trace buffer overflowed: the earliest allocations are not counted")
+		fmt.Println("the kernel lost switches before they were drained (its buffer overflowed): some allocations' figures are incomplete or missing")
 	}
 }

@@ -38,7 +38,8 @@ type Sched struct {
 	WithoutOtherRuns  int          `json:"without_other_runs"`
 	WithoutOtherP99Ms float64      `json:"without_other_p99_ms"`
 	Slowest           []SchedAlloc `json:"slowest"`
-	// Lost: the trace buffer overflowed and early allocations have no figures.
+	// Lost: the kernel lost switches before they were drained; some allocations' figures are
+	// incomplete or missing.
 	Lost bool   `json:"lost,omitempty"`
 	Note string `json:"note"`
 }
