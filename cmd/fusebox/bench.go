@@ -140,7 +140,7 @@ during the warm allocations in a tracefs instance of its own and prints who had 
 during each: this process (agent and manager), gVisor (the sandboxes and runsc), other
 processes, and nobody; the slowest allocations one by one, and how many of the slowest tenth
 had other processes on the CPUs: whether a slow allocation was fusebox's doing or a
-neighbour's.
+neighbour's. --sched-csv FILE writes every allocation's figures, one row each.
 
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
@@ -152,7 +152,7 @@ without TLS, e.g. through kubectl port-forward), as an agent on this machine see
 each allocation it waits until the manager's pool has held its target of ready units for
 --settle with nothing being created or destroyed (--busy: full is enough, for a manager that
 others use too) and its oldest ready unit is past the warm-up; every allocation is released.
-Only --runs, --settle, --busy, --sched and --json apply (with --sched, a manager on this
+Only --runs, --settle, --busy, --sched, --sched-csv and --json apply (with --sched, a manager on this
 machine shows as other fusebox processes).`,
 		Example: `  fusebox bench allocate --json --runs 100
   fusebox bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
@@ -160,11 +160,14 @@ machine shows as other fusebox processes).`,
   fusebox bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			if o.SchedCSV != "" && !o.Sched {
+				return fmt.Errorf("--sched-csv needs --sched")
+			}
 			if remote != "" {
 				if o.Trace || cmd.Flags().Changed("allocator") {
 					return fmt.Errorf("--manager measures a running manager: --trace and --allocator do not apply")
 				}
-				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Sched: o.Sched, Log: o.Log})
+				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
 				if err != nil {
 					return err
 				}
@@ -254,6 +257,7 @@ machine shows as other fusebox processes).`,
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
 	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
 	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
+	f.StringVar(&o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
 	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation: this process, gVisor, other processes, nobody")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
 	return cmd

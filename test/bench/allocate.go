@@ -39,6 +39,8 @@ type AllocateOptions struct {
 	// Sched records the kernel's context switches during the warm allocations and says who
 	// had the CPUs during each (AllocateResult.Sched; root and tracefs).
 	Sched bool
+	// SchedCSV, with Sched, is a file to write each allocation's CPU time by class to (CSV).
+	SchedCSV string
 	// DemandRuns allocations arrive at DemandRate per second (0: half the measured refill
 	// rate), each released after its first call, with the ewma estimator sizing the pool:
 	// how many found no ready unit (default 100; negative: skip this phase).
@@ -264,7 +266,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return quiet(warmAge)
 	})
 	if marks != nil {
-		r.Sched, err = marks.finish(warm, err)
+		r.Sched, err = marks.finish(warm, err, o.SchedCSV)
 		marks = nil
 	}
 	if err != nil {

@@ -36,7 +36,9 @@ type RemoteOptions struct {
 	// Sched is AllocateOptions.Sched: who had this machine's CPUs during each allocation
 	// (a manager on this machine shows as other fusebox processes).
 	Sched bool
-	Log   *slog.Logger
+	// SchedCSV is AllocateOptions.SchedCSV.
+	SchedCSV string
+	Log      *slog.Logger
 }
 
 // RemoteResult is the JSON `fusebox bench allocate --manager ADDR --json` prints.
@@ -115,7 +117,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	}
 	lat, err := allocateRemote(ctx, agent, mc, o, marks)
 	if marks != nil {
-		r.Sched, err = marks.finish(lat, err)
+		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
 	}
 	if err != nil {
 		return nil, err

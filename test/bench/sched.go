@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"encoding/csv"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,6 +41,8 @@ type Sched struct {
 	WithoutOtherRuns  int          `json:"without_other_runs"`
 	WithoutOtherP99Ms float64      `json:"without_other_p99_ms"`
 	Slowest           []SchedAlloc `json:"slowest"`
+	// allocs are every recorded allocation, in order (WriteCSV).
+	allocs []SchedAlloc
 	// Lost: the kernel lost switches before they were drained; some allocations' figures are
 	// incomplete or missing.
 	Lost bool   `json:"lost,omitempty"`
@@ -101,8 +106,9 @@ func (s *schedMarks) drain() error {
 }
 
 // finish stops the recording and attributes the allocations whose times are totals (ms, in
-// order); runErr is the run's own error, returned as it is (the recording is dropped).
-func (s *schedMarks) finish(totals []float64, runErr error) (*Sched, error) {
+// order), writing them to csvPath if it is set; runErr is the run's own error, returned as it
+// is (the recording is dropped).
+func (s *schedMarks) finish(totals []float64, runErr error, csvPath string) (*Sched, error) {
 	t, err := s.rec.Stop()
 	if runErr != nil {
 		return nil, runErr
@@ -114,7 +120,14 @@ func (s *schedMarks) finish(totals []float64, runErr error) (*Sched, error) {
 	if err != nil {
 		return nil, err
 	}
-	return schedSummary(t, totals, self)
+	sum, err := schedSummary(t, totals, self)
+	if err != nil || csvPath == "" {
+		return sum, err
+	}
+	if err := writeFile(csvPath, sum.WriteCSV); err != nil {
+		return nil, fmt.Errorf("writing the scheduler's figures: %w", err)
+	}
+	return sum, nil
 }
 
 // schedSummary attributes each marked allocation's window; totals[i] is allocation i's
@@ -156,6 +169,7 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 		return nil, fmt.Errorf("the scheduler trace holds none of the %d allocations' marks (lost: %v)", len(totals), t.Lost)
 	}
 	s.Runs = len(all)
+	s.allocs = slices.Clone(all)
 	p90 := pct(totals, 90)
 	var clean []float64
 	for _, a := range all {
@@ -186,6 +200,22 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 		s.Slowest = append(s.Slowest, a)
 	}
 	return s, nil
+}
+
+// WriteCSV writes every recorded allocation's CPU time by class, one row each, in order.
+func (s *Sched) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write([]string{"total_ms", "bench_ms", "gvisor_ms", "fusebox_ms", "other_ms", "idle_ms", "other"}); err != nil {
+		return err
+	}
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+	for _, a := range s.allocs {
+		if err := cw.Write([]string{f(a.TotalMs), f(a.BenchMs), f(a.GVisorMs), f(a.FuseboxMs), f(a.OtherMs), f(a.IdleMs), a.Other}); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
 }
 
 // gvisorTask reports whether a task named comm is gVisor's: runsc re-executes itself

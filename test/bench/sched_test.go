@@ -48,6 +48,16 @@ func TestSchedSummary(t *testing.T) {
 	if s.TailRuns != 0 || s.WithoutOtherRuns != 1 || s.WithoutOtherP99Ms != 1 {
 		t.Errorf("tail %d, without other %d (p99 %v)", s.TailRuns, s.WithoutOtherRuns, s.WithoutOtherP99Ms)
 	}
+	var csv strings.Builder
+	if err := s.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	wantCSV := "total_ms,bench_ms,gvisor_ms,fusebox_ms,other_ms,idle_ms,other\n" +
+		"1.000,0.600,1.000,0.000,0.000,0.400,\n" +
+		"2.000,0.000,0.500,0.200,1.500,1.800,noisy\n"
+	if csv.String() != wantCSV {
+		t.Errorf("CSV:\n%s\nwant:\n%s", csv.String(), wantCSV)
+	}
 	if _, err := schedSummary(tr, []float64{1, 2, 3}, nil); err != nil {
 		t.Errorf("an allocation without marks (lost) failed the summary: %v", err)
 	}
