@@ -15,7 +15,7 @@ func TestDaemonFlagDefaults(t *testing.T) {
 		{"pool-size", "2", "2"},
 		{"state-dir", "/var/lib/fusebox", "/var/lib/fusebox"},
 		{"pool-ping", DefaultPoolPing.String(), DefaultPoolPing.String()},
-		{"keep-sandboxes-awake", "false", "false"},
+		{"keep-sandboxes-awake", "true", "true"},
 		{"insecure-process-runtime", "false", "false"},
 	} {
 		l, s := local.Lookup(c.flag), service.Lookup(c.flag)

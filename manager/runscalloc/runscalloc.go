@@ -59,9 +59,9 @@ type Options struct {
 	Logger  *slog.Logger
 	// Egress configures the per-sandbox proxies (tests inject dialers).
 	Egress egress.ProxyOptions
-	// KeepAwake keeps each sandbox server's Go runtime monitor awake: faster typical
-	// allocations (p99 no better), at about 1.4 % of one CPU per idle sandbox (see
-	// localsandbox.KeepAwakeGODEBUG).
+	// KeepAwake keeps each sandbox server's Go runtime monitor awake: faster allocations,
+	// at about 2 % of one CPU per idle sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
+	// local up turns it on unless told not to).
 	KeepAwake bool
 }
 
