@@ -114,6 +114,14 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 			t.Errorf("allocation %d got sandbox %s again (earlier: %v)", i, a.ID, ids)
 		}
 		ids = append(ids, a.ID)
+		if i == 0 {
+			// Sandboxes not kept awake (daemonOpts.KeepAwake false, as with
+			// --keep-sandboxes-awake=false): the server runs without the setting.
+			env := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ")
+			if !strings.Contains(env, "=") || strings.Contains(env, localsandbox.KeepAwakeGODEBUG) {
+				t.Errorf("the server's environment, read %q, should have no %s with keep-awake off", env, localsandbox.KeepAwakeGODEBUG)
+			}
+		}
 		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
 		before, after, _ := strings.Cut(out, "@@\n")
