@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,8 @@ type Recorder struct {
 	dir    string
 	mu     sync.Mutex // guards the rest
 	marker *os.File
-	pipe   int // trace_pipe, non-blocking: reading consumes the buffer
+	pipe   int    // trace_pipe, non-blocking: reading consumes the buffer
+	buf    []byte // what each read of it fills
 	p      parser
 }
 
@@ -61,7 +63,7 @@ func Start(bufferKB int) (*Recorder, error) {
 		}
 		return nil, fmt.Errorf("creating tracefs instance: %w", err)
 	}
-	r := &Recorder{dir: dir, pipe: -1, p: parser{t: &Trace{runs: map[int][]run{}}}}
+	r := &Recorder{dir: dir, pipe: -1, buf: make([]byte, 256<<10), p: newParser()}
 	for _, w := range []struct{ file, value string }{
 		{"tracing_on", "0"},
 		{"buffer_size_kb", strconv.Itoa(bufferKB)},
@@ -165,20 +167,21 @@ func (r *Recorder) Mark(label string) error {
 }
 
 // Drain moves what the kernel has recorded so far into the recorder's memory, freeing its
-// buffer.
-func (r *Recorder) Drain() error {
+// buffer, and returns the trace recorded so far. The trace is the recorder's own: it changes
+// with the next Drain or Stop, and a caller that is done with a stretch of it frees it with
+// Trace.Forget.
+func (r *Recorder) Drain() (*Trace, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pipe < 0 {
-		return errors.New("schedtrace: recorder stopped")
+		return nil, errors.New("schedtrace: recorder stopped")
 	}
-	return r.drain()
+	return r.p.t, r.drain()
 }
 
 func (r *Recorder) drain() error {
-	buf := make([]byte, 256<<10)
 	for {
-		n, err := syscall.Read(r.pipe, buf)
+		n, err := syscall.Read(r.pipe, r.buf)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -187,7 +190,7 @@ func (r *Recorder) drain() error {
 		case err != nil:
 			return fmt.Errorf("reading the trace pipe: %w", err)
 		}
-		if err := r.p.write(buf[:n]); err != nil {
+		if err := r.p.write(r.buf[:n]); err != nil {
 			return err
 		}
 	}
@@ -241,7 +244,7 @@ type run struct {
 // Parse reads a tracefs trace (the trace file, or what trace_pipe gave) of sched_switch
 // events and trace marks.
 func Parse(rd io.Reader) (*Trace, error) {
-	p := parser{t: &Trace{runs: map[int][]run{}}}
+	p := newParser()
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := rd.Read(buf)
@@ -267,6 +270,22 @@ func Parse(rd io.Reader) (*Trace, error) {
 type parser struct {
 	t       *Trace
 	partial []byte
+	// comms holds one copy of each task name: a run's Task must not keep the line it was
+	// read from alive (a recording holds hundreds of thousands of runs).
+	comms map[string]string
+}
+
+func newParser() parser {
+	return parser{t: &Trace{runs: map[int][]run{}}, comms: map[string]string{}}
+}
+
+func (p *parser) intern(comm string) string {
+	if c, ok := p.comms[comm]; ok {
+		return c
+	}
+	c := strings.Clone(comm)
+	p.comms[c] = c
+	return c
 }
 
 func (p *parser) write(b []byte) error {
@@ -314,12 +333,13 @@ func (p *parser) line(line string) error {
 	}
 	switch event {
 	case "tracing_mark_write":
-		t.Marks = append(t.Marks, Mark{At: at, Label: strings.TrimSpace(rest)})
+		t.Marks = append(t.Marks, Mark{At: at, Label: strings.Clone(strings.TrimSpace(rest))})
 	case "sched_switch":
 		next, err := nextTask(rest)
 		if err != nil {
 			return fmt.Errorf("trace line %q: %w", line, err)
 		}
+		next.Comm = p.intern(next.Comm)
 		t.runs[cpu] = append(t.runs[cpu], run{start: at, task: next})
 	}
 	return nil
@@ -418,6 +438,19 @@ func (t *Trace) Usage(from, to time.Duration) map[Task]time.Duration {
 		}
 	}
 	return u
+}
+
+// Forget drops what the trace holds from before t: the marks before it, and on each CPU the
+// runs that ended by then (the one running at t stays). Usage and Windows over later times
+// are unchanged.
+func (t *Trace) Forget(before time.Duration) {
+	for cpu, runs := range t.runs {
+		i := sort.Search(len(runs), func(i int) bool { return runs[i].start > before })
+		if i > 1 {
+			t.runs[cpu] = slices.Delete(runs, 0, i-1)
+		}
+	}
+	t.Marks = slices.DeleteFunc(t.Marks, func(m Mark) bool { return m.At < before })
 }
 
 // CPUs is how many CPUs the trace saw switches on.

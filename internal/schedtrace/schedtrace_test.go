@@ -3,6 +3,7 @@ package schedtrace
 import (
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,28 @@ func testParseUsageWindows(t *testing.T, rd io.Reader) {
 		if got[k] != v {
 			t.Errorf("%+v ran %v, want %v (all: %v)", k, got[k], v, got)
 		}
+	}
+}
+
+// TestForget: forgetting what came before a time leaves the usage after it as it was, and
+// frees the runs that ended before it and the earlier marks.
+func TestForget(t *testing.T) {
+	tr, err := Parse(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := tr.Windows("w:")["1"]
+	at := w.From + 1600*time.Microsecond // CPU 0 runs kworker/u8:1 then, since 1500
+	before := tr.Usage(at, w.To)
+	tr.Forget(at)
+	if after := tr.Usage(at, w.To); !maps.Equal(after, before) {
+		t.Errorf("usage after Forget %v, before %v", after, before)
+	}
+	if first := tr.runs[0][0].task; first.Comm != "kworker/u8:1" {
+		t.Errorf("CPU 0's first run after Forget is %+v, want the one running then", first)
+	}
+	if len(tr.Marks) != 2 { // the window's end and the next start
+		t.Errorf("marks after Forget: %v", tr.Marks)
 	}
 }
 
@@ -134,7 +157,7 @@ func TestRecorder(t *testing.T) {
 	for time.Now().Before(deadline) {
 		n++
 	}
-	if err := r.Drain(); err != nil {
+	if _, err := r.Drain(); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Mark("t:end x"); err != nil {

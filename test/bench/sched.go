@@ -69,11 +69,15 @@ const schedPrefix = "fusebox-alloc:"
 
 // schedMarks records a run of allocations (--sched): startSched before them, start and end
 // around each, drain between them (outside the timed window: a drain is work for a CPU),
-// finish after. A nil *schedMarks does nothing.
+// finish after. Each drain attributes the allocations that ended and forgets their switches,
+// so the benchmark's process does not hold a whole run's worth (which its collector would
+// then mark). A nil *schedMarks does nothing.
 type schedMarks struct {
-	rec *schedtrace.Recorder
-	n   int
-	err error // the first failed mark or drain
+	rec    *schedtrace.Recorder
+	n      int
+	err    error              // the first failed mark or drain
+	allocs map[int]SchedAlloc // by allocation, without TotalMs
+	cpus   int
 }
 
 func startSched() (*schedMarks, error) {
@@ -81,7 +85,7 @@ func startSched() (*schedMarks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--sched: %w", err)
 	}
-	return &schedMarks{rec: rec}, nil
+	return &schedMarks{rec: rec, allocs: map[int]SchedAlloc{}}, nil
 }
 
 func (s *schedMarks) start() {
@@ -97,12 +101,37 @@ func (s *schedMarks) end() {
 	}
 }
 
-// drain moves the kernel's buffer into memory.
+// drain moves the kernel's buffer into memory and attributes the allocations that ended.
 func (s *schedMarks) drain() error {
 	if s == nil {
 		return nil
 	}
-	return s.rec.Drain()
+	t, err := s.rec.Drain()
+	if err != nil {
+		return err
+	}
+	return s.collect(t)
+}
+
+// collect attributes the allocations whose windows t holds, then forgets t up to the end of
+// the last of them.
+func (s *schedMarks) collect(t *schedtrace.Trace) error {
+	self, err := schedtrace.SelfThreads()
+	if err != nil {
+		return err
+	}
+	s.cpus = max(s.cpus, t.CPUs())
+	var last time.Duration
+	for key, w := range t.Windows(schedPrefix) {
+		i, err := strconv.Atoi(key)
+		if err != nil {
+			continue
+		}
+		s.allocs[i] = attribute(t, w, self)
+		last = max(last, w.To)
+	}
+	t.Forget(last)
+	return nil
 }
 
 // finish stops the recording and attributes the allocations whose times are totals (ms, in
@@ -116,11 +145,10 @@ func (s *schedMarks) finish(totals []float64, runErr error, csvPath string) (*Sc
 	if err := errors.Join(s.err, err); err != nil {
 		return nil, fmt.Errorf("--sched: %w", err)
 	}
-	self, err := schedtrace.SelfThreads()
-	if err != nil {
+	if err := s.collect(t); err != nil {
 		return nil, err
 	}
-	sum, err := schedSummary(t, totals, self)
+	sum, err := summarize(totals, s.allocs, s.cpus, t.Lost)
 	if err != nil || csvPath == "" {
 		return sum, err
 	}
@@ -130,43 +158,59 @@ func (s *schedMarks) finish(totals []float64, runErr error, csvPath string) (*Sc
 	return sum, nil
 }
 
-// schedSummary attributes each marked allocation's window; totals[i] is allocation i's
+// schedSummary attributes each marked allocation's window in t; totals[i] is allocation i's
 // measured time (ms). self are this process's thread ids.
 func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
-	windows := t.Windows(schedPrefix)
-	s := &Sched{CPUs: t.CPUs(), Lost: t.Lost, OtherThresholdMs: ms(otherThreshold),
+	allocs := map[int]SchedAlloc{}
+	for key, w := range t.Windows(schedPrefix) {
+		if i, err := strconv.Atoi(key); err == nil {
+			allocs[i] = attribute(t, w, self)
+		}
+	}
+	return summarize(totals, allocs, t.CPUs(), t.Lost)
+}
+
+// attribute splits the CPU time of window w between the classes (TotalMs left 0).
+func attribute(t *schedtrace.Trace, w schedtrace.Window, self map[int]bool) SchedAlloc {
+	var a SchedAlloc
+	var other, top time.Duration
+	for task, d := range t.Usage(w.From, w.To) {
+		switch {
+		case task.PID == 0:
+			a.IdleMs += ms(d)
+		case self[task.PID]:
+			a.BenchMs += ms(d)
+		case gvisorTask(task.Comm):
+			a.GVisorMs += ms(d)
+		case strings.HasPrefix(task.Comm, "fusebox"):
+			a.FuseboxMs += ms(d)
+		default:
+			other += d
+			if d > top {
+				top, a.Other = d, task.Comm
+			}
+		}
+	}
+	a.OtherMs = ms(other)
+	return a
+}
+
+// summarize puts the attributed allocations (by index into totals, the measured times in ms)
+// together; an allocation without a window (lost) is left out.
+func summarize(totals []float64, allocs map[int]SchedAlloc, cpus int, lost bool) (*Sched, error) {
+	s := &Sched{CPUs: cpus, Lost: lost, OtherThresholdMs: ms(otherThreshold),
 		Note: "CPU time (summed over CPUs) during each warm allocation, from the kernel's sched_switch events: bench is this process (the agent, and the manager unless it runs apart), gvisor the sandboxes' and runsc's processes, fusebox other fusebox processes (a manager running apart), other every other task, idle nobody"}
 	var all []SchedAlloc
 	for i, total := range totals {
-		w, ok := windows[strconv.Itoa(i)]
+		a, ok := allocs[i]
 		if !ok {
 			continue // lost in an overflowed buffer
 		}
-		a := SchedAlloc{TotalMs: total}
-		var other time.Duration
-		var top time.Duration
-		for task, d := range t.Usage(w.From, w.To) {
-			switch {
-			case task.PID == 0:
-				a.IdleMs += ms(d)
-			case self[task.PID]:
-				a.BenchMs += ms(d)
-			case gvisorTask(task.Comm):
-				a.GVisorMs += ms(d)
-			case strings.HasPrefix(task.Comm, "fusebox"):
-				a.FuseboxMs += ms(d)
-			default:
-				other += d
-				if d > top {
-					top, a.Other = d, task.Comm
-				}
-			}
-		}
-		a.OtherMs = ms(other)
+		a.TotalMs = total
 		all = append(all, a)
 	}
 	if len(all) == 0 {
-		return nil, fmt.Errorf("the scheduler trace holds none of the %d allocations' marks (lost: %v)", len(totals), t.Lost)
+		return nil, fmt.Errorf("the scheduler trace holds none of the %d allocations' marks (lost: %v)", len(totals), lost)
 	}
 	s.Runs = len(all)
 	s.allocs = slices.Clone(all)
