@@ -171,18 +171,10 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		if trace {
 			ao.Trace = &ct
 		}
-		marks.start()
-		t0 := time.Now()
-		a, err := agent.Allocate(ctx, ao)
+		a, t0, done, err := timedAllocation(ctx, agent, ao, marks)
 		if err != nil {
 			return 0, err
 		}
-		if _, err := a.Stat(ctx, ".", false); err != nil {
-			a.Close()
-			return 0, err
-		}
-		done := time.Now()
-		marks.end()
 		if trace {
 			tr.record(t0, done, agentMarks{ct.Answered, ct.Finished, ct.Sent()}, alloc.ServerLog(a.ID))
 		}
@@ -394,6 +386,26 @@ func oldestReadyAge(m *manager.Manager) time.Duration {
 		return 0
 	}
 	return time.Since(oldest)
+}
+
+// timedAllocation makes one measured allocation through agent: Allocate (sFuse included), then
+// the first data-plane call (Stat), between marks. It returns the allocation, still held for
+// the caller to release, and when it began and when the call returned; on an error nothing is
+// held.
+func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks) (*client.Allocation, time.Time, time.Time, error) {
+	marks.start()
+	t0 := time.Now()
+	a, err := agent.Allocate(ctx, ao)
+	if err != nil {
+		return nil, t0, t0, err
+	}
+	if _, err := a.Stat(ctx, ".", false); err != nil {
+		a.Close()
+		return nil, t0, t0, fmt.Errorf("first call on %s: %w", a.ID, err)
+	}
+	done := time.Now()
+	marks.end()
+	return a, t0, done, nil
 }
 
 // warmAge is how old, from its creation's start (UnitInfo.Created), a unit must be to count as

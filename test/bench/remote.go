@@ -141,22 +141,14 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		if err := waitFull(ctx, mc, o); err != nil {
 			return nil, err
 		}
-		marks.start()
-		t0 := time.Now()
-		a, err := agent.Allocate(ctx, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}})
+		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}}, marks)
 		if err != nil {
 			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
 		}
-		_, err = a.Stat(ctx, ".", false)
-		d := time.Since(t0)
-		marks.end()
-		if cerr := a.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("releasing: %w", cerr)
+		if err := a.Close(); err != nil {
+			return nil, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("allocation %d (%s): %w", i+1, a.ID, err)
-		}
-		lat = append(lat, ms(d))
+		lat = append(lat, ms(done.Sub(t0)))
 	}
 	return lat, nil
 }
