@@ -3,7 +3,9 @@ package manager
 import (
 	"context"
 	"errors"
+	"runtime"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -11,6 +13,16 @@ import (
 
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
+
+// ServerOptions are the options of a gRPC server that serves Service: calls run on worker
+// goroutines that are kept (grpc.NumStreamWorkers, one per CPU), whose stacks have grown
+// already, rather than on a goroutine per call that grows its 8 KiB stack through Allocate's
+// deep path (gRPC, sFuse's own call into the sandbox) by copying it. fusebox bench manager,
+// two interleaved pairs: open loop at 1,000/s p50 0.093 / 0.097 ms against 0.149 / 0.150,
+// p99 0.23 / 0.24 against 0.54 / 0.57; 64 clients 31.5k / 32.0k/s against 26.3k / 29.9k.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}
+}
 
 // Service serves the Manager gRPC API on a Manager.
 type Service struct {

@@ -175,7 +175,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		}
 	}()
 
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(manager.ServerOptions()...)
 	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)

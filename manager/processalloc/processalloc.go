@@ -129,6 +129,9 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if err := jsonfile.Write(filepath.Join(d, "unit.json"), info); err != nil {
 		return manager.UnitInfo{}, err
 	}
+	if err := jsonfile.Prepare(filepath.Join(d, "annotations.json")); err != nil { // as runscalloc does
+		return manager.UnitInfo{}, err
+	}
 	initPath := strings.TrimPrefix(info.InitAddr, "unix://")
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		if c, err := net.Dial("unix", initPath); err == nil {

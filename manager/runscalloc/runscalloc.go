@@ -196,6 +196,11 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if err := jsonfile.Write(filepath.Join(dir, "unit.json"), u); err != nil {
 		return manager.UnitInfo{}, err
 	}
+	// The lease's first write (Annotate) comes during an allocation, beside sFuse: made now,
+	// its file costs it no inode (jsonfile.Prepare).
+	if err := jsonfile.Prepare(filepath.Join(dir, "annotations.json")); err != nil {
+		return manager.UnitInfo{}, err
+	}
 	spec := t.Bundle
 	if spec.RootFS == "" && spec.EtcDir == "" {
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")

@@ -59,6 +59,9 @@ type SchedAlloc struct {
 	IdleMs    float64 `json:"idle_ms"`
 	// Other names the other task that ran longest ("" if none did).
 	Other string `json:"other,omitempty"`
+	// From and To are the allocation's window on the trace clock ("local": the kernel's
+	// sched_clock, which perf's timestamps use too), for lining it up with other recordings.
+	From, To time.Duration `json:"-"`
 }
 
 // otherThreshold is how much CPU time of other processes marks an allocation as disturbed.
@@ -172,7 +175,7 @@ func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sc
 
 // attribute splits the CPU time of window w between the classes (TotalMs left 0).
 func attribute(t *schedtrace.Trace, w schedtrace.Window, self map[int]bool) SchedAlloc {
-	var a SchedAlloc
+	a := SchedAlloc{From: w.From, To: w.To}
 	var other, top time.Duration
 	for task, d := range t.Usage(w.From, w.To) {
 		switch {
@@ -249,12 +252,13 @@ func summarize(totals []float64, allocs map[int]SchedAlloc, cpus int, lost bool)
 // WriteCSV writes every recorded allocation's CPU time by class, one row each, in order.
 func (s *Sched) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	if err := cw.Write([]string{"total_ms", "bench_ms", "gvisor_ms", "fusebox_ms", "other_ms", "idle_ms", "other"}); err != nil {
+	if err := cw.Write([]string{"total_ms", "bench_ms", "gvisor_ms", "fusebox_ms", "other_ms", "idle_ms", "other", "from_s", "to_s"}); err != nil {
 		return err
 	}
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+	sec := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 6, 64) }
 	for _, a := range s.allocs {
-		if err := cw.Write([]string{f(a.TotalMs), f(a.BenchMs), f(a.GVisorMs), f(a.FuseboxMs), f(a.OtherMs), f(a.IdleMs), a.Other}); err != nil {
+		if err := cw.Write([]string{f(a.TotalMs), f(a.BenchMs), f(a.GVisorMs), f(a.FuseboxMs), f(a.OtherMs), f(a.IdleMs), a.Other, sec(a.From), sec(a.To)}); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 )
@@ -36,11 +37,12 @@ func TestSchedSummary(t *testing.T) {
 		t.Fatalf("summary %+v", s)
 	}
 	slow, fast := s.Slowest[0], s.Slowest[1]
-	if fast != (SchedAlloc{TotalMs: 1, BenchMs: 0.6, GVisorMs: 1, IdleMs: 0.4}) {
+	if fast != (SchedAlloc{TotalMs: 1, BenchMs: 0.6, GVisorMs: 1, IdleMs: 0.4, From: 10 * time.Second, To: 10001 * time.Millisecond}) {
 		t.Errorf("first allocation %+v", fast)
 	}
 	// CPU 0: idle 1.8 ms, then the other fusebox 0.2; CPU 1: noisy 1.5 ms, then runsc 0.5 ms.
-	if slow != (SchedAlloc{TotalMs: 2, GVisorMs: 0.5, FuseboxMs: 0.2, OtherMs: 1.5, IdleMs: 1.8, Other: "noisy"}) {
+	if slow != (SchedAlloc{TotalMs: 2, GVisorMs: 0.5, FuseboxMs: 0.2, OtherMs: 1.5, IdleMs: 1.8, Other: "noisy",
+		From: 10100 * time.Millisecond, To: 10102 * time.Millisecond}) {
 		t.Errorf("second allocation %+v", slow)
 	}
 	// The p90 of two is the slower: no allocation is slower, so no tail; the disturbed one
@@ -52,9 +54,9 @@ func TestSchedSummary(t *testing.T) {
 	if err := s.WriteCSV(&csv); err != nil {
 		t.Fatal(err)
 	}
-	wantCSV := "total_ms,bench_ms,gvisor_ms,fusebox_ms,other_ms,idle_ms,other\n" +
-		"1.000,0.600,1.000,0.000,0.000,0.400,\n" +
-		"2.000,0.000,0.500,0.200,1.500,1.800,noisy\n"
+	wantCSV := "total_ms,bench_ms,gvisor_ms,fusebox_ms,other_ms,idle_ms,other,from_s,to_s\n" +
+		"1.000,0.600,1.000,0.000,0.000,0.400,,10.000000,10.001000\n" +
+		"2.000,0.000,0.500,0.200,1.500,1.800,noisy,10.100000,10.102000\n"
 	if csv.String() != wantCSV {
 		t.Errorf("CSV:\n%s\nwant:\n%s", csv.String(), wantCSV)
 	}

@@ -18,7 +18,7 @@ func ServeManager(m *manager.Manager, dir string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(manager.ServerOptions()...)
 	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
 	go srv.Serve(ln)
 	return "unix://" + path, srv.Stop, nil
