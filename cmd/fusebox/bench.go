@@ -143,7 +143,9 @@ during the warm allocations in a tracefs instance of its own and prints who had 
 during each: this process (agent and manager), gVisor (the sandboxes and runsc), other
 processes, and nobody; the slowest allocations one by one, and how many of the slowest tenth
 had other processes on the CPUs: whether a slow allocation was fusebox's doing or a
-neighbour's. --sched-csv FILE writes every allocation's figures, one row each, with its window on the kernel's clock (from_s, to_s: the clock perf's timestamps use) to line it up with a perf recording.
+neighbour's. --sched-csv FILE writes every allocation's figures, one row each, and its window
+(from_s, to_s: seconds on perf's clock, to pick a perf record -a recording's samples that fell
+in it).
 
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written

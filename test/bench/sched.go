@@ -59,8 +59,8 @@ type SchedAlloc struct {
 	IdleMs    float64 `json:"idle_ms"`
 	// Other names the other task that ran longest ("" if none did).
 	Other string `json:"other,omitempty"`
-	// From and To are the allocation's window on the trace clock ("local": the kernel's
-	// sched_clock, which perf's timestamps use too), for lining it up with other recordings.
+	// From and To are the allocation's window on the recording's clock (perf's, see
+	// schedtrace.Start), for lining it up with a perf recording.
 	From, To time.Duration `json:"-"`
 }
 
