@@ -124,17 +124,21 @@ func (s *schedMarks) collect(t *schedtrace.Trace) error {
 		return err
 	}
 	s.cpus = max(s.cpus, t.CPUs())
+	t.Forget(attributeWindows(t, self, s.allocs))
+	return nil
+}
+
+// attributeWindows attributes every marked allocation's window in t into allocs (by
+// allocation number) and returns the end of the last of them.
+func attributeWindows(t *schedtrace.Trace, self map[int]bool, allocs map[int]SchedAlloc) time.Duration {
 	var last time.Duration
 	for key, w := range t.Windows(schedPrefix) {
-		i, err := strconv.Atoi(key)
-		if err != nil {
-			continue
+		if i, err := strconv.Atoi(key); err == nil {
+			allocs[i] = attribute(t, w, self)
+			last = max(last, w.To)
 		}
-		s.allocs[i] = attribute(t, w, self)
-		last = max(last, w.To)
 	}
-	t.Forget(last)
-	return nil
+	return last
 }
 
 // finish stops the recording and attributes the allocations whose times are totals (ms, in
@@ -165,11 +169,7 @@ func (s *schedMarks) finish(totals []float64, runErr error, csvPath string) (*Sc
 // measured time (ms). self are this process's thread ids.
 func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
 	allocs := map[int]SchedAlloc{}
-	for key, w := range t.Windows(schedPrefix) {
-		if i, err := strconv.Atoi(key); err == nil {
-			allocs[i] = attribute(t, w, self)
-		}
-	}
+	attributeWindows(t, self, allocs)
 	return summarize(totals, allocs, t.CPUs(), t.Lost)
 }
 
