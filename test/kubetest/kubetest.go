@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -124,28 +125,28 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	if err := os.WriteFile(script, controlPlaneScript, 0o755); err != nil {
 		return nil, err
 	}
-	apiPort, err := freePort(1)
-	if err != nil {
-		return nil, err
-	}
-	etcdPort, err := freePort(2) // etcd uses the port and the next one (peer)
-	if err != nil {
-		return nil, err
-	}
-	kcmPort, err := freePort(1)
-	if err != nil {
-		return nil, err
-	}
-	e := &Env{Dir: dir, script: script, env: append(os.Environ(),
-		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
-		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0", "KCM=0")}
+	e := &Env{Dir: dir, script: script}
 	defer func() {
 		if err != nil {
 			e.Stop()
 		}
 	}()
-	if out, err := e.run(ctx, "start"); err != nil {
-		return nil, fmt.Errorf("starting the control plane: %w\n%s", err, out)
+	// A start that fails (a port taken after all, a process that died) is retried on fresh
+	// ports; the failure is printed, so that a flaky machine shows in the test's output.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		out, err := e.start(ctx, bin)
+		if err == nil {
+			break
+		}
+		err = fmt.Errorf("starting the control plane: %w\n%s", err, out)
+		if attempt == attempts || ctx.Err() != nil {
+			return nil, err
+		}
+		fmt.Fprintf(os.Stderr, "kubetest: attempt %d of %d: %v\n", attempt, attempts, err)
+		if out, err := e.run(ctx, "stop"); err != nil {
+			return nil, fmt.Errorf("stopping after a failed start: %w\n%s", err, out)
+		}
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kubeconfig"))
 	if err != nil {
@@ -193,6 +194,26 @@ func (e *Env) Stop() error {
 		return os.RemoveAll(e.Dir)
 	}
 	return nil
+}
+
+// start picks free ports and runs the script's start: etcd, kube-apiserver and kwok.
+func (e *Env) start(ctx context.Context, bin string) ([]byte, error) {
+	apiPort, err := freePort(1)
+	if err != nil {
+		return nil, err
+	}
+	etcdPort, err := freePort(2) // etcd uses the port and the next one (peer)
+	if err != nil {
+		return nil, err
+	}
+	kcmPort, err := freePort(1)
+	if err != nil {
+		return nil, err
+	}
+	e.env = append(os.Environ(),
+		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
+		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0", "KCM=0")
+	return e.run(ctx, "start")
 }
 
 func (e *Env) run(ctx context.Context, verb string) ([]byte, error) {
@@ -346,27 +367,34 @@ func until(ctx context.Context, timeout time.Duration, f func() (bool, error)) e
 	}
 }
 
-// freePort returns a loopback port p such that p..p+n-1 were free when checked.
+// freePort returns a loopback port p such that p..p+n-1 were free when checked. It picks
+// below the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no outgoing
+// connection of another process can take the port between the check and the server's bind:
+// on a busy CI machine one did, and etcd or the apiserver failed to start.
 func freePort(n int) (int, error) {
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
+	lo, hi := 20000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if first, err := strconv.Atoi(f[0]); err == nil && first > 2048 {
+				hi = first
+				lo = min(lo, hi/2)
+			}
 		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+	}
+	for range 200 {
+		p := lo + rand.IntN(hi-lo-n)
 		ok := true
-		for i := 1; i < n; i++ {
-			l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
+		for i := range n {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
 			if err != nil {
 				ok = false
 				break
 			}
-			l2.Close()
+			l.Close()
 		}
 		if ok {
 			return p, nil
 		}
 	}
-	return 0, errors.New("no free loopback ports")
+	return 0, fmt.Errorf("no %d free loopback ports in %d-%d", n, lo, hi-1)
 }
