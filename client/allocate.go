@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
@@ -71,6 +73,8 @@ type Allocation struct {
 	// allocation (the fast path); false means it made a full handshake of its own (an older
 	// manager or sandbox, or a relayed handshake that could not be continued).
 	Relayed bool
+
+	handedOff atomic.Bool
 
 	mgr   managerv1.ManagerClient
 	owned *grpc.ClientConn // the manager connection, when this allocation made it (Allocate)
@@ -245,7 +249,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace, next.dialOptions()...)
+	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace, &a.handedOff, next.dialOptions()...)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -263,7 +267,12 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 // the sandbox answered it, and makes an ordinary one with h's configuration otherwise (an
 // older manager or sandbox, or a relayed handshake that could not be finished). A sandbox
 // presenting a key other than the one the manager returned is refused either way.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, extra ...grpc.DialOption) (sb *Sandbox, relayed bool, err error) {
+//
+// The first data connection is the one the manager opened ahead, when it offers one
+// (resp's data_handoff): collected as the allocation answers, it spares the sandbox an accept
+// on the critical path. handedOff is set when it was; when it cannot be collected, the
+// connection is dialed as usual.
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, handedOff *atomic.Bool, extra ...grpc.DialOption) (sb *Sandbox, relayed bool, err error) {
 	hs := h.hs
 	defer func() {
 		if !relayed {
@@ -295,7 +304,8 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	grpcReady := make(chan dialed, 1)
 	go func() {
-		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, a.Network, a.Address, h.cfg)...)...)
+		d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), tlsflight.NetDialer(a.Network, a.Address), handedOff)
+		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, d, h.cfg)...)...)
 		grpcReady <- dialed{sb, err}
 	}()
 	_, err = hs.Finish(ctx, flight)
@@ -319,6 +329,38 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	first <- hs
 	return g.sb, true, nil
 }
+
+// handoffTimeout bounds the collection of a connection the manager opened ahead; dialing
+// follows a failure.
+const handoffTimeout = time.Second
+
+// handoffDialer returns a dial function whose first call collects the connection granted to
+// token at the handoff socket addr (see internal/handoff), setting handedOff, and which
+// otherwise, and on any failure to, calls dial. Without addr it is dial.
+func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Conn, error), handedOff *atomic.Bool) func(context.Context) (net.Conn, error) {
+	a, err := endpoint.Parse(addr)
+	if addr == "" || err != nil || a.Network != "unix" {
+		return dial
+	}
+	var tried atomic.Bool
+	return func(ctx context.Context) (net.Conn, error) {
+		if !tried.Swap(true) {
+			hctx, cancel := context.WithTimeout(ctx, handoffTimeout)
+			c, err := handoff.Take(hctx, a.Address, token)
+			cancel()
+			if err == nil {
+				handedOff.Store(true)
+				return c, nil
+			}
+		}
+		return dial(ctx)
+	}
+}
+
+// HandedOff reports whether the sandbox connection is the one the manager opened ahead and
+// handed to this agent (see AllocateResponse.data_handoff), rather than one it dialed. It is
+// known once the first call has been made.
+func (a *Allocation) HandedOff() bool { return a.handedOff.Load() }
 
 // prepareAfter is when the next handshake is made after an allocation that has made no
 // call yet (see firstCall).

@@ -54,6 +54,16 @@ type EgressBinder interface {
 	BindEgress(ctx context.Context, id string, allow []string) error
 }
 
+// Handoffer is implemented by allocators that open a unit's data connection ahead of time
+// and hold it for the agent to collect (see internal/handoff): an agent on the same machine
+// then skips the sandbox's accept, the slowest step of a first connection into gVisor.
+type Handoffer interface {
+	// Handoff grants unit id's held connection and returns where the agent collects it and
+	// the one-time token that does; ok is false when none is held (the agent dials the
+	// unit's DataAddr).
+	Handoff(id string) (addr string, token []byte, ok bool)
+}
+
 // Warner is implemented by allocators without a kernel boundary: the manager logs the
 // warning on every allocation.
 type Warner interface {

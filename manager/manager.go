@@ -445,6 +445,10 @@ type Allocation struct {
 	LeaseToken   string
 	// TLSServerFlight is the sandbox's answer to the request's TLSClientHello, if any.
 	TLSServerFlight []byte
+	// Handoff and HandoffToken say where the agent collects the data connection the
+	// allocator opened ahead, if it did (see Handoffer).
+	Handoff      string
+	HandoffToken []byte
 }
 
 // Allocate binds a warm unit to the agent whose public key is in req.
@@ -657,8 +661,14 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		return fail("init", err)
 	}
 	m.publishCounts()
-	return Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
-		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}, nil
+	a := Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
+		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}
+	if h, ok := m.alloc.(Handoffer); ok {
+		if addr, tok, ok := h.Handoff(id); ok {
+			a.Handoff, a.HandoffToken = addr, tok
+		}
+	}
+	return a, nil
 }
 
 func (m *Manager) checkToken(l *Lease, token string) error {

@@ -72,7 +72,8 @@ func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) 
 		return nil, toStatus(err)
 	}
 	return &managerv1.AllocateResponse{SandboxId: a.ID, Endpoint: a.Endpoint, SandboxPublicKey: a.SandboxKey,
-		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken, TlsServerFlight: a.TLSServerFlight}, nil
+		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken, TlsServerFlight: a.TLSServerFlight,
+		DataHandoff: a.Handoff, DataHandoffToken: a.HandoffToken}, nil
 }
 
 func (s *Service) Renew(ctx context.Context, req *managerv1.RenewRequest) (*managerv1.RenewResponse, error) {

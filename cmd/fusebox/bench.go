@@ -179,8 +179,8 @@ machine shows as other fusebox processes).`,
 				if asJSON {
 					return printJSON(r)
 				}
-				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s); %d allocations waited for a cold start meanwhile\n",
-					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.ColdWaits)
+				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s, %d on a connection handed over); %d allocations waited for a cold start meanwhile\n",
+					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
 				if r.Sched != nil {
 					printSched(r.Sched)
 				}
@@ -219,8 +219,8 @@ machine shows as other fusebox processes).`,
 			if asJSON {
 				return printJSON(r)
 			}
-			fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
-				r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+			fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
+				r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
 			if r.DemandRuns > 0 {
 				fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
 					r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)

@@ -106,21 +106,18 @@ const flushAfter = 5 * time.Millisecond
 
 // DialOptions are the gRPC dial options of a client connection whose first transport is the
 // handshake first delivers, finished (Client.Finish), or nil when the relayed handshake
-// failed, for an ordinary handshake with cfg instead. The first connection to
-// network/address is opened at once, while the handshake finishes: the sandbox accepts it (for
-// a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path. The
-// finished handshake goes out on it when the first request is written, so that the server
+// failed, for an ordinary handshake with cfg instead. dial opens connections to the server
+// (NetDialer, or one that first collects a connection opened ahead: internal/handoff). The
+// first connection is opened at once, while the handshake finishes: the sandbox accepts it
+// (for a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path.
+// The finished handshake goes out on it when the first request is written, so that the server
 // receives the end of the handshake and the request in one write, or after flushAfter without
 // a request. Every later transport (after that one fails) dials and makes an ordinary
 // handshake. Dial a "passthrough:///" target with them. first must receive a value or the
 // first dial waits until its context ends; a connection opened ahead and never used is closed
 // after handshakeTimeout.
-func DialOptions(first <-chan *Client, network, address string, cfg *tls.Config) []grpc.DialOption {
+func DialOptions(first <-chan *Client, dial func(context.Context) (net.Conn, error), cfg *tls.Config) []grpc.DialOption {
 	var taken atomic.Bool
-	dial := func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, address)
-	}
 	early := dialAhead(dial)
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(clientCredentials(cfg)),
@@ -140,6 +137,14 @@ func DialOptions(first <-chan *Client, network, address string, cfg *tls.Config)
 			return dial(ctx)
 		}),
 		grpc.WithNoProxy(),
+	}
+}
+
+// NetDialer returns a dial function for DialOptions that connects to address on network.
+func NetDialer(network, address string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
 	}
 }
 

@@ -18,7 +18,7 @@ func TestDialOptionsConnectsAhead(t *testing.T) {
 	accepted := accept(t, ln)
 	first := make(chan *Client) // never fed: the handshake has not finished
 	cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return tls.Certificate{}, nil }, &tlspin.Pin{})
-	conn, err := grpc.NewClient("passthrough:///sandbox", DialOptions(first, "unix", ln.Addr().String(), cfg)...)
+	conn, err := grpc.NewClient("passthrough:///sandbox", DialOptions(first, NetDialer("unix", ln.Addr().String()), cfg)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/handoff"
+
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
@@ -72,13 +74,21 @@ type Allocator struct {
 
 	mu      sync.Mutex // guards proxies
 	proxies map[string]*egress.Proxy
+
+	// handoff holds each unit's data connection, opened as the unit is created, for its
+	// agent to collect (see internal/handoff).
+	handoff *handoff.Server
 }
 
 var (
 	_ manager.Allocator    = (*Allocator)(nil)
 	_ manager.Annotator    = (*Allocator)(nil)
 	_ manager.EgressBinder = (*Allocator)(nil)
+	_ manager.Handoffer    = (*Allocator)(nil)
 )
+
+// HandoffSocket is the handoff socket's name in the state directory.
+const HandoffSocket = "handoff.sock"
 
 // New checks o, prepares StateDir and returns the allocator.
 func New(o Options) (*Allocator, error) {
@@ -123,8 +133,12 @@ func New(o Options) (*Allocator, error) {
 			return nil, err
 		}
 	}
+	h, err := handoff.Listen(filepath.Join(dir, HandoffSocket), o.Logger)
+	if err != nil {
+		return nil, err
+	}
 	return &Allocator{o: o, rt: &runsc.Runtime{Binary: o.Runsc, Root: filepath.Join(dir, "runsc")},
-		proxies: map[string]*egress.Proxy{}}, nil
+		proxies: map[string]*egress.Proxy{}, handoff: h}, nil
 }
 
 // Runtime returns the runsc runtime (every call uses the same global flags).
@@ -134,8 +148,10 @@ func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 // gofers' empty network namespace, a bind mount: see runsc.Runtime.ReleaseRoot) when no
 // container is left, so that a stopped manager's state directory can be removed. With
 // containers left (bound sandboxes, which the next manager on this state directory adopts)
-// it changes nothing. Call it after the manager's Close.
+// it changes nothing. It closes the handoff socket and the connections held there either way.
+// Call it after the manager's Close.
 func (a *Allocator) Shutdown(ctx context.Context) error {
+	a.handoff.Close()
 	states, err := a.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing containers: %w", err)
@@ -213,7 +229,30 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if _, err := a.proxy(id); err != nil {
 		return manager.UnitInfo{}, err
 	}
+	a.connectAhead(ctx, id)
 	return a.info(id, u), nil
+}
+
+// connectAhead opens unit id's data connection for its agent to collect (the sandbox holds it
+// unread until its fuse blows). Without it the agent dials the unit's data socket itself, so a
+// failure only costs speed.
+func (a *Allocator) connectAhead(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", filepath.Join(a.dir(id), "sock", "data.sock"))
+	if err != nil {
+		a.o.Logger.Warn("opening a data connection ahead; the agent will dial", "id", id, "err", err)
+		return
+	}
+	a.handoff.Hold(id, c.(*net.UnixConn))
+}
+
+// Handoff grants the data connection opened for unit id when it was created (none for a unit
+// adopted from an earlier manager).
+func (a *Allocator) Handoff(id string) (addr string, token []byte, ok bool) {
+	token, ok = a.handoff.Grant(id)
+	return a.handoff.Addr(), token, ok
 }
 
 // proxy returns unit id's egress proxy, serving it on the unit's egress.sock if it is not
@@ -275,6 +314,7 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 	if p != nil {
 		p.Close()
 	}
+	a.handoff.Drop(id)
 	var errs []error
 	if err := a.rt.Remove(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container %s: %w", id, err))

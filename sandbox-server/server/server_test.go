@@ -317,7 +317,7 @@ func TestRelayedHandshake(t *testing.T) {
 	}
 	first := make(chan *tlsflight.Client, 1)
 	first <- hs
-	conn, err := grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, "unix", dataPath, cfg)...)
+	conn, err := grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", dataPath), cfg)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func (s *Server) WarmUp(ctx context.Context) error {
 	}
 	first := make(chan *tlsflight.Client, 1)
 	first <- hello
-	conn, err := grpc.NewClient("passthrough:///warm-up", tlsflight.DialOptions(first, "unix", sock, ccfg)...)
+	conn, err := grpc.NewClient("passthrough:///warm-up", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", sock), ccfg)...)
 	if err != nil {
 		return err
 	}

@@ -58,6 +58,9 @@ type AllocateResult struct {
 	AllocateP90Ms float64 `json:"allocate_p90_ms"`
 	AllocateP95Ms float64 `json:"allocate_p95_ms"`
 	AllocateP99Ms float64 `json:"allocate_p99_ms"`
+	// HandedOff is how many of the warm allocations used the data connection the manager
+	// opened ahead (internal/handoff) rather than dialing.
+	HandedOff int `json:"handed_off"`
 	// Young: the same from a pool of one unit, taken as soon as it is ready and idle for
 	// settle_ms, before gVisor's clock calibration (see manager.GVisorWarmUp).
 	YoungRuns          int     `json:"young_runs"`
@@ -117,7 +120,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer alloc.Runtime().ReleaseRoot()
+	defer alloc.Shutdown(context.WithoutCancel(ctx)) // the handoff socket, runsc's root
 	// After the manager has closed: a unit it could not destroy (Failed) must not outlive the
 	// benchmark, whose state directory goes with it.
 	defer removeContainers(alloc.Runtime(), o.Log)
@@ -165,13 +168,14 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	}
 	defer agent.Close()
 	var marks *schedMarks // set during the warm allocations, with o.Sched
+	var handedOff atomic.Int64
 	one := func(trace bool) (time.Duration, error) {
 		var ct client.AllocateTrace
 		ao := client.AllocateOptions{}
 		if trace {
 			ao.Trace = &ct
 		}
-		a, t0, done, err := timedAllocation(ctx, agent, ao, marks)
+		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, &handedOff)
 		if err != nil {
 			return 0, err
 		}
@@ -251,6 +255,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			return nil, err
 		}
 	}
+	handedOff.Store(0)
 	warm, err := measure(o.Runs, o.Trace, func() error {
 		if err := marks.drain(); err != nil {
 			return err
@@ -265,6 +270,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 90), pct(warm, 95), pct(warm, 99)
+	r.HandedOff = int(handedOff.Load())
 	if o.Trace {
 		if r.Steps, err = tr.steps(); err != nil {
 			return nil, err
@@ -391,8 +397,9 @@ func oldestReadyAge(m *manager.Manager) time.Duration {
 // timedAllocation makes one measured allocation through agent: Allocate (sFuse included), then
 // the first data-plane call (Stat), between marks. It returns the allocation, still held for
 // the caller to release, and when it began and when the call returned; on an error nothing is
-// held.
-func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks) (*client.Allocation, time.Time, time.Time, error) {
+// held. handedOff, if set, counts the allocations whose data connection the manager handed
+// over (client.Allocation.HandedOff).
+func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks, handedOff *atomic.Int64) (*client.Allocation, time.Time, time.Time, error) {
 	marks.start()
 	t0 := time.Now()
 	a, err := agent.Allocate(ctx, ao)
@@ -405,6 +412,9 @@ func timedAllocation(ctx context.Context, agent *client.Manager, ao client.Alloc
 	}
 	done := time.Now()
 	marks.end()
+	if handedOff != nil && a.HandedOff() {
+		handedOff.Add(1)
+	}
 	return a, t0, done, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -50,6 +51,8 @@ type RemoteResult struct {
 	AllocateP90Ms float64 `json:"allocate_p90_ms"`
 	AllocateP95Ms float64 `json:"allocate_p95_ms"`
 	AllocateP99Ms float64 `json:"allocate_p99_ms"`
+	// HandedOff is how many allocations used the data connection the manager opened ahead.
+	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
 	// while it ran (the manager's cold-wait count, before and after).
 	ColdWaits uint64  `json:"cold_waits"`
@@ -115,7 +118,9 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 			return nil, err
 		}
 	}
-	lat, err := allocateRemote(ctx, agent, mc, o, marks)
+	var handedOff atomic.Int64
+	lat, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
+	r.HandedOff = int(handedOff.Load())
 	if marks != nil {
 		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
 	}
@@ -132,7 +137,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 }
 
 // allocateRemote makes the o.Runs measured allocations and returns their times (ms).
-func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks) ([]float64, error) {
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) ([]float64, error) {
 	var lat []float64
 	for i := range o.Runs {
 		if err := marks.drain(); err != nil {
@@ -141,7 +146,7 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		if err := waitFull(ctx, mc, o); err != nil {
 			return nil, err
 		}
-		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}}, marks)
+		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}}, marks, handedOff)
 		if err != nil {
 			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
 		}

@@ -38,6 +38,7 @@ func TestCancelledCreationLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer a.Shutdown(context.Background())
 	// A busy core, as when a manager refills its pool under load, stretches runsc's steps so
 	// that the cuts land inside them (without it, the leak this guards against was not seen).
 	stop := make(chan struct{})

@@ -2,7 +2,11 @@ package managere2e
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -13,7 +17,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
@@ -41,6 +48,9 @@ func TestAllocateExecRelease(t *testing.T) {
 	}
 	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
+	}
+	if !a.HandedOff() {
+		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
 	// the commands it starts do not inherit the setting.
@@ -124,6 +134,9 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
+		if !a.HandedOff() {
+			t.Errorf("allocation %d: the data connection opened ahead was not handed over", i)
+		}
 		before, after, _ := strings.Cut(out, "@@\n")
 		for _, name := range strings.Fields(before) {
 			if strings.HasPrefix(name, "marker-") {
@@ -278,4 +291,61 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 		t.Errorf("releasing the control: %v", err)
 	}
 	e.waitUnitGone(t, ctrl.GetSandboxId())
+}
+
+// The data connection a local manager opens ahead is handed over once, to whoever holds the
+// allocation's token, and it is a connection into that sandbox on which the agent's own TLS
+// runs; without the handoff the agent dials, and nothing else changes.
+func TestHandoffIsOneUseAndOptional(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+
+	key := newKey(t)
+	resp, _ := rawAllocate(t, ctx, mc, key, time.Minute)
+	path := filepath.Join(e.StateDir, runscalloc.HandoffSocket)
+	if resp.GetDataHandoff() != "unix://"+path || len(resp.GetDataHandoffToken()) != handoff.TokenSize {
+		t.Fatalf("the answer offers a handoff at %q with a %d-byte token, want unix://%s and %d bytes",
+			resp.GetDataHandoff(), len(resp.GetDataHandoffToken()), path, handoff.TokenSize)
+	}
+	c, err := handoff.Take(ctx, path, resp.GetDataHandoffToken())
+	if err != nil {
+		t.Fatalf("collecting the connection: %v", err)
+	}
+	defer c.Close()
+	sandboxKey, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlspin.ClientConfig(key.Signer(), sandboxKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NextProtos = []string{"h2"}
+	tc := tls.Client(c, cfg)
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		t.Fatalf("TLS with the sandbox on the handed-over connection: %v", err)
+	}
+	tc.Close()
+	if _, err := handoff.Take(ctx, path, resp.GetDataHandoffToken()); !errors.Is(err, handoff.ErrNoGrant) {
+		t.Errorf("a second collection = %v, want handoff.ErrNoGrant", err)
+	}
+
+	// Without the handoff socket (a manager on another machine, say) the agent dials itself.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	if err != nil {
+		t.Fatalf("Allocate without the handoff socket: %v", err)
+	}
+	defer a.Close()
+	if out := sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
+		t.Errorf("exec on a dialed connection: %q", out)
+	}
+	if a.HandedOff() || !a.Relayed {
+		t.Errorf("HandedOff %v, Relayed %v: want a dialed connection continuing the relayed handshake", a.HandedOff(), a.Relayed)
+	}
 }

@@ -152,18 +152,24 @@ func StartBound(t testing.TB, o Options) *Bound {
 	return &Bound{Sandbox: sb, Client: c, Key: key, SandboxKey: pub}
 }
 
-// ServesNothing checks that the data socket at path, bound before initialisation, closes a
-// connection without reading a request or writing a byte.
+// ServesNothing checks that the data socket at path, bound before initialisation, serves
+// nothing: the gate holds one connection unread (the one a local manager opens ahead for the
+// agent) until a later one replaces it, and closes the replaced one without a byte written to
+// it. It dials twice and checks that the first connection is closed unserved.
 func ServesNothing(t testing.TB, path string) {
 	t.Helper()
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatalf("dialing the pre-bound data socket: %v", err)
+	var conns [2]net.Conn
+	for i := range conns {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatalf("dialing the pre-bound data socket: %v", err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
+		conns[i] = c
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
-	n, err := c.Read(make([]byte, 64))
+	n, err := conns[0].Read(make([]byte, 64))
 	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
 		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
 	}

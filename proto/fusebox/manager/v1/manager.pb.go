@@ -204,8 +204,17 @@ type AllocateResponse struct {
 	// carried one and the sandbox accepted it; empty otherwise: the agent then dials with a full
 	// handshake.
 	TlsServerFlight []byte `protobuf:"bytes,6,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When set, a connection to endpoint that the manager opened ahead of time waits for the
+	// agent here: a unix:///path on the manager's machine, for agents on that machine. Connect,
+	// write data_handoff_token, and read one byte: 1 comes with the connection's file descriptor
+	// (SCM_RIGHTS), 0 means it is gone (dial endpoint instead). The manager never reads or
+	// writes the connection; the agent's TLS runs on it as on one of its own. Empty when the
+	// allocator opens no connections ahead (remote sandboxes, adopted units).
+	DataHandoff string `protobuf:"bytes,7,opt,name=data_handoff,json=dataHandoff,proto3" json:"data_handoff,omitempty"`
+	// The one-time token that collects the connection at data_handoff. Keep it secret.
+	DataHandoffToken []byte `protobuf:"bytes,8,opt,name=data_handoff_token,json=dataHandoffToken,proto3" json:"data_handoff_token,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AllocateResponse) Reset() {
@@ -276,6 +285,20 @@ func (x *AllocateResponse) GetLeaseToken() string {
 func (x *AllocateResponse) GetTlsServerFlight() []byte {
 	if x != nil {
 		return x.TlsServerFlight
+	}
+	return nil
+}
+
+func (x *AllocateResponse) GetDataHandoff() string {
+	if x != nil {
+		return x.DataHandoff
+	}
+	return ""
+}
+
+func (x *AllocateResponse) GetDataHandoffToken() []byte {
+	if x != nil {
+		return x.DataHandoffToken
 	}
 	return nil
 }
@@ -842,7 +865,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x10tls_client_hello\x18\x06 \x01(\fR\x0etlsClientHello\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x02\n" +
 	"\x10AllocateResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -851,7 +874,9 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\rlease_expires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1f\n" +
 	"\vlease_token\x18\x05 \x01(\tR\n" +
 	"leaseToken\x12*\n" +
-	"\x11tls_server_flight\x18\x06 \x01(\fR\x0ftlsServerFlight\"\x86\x01\n" +
+	"\x11tls_server_flight\x18\x06 \x01(\fR\x0ftlsServerFlight\x12!\n" +
+	"\fdata_handoff\x18\a \x01(\tR\vdataHandoff\x12,\n" +
+	"\x12data_handoff_token\x18\b \x01(\fR\x10dataHandoffToken\"\x86\x01\n" +
 	"\fRenewRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
