@@ -5,9 +5,11 @@
 // The life of a server:
 //  1. Serve starts the Init service on the init listener. The data listener is bound already
 //     (binding a host socket from gVisor is a round trip to the host, kept off the allocation
-//     path) but shut: every connection to it is closed unserved, before a byte is exchanged.
-//  2. The first valid InitializeTLS pins the agent's key, opens the data listener and starts
-//     the data plane, and returns the sandbox's public key (made when the server started).
+//     path) but shut: no byte is read or written on any connection to it. It holds the latest
+//     one unread (the connection a local manager opens ahead and hands to the agent, see
+//     internal/handoff) and closes the others unserved.
+//  2. The first valid InitializeTLS pins the agent's key, opens the data listener (the held
+//     connection first) and starts the data plane, and returns the sandbox's public key (made when the server started).
 //     A malformed request is refused and changes nothing.
 //  3. From then on every InitializeTLS is refused ("the fuse blows"). Once the agent's first
 //     data-plane call has been answered (or 250 ms have passed), the init server is stopped
