@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/handoff"
-
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
