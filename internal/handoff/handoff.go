@@ -3,8 +3,8 @@
 //
 // A sandbox in gVisor accepts a connection on its host unix socket slowly: the agent's dial,
 // made as the allocation answers, was accepted about a millisecond later, on the allocation's
-// critical path. The local allocators therefore connect to each unit's data socket when they
-// create it (the sandbox holds that one connection unread until its fuse blows) and hold the
+// critical path. The runsc allocator therefore connects to each unit's data socket when it
+// creates it (the sandbox holds that one connection unread until its fuse blows) and hold the
 // connection here. The allocation grants it to its agent with a one-time token; the agent
 // collects it with Take and speaks TLS to the sandbox on it directly, exactly as on a
 // connection of its own: the manager is out of the data path once the descriptor has passed,
@@ -22,13 +22,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
 )
 
 // TokenSize is the length of a grant's token.
@@ -59,19 +60,17 @@ type held struct {
 	token []byte // nil until granted
 }
 
-// Listen serves a handoff socket at path (a stale socket there is removed). log may be nil.
+// Listen serves a handoff socket at path, for its owner only (endpoint.Listen: a stale socket
+// there, left by a previous manager, is removed; a live one is an error). log may be nil.
 func Listen(path string, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
-		os.Remove(path) // left by a previous manager
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := endpoint.Listen(endpoint.Addr{Network: "unix", Address: path})
 	if err != nil {
-		return nil, fmt.Errorf("handoff: listening on %s: %w", path, err)
+		return nil, fmt.Errorf("handoff: %w", err)
 	}
-	s := &Server{ln: ln, path: path, log: log, held: map[string]*held{}}
+	s := &Server{ln: ln.(*net.UnixListener), path: path, log: log, held: map[string]*held{}}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -207,11 +206,7 @@ func Take(ctx context.Context, path string, token []byte) (net.Conn, error) {
 	}
 	c := raw.(*net.UnixConn)
 	defer c.Close()
-	deadline := time.Now().Add(ioTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	c.SetDeadline(deadline)
+	c.SetDeadline(time.Now().Add(ioTimeout)) // and ctx's end, deadline or cancel, ends it sooner:
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	if _, err := c.Write(token); err != nil {
