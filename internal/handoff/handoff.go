@@ -4,7 +4,7 @@
 // A sandbox in gVisor accepts a connection on its host unix socket slowly: the agent's dial,
 // made as the allocation answers, was accepted about a millisecond later, on the allocation's
 // critical path. The runsc allocator therefore connects to each unit's data socket when it
-// creates it (the sandbox holds that one connection unread until its fuse blows) and hold the
+// creates it (the sandbox holds that one connection unread until its fuse blows) and holds the
 // connection here. The allocation grants it to its agent with a one-time token; the agent
 // collects it with Take and speaks TLS to the sandbox on it directly, exactly as on a
 // connection of its own: the manager is out of the data path once the descriptor has passed,
