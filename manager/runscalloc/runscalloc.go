@@ -168,6 +168,10 @@ func (a *Allocator) Name() string { return "runsc" }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
 
+// socket is the host path of unit id's socket name (init.sock, data.sock, egress.sock), in the
+// directory the sandbox sees at localsandbox.SocketDir.
+func (a *Allocator) socket(id, name string) string { return filepath.Join(a.dir(id), "sock", name) }
+
 // ServerLog returns the path of unit id's sandbox server log (its standard error, JSON lines),
 // which exists until the unit is destroyed.
 func (a *Allocator) ServerLog(id string) string {
@@ -181,9 +185,8 @@ type unitFile struct {
 }
 
 func (a *Allocator) info(id string, u unitFile) manager.UnitInfo {
-	sock := filepath.Join(a.dir(id), "sock")
 	return manager.UnitInfo{ID: id, Template: u.Template, Created: u.Created,
-		InitAddr: "unix://" + filepath.Join(sock, "init.sock"), DataAddr: "unix://" + filepath.Join(sock, "data.sock")}
+		InitAddr: "unix://" + a.socket(id, "init.sock"), DataAddr: "unix://" + a.socket(id, "data.sock")}
 }
 
 // Create starts a sandbox and its (deny-all) egress proxy.
@@ -239,7 +242,7 @@ func (a *Allocator) connectAhead(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", filepath.Join(a.dir(id), "sock", "data.sock"))
+	c, err := d.DialContext(ctx, "unix", a.socket(id, "data.sock"))
 	if err != nil {
 		a.o.Logger.Warn("opening a data connection ahead; the agent will dial", "id", id, "err", err)
 		return
@@ -262,7 +265,7 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 	if p, ok := a.proxies[id]; ok {
 		return p, nil
 	}
-	path := filepath.Join(a.dir(id), "sock", "egress.sock")
+	path := a.socket(id, "egress.sock")
 	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
 		os.Remove(path) // left by a previous manager
 	}
