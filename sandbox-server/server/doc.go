@@ -9,8 +9,8 @@
 //     one unread (the connection a local manager opens ahead and hands to the agent, see
 //     internal/handoff) and closes the others unserved.
 //  2. The first valid InitializeTLS pins the agent's key, opens the data listener (the held
-//     connection first) and starts the data plane, and returns the sandbox's public key (made when the server started).
-//     A malformed request is refused and changes nothing.
+//     connection first) and starts the data plane, and returns the sandbox's public key (made
+//     when the server started). A malformed request is refused and changes nothing.
 //  3. From then on every InitializeTLS is refused ("the fuse blows"). Once the agent's first
 //     data-plane call has been answered (or 250 ms have passed), the init server is stopped
 //     and its listener closed, so that this work does not compete with the agent's

@@ -44,6 +44,11 @@ func (g *gate) run() {
 			return
 		}
 		g.mu.Lock()
+		if g.isClosing() { // accepted as Close ran, which has emptied held already
+			g.mu.Unlock()
+			c.Close()
+			continue
+		}
 		select {
 		case <-g.open:
 		default:
@@ -61,8 +66,22 @@ func (g *gate) run() {
 	}
 }
 
+// isClosing reports whether Close has begun.
+func (g *gate) isClosing() bool {
+	select {
+	case <-g.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 // pass gives c to Accept, or closes it if the gate is closing.
 func (g *gate) pass(c net.Conn) {
+	if g.isClosing() {
+		c.Close()
+		return
+	}
 	select {
 	case g.conns <- c:
 	case <-g.closing:

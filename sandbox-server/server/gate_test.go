@@ -71,7 +71,6 @@ func TestGateCloseClosesTheHeldConnection(t *testing.T) {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	for { // until the gate holds it
-
 		g.mu.Lock()
 		held := g.held != nil
 		g.mu.Unlock()
