@@ -165,14 +165,6 @@ func (s *schedMarks) finish(totals []float64, runErr error, csvPath string) (*Sc
 	return sum, nil
 }
 
-// schedSummary attributes each marked allocation's window in t; totals[i] is allocation i's
-// measured time (ms). self are this process's thread ids.
-func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
-	allocs := map[int]SchedAlloc{}
-	attributeWindows(t, self, allocs)
-	return summarize(totals, allocs, t.CPUs(), t.Lost)
-}
-
 // attribute splits the CPU time of window w between the classes (TotalMs left 0).
 func attribute(t *schedtrace.Trace, w schedtrace.Window, self map[int]bool) SchedAlloc {
 	a := SchedAlloc{From: w.From, To: w.To}

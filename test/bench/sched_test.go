@@ -67,3 +67,11 @@ func TestSchedSummary(t *testing.T) {
 		t.Error("a trace without any allocation's marks gave a summary")
 	}
 }
+
+// schedSummary attributes each marked allocation's window in t, as a run's drains and finish
+// do; totals[i] is allocation i's measured time (ms). self are this process's thread ids.
+func schedSummary(t *schedtrace.Trace, totals []float64, self map[int]bool) (*Sched, error) {
+	allocs := map[int]SchedAlloc{}
+	attributeWindows(t, self, allocs)
+	return summarize(totals, allocs, t.CPUs(), t.Lost)
+}
