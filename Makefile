@@ -22,10 +22,14 @@ export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
 MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
 
 BIN      := bin
+# Every binary make build puts in bin/: the products (fusebox, fusebox-manager, fusebox-sandbox;
+# hack/deps-lists.sh checks what they link) and the benchmarks' (fusebox-bench, and
+# fusebox-floor, which fusebox-bench dataplane runs inside its sandbox). All static and stripped.
+BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate bench run runsc deps clean k8s-bins test-kube tools
+.PHONY: help build test unit verify generate deps-lists bench run runsc deps clean k8s-bins test-kube tools
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,13 +46,19 @@ $(RUNSC):
 	@rm -rf $(RUNSC_DIR) && mv $(RUNSC_DIR).tmp $(RUNSC_DIR)
 	@$(RUNSC) --version | head -1
 
-build: ## Build fusebox and the static fusebox-sandbox into bin/
+build: ## Build fusebox, fusebox-manager, fusebox-sandbox, fusebox-bench and fusebox-floor (static) into bin/
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 go build -trimpath -o $(BIN)/fusebox-sandbox ./cmd/fusebox-sandbox
-	go build -trimpath -o $(BIN)/fusebox ./cmd/fusebox
+	@for b in $(BINARIES); do \
+		echo "CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(BIN)/$$b ./cmd/$$b"; \
+		CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(BIN)/$$b ./cmd/$$b || exit 1; \
+	done
 
-generate: ## Regenerate the protobuf Go code with the pinned generators
+generate: ## Regenerate the protobuf Go code with the pinned generators, and the dependency lists
 	./hack/generate.sh
+	./hack/deps-lists.sh
+
+deps-lists: ## Rewrite each product binary's dependency list (cmd/*/deps.txt; make verify checks them)
+	./hack/deps-lists.sh
 
 verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
 	./hack/verify.sh
@@ -74,9 +84,9 @@ test-kube: k8s-bins ## Run the kube allocator's tests against a real API server 
 	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 10m ./test/kube/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
-	$(BIN)/fusebox bench dataplane --runsc $(RUNSC) --json
-	$(BIN)/fusebox bench allocate --runsc $(RUNSC) --json
-	$(BIN)/fusebox bench manager --json
+	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json
+	$(BIN)/fusebox-bench allocate --runsc $(RUNSC) --json
+	$(BIN)/fusebox-bench manager --json
 
 run: runsc build ## Build everything and run the local manager (gVisor warm pool) in the foreground
 	@echo "starting fusebox local up; in another terminal: $(BIN)/fusebox run -- uname -a"

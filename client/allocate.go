@@ -43,7 +43,7 @@ type AllocateOptions struct {
 }
 
 // AllocateTrace records when an allocation's client-side steps happened, for finding where
-// its time goes (fusebox bench allocate --trace puts them beside the manager's and the
+// its time goes (fusebox-bench allocate --trace puts them beside the manager's and the
 // sandbox's own).
 type AllocateTrace struct {
 	// Answered is when the manager's answer arrived.

@@ -80,7 +80,7 @@ func dial(target string, o Options, security ...grpc.DialOption) (*Sandbox, erro
 		// gRPC's default 32 KiB read and write buffers: the read buffer is allocated afresh
 		// for each connection, and at 256 KiB it was 45 % of the memory an allocation made
 		// (the agent's garbage, so its GC, which shows in the allocation's tail); streams and
-		// batches moved as fast with 32 KiB (fusebox bench dataplane).
+		// batches moved as fast with 32 KiB (fusebox-bench dataplane).
 		grpc.WithReadBufferSize(32<<10),
 		grpc.WithWriteBufferSize(32<<10),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Profiles warm allocations with perf: records every CPU's samples (perf record -a -g) while
-# `fusebox bench allocate --sched` runs, keeps the samples that fell inside an allocation (the
+# `fusebox-bench allocate --sched` runs, keeps the samples that fell inside an allocation (the
 # windows --sched-csv writes, on perf's clock), and prints per process the functions that ran
 # most, leaf and inclusive. runsc and fusebox-sandbox are stripped or run from copies perf
 # cannot read; their addresses are resolved with `go tool addr2line` (Go keeps its line table
@@ -19,15 +19,15 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--runs 100)
 command -v perf >/dev/null || { echo "perf not found: apt-get install -y linux-perf" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found: apt-get install -y python3" >&2; exit 1; }
-[ -x bin/fusebox ] || { echo "bin/fusebox not found: make build" >&2; exit 1; }
+[ -x bin/fusebox-bench ] || { echo "bin/fusebox-bench not found: make build" >&2; exit 1; }
 mkdir -p "$out"
-runsc=$(bin/fusebox bench allocate --help | sed -n 's/.*--runsc string.*default "\([^"]*\)").*/\1/p')
+runsc=$(bin/fusebox-bench allocate --help | sed -n 's/.*--runsc string.*default "\([^"]*\)").*/\1/p')
 
 perf record -a -g -F 4999 -e cpu-clock -o "$out/perf.data" 2>"$out/perf.err" &
 perf_pid=$!
 trap 'kill -INT $perf_pid 2>/dev/null || true' EXIT
 sleep 1
-bin/fusebox bench allocate --sched --sched-csv "$out/sched.csv" --demand-runs -1 --young-runs 0 \
+bin/fusebox-bench allocate --sched --sched-csv "$out/sched.csv" --demand-runs -1 --young-runs 0 \
   --cold-runs 1 "${args[@]}" 2>&1 | grep -v 'level=' | tee "$out/bench.txt"
 kill -INT $perf_pid; wait $perf_pid || true
 trap - EXIT

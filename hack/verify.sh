@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fails when generated code is stale, code is not gofmt'ed, go vet complains, or the sandbox
-# binary depends on something it must not (manager code, client-go, cgo).
+# Fails when generated code is stale, code is not gofmt'ed, go vet complains, or a product
+# binary's dependency list is stale or names something it must not link (hack/deps-lists.sh),
+# or the sandbox server or the manager does not build static.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/generate.sh
@@ -14,9 +15,10 @@ fi
 unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>&1 || true)
 if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted" >&2; exit 1; fi
 go vet ./...
-# fusebox-sandbox runs inside every sandbox: it stays small and never imports the manager,
-# the client SDK or Kubernetes libraries.
-bad=$(go list -deps ./cmd/fusebox-sandbox | grep -E '^github.com/fusebox-dev/fusebox/(manager|client)|^k8s.io/|^github.com/pulumi/' || true)
-if [ -n "$bad" ]; then echo "fusebox-sandbox must not depend on: $bad" >&2; exit 1; fi
-CGO_ENABLED=0 go build -o /dev/null ./cmd/fusebox-sandbox
+# What each product binary links: its committed list (cmd/*/deps.txt) and the rules (no test
+# or benchmark code; no Pulumi SDK in fusebox-manager and fusebox-sandbox; fusebox-sandbox, which
+# runs inside every sandbox, without the manager, the client SDK or Kubernetes libraries).
+./hack/deps-lists.sh --check
+# The sandbox server and the in-cluster manager are static binaries.
+for b in fusebox-sandbox fusebox-manager; do CGO_ENABLED=0 go build -o /dev/null ./cmd/$b; done
 echo "verify: ok"

@@ -43,7 +43,7 @@ const DefaultRefillDelay = 30 * time.Millisecond
 // samples taken a second apart; until then its vDSO cannot serve clock_gettime and every
 // clock read in the sandbox is a system call (some 24 µs each here, against 44 ns after), and
 // Go's scheduler reads the clock constantly: the first calls into a sandbox younger than a
-// second are several times slower (fusebox bench allocate: p50 6.9 / p99 18.5 ms against
+// second are several times slower (fusebox-bench allocate: p50 6.9 / p99 18.5 ms against
 // 4.9 / 6.4 ms once the pool's units are older than that).
 const GVisorWarmUp = time.Second
 

@@ -2,7 +2,9 @@
 // one-shot Init service (sFuse) and then the key-pinned data plane; see package
 // github.com/fusebox-dev/fusebox/sandbox-server/server.
 //
-// It is a static binary (CGO_ENABLED=0) and never imports manager code or client-go.
+// It is a static binary (CGO_ENABLED=0) and never imports manager code, client-go, the Pulumi
+// SDK or any test or benchmark code (the benchmark's in-sandbox floor is fusebox-floor):
+// cmd/fusebox-sandbox/deps.txt lists its packages and make verify checks it.
 package main
 
 import (
@@ -18,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/sandbox-server/floor"
 	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
@@ -36,9 +37,6 @@ func (e envFlag) Set(s string) error {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "write-floor" {
-		os.Exit(writeFloor(os.Args[2:]))
-	}
 	var cfg server.Config
 	env := envFlag{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -108,24 +106,4 @@ func main() {
 		log.Error("sandbox server failed", "err", err)
 		os.Exit(1)
 	}
-}
-
-// writeFloor runs the in-sandbox floor measurement for the benchmark and prints seconds.
-func writeFloor(args []string) int {
-	fs := flag.NewFlagSet("write-floor", flag.ExitOnError)
-	dir := fs.String("dir", "", "directory to write into")
-	n := fs.Int("files", 3000, "number of files")
-	size := fs.Int("size", 4096, "bytes per file")
-	fs.Parse(args)
-	if *dir == "" {
-		fmt.Fprintln(os.Stderr, "write-floor: -dir is required")
-		return 2
-	}
-	d, err := floor.WriteFiles(*dir, *n, *size)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "write-floor:", err)
-		return 1
-	}
-	fmt.Printf("%.6f\n", d.Seconds())
-	return 0
 }

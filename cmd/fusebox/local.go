@@ -7,11 +7,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 )
 
 // defaultManager is where `fusebox local up` listens and where run and status look first.
-const defaultManager = "unix:///run/fusebox/manager.sock"
+const defaultManager = daemoncmd.DefaultManager
+
+// envOr returns the environment variable k, or def when it is unset or empty.
+func envOr(k, def string) string { return daemoncmd.EnvOr(k, def) }
 
 func localCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "local", Short: "Run fusebox on this machine with gVisor sandboxes"}
@@ -53,7 +57,7 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 		},
 	}
 	f := cmd.Flags()
-	daemonFlags(f, &c, localDefaults)
+	daemoncmd.Flags(f, &c, daemoncmd.Local)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -1,4 +1,6 @@
-// Command fusebox is the fusebox command-line interface.
+// Command fusebox is the fusebox command-line interface. It links no test or benchmark code
+// (cmd/fusebox/deps.txt lists its packages; make verify checks it): the benchmarks are
+// fusebox-bench, and the in-cluster manager is fusebox-manager.
 package main
 
 import (
@@ -10,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
 )
 
 func main() {
@@ -21,7 +25,8 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchCmd(), localCmd(), runCmd(), statusCmd(), managerCmd())
+	// fusebox manager is fusebox-manager's command under the CLI, for a service on one host.
+	root.AddCommand(localCmd(), runCmd(), statusCmd(), daemoncmd.ServiceCommand("manager"))
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
 	if err := root.ExecuteContext(ctx); err != nil {

@@ -336,7 +336,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 					Args: pulumi.StringArray{
 						pulumi.Sprintf("--listen=tcp://0.0.0.0:%d", a.GRPCPort),
 						pulumi.Sprintf("--metrics-listen=0.0.0.0:%d", a.MetricsPort),
-						// The flags of `fusebox manager` (cmd/fusebox/manager.go); Kubernetes
+						// The flags of fusebox-manager, the image's entrypoint (cmd/internal/daemoncmd); Kubernetes
 						// expands $(POD_NAMESPACE) and $(POD_NAME) from the env below. Agents
 						// are the pods labelled fusebox.dev/agent=true.
 						pulumi.String("--allocator=kube"),

@@ -60,13 +60,13 @@ type Options struct {
 // clock starts at zero and no lease lasts 24.8 days. The server's environment is its own:
 // commands get the base environment the server builds, not this variable.
 //
-// Measured with fusebox bench allocate --trace (three interleaved pairs of 100 warm
+// Measured with fusebox-bench allocate --trace (three interleaved pairs of 100 warm
 // allocations each, 2026-12-01): InitializeTLS reaching its handler 0.76-0.95 -> 0.53-0.61 ms,
 // the agent's handshake finish 0.43-0.48 -> 0.35-0.37 ms, total p50 3.84-4.31 -> 3.53-3.62 ms.
 // Over 700 allocations each way (five interleaved pairs): p50 3.95 against 4.27 ms, p90 5.63
 // against 5.95, but p99 7.91 against 7.53, when the manager's garbage collector still ran
 // every few seconds and made much of the tail. With it at GOGC=400 (daemon.GCPercent), ten
-// interleaved pairs of 100 (fusebox bench allocate --sched, 03:41-03:52 UTC): p50, p90 and
+// interleaved pairs of 100 (fusebox-bench allocate --sched, 03:41-03:52 UTC): p50, p90 and
 // p95 lower in all ten, p99 in seven; pooled over the last four pairs p50 3.68 against 4.28
 // ms, p95 4.62 against 5.50, p99 5.51 against 6.11; gVisor's CPU time per allocation lower in
 // all ten (2.45-3.14 against 2.83-4.27 ms). Cost: 4 idle sandboxes' processes (sentry, gofer,

@@ -1,6 +1,6 @@
 // Package schedtrace records the Linux scheduler's context switches through tracefs and says,
 // for marked stretches of time, which tasks had the CPUs: what a benchmark needs to tell its
-// own slowness from another process's (fusebox bench allocate --sched).
+// own slowness from another process's (fusebox-bench allocate --sched).
 //
 // A Recorder uses its own tracefs instance (instances/fusebox-PID-N), so it neither reads
 // nor disturbs the global trace buffer or another tracer's; it needs root and a mounted

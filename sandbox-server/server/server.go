@@ -70,7 +70,7 @@ type Options struct {
 	// goroutine hand-off between threads is a futex system call through the sentry on each
 	// side, and an allocation is a chain of such hand-offs (request, TLS, handler, response)
 	// in a sandbox that was idle: with one P they stay on one thread (the allocation's
-	// sandbox-side steps measured 0.5 ms shorter, fusebox bench allocate). The agent's bulk
+	// sandbox-side steps measured 0.5 ms shorter, fusebox-bench allocate). The agent's bulk
 	// work after that gets every P. It is process-wide: set it only in a process that serves
 	// one sandbox.
 	PoolProcs int

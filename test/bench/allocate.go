@@ -49,7 +49,7 @@ type AllocateOptions struct {
 	Log        *slog.Logger
 }
 
-// AllocateResult is the JSON `fusebox bench allocate --json` prints.
+// AllocateResult is the JSON `fusebox-bench allocate --json` prints.
 type AllocateResult struct {
 	Runs          int     `json:"runs"`
 	AllocateP50Ms float64 `json:"allocate_p50_ms"`

@@ -1,5 +1,5 @@
 // Package bench is fusebox's benchmark harness: it drives real sandboxes under the pinned
-// gVisor and reports figures as JSON for `fusebox bench`.
+// gVisor and reports figures as JSON for fusebox-bench.
 package bench
 
 import (
@@ -25,6 +25,7 @@ import (
 type DataplaneOptions struct {
 	Runsc         string // path of the pinned runsc
 	SandboxBinary string // path of a static fusebox-sandbox
+	FloorBinary   string // path of a static fusebox-floor (the in-sandbox floor); required
 	ExecRuns      int    // round trips of `true` (at least 500 for the published figure)
 	BaselineRuns  int    // `runsc exec true` runs
 	ShellFiles    int    // files timed for the shell-per-file baseline (scaled to 3,000)
@@ -32,7 +33,7 @@ type DataplaneOptions struct {
 	Log           *slog.Logger
 }
 
-// DataplaneResult is the JSON `fusebox bench dataplane --json` prints.
+// DataplaneResult is the JSON `fusebox-bench dataplane --json` prints.
 type DataplaneResult struct {
 	ExecRuns                 int     `json:"exec_runs"`
 	ExecRoundtripP50Ms       float64 `json:"exec_roundtrip_p50_ms"`
@@ -58,6 +59,9 @@ type DataplaneResult struct {
 	Platform                 string  `json:"platform"`
 }
 
+// floorDir is where the floor helper's directory is bound in the benchmark's sandbox.
+const floorDir = "/opt/fusebox-floor"
+
 const (
 	nFiles   = 3000
 	fileSize = 4096
@@ -81,6 +85,13 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.FloorBinary == "" {
+		return nil, fmt.Errorf("dataplane benchmark: FloorBinary (a static fusebox-floor) is required")
+	}
+	floorBin, err := filepath.Abs(o.FloorBinary)
+	if err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp("", "fusebox-bench-")
 	if err != nil {
 		return nil, err
@@ -96,7 +107,9 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime: rt, ID: runsc.ID("bench", 1), Dir: filepath.Join(dir, "sandbox"),
 		SandboxBinary: o.SandboxBinary,
-		Bundle:        runsc.BundleSpec{EtcDir: etc, MemoryLimitBytes: 4 << 30},
+		Bundle: runsc.BundleSpec{EtcDir: etc, MemoryLimitBytes: 4 << 30,
+			// The floor helper's directory, read-only: the product sandbox binary has no floor.
+			Mounts: []runsc.Mount{{Source: filepath.Dir(floorBin), Destination: floorDir, ReadOnly: true}}},
 	})
 	if err != nil {
 		return nil, err
@@ -187,10 +200,13 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	o.Log.Info("in-sandbox floor", "rounds", rounds)
 	var floors []float64
 	for i := range rounds {
-		res, err := c.Run(ctx, localsandbox.BinaryDir+"/"+filepath.Base(o.SandboxBinary), "write-floor",
+		res, err := c.Run(ctx, floorDir+"/"+filepath.Base(floorBin),
 			"-dir", fmt.Sprintf("%s/floor%d", localsandbox.WorkspaceDir, i), "-files", strconv.Itoa(nFiles), "-size", strconv.Itoa(fileSize))
-		if err != nil || res.ExitCode != 0 {
-			return nil, fmt.Errorf("floor program: %v %s", err, res.Stderr)
+		if err != nil {
+			return nil, fmt.Errorf("floor program: %w", err)
+		}
+		if res.ExitCode != 0 {
+			return nil, fmt.Errorf("floor program exited %d: %s", res.ExitCode, res.Stderr)
 		}
 		s, err := strconv.ParseFloat(strings.TrimSpace(string(res.Stdout)), 64)
 		if err != nil {

@@ -21,7 +21,7 @@ import (
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 )
 
-// KubeAllocateResult is the JSON `fusebox bench allocate --allocator kube --json` prints.
+// KubeAllocateResult is the JSON `fusebox-bench allocate --allocator kube --json` prints.
 type KubeAllocateResult struct {
 	Runs                     int            `json:"runs"`
 	AllocateP50Ms            float64        `json:"allocate_p50_ms"`

@@ -34,7 +34,7 @@ type OpenLoop struct {
 	AllocateP99Ms   float64 `json:"allocate_p99_ms"`
 }
 
-// ManagerResult is the JSON `fusebox bench manager --json` prints.
+// ManagerResult is the JSON `fusebox-bench manager --json` prints.
 type ManagerResult struct {
 	Levels   []ManagerLevel `json:"levels"`
 	OpenLoop *OpenLoop      `json:"open_loop,omitempty"`

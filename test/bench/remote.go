@@ -42,7 +42,7 @@ type RemoteOptions struct {
 	Log      *slog.Logger
 }
 
-// RemoteResult is the JSON `fusebox bench allocate --manager ADDR --json` prints.
+// RemoteResult is the JSON `fusebox-bench allocate --manager ADDR --json` prints.
 type RemoteResult struct {
 	Manager       string  `json:"manager"`
 	Allocator     string  `json:"allocator"`
@@ -146,7 +146,7 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		if err := waitFull(ctx, mc, o); err != nil {
 			return nil, err
 		}
-		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox bench"}}, marks, handedOff)
+		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"}}, marks, handedOff)
 		if err != nil {
 			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
 		}

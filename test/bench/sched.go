@@ -14,7 +14,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 )
 
-// Sched is who had the machine's CPUs during each warm allocation (fusebox bench allocate
+// Sched is who had the machine's CPUs during each warm allocation (fusebox-bench allocate
 // --sched), from the kernel's context switches: this process (the agent and the manager),
 // gVisor (the sandboxes and runsc), other processes, and nobody (idle). It tells an
 // allocation that was slow because something else on the machine ran from one that was slow

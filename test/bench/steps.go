@@ -17,7 +17,7 @@ import (
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
 
-// Steps is where warm allocations' time goes (fusebox bench allocate --trace): each step's
+// Steps is where warm allocations' time goes (fusebox-bench allocate --trace): each step's
 // median and 90th percentile over the traced allocations, and which steps make the slowest
 // ones slow.
 type Steps struct {
@@ -177,7 +177,7 @@ func column(rows [][]float64, i int) []float64 {
 }
 
 // writeCSV writes every traced allocation as a row: its total and each step, in
-// milliseconds, with a header naming them (fusebox bench allocate --trace-csv).
+// milliseconds, with a header naming them (fusebox-bench allocate --trace-csv).
 func (t *tracer) writeCSV(w io.Writer) error {
 	t.mu.Lock()
 	rows := t.rowsLocked()

@@ -120,7 +120,7 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The script is embedded, so that binaries (fusebox bench) can start a control plane too.
+	// The script is embedded, so that binaries (fusebox-bench) can start a control plane too.
 	script := filepath.Join(dir, "control-plane.sh")
 	if err := os.WriteFile(script, controlPlaneScript, 0o755); err != nil {
 		return nil, err

@@ -10,7 +10,7 @@ import (
 	"github.com/fusebox-dev/fusebox/test/bench"
 )
 
-// fusebox bench allocate --manager measures warm allocations against a running manager and
+// fusebox-bench allocate --manager measures warm allocations against a running manager and
 // releases every sandbox it took; a pool that never fills is reported, not waited on forever.
 func TestBenchAgainstRunningManager(t *testing.T) {
 	e := newEnv(t)

@@ -5,53 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/test/bench"
 )
-
-// DefaultPoolPing is the --pool-ping default: how often the manager checks that the pool's
-// next sandbox lives (more often makes allocations no faster; see manager.pingHead).
-const DefaultPoolPing = time.Second
-
-// defaultKeepAwake is --keep-sandboxes-awake's default wherever the flag is (localsandbox.KeepAwakeGODEBUG).
-const defaultKeepAwake = true
-
-// keepAwakeHelp describes --keep-sandboxes-awake.
-const keepAwakeHelp = "keep each sandbox server's Go runtime monitor waking every 10 ms instead of deep-sleeping (=false to turn it off): warm allocations faster (twelve interleaved pairs of 100: p50 lower in all, p99 in eight; pooled over four, p50 3.68 against 4.28 ms, p99 5.51 against 6.11), at about 2% of one CPU per idle sandbox"
-
-// defaultRunsc is where `make runsc` puts the pinned gVisor.
-const defaultRunsc = "/var/cache/fusebox/runsc-v0.0.0-20260905035102-160fafc42237/runsc"
-
-func benchCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "bench",
-		Short: "Measure fusebox against real gVisor sandboxes",
-	}
-	cmd.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd())
-	return cmd
-}
-
-// siblingBinary returns the path of name next to the running fusebox binary.
-func siblingBinary(name string) string {
-	exe, err := os.Executable()
-	if err != nil {
-		return name
-	}
-	return filepath.Join(filepath.Dir(exe), name)
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
 
 func benchDataplaneCmd() *cobra.Command {
 	var o bench.DataplaneOptions
@@ -62,13 +24,18 @@ func benchDataplaneCmd() *cobra.Command {
 		Long: `Starts one sandbox under the pinned runsc, binds it through sFuse and measures:
 exec round trip and overhead of 'true' (against 'runsc exec' of the same), materialising
 3,000 files of 4 KiB (against the in-sandbox floor and a shell-per-file baseline), reading
-them back through a plan, and streaming one large file. Needs root.`,
+them back through a plan, and streaming one large file. The floor is a plain loop of
+open, write, close run inside the sandbox by the static fusebox-floor helper (--floor-binary),
+whose directory is bound read-only into the benchmark's sandbox. Needs root.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := os.Stat(o.Runsc); err != nil {
 				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
 			}
 			if _, err := os.Stat(o.SandboxBinary); err != nil {
 				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
+			}
+			if _, err := os.Stat(o.FloorBinary); err != nil {
+				return fmt.Errorf("fusebox-floor not found at %s: build it with `make build` or pass --floor-binary", o.FloorBinary)
 			}
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			r, err := bench.Dataplane(cmd.Context(), o)
@@ -92,8 +59,9 @@ them back through a plan, and streaming one large file. Needs root.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
-	f.StringVar(&o.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.StringVar(&o.FloorBinary, "floor-binary", daemoncmd.SiblingBinary("fusebox-floor"), "path of the static fusebox-floor binary (the in-sandbox floor)")
 	f.IntVar(&o.ExecRuns, "exec-runs", 500, "round trips of true")
 	f.IntVar(&o.BaselineRuns, "baseline-runs", 50, "runs of runsc exec true")
 	f.IntVar(&o.ShellFiles, "shell-files", 300, "files timed for the shell-per-file baseline (scaled to 3000)")
@@ -159,10 +127,10 @@ each allocation it waits until the manager's pool has held its target of ready u
 others use too) and its oldest ready unit is past the warm-up; every allocation is released.
 Only --runs, --settle, --busy, --sched, --sched-csv and --json apply (with --sched, a manager on this
 machine shows as other fusebox processes).`,
-		Example: `  fusebox bench allocate --json --runs 100
-  fusebox bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
-  fusebox bench allocate --runs 100 --sched
-  fusebox bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
+		Example: `  fusebox-bench allocate --json --runs 100
+  fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
+  fusebox-bench allocate --runs 100 --sched
+  fusebox-bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if o.SchedCSV != "" && !o.Sched {
@@ -246,13 +214,13 @@ machine shows as other fusebox processes).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Runsc, "runsc", envOr("FUSEBOX_RUNSC", defaultRunsc), "path of the pinned runsc")
-	f.StringVar(&o.SandboxBinary, "sandbox-binary", siblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
 	f.IntVar(&o.Runs, "runs", 50, "warm allocations")
 	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
 	f.IntVar(&o.YoungRuns, "young-runs", 20, "allocations of units younger than their warm-up")
-	f.DurationVar(&o.PoolPing, "pool-ping", DefaultPoolPing, "the manager's liveness ping of the pool's next sandbox (0: none), as fusebox local up --pool-ping")
-	f.BoolVar(&o.KeepAwake, "keep-sandboxes-awake", defaultKeepAwake, "as fusebox local up --keep-sandboxes-awake")
+	f.DurationVar(&o.PoolPing, "pool-ping", daemoncmd.DefaultPoolPing, "the manager's liveness ping of the pool's next sandbox (0: none), as fusebox local up --pool-ping")
+	f.BoolVar(&o.KeepAwake, "keep-sandboxes-awake", daemoncmd.DefaultKeepAwake, "as fusebox local up --keep-sandboxes-awake")
 	f.IntVar(&o.PoolSize, "pool-size", 4, "pool size for the refill measurement")
 	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
 	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")

@@ -1,6 +1,7 @@
 // Package floor measures the physical floor of materialising files inside a sandbox: a plain
 // loop of open, write, close in the sandbox itself, with no RPC, no atomic rename and no
-// validation. The data plane's WriteFiles figure is judged against it.
+// validation. The data plane's WriteFiles figure is judged against it; fusebox-bench
+// dataplane runs it there as the fusebox-floor helper.
 package floor
 
 import (

@@ -1,0 +1,32 @@
+// Command fusebox-floor is the benchmark's in-sandbox floor: fusebox-bench dataplane runs it
+// inside its sandbox to time a plain loop of open, write, close (package
+// github.com/fusebox-dev/fusebox/test/bench/floor) and prints the seconds it took. It is a
+// static binary (CGO_ENABLED=0), so that it runs on any root the sandbox has.
+//
+//	fusebox-floor -dir /workspace/floor0 -files 3000 -size 4096
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/fusebox-dev/fusebox/test/bench/floor"
+)
+
+func main() {
+	dir := flag.String("dir", "", "directory to write into (created)")
+	n := flag.Int("files", 3000, "number of files")
+	size := flag.Int("size", 4096, "bytes per file")
+	flag.Parse()
+	if *dir == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: fusebox-floor -dir DIR [-files N] [-size BYTES]")
+		os.Exit(2)
+	}
+	d, err := floor.WriteFiles(*dir, *n, *size)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("%.6f\n", d.Seconds())
+}

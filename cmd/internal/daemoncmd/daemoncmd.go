@@ -1,0 +1,132 @@
+// Package daemoncmd holds the command line of the manager daemon, shared by the binaries that
+// run one: fusebox-manager (the service, in a cluster by default), fusebox local up (a manager
+// for this machine) and the benchmarks, which take the same defaults. It links the manager
+// daemon and cobra, nothing of the CLI's deployment code (Pulumi) or of the benchmarks.
+package daemoncmd
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/fusebox-dev/fusebox/manager/daemon"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+)
+
+// DefaultManager is where `fusebox local up` listens and where fusebox run and status look first.
+const DefaultManager = "unix:///run/fusebox/manager.sock"
+
+// DefaultRunsc is where `make runsc` puts the pinned gVisor.
+const DefaultRunsc = "/var/cache/fusebox/runsc-v0.0.0-20260905035102-160fafc42237/runsc"
+
+// DefaultPoolPing is the --pool-ping default: how often the manager checks that the pool's
+// next sandbox lives (more often makes allocations no faster; see manager.pingHead).
+const DefaultPoolPing = time.Second
+
+// DefaultKeepAwake is --keep-sandboxes-awake's default wherever the flag is (localsandbox.KeepAwakeGODEBUG).
+const DefaultKeepAwake = true
+
+// KeepAwakeHelp describes --keep-sandboxes-awake.
+const KeepAwakeHelp = "keep each sandbox server's Go runtime monitor waking every 10 ms instead of deep-sleeping (=false to turn it off): warm allocations faster (twelve interleaved pairs of 100: p50 lower in all, p99 in eight; pooled over four, p50 3.68 against 4.28 ms, p99 5.51 against 6.11), at about 2% of one CPU per idle sandbox"
+
+// Defaults are the defaults in which fusebox local up (a manager for this machine) and
+// fusebox-manager (a service, by default in a cluster) differ.
+type Defaults struct {
+	listen, metricsListen, allocator, allocators, estimator string
+	poolMax                                                 int
+}
+
+var (
+	// Local are fusebox local up's defaults.
+	Local = Defaults{listen: DefaultManager, allocator: "runsc", estimator: "fixed", poolMax: 16,
+		allocators: "runsc (gVisor) or process (no isolation; needs --insecure-process-runtime)"}
+	// Service are fusebox-manager's defaults.
+	Service = Defaults{listen: "tcp://0.0.0.0:9090", metricsListen: "0.0.0.0:9464", allocator: "kube", estimator: "ewma", poolMax: 32,
+		allocators: "kube, runsc (gVisor on this host), or process (no isolation; needs --insecure-process-runtime)"}
+)
+
+// Flags registers on f the flags every daemon command takes, filling c, with d's defaults.
+func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
+	f.StringVar(&c.Listen, "listen", d.listen, "where the manager API listens (unix:///path or tcp://host:port)")
+	f.StringVar(&c.MetricsListen, "metrics-listen", d.metricsListen, "host:port serving Prometheus /metrics (empty: off)")
+	f.StringVar(&c.Allocator, "allocator", d.allocator, d.allocators)
+	f.BoolVar(&c.Insecure, "insecure-process-runtime", false, "allow the process allocator, which runs generated code on this host without gVisor")
+	f.StringVar(&c.StateDir, "state-dir", "/var/lib/fusebox", "state directory: the lock file; the runsc and process allocators' sandboxes, bundles and leases")
+	f.StringVar(&c.Runsc, "runsc", EnvOr("FUSEBOX_RUNSC", DefaultRunsc), "path of the pinned runsc (runsc allocator)")
+	f.StringVar(&c.SandboxBinary, "sandbox-binary", SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox (runsc and process allocators)")
+	f.StringVar(&c.Estimator, "estimator", d.estimator, "pool sizing: fixed, ewma or pid")
+	f.IntVar(&c.PoolSize, "pool-size", 2, "ready sandboxes to keep (the floor for ewma and pid)")
+	f.IntVar(&c.PoolMax, "pool-max", d.poolMax, "most ready sandboxes ewma and pid may ask for")
+	f.DurationVar(&c.LeaseTTL, "lease-ttl", 10*time.Minute, "default lease length")
+	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
+	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
+	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
+}
+
+// ServiceCommand returns the command that runs the manager as a service, named use:
+// fusebox-manager's root command, and fusebox manager in the CLI.
+func ServiceCommand(use string) *cobra.Command {
+	c := daemon.Config{}
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: "Run the manager as a service (in a cluster with --allocator kube)",
+		Long: `Runs the fusebox manager as a long-lived service. With --allocator kube (the default) it
+keeps a warm pool of gVisor sandbox pods in --sandbox-namespace, shared by every replica:
+each replica serves Allocate, Renew and Release, and the replica holding the leader-election
+Lease sizes the pool and expires leases. It refuses to start when the sandbox namespace lacks
+the default-deny CiliumNetworkPolicy. It logs JSON to standard error.`,
+		Example: `  ` + use + ` --sandbox-namespace fusebox-sandboxes --manager-namespace fusebox \
+    --sandbox-image registry.example.com/fusebox/sandbox@sha256:... \
+    --agent-selector app=agent --manager-selector app.kubernetes.io/name=fusebox-manager`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lvl := slog.LevelInfo
+			if verbose {
+				lvl = slog.LevelDebug
+			}
+			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			c.Ready = func(addr string) { log.Info("ready", "listen", addr) }
+			log.Debug("garbage collector", "gogc", daemon.TuneGC())
+			return daemon.Run(cmd.Context(), c, log)
+		},
+	}
+	f := cmd.Flags()
+	Flags(f, &c, Service)
+	f.StringVar(&c.Kube.Kubeconfig, "kubeconfig", "", "kubeconfig (default: in-cluster configuration)")
+	f.StringVar(&c.Kube.SandboxNamespace, "sandbox-namespace", "fusebox-sandboxes", "namespace of the sandbox pods")
+	f.StringVar(&c.Kube.ManagerNamespace, "manager-namespace", "fusebox", "namespace of the leader-election Lease")
+	f.StringVar(&c.Kube.Identity, "identity", os.Getenv("POD_NAME"), "this replica's name (default $POD_NAME)")
+	f.StringVar(&c.Kube.SandboxImage, "sandbox-image", "", "sandbox image, repository@sha256:... (optional with --sandbox-template; must then match it)")
+	f.StringVar(&c.Kube.SandboxTemplate, "sandbox-template", "", "sandbox pod template (YAML v1 Pod, as the manager component mounts it): image, resources, placement, labels; security settings are enforced")
+	f.StringToStringVar(&c.Kube.AgentSelector, "agent-selector", nil, "labels of the pods that may reach sandboxes' data port")
+	f.StringToStringVar(&c.Kube.ManagerSelector, "manager-selector", nil, "labels of the manager pods (the only ones that may reach the init port)")
+	f.BoolVar(&c.Kube.LeaderElect, "leader-elect", true, "elect one replica to size the pool and expire leases")
+	f.Float32Var(&c.Kube.QPS, "kube-api-qps", kubealloc.DefaultQPS, "API requests per second this replica may make (client-go's default of 5 would throttle allocations)")
+	f.IntVar(&c.Kube.Burst, "kube-api-burst", kubealloc.DefaultBurst, "API requests this replica may make in a burst")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}
+
+// SiblingBinary returns the path of name next to the running binary (bin/ after make build).
+func SiblingBinary(name string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return name
+	}
+	return filepath.Join(filepath.Dir(exe), name)
+}
+
+// EnvOr returns the environment variable k, or def when it is unset or empty.
+func EnvOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
