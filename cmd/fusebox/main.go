@@ -24,6 +24,7 @@ func main() {
 	root.AddCommand(benchCmd(), localCmd(), runCmd(), statusCmd(), managerCmd())
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
+	root.AddCommand(imageCmd(), releaseCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

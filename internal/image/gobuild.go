@@ -34,7 +34,7 @@ func buildGo(moduleDir, pkg, dir, name string) (*goBinary, error) {
 		return nil, fmt.Errorf("package %q: want a path inside the module such as ./cmd/fusebox-sandbox", pkg)
 	}
 	if fi, err := os.Stat(filepath.Join(moduleDir, filepath.FromSlash(pkg))); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("package %s: no such directory in the module at %s (pass the main package's path)", pkg, moduleDir)
+		return nil, fmt.Errorf("package %s: no such directory in the module at %s (pass the main package with --manager-package)", pkg, moduleDir)
 	}
 	out := filepath.Join(dir, name)
 	cmd := exec.Command(goTool, "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", out, pkg)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"strconv"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -158,4 +159,47 @@ func caTransport(t *testing.T, caFile string) *http.Transport {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(b)
 	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+}
+
+// BenchmarkPush pushes the layouts in $FUSEBOX_BENCH_LAYOUT (fusebox image build --out) to
+// the test registry over TLS with authentication, each iteration into a new repository path
+// so that every blob is uploaded, and reports the time and the bytes pushed.
+//
+//	FUSEBOX_BENCH_LAYOUT=bin/images go test -run '^$' -bench Push -benchtime 1x ./test/registry/
+func BenchmarkPush(b *testing.B) {
+	dir := os.Getenv("FUSEBOX_BENCH_LAYOUT")
+	if dir == "" {
+		b.Skip("FUSEBOX_BENCH_LAYOUT is not set (a directory that fusebox image build wrote)")
+	}
+	imgs, err := image.LoadAll(dir, image.Names)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var bytes int64
+	for _, img := range imgs {
+		m, _ := img.Manifest()
+		for _, l := range m.Layers {
+			bytes += l.Size
+		}
+	}
+	reg := registrytest.Start(b)
+	b.Setenv("DOCKER_CONFIG", reg.DockerConfig)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r, err := registry.Open(context.Background(), reg.Host+"/bench"+strconv.Itoa(i), registry.Options{CAFile: reg.CAFile})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, n := range image.Names {
+			ref, err := r.Push(n, imgs[n])
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Check(ref); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N), "s/push")
+	b.ReportMetric(float64(bytes)/(1<<20), "MiB")
 }
