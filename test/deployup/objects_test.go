@@ -23,8 +23,8 @@ import (
 
 	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
-	"github.com/fusebox-dev/fusebox/test/stacktest"
 	"github.com/fusebox-dev/fusebox/infra"
+	"github.com/fusebox-dev/fusebox/test/stacktest"
 )
 
 // helmReleaseType is skipped: a Helm release is not an API object but a chart the provider

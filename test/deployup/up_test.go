@@ -28,9 +28,9 @@ import (
 
 	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
-	"github.com/fusebox-dev/fusebox/test/stacktest"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
+	"github.com/fusebox-dev/fusebox/test/stacktest"
 )
 
 var env *kubetest.Env

@@ -11,8 +11,8 @@ import (
 	"errors"
 	"net/http"
 	"os"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
