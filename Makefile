@@ -8,6 +8,13 @@ FUSEBOX_CACHE ?= /var/cache/fusebox
 RUNSC_DIR     := $(FUSEBOX_CACHE)/runsc-$(RUNSC_VERSION)
 RUNSC         ?= $(RUNSC_DIR)/runsc
 export FUSEBOX_RUNSC := $(RUNSC)
+# containerd-shim-runsc-v1 from the same gVisor module version, for the node installer image.
+SHIM_DIR      := $(FUSEBOX_CACHE)/shim-$(RUNSC_VERSION)
+SHIM          ?= $(SHIM_DIR)/containerd-shim-runsc-v1
+export FUSEBOX_SHIM := $(SHIM)
+# Images (fusebox image build): the manager's main package and where the layouts go.
+MANAGER_PKG   ?= ./cmd/fusebox-manager
+IMAGES        ?= $(BIN)/images
 
 # The Kubernetes test control plane (etcd, kube-apiserver, kube-controller-manager, kubectl,
 # kwok), built from the Go module proxy by hack/k8s/build-bins.sh into a versioned cache
@@ -29,13 +36,16 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate deps-lists bench run runsc deps clean k8s-bins test-kube tools
+.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 deps: ## Install the Debian packages the build and tests need (root)
 	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
+	@command -v mmdebstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq mmdebstrap; }
+	@command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-registry; }
+	@command -v htpasswd >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
 
 runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
 
@@ -45,6 +55,18 @@ $(RUNSC):
 	GOBIN=$(abspath $(RUNSC_DIR)).tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
 	@rm -rf $(RUNSC_DIR) && mv $(RUNSC_DIR).tmp $(RUNSC_DIR)
 	@$(RUNSC) --version | head -1
+
+shim: $(SHIM) ## Build containerd-shim-runsc-v1 (same gVisor version) into the cache (about 3 min cold)
+
+$(SHIM):
+	@echo "building containerd-shim-runsc-v1 $(RUNSC_VERSION) into $(SHIM_DIR)"
+	@rm -rf $(SHIM_DIR).tmp && mkdir -p $(SHIM_DIR).tmp
+	GOBIN=$(abspath $(SHIM_DIR)).tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" gvisor.dev/gvisor/shim@$(RUNSC_VERSION)
+	@mv $(SHIM_DIR).tmp/shim $(SHIM_DIR).tmp/containerd-shim-runsc-v1
+	@rm -rf $(SHIM_DIR) && mv $(SHIM_DIR).tmp $(SHIM_DIR)
+
+images: runsc shim build ## Build the manager, sandbox and gVisor installer images into bin/images (userland cached in FUSEBOX_CACHE)
+	$(BIN)/fusebox image build --out $(IMAGES) --runsc $(RUNSC) --shim $(SHIM) --manager-package $(MANAGER_PKG) --cache $(FUSEBOX_CACHE)
 
 build: ## Build fusebox, fusebox-manager, fusebox-sandbox, fusebox-bench and fusebox-floor (static) into bin/
 	@mkdir -p $(BIN)
@@ -66,9 +88,10 @@ verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
 unit: ## Run the tests that need neither root nor gVisor
 	FUSEBOX_SKIP_RUNSC=1 FUSEBOX_SKIP_KUBE=1 $(GOTEST) $(TESTFLAGS) ./...
 
-test: deps runsc verify k8s-bins tools ## Verify, then run every test, gVisor and Kubernetes integration tests included (root)
+test: deps runsc shim verify k8s-bins tools ## Verify, then run every test, gVisor and Kubernetes integration tests included, and build every image (root)
 	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-kube
+	$(MAKE) images
 
 k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent (about 35 CPU-min cold)
 	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \

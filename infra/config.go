@@ -25,7 +25,11 @@ const Namespace = "fusebox"
 type Config struct {
 	// Cloud (required): eks, gke, aks or local.
 	Cloud components.Cloud `json:"-"`
-	// Images (required): manager and sandbox images, by digest.
+	// Registry (optional): HOST[:PORT]/PATH the stack pulls its images from; `fusebox
+	// release` writes it, and promotion keeps it (a prod mirror is never replaced by dev's).
+	Registry string `json:"-"`
+	// Images (required): manager and sandbox images, by digest, as `fusebox release` writes
+	// them.
 	Images Images `json:"images"`
 	// Namespaces (optional): defaults fusebox-system and fusebox-sandboxes.
 	Namespaces Namespaces `json:"namespaces"`
@@ -178,6 +182,14 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		return nil, fail("cloud", err)
 	}
 
+	if r, err := cfg.Try("registry"); err == nil {
+		c.Registry = strings.TrimSuffix(r, "/")
+		if host, path, ok := strings.Cut(c.Registry, "/"); !ok || host == "" || path == "" || strings.ContainsAny(c.Registry, "@ ") {
+			return nil, fail("registry", fmt.Errorf("%q: want HOST[:PORT]/PATH (the repository path the images are under)", r))
+		}
+	}
+	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", ctx.Stack())
+
 	objects := []struct {
 		key      string
 		required bool
@@ -195,6 +207,9 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 	for _, o := range objects {
 		raw, err := cfg.Try(o.key)
 		if err != nil {
+			if o.key == "images" {
+				return nil, fail("images.manager", errors.New(release))
+			}
 			if o.required {
 				return nil, fail(o.key, fmt.Errorf("required on %s", c.Cloud))
 			}
@@ -207,11 +222,13 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		}
 	}
 
-	if err := components.ValidateImage(c.Images.Manager); err != nil {
-		return nil, fail("images.manager", err)
-	}
-	if err := components.ValidateImage(c.Images.Sandbox); err != nil {
-		return nil, fail("images.sandbox", err)
+	for _, img := range []struct{ key, ref string }{{"images.manager", c.Images.Manager}, {"images.sandbox", c.Images.Sandbox}} {
+		if img.ref == "" {
+			return nil, fail(img.key, errors.New(release))
+		}
+		if err := components.ValidateImage(img.ref); err != nil {
+			return nil, fail(img.key, err)
+		}
 	}
 	if c.Namespaces.Manager == "" {
 		c.Namespaces.Manager = "fusebox-system"
@@ -241,7 +258,7 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		// AKS nodes install gVisor with the node-installer DaemonSet, which needs an image and
 		// the digests to check the downloads against.
 		if c.GVisor.InstallerImage == "" {
-			return nil, fail("gvisor.installerImage", errors.New("required on aks (the node installer's image, by digest)"))
+			return nil, fail("gvisor.installerImage", fmt.Errorf("required on aks (the node installer's image, by digest): %s", release))
 		}
 		if len(c.GVisor.SHA256) == 0 {
 			return nil, fail("gvisor.sha256", errors.New("required on aks (SHA-256 of runsc and containerd-shim-runsc-v1 per architecture)"))

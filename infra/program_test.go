@@ -1,7 +1,10 @@
 package infra
 
 import (
+	"crypto/sha256"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,9 +29,47 @@ const (
 
 // stackConfig loads stacks/Pulumi.<stack>.yaml the way the Pulumi engine hands it to a Go
 // program: strings as they are, structured values as JSON.
+//
+// The repository's stack files pin no images until `fusebox release` writes them, so this
+// writes a test release into a copy first, with ReleaseStackFile (what the release command
+// writes), and on aks adds the gVisor checksums that the operator adds by hand.
 func stackConfig(t *testing.T, stack string) map[string]string {
 	t.Helper()
-	return stackConfigFile(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
+	return stackConfigFile(t, releasedCopy(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml")))
+}
+
+// testRegistry is where the test release's images are (never contacted).
+const testRegistry = "127.0.0.1:5000/fusebox"
+
+// testRelease is a release whose digests are those of the strings "manager", "sandbox", ...
+func testRelease() ReleaseImages {
+	imgs := ReleaseImages{}
+	for _, n := range []string{ReleaseManager, ReleaseSandbox, ReleaseGVisorInstaller} {
+		imgs[n] = fmt.Sprintf("%s/%s@sha256:%x", testRegistry, n, sha256.Sum256([]byte(n)))
+	}
+	return imgs
+}
+
+// releasedCopy writes path with the test release into a temporary file and returns it.
+func releasedCopy(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := ReleaseStackFile(b, path, testRegistry, testRelease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "\n  fusebox:cloud: aks\n") {
+		out = []byte(strings.Replace(string(out), "    installerImage: ", "    sha256:\n      x86_64:\n        runsc: "+strings.Repeat("a", 64)+
+			"\n        containerd-shim-runsc-v1: "+strings.Repeat("b", 64)+"\n    installerImage: ", 1))
+	}
+	p := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(p, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // stackConfigFile is stackConfig for a stack file anywhere; every key must be in the
@@ -214,6 +255,24 @@ func TestBadAKSGVisorConfig(t *testing.T) {
 			m, err := runStack("aks-dev", cfg)
 			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "stacks/Pulumi.aks-dev.yaml") {
 				t.Fatalf("want a configuration error naming %q and the stack file, got %v", tc.want, err)
+			}
+			if n := len(m.All()); n != 0 {
+				t.Errorf("%d resources registered", n)
+			}
+		})
+	}
+}
+
+// TestUnreleasedStacksAreRefused: the repository's stack files, as committed, pin no images:
+// the program refuses each, saying to run fusebox release for that stack.
+func TestUnreleasedStacksAreRefused(t *testing.T) {
+	for _, stack := range []string{"eks-dev", "eks-prod", "gke-dev", "aks-dev", "local"} {
+		t.Run(stack, func(t *testing.T) {
+			cfg := stackConfigFile(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml"))
+			m, err := runStack(stack, cfg)
+			want := "fusebox release --registry HOST[:PORT]/PATH --stack " + stack
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "stacks/Pulumi."+stack+".yaml") {
+				t.Fatalf("unreleased %s: %v, want an error saying %q", stack, err, want)
 			}
 			if n := len(m.All()); n != 0 {
 				t.Errorf("%d resources registered", n)

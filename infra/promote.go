@@ -114,6 +114,10 @@ type PromoteOptions struct {
 	From, To string
 	// DryRun computes the changes and writes nothing.
 	DryRun bool
+	// Verify, when set, is called with each image reference the target gets, before anything
+	// is written; an error refuses the promotion (e.g. the digest is not in the target's
+	// registry).
+	Verify func(ref string) error
 }
 
 // Promote copies the release-defining values of stack From into stack To's file, editing it
@@ -141,8 +145,26 @@ func Promote(o PromoteOptions) ([]Change, error) {
 		return nil, fmt.Errorf("%w: reading stack %s: %w", ErrPromote, o.To, err)
 	}
 	out, changes, err := PromoteStackFiles(src, dst, displayPath(srcFile), displayPath(dstFile))
-	if err != nil || o.DryRun || len(changes) == 0 {
-		return changes, err
+	if err != nil {
+		return nil, err
+	}
+	if o.Verify != nil {
+		// Every image the target pulls after the promotion, changed or not.
+		f, err := parseStack(out, displayPath(dstFile))
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range f.release {
+			if l.key.kind != kindImage {
+				continue
+			}
+			if err := o.Verify(l.node.Value); err != nil {
+				return nil, fmt.Errorf("%w: %s for %s: %w (nothing written)", ErrPromote, l.name(), displayPath(dstFile), err)
+			}
+		}
+	}
+	if o.DryRun || len(changes) == 0 {
+		return changes, nil
 	}
 	if err := writeFileAtomic(dstFile, out); err != nil {
 		return nil, fmt.Errorf("%w: writing %s: %w", ErrPromote, dstFile, err)
@@ -172,6 +194,8 @@ type stackFile struct {
 	name  string // for messages
 	doc   yaml.Node
 	cloud components.Cloud
+	// registry is the stack's fusebox:registry ("" when it has none).
+	registry string
 	// release are the release-defining values, in file order.
 	release []leaf
 }
@@ -197,6 +221,9 @@ func parseStack(b []byte, name string) (*stackFile, error) {
 		return nil, fmt.Errorf("%w: %s:cloud in %s: %v", ErrPromote, Namespace, name, err)
 	}
 	f.cloud = c
+	if r := mapValue(cfg, RegistryKey); r != nil && r.Kind == yaml.ScalarNode {
+		f.registry = strings.TrimSuffix(r.Value, "/")
+	}
 	var walk func(n *yaml.Node, path []string)
 	walk = func(n *yaml.Node, path []string) {
 		switch n.Kind {
@@ -234,6 +261,42 @@ func (f *stackFile) find(path []string) *leaf {
 	return nil
 }
 
+// retarget returns the value image leaf l of the source gets in the target: its digest, under
+// the target's registry (fusebox:registry), else in the repository of the target's value t.
+func (d *stackFile) retarget(l leaf, t *leaf) (string, error) {
+	repo, digest, _ := strings.Cut(l.node.Value, "@")
+	switch {
+	case d.registry != "":
+		return d.registry + "/" + repo[strings.LastIndex(repo, "/")+1:] + "@" + digest, nil
+	case t != nil:
+		trepo, _, _ := strings.Cut(t.node.Value, "@")
+		if trepo == "" {
+			break
+		}
+		return trepo + "@" + digest, nil
+	}
+	return "", fmt.Errorf("%w: %s cannot go to %s: it has no %s (the registry that stack pulls from) and no image of its own to keep the repository of: set %s there, or release into it with fusebox release --registry HOST[:PORT]/PATH --stack %s",
+		ErrPromote, l.name(), d.name, RegistryKey, RegistryKey, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(d.name), "Pulumi."), ".yaml"))
+}
+
+// addLeaf adds the scalar at path (below config) to the target, creating mappings on the
+// way, and returns it.
+func addLeaf(d *stackFile, path []string) *yaml.Node {
+	m := mapValue(d.doc.Content[0], "config")
+	for i, k := range path {
+		if i == len(path)-1 {
+			setScalar(m, k, "", "")
+			return mapValue(m, k)
+		}
+		after := ""
+		if i == 0 {
+			after = RegistryKey
+		}
+		m = ensureMapping(m, k, after)
+	}
+	return nil
+}
+
 // PromoteStackFiles is Promote on the files' contents: it returns the target file with the
 // source's release-defining values, and the changes. srcName and dstName name the files in
 // messages.
@@ -256,14 +319,30 @@ func PromoteStackFiles(src, dst []byte, srcName, dstName string) ([]byte, []Chan
 				ErrPromote, l.name(), srcName, cloudList(l.key.clouds), s.cloud, d.cloud, dstName)
 		}
 		t := d.find(l.path)
-		if t == nil {
+		want := l.node.Value
+		if l.key.kind == kindImage {
+			// Images carry their digest and keep the target's registry: its own
+			// fusebox:registry, else the repository its value names.
+			var err error
+			if want, err = d.retarget(l, t); err != nil {
+				return nil, nil, err
+			}
+			if t == nil {
+				// A stack without a release yet: the key is added under the target's registry.
+				n := addLeaf(d, l.path)
+				if n == nil {
+					return nil, nil, fmt.Errorf("%w: %s is in %s but cannot be added to %s", ErrPromote, l.name(), srcName, dstName)
+				}
+				t = &leaf{path: l.path, node: n, key: l.key}
+			}
+		} else if t == nil {
 			return nil, nil, fmt.Errorf("%w: %s is in %s but missing in %s: add it to the target first (promotion only replaces values)",
 				ErrPromote, l.name(), srcName, dstName)
 		}
-		if t.node.Value != l.node.Value {
-			changes = append(changes, Change{Key: l.name(), Old: t.node.Value, New: l.node.Value})
+		if t.node.Value != want {
+			changes = append(changes, Change{Key: l.name(), Old: t.node.Value, New: want})
 			// The target keeps its comments; value, tag and quoting come from the source.
-			t.node.Value, t.node.Tag, t.node.Style = l.node.Value, l.node.Tag, l.node.Style
+			t.node.Value, t.node.Tag, t.node.Style = want, l.node.Tag, l.node.Style
 		}
 	}
 	// A release value of the target that the source lacks would stay at the old release.
@@ -276,16 +355,25 @@ func PromoteStackFiles(src, dst []byte, srcName, dstName string) ([]byte, []Chan
 	if len(changes) == 0 {
 		return dst, nil, nil
 	}
+	out, err := encodeStack(&d.doc, dstName)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrPromote, err)
+	}
+	return out, changes, nil
+}
+
+// encodeStack writes a stack file's node tree back, indented as the files are.
+func encodeStack(doc *yaml.Node, name string) ([]byte, error) {
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
-	if err := enc.Encode(&d.doc); err != nil {
-		return nil, nil, fmt.Errorf("%w: encoding %s: %v", ErrPromote, dstName, err)
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("encoding %s: %v", name, err)
 	}
 	if err := enc.Close(); err != nil {
-		return nil, nil, fmt.Errorf("%w: encoding %s: %v", ErrPromote, dstName, err)
+		return nil, fmt.Errorf("encoding %s: %v", name, err)
 	}
-	return out.Bytes(), changes, nil
+	return out.Bytes(), nil
 }
 
 func cloudList(cs []components.Cloud) string {

@@ -221,21 +221,16 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A new release in eks-dev: both images and the gVisor version.
+	// A release into eks-dev's registry, and an older one into eks-prod's own (its mirror).
+	release(t, dir, "eks-dev", "127.0.0.1:5000/dev", digestA, digestB)
+	release(t, dir, "eks-prod", "127.0.0.1:5001/prod-mirror", digestC, digestC)
 	devPath := filepath.Join(dir, "Pulumi.eks-dev.yaml")
 	dev, _ := os.ReadFile(devPath)
 	var doc yaml.Node
 	if err := yaml.Unmarshal(dev, &doc); err != nil {
 		t.Fatal(err)
 	}
-	newDev := strings.NewReplacer(
-		"manager@sha256:7e018ef67deb5a2db0a05533fc4cfc0e5c8c0aa4e8d8fe3076a21d53d4a98598", "manager@"+digestA,
-		"sandbox@sha256:c792ded3e336a325e9d2704d1ac8c46dd59b8d508237583f663512265c9a48c7", "sandbox@"+digestB,
-		`version: "20250120"`, `version: "20250310"`,
-	).Replace(string(dev))
-	if newDev == string(dev) {
-		t.Fatal("eks-dev fixture did not change: update the digests this test replaces")
-	}
+	newDev := strings.Replace(string(dev), `version: "20250120"`, `version: "20250310"`, 1)
 	if err := os.WriteFile(devPath, []byte(newDev), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -258,6 +253,19 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 	}
 	prodAfter, _ := os.ReadFile(prodPath)
 	assertOnlyChanged(t, string(prodBefore), string(prodAfter), changes)
+	// The digests came from eks-dev; the registry stayed eks-prod's.
+	for _, want := range []string{
+		"manager: 127.0.0.1:5001/prod-mirror/manager@" + digestA,
+		"sandbox: 127.0.0.1:5001/prod-mirror/sandbox@" + digestB,
+		"fusebox:registry: 127.0.0.1:5001/prod-mirror",
+	} {
+		if !strings.Contains(string(prodAfter), want) {
+			t.Errorf("promoted eks-prod lacks %q:\n%s", want, prodAfter)
+		}
+	}
+	if strings.Contains(string(prodAfter), "127.0.0.1:5000/dev") {
+		t.Errorf("eks-prod got eks-dev's registry:\n%s", prodAfter)
+	}
 	// The promoted file is still a valid stack: the program loads it.
 	tcfg := stackConfigFile(t, prodPath)
 	if _, err := runStack("eks-prod", tcfg); err != nil {
@@ -278,5 +286,53 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 	}
 	if _, err := Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "nope"}); !errors.Is(err, ErrPromote) {
 		t.Errorf("unknown target: %v", err)
+	}
+
+	// --verify: a digest the target's registry lacks refuses the promotion; nothing written.
+	release(t, dir, "eks-dev", "127.0.0.1:5000/dev", digestC, digestB)
+	prodBefore, _ = os.ReadFile(prodPath)
+	var asked []string
+	_, err = Promote(PromoteOptions{StacksDir: dir, From: "eks-dev", To: "eks-prod", Verify: func(ref string) error {
+		asked = append(asked, ref)
+		return errors.New("not in the registry")
+	}})
+	if !errors.Is(err, ErrPromote) || !strings.Contains(err.Error(), "not in the registry") || !strings.Contains(err.Error(), "fusebox:images.manager") {
+		t.Errorf("verify refusing: %v", err)
+	}
+	if len(asked) != 1 || asked[0] != "127.0.0.1:5001/prod-mirror/manager@"+digestC { // the first image refuses
+		t.Errorf("verify asked for %v, want the target registry's reference", asked)
+	}
+	if b, _ := os.ReadFile(prodPath); string(b) != string(prodBefore) {
+		t.Error("refused promotion wrote the target")
+	}
+}
+
+// release writes a release with the given digests into a stack file, as fusebox release does.
+func release(t *testing.T, dir, stack, registry, manager, sandbox string) {
+	t.Helper()
+	imgs := ReleaseImages{ReleaseManager: registry + "/manager@" + manager, ReleaseSandbox: registry + "/sandbox@" + sandbox}
+	if _, err := WriteRelease(dir, []string{stack}, registry, imgs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPromoteIntoAnUnreleasedStack: a target with its registry but no images yet gets them,
+// under its registry; without a registry it is refused, naming the key to set.
+func TestPromoteIntoAnUnreleasedStack(t *testing.T) {
+	src := "config:\n  fusebox:cloud: eks\n  fusebox:registry: 127.0.0.1:5000/dev\n  fusebox:images:\n" +
+		"    manager: 127.0.0.1:5000/dev/manager@" + digestA + "\n    sandbox: 127.0.0.1:5000/dev/sandbox@" + digestB + "\n"
+	dst := "# prod\nconfig:\n  fusebox:cloud: eks\n  # the prod mirror\n  fusebox:registry: 127.0.0.1:5001/prod\n  fusebox:pool:\n    size: 2\n"
+	out, changes, err := PromoteStackFiles([]byte(src), []byte(dst), "src", "stacks/Pulumi.dst.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "# prod\nconfig:\n  fusebox:cloud: eks\n  # the prod mirror\n  fusebox:registry: 127.0.0.1:5001/prod\n  fusebox:images:\n" +
+		"    manager: 127.0.0.1:5001/prod/manager@" + digestA + "\n    sandbox: 127.0.0.1:5001/prod/sandbox@" + digestB + "\n  fusebox:pool:\n    size: 2\n"
+	if string(out) != want || len(changes) != 2 {
+		t.Errorf("promoted:\n%s\nwant:\n%s\nchanges %v", out, want, changes)
+	}
+	_, _, err = PromoteStackFiles([]byte(src), []byte("config:\n  fusebox:cloud: eks\n"), "src", "stacks/Pulumi.dst.yaml")
+	if !errors.Is(err, ErrPromote) || !strings.Contains(err.Error(), RegistryKey) || !strings.Contains(err.Error(), "fusebox release") {
+		t.Errorf("promotion into a stack without registry: %v", err)
 	}
 }

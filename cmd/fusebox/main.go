@@ -29,6 +29,7 @@ func main() {
 	root.AddCommand(localCmd(), runCmd(), statusCmd(), daemoncmd.ServiceCommand("manager"))
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
+	root.AddCommand(imageCmd(), releaseCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {

@@ -19,6 +19,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
+	"github.com/fusebox-dev/fusebox/test/stacktest"
 )
 
 func repoRoot() string {
@@ -49,12 +50,13 @@ func TestPreviewEveryStack(t *testing.T) {
 	if len(stacks) < 5 {
 		t.Fatalf("found %d stacks, want at least eks-dev, eks-prod, gke-dev, aks-dev, local", len(stacks))
 	}
+	repo := stacktest.Repo(t, repoRoot())
 	for _, f := range stacks {
 		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "Pulumi."), ".yaml")
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			res, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: name, RepoDir: repoRoot(), Tools: tl,
+			res, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: name, RepoDir: repo, Tools: tl,
 				Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": "/nonexistent"}})
 			if err != nil {
 				t.Fatal(err)
@@ -66,12 +68,29 @@ func TestPreviewEveryStack(t *testing.T) {
 	}
 }
 
+// TestPreviewRefusesAnUnreleasedStack: the repository's stack files pin no images until
+// fusebox release writes them; preview says so and what to run.
+func TestPreviewRefusesAnUnreleasedStack(t *testing.T) {
+	tl := tools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "eks-dev", RepoDir: repoRoot(), Tools: tl,
+		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": "/nonexistent"}})
+	if err == nil || !strings.Contains(err.Error(), "fusebox release --registry HOST[:PORT]/PATH --stack eks-dev") {
+		t.Fatalf("preview of an unreleased stack = %v, want an error saying to run fusebox release", err)
+	}
+}
+
 // TestPreviewRefusesATaggedImage: a stack whose image is not pinned by digest fails with a
 // message naming the key.
 func TestPreviewRefusesATaggedImage(t *testing.T) {
 	tl := tools(t)
-	repo := mocktest.ScratchRepo(t, repoRoot(), "tagged", func(local string) string {
-		return strings.Replace(local, "registry.example.com/fusebox/manager@sha256:", "registry.example.com/fusebox/manager:latest#", 1)
+	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, repoRoot()), "tagged", func(local string) string {
+		tagged := strings.Replace(local, stacktest.Registry+"/manager@sha256:", stacktest.Registry+"/manager:latest#", 1)
+		if tagged == local {
+			t.Fatal("the released local stack has no manager image to tag")
+		}
+		return tagged
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -89,7 +108,7 @@ func TestPreviewCreatesAFileBackendDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "not", "yet")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: repoRoot(), Tools: tl,
+	if _, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: stacktest.Repo(t, repoRoot()), Tools: tl,
 		Backend: "file://" + dir, Env: map[string]string{"KUBECONFIG": "/nonexistent"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +123,8 @@ func TestPreviewCreatesAFileBackendDir(t *testing.T) {
 // file parses as a Kubernetes object, and the state backend passed in is left untouched.
 func TestUpRendersManifests(t *testing.T) {
 	tl := tools(t)
-	stacks, _ := filepath.Glob(filepath.Join(repoRoot(), "stacks", "Pulumi.*.yaml"))
+	repo := stacktest.Repo(t, repoRoot())
+	stacks, _ := filepath.Glob(filepath.Join(repo, "stacks", "Pulumi.*.yaml"))
 	for _, f := range stacks {
 		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "Pulumi."), ".yaml")
 		t.Run(name, func(t *testing.T) {
@@ -112,7 +132,7 @@ func TestUpRendersManifests(t *testing.T) {
 			dir, state := filepath.Join(t.TempDir(), "manifests"), t.TempDir()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			if _, err := deploy.Run(ctx, deploy.Up, deploy.Options{Stack: name, RepoDir: repoRoot(), Tools: tl, RenderDir: dir,
+			if _, err := deploy.Run(ctx, deploy.Up, deploy.Options{Stack: name, RepoDir: repo, Tools: tl, RenderDir: dir,
 				Backend: "file://" + state, Env: map[string]string{"KUBECONFIG": "/nonexistent"}}); err != nil {
 				t.Fatal(err)
 			}

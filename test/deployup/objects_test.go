@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra"
+	"github.com/fusebox-dev/fusebox/test/stacktest"
 )
 
 // helmReleaseType is skipped: a Helm release is not an API object but a chart the provider
@@ -287,10 +289,19 @@ func deleteNamespaces(t *testing.T, names map[string]bool) {
 	}
 }
 
-// stackConfig loads a stack file as the Pulumi engine hands it to a Go program.
+// stackConfig loads a stack file as the Pulumi engine hands it to a Go program, with a test
+// release written into it (the repository's stack files pin no images).
 func stackConfig(t *testing.T, path string) map[string]string {
 	t.Helper()
-	cfg, err := mocktest.StackConfig(path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := filepath.Join(t.TempDir(), filepath.Base(path))
+	if err := os.WriteFile(released, stacktest.Released(t, b, path), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := mocktest.StackConfig(released)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
+	"github.com/fusebox-dev/fusebox/test/stacktest"
 )
 
 var env *kubetest.Env
@@ -56,7 +57,7 @@ func TestUpLocalStack(t *testing.T) {
 
 	// The local stack, with skipAwait: this control plane runs no deployment controller or
 	// scheduler, so the manager's Deployment never gets pods.
-	repo := mocktest.ScratchRepo(t, repoRoot(), "local", func(local string) string {
+	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, repoRoot()), "local", func(local string) string {
 		stack := strings.Replace(local, "  fusebox:manager:\n", "  fusebox:manager:\n    skipAwait: true\n", 1)
 		if stack == local {
 			t.Fatal("stacks/Pulumi.local.yaml has no fusebox:manager block to extend")
