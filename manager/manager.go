@@ -30,6 +30,18 @@ import (
 // be valid on Kubernetes objects too.
 var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
+// Caps on an allocation's labels: every label is stored with the lease (a unit annotation),
+// and List returns all of them to every caller, so a few large allocations must not be able to
+// make List's answer or a pod's annotations too large.
+const (
+	// MaxLabels is the most labels one allocation may carry.
+	MaxLabels = 16
+	// MaxLabelValueBytes is the longest label value.
+	MaxLabelValueBytes = 1024
+	// MaxLabelBytes caps the sum of the names' and values' lengths of one allocation's labels.
+	MaxLabelBytes = 4096
+)
+
 // RemainsRetry is how long after a failed destroy the manager destroys the unit again (see
 // Unit.Remains), and again after each further failure.
 const RemainsRetry = 30 * time.Second
@@ -475,21 +487,12 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	if err != nil {
 		return Allocation{}, fmt.Errorf("%w: egress: %v", ErrInvalid, err)
 	}
-	ttl := req.LeaseTTL
-	switch {
-	case ttl < 0:
-		return Allocation{}, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
-	case ttl == 0:
-		ttl = m.o.DefaultLeaseTTL
+	ttl, err := m.leaseTTL(req.LeaseTTL, m.o.DefaultLeaseTTL)
+	if err != nil {
+		return Allocation{}, err
 	}
-	ttl = min(ttl, m.o.MaxLeaseTTL)
-	for k, v := range req.Labels {
-		if !labelName.MatchString(k) {
-			return Allocation{}, fmt.Errorf("%w: bad label name %q (letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends)", ErrInvalid, k)
-		}
-		if len(v) > 1024 {
-			return Allocation{}, fmt.Errorf("%w: label %s is over 1024 bytes", ErrInvalid, k)
-		}
+	if err := checkLabels(req.Labels); err != nil {
+		return Allocation{}, err
 	}
 	if w, ok := m.alloc.(Warner); ok {
 		m.log.Warn(w.AllocationWarning(), "allocator", m.alloc.Name())
@@ -525,6 +528,40 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		m.log.Warn("binding a unit failed; trying another", "id", u.Info.ID, "err", err)
 	}
 	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
+}
+
+// checkLabels refuses labels over the caps (MaxLabels, MaxLabelValueBytes, MaxLabelBytes) or
+// with a name that cannot be part of an annotation key.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%w: %d labels, at most %d", ErrInvalid, len(labels), MaxLabels)
+	}
+	total := 0
+	for k, v := range labels {
+		if !labelName.MatchString(k) {
+			return fmt.Errorf("%w: bad label name %q (letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends)", ErrInvalid, k)
+		}
+		if len(v) > MaxLabelValueBytes {
+			return fmt.Errorf("%w: label %s is %d bytes, at most %d", ErrInvalid, k, len(v), MaxLabelValueBytes)
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxLabelBytes {
+		return fmt.Errorf("%w: labels of %d bytes (names and values), at most %d", ErrInvalid, total, MaxLabelBytes)
+	}
+	return nil
+}
+
+// leaseTTL is the one check of a requested lease TTL, for Allocate and Renew alike: negative
+// is invalid, zero means def, and more than MaxLeaseTTL is capped.
+func (m *Manager) leaseTTL(ttl, def time.Duration) (time.Duration, error) {
+	switch {
+	case ttl < 0:
+		return 0, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
+	case ttl == 0:
+		ttl = def
+	}
+	return min(ttl, m.o.MaxLeaseTTL), nil
 }
 
 // coldWait counts an allocation that found no ready unit and waits for one to be created.
@@ -681,8 +718,10 @@ func (m *Manager) checkToken(l *Lease, token string) error {
 
 // Renew extends the lease of sandbox id; ttl zero means the lease's own length.
 func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
-	if ttl < 0 {
-		return time.Time{}, fmt.Errorf("%w: negative lease TTL", ErrInvalid)
+	// Zero stays zero: the lease's own length, which only the lease knows.
+	ttl, err := m.leaseTTL(ttl, 0)
+	if err != nil {
+		return time.Time{}, err
 	}
 	if m.shared != nil {
 		return m.sharedRenew(ctx, id, token, ttl)
@@ -697,7 +736,7 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 		}
 		d := l.TTL
 		if ttl > 0 {
-			d = min(ttl, m.o.MaxLeaseTTL)
+			d = ttl
 		}
 		l.Expires = now.Add(d)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -704,5 +705,84 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 		if c.Method == "Destroy" && c.ID != id {
 			t.Errorf("destroy of %s, whose creation cleaned up after itself", c.ID)
 		}
+	}
+}
+
+// Labels are capped in number and in total size: a request over either cap is refused with
+// InvalidArgument before a unit is spent, and one at the caps is accepted.
+func TestAllocateCapsLabels(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	ctx := context.Background()
+	labels := func(n, valueBytes int) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprintf("l%02d", i)] = strings.Repeat("v", valueBytes)
+		}
+		return m
+	}
+	tests := []struct {
+		name   string
+		labels map[string]string
+		want   codes.Code
+	}{
+		{"at the caps", labels(manager.MaxLabels, manager.MaxLabelBytes/manager.MaxLabels-3), codes.OK},
+		{"one label too many", labels(manager.MaxLabels+1, 1), codes.InvalidArgument},
+		{"3.5 MB in small labels", labels(3500, 1000), codes.InvalidArgument},
+		{"over the total size", labels(manager.MaxLabels, manager.MaxLabelBytes/manager.MaxLabels), codes.InvalidArgument},
+		{"one value too long", map[string]string{"a": strings.Repeat("v", 1025)}, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, Labels: tc.labels})
+			if status.Code(err) != tc.want {
+				t.Fatalf("Allocate with %d labels = %v, want %v", len(tc.labels), err, tc.want)
+			}
+			if err == nil {
+				e.m.Release(ctx, resp.SandboxId, resp.LeaseToken)
+			} else if !strings.Contains(status.Convert(err).Message(), "label") {
+				t.Errorf("error %q does not name the labels", status.Convert(err).Message())
+			}
+		})
+	}
+}
+
+// Renew accepts exactly the lease TTLs Allocate accepts: a negative or malformed duration is
+// InvalidArgument for both, and one over the maximum is capped by both.
+func TestRenewChecksTTLAsAllocateDoes(t *testing.T) {
+	e := newEnv(t, 1, func(o *manager.Options) { o.MaxLeaseTTL = time.Hour })
+	e.start(t)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		ttl  *durationpb.Duration
+		want codes.Code
+	}{
+		{"negative", durationpb.New(-time.Second), codes.InvalidArgument},
+		{"seconds and nanos of opposite signs", &durationpb.Duration{Seconds: 60, Nanos: -1}, codes.InvalidArgument},
+		{"nanos out of range", &durationpb.Duration{Seconds: 1, Nanos: 2_000_000_000}, codes.InvalidArgument},
+		{"beyond a duration's range", &durationpb.Duration{Seconds: 400_000_000_000}, codes.InvalidArgument},
+		{"over the maximum (capped)", durationpb.New(48 * time.Hour), codes.OK},
+		{"none (the lease's own)", nil, codes.OK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, aerr := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: tc.ttl})
+			if status.Code(aerr) != tc.want {
+				t.Fatalf("Allocate = %v, want %v", aerr, tc.want)
+			}
+			a, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: durationpb.New(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.svc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: a.SandboxId, LeaseToken: a.LeaseToken})
+			r, rerr := e.svc.Renew(ctx, &managerv1.RenewRequest{SandboxId: a.SandboxId, LeaseToken: a.LeaseToken, LeaseTtl: tc.ttl})
+			if status.Code(rerr) != tc.want {
+				t.Fatalf("Renew = %v, want %v (as Allocate)", rerr, tc.want)
+			}
+			if rerr == nil && r.LeaseExpires.AsTime().After(e.clock.Now().Add(time.Hour)) {
+				t.Errorf("renewed until %v, beyond the maximum TTL", r.LeaseExpires.AsTime())
+			}
+		})
 	}
 }

@@ -81,7 +81,7 @@ func (m *Manager) sharedRenew(ctx context.Context, id, token string, ttl time.Du
 	}
 	d := l.TTL
 	if ttl > 0 {
-		d = min(ttl, m.o.MaxLeaseTTL)
+		d = ttl // checked and capped by Renew
 	}
 	l.Expires = now.Add(d)
 	if err := m.alloc.(Annotator).Annotate(ctx, id, leaseAnnotations(l)); err != nil {
