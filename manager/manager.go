@@ -123,6 +123,12 @@ type Manager struct {
 	o      Options
 	alloc  Allocator
 	shared SharedPool // non-nil when the allocator's pool is shared by several replicas
+	// What the allocator declared (Capabilities) and, for each declared feature, its
+	// interface (nil when not declared). Fixed by New.
+	caps      Capabilities
+	binder    EgressBinder
+	annotator Annotator
+	handoffer Handoffer
 	ops    *StateOperator
 	log    *slog.Logger
 	m      *Metrics
@@ -228,13 +234,60 @@ func New(o Options) (*Manager, error) {
 	}
 	m := &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
 		wake: make(chan struct{}, 1)}
-	if sp, ok := o.Allocator.(SharedPool); ok {
-		if _, ok := o.Allocator.(Annotator); !ok {
-			return nil, errors.New("manager: a shared-pool allocator must also be an Annotator (leases live in annotations)")
-		}
-		m.shared = sp
+	if err := m.useCapabilities(); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// useCapabilities takes the allocator's declaration and the interface of each declared
+// feature; a declared feature the allocator does not implement is an error.
+func (m *Manager) useCapabilities() error {
+	c := m.alloc.Capabilities()
+	missing := func(feature, iface string) error {
+		return fmt.Errorf("manager: allocator %q declares %s but does not implement manager.%s", m.alloc.Name(), feature, iface)
+	}
+	var ok bool
+	if c.Egress {
+		if m.binder, ok = m.alloc.(EgressBinder); !ok {
+			return missing("egress", "EgressBinder")
+		}
+	}
+	if c.Adoption {
+		if m.annotator, ok = m.alloc.(Annotator); !ok {
+			return missing("adoption", "Annotator")
+		}
+	}
+	if c.Handoff {
+		if m.handoffer, ok = m.alloc.(Handoffer); !ok {
+			return missing("handoff", "Handoffer")
+		}
+	}
+	if c.SharedPool {
+		if m.shared, ok = m.alloc.(SharedPool); !ok {
+			return missing("a shared pool", "SharedPool")
+		}
+		if !c.Adoption {
+			return fmt.Errorf("manager: allocator %q declares a shared pool without adoption (a shared pool's leases live in its units' annotations)", m.alloc.Name())
+		}
+	}
+	m.caps = c
+	return nil
+}
+
+// checkEgress refuses an allowlist the allocator cannot enforce (fails closed), except on an
+// allocator without isolation, where nothing is enforced and every allocation says so.
+func (m *Manager) checkEgress(allow egress.Allowlist) error {
+	if m.caps.NoIsolation {
+		m.log.Warn("INSECURE: allocating a sandbox without isolation: no kernel boundary and no egress control, it reaches whatever this host reaches",
+			"allocator", m.alloc.Name(), "egress_not_enforced", allow.Entries())
+		return nil
+	}
+	if len(allow.Entries()) > 0 && !m.caps.Egress {
+		return fmt.Errorf("%w: egress allowlist %s: the %s allocator cannot enforce egress; allocate without an allowlist, or run a manager whose allocator enforces one (runsc, kube)",
+			ErrUnsupported, allow, m.alloc.Name())
+	}
+	return nil
 }
 
 // randomID returns "fbx-" and 12 random digits: fixed width, as runsc matches ids by prefix.
@@ -400,8 +453,8 @@ func (m *Manager) adopt(ctx context.Context) error {
 	for _, info := range units {
 		lease, lerr := leaseFromAnnotations(info.Annotations)
 		if lerr == nil && now.Before(lease.Expires) {
-			if b, ok := m.alloc.(EgressBinder); ok {
-				if err := b.BindEgress(ctx, info.ID, lease.Egress); err != nil {
+			if m.binder != nil {
+				if err := m.binder.BindEgress(ctx, info.ID, lease.Egress); err != nil {
 					m.log.Error("re-binding egress of an adopted unit failed; destroying it", "id", info.ID, "err", err)
 					lerr = err
 				}
@@ -494,8 +547,8 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	if err := checkLabels(req.Labels); err != nil {
 		return Allocation{}, err
 	}
-	if w, ok := m.alloc.(Warner); ok {
-		m.log.Warn(w.AllocationWarning(), "allocator", m.alloc.Name())
+	if err := m.checkEgress(allow); err != nil {
+		return Allocation{}, err
 	}
 
 	take := m.takeReady
@@ -666,15 +719,16 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	// (kube: a CiliumNetworkPolicy), worth its own goroutine; a local one is a map update,
 	// cheaper inline than the scheduling a goroutine costs a saturated manager.
 	egressed, annotated := make(chan error, 1), make(chan error, 1)
-	if b, ok := m.alloc.(EgressBinder); ok && m.shared != nil {
-		go func() { egressed <- b.BindEgress(ctx, id, allow.Entries()) }()
-	} else if ok {
-		egressed <- b.BindEgress(ctx, id, allow.Entries())
-	} else {
+	switch {
+	case m.binder != nil && m.shared != nil:
+		go func() { egressed <- m.binder.BindEgress(ctx, id, allow.Entries()) }()
+	case m.binder != nil:
+		egressed <- m.binder.BindEgress(ctx, id, allow.Entries())
+	default: // checkEgress has refused an allowlist this allocator cannot enforce
 		egressed <- nil
 	}
-	if a, ok := m.alloc.(Annotator); ok {
-		go func() { annotated <- a.Annotate(ctx, id, leaseAnnotations(lease)) }()
+	if m.annotator != nil {
+		go func() { annotated <- m.annotator.Annotate(ctx, id, leaseAnnotations(lease)) }()
 	} else {
 		annotated <- nil
 	}
@@ -700,8 +754,8 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	m.publishCounts()
 	a := Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
 		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}
-	if h, ok := m.alloc.(Handoffer); ok {
-		if addr, tok, ok := h.Handoff(id); ok {
+	if m.handoffer != nil {
+		if addr, tok, ok := m.handoffer.Handoff(id); ok {
 			a.Handoff, a.HandoffToken = addr, tok
 		}
 	}
@@ -744,8 +798,8 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
-	if a, ok := m.alloc.(Annotator); ok {
-		if err := a.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
+	if m.annotator != nil {
+		if err := m.annotator.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
 			m.failure("annotate")
 			m.log.Error("persisting renewed lease", "id", id, "err", err)
 		}

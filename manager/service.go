@@ -53,7 +53,9 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrBadLeaseToken):
 		code = codes.PermissionDenied
-	case errors.Is(err, ErrLeaseEnded):
+	case errors.Is(err, ErrLeaseEnded), errors.Is(err, ErrUnsupported):
+		// ErrUnsupported: retrying cannot help until the operator runs an allocator that
+		// has the feature (UNIMPLEMENTED would read as a method this server lacks).
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrNoCapacity):
 		code = codes.ResourceExhausted

@@ -84,7 +84,7 @@ func (m *Manager) sharedRenew(ctx context.Context, id, token string, ttl time.Du
 		d = ttl // checked and capped by Renew
 	}
 	l.Expires = now.Add(d)
-	if err := m.alloc.(Annotator).Annotate(ctx, id, leaseAnnotations(l)); err != nil {
+	if err := m.annotator.Annotate(ctx, id, leaseAnnotations(l)); err != nil {
 		m.failure("annotate")
 		return time.Time{}, fmt.Errorf("renewing %s: %w: %v", id, ErrAllocator, err)
 	}

@@ -166,6 +166,12 @@ func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Te
 
 func (a *Allocator) Name() string { return "runsc" }
 
+// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, and data
+// connections opened ahead.
+func (a *Allocator) Capabilities() manager.Capabilities {
+	return manager.Capabilities{Egress: true, Adoption: true, Handoff: true}
+}
+
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
 
 // socket is the host path of unit id's socket name (init.sock, data.sock, egress.sock), in the
