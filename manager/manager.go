@@ -123,15 +123,16 @@ type Manager struct {
 	o      Options
 	alloc  Allocator
 	shared SharedPool // non-nil when the allocator's pool is shared by several replicas
+	ops    *StateOperator
+	log    *slog.Logger
+	m      *Metrics
+
 	// What the allocator declared (Capabilities) and, for each declared feature, its
 	// interface (nil when not declared). Fixed by New.
 	caps      Capabilities
 	binder    EgressBinder
 	annotator Annotator
 	handoffer Handoffer
-	ops    *StateOperator
-	log    *slog.Logger
-	m      *Metrics
 
 	wake chan struct{} // nudges the reconciler
 
