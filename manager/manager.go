@@ -733,7 +733,8 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	} else {
 		annotated <- nil
 	}
-	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, TLSClientHello: req.TLSClientHello})
+	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
+		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
 	eerr, aerr := <-egressed, <-annotated
 	if eerr != nil {
 		return fail("egress", eerr)

@@ -82,6 +82,9 @@ func EtcDir(t testing.TB) string {
 type Options struct {
 	ServerArgs []string
 	Bundle     runsc.BundleSpec
+	// Egress is the allowlist StartBound's InitializeTLS carries (what the manager sends for
+	// the allocation): the sandbox's relay starts only with a non-empty one.
+	Egress []string
 }
 
 // Start starts an uninitialised sandbox and removes it when the test ends.
@@ -139,7 +142,7 @@ func StartBound(t testing.TB, o Options) *Bound {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
+	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey(), Egress: o.Egress})
 	if err != nil {
 		t.Fatalf("sFuse: %v", err)
 	}
