@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 )
 
@@ -99,16 +101,30 @@ type Handoffer interface {
 // (internal/sfuse.Initialize in production; an in-memory fake in benchmarks).
 type Initializer func(ctx context.Context, initAddr string, req sfuse.Request) (sfuse.Result, error)
 
-// Clock tells the time; tests pass a fake.
-type Clock interface {
+// PassiveClock tells the time.
+type PassiveClock interface {
 	Now() time.Time
 }
 
-// RealClock is the system clock.
-type RealClock struct{}
+// Clock is the manager's time: the time of leases and records (Now), and every wait of its
+// control loop (the reconcile and ping tickers, the refill delay, the creation backoff, an
+// allocation's deadline and retries), so that tests step a fake clock
+// (k8s.io/utils/clock/testing.FakeClock) instead of sleeping. Timeouts of single I/O calls
+// (a ping's, a creation's) stay on the system clock, as context deadlines do.
+type Clock interface {
+	PassiveClock
+	// NewTimer returns a timer that fires once, d from now.
+	NewTimer(d time.Duration) clock.Timer
+	// NewTicker returns a ticker that fires every d; a tick nobody took is dropped.
+	NewTicker(d time.Duration) clock.Ticker
+	// AfterFunc calls f in its own goroutine d from now, unless the timer is stopped.
+	AfterFunc(d time.Duration, f func()) clock.Timer
+}
 
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
+// RealClock is the system clock.
+type RealClock = clock.RealClock
+
+var _ Clock = RealClock{}
 
 // SharedPool is implemented by allocators whose warm pool is shared by several manager
 // replicas (Capabilities.SharedPool): the ready units live in an API server, not in this process. The manager then

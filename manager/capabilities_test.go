@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -101,7 +102,7 @@ func TestNewRefusesADeclarationWithoutItsInterface(t *testing.T) {
 		}(),
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := manager.New(manager.Options{Allocator: alloc, Estimator: estimator.Fixed{N: 1}, Clock: &fakeClock{},
+			_, err := manager.New(manager.Options{Allocator: alloc, Estimator: estimator.Fixed{N: 1}, Clock: newFakeClock(time.Unix(0, 0)),
 				Initializer: memalloc.Initializer})
 			if err == nil {
 				t.Fatal("New accepted it")

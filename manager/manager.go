@@ -87,8 +87,7 @@ type Options struct {
 	// 100 ms of work); started at once it competes with the allocation that emptied the slot
 	// and with that agent's TLS handshake and first calls. The wait is measured from when the
 	// deficit began, so steady demand cannot postpone a refill further, and an empty pool
-	// never waits. Real (monotonic) time, not Clock: it is about CPU contention, not leases.
-	// For allocators whose units are made on this host (runsc, process; DefaultRefillDelay
+	// never waits (on Clock, like every wait of the manager). For allocators whose units are made on this host (runsc, process; DefaultRefillDelay
 	// suits them); 0, for remote or instant creation, means no delay.
 	RefillDelay time.Duration
 	// WarmUp is how long a unit takes, after it turns Ready, to serve at full speed
@@ -136,10 +135,10 @@ type Manager struct {
 
 	wake chan struct{} // nudges the reconciler
 
-	refillMu     sync.Mutex   // guards deficitSince and refillTimer
+	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
 	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
 	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
-	backoffMu    sync.Mutex   // guards failStreak, holdUntil
+	backoffMu    sync.Mutex   // guards failStreak, holdUntil (Clock's time)
 	failStreak   int          // consecutive failed creations
 	holdUntil    time.Time    // no new creations before this (backoff after failures)
 	allocs       atomic.Int64 // allocations since the last observation
@@ -318,7 +317,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
-		t := time.NewTicker(m.o.ReconcileInterval)
+		t := m.o.Clock.NewTicker(m.o.ReconcileInterval)
 		defer t.Stop()
 		for {
 			m.Reconcile(loopCtx)
@@ -327,7 +326,7 @@ func (m *Manager) Start(ctx context.Context) error {
 				return
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-t.C():
 			case <-m.wake:
 			}
 		}
@@ -659,7 +658,9 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 		}
 		if timeout == nil {
 			m.coldWait()
-			timeout = time.After(m.o.AllocateWait)
+			t := m.o.Clock.NewTimer(m.o.AllocateWait)
+			defer t.Stop()
+			timeout = t.C()
 			// Counted until this returns: the reconciler leaves this many ready units
 			// beyond its target for the waiters to take.
 			m.waiting.Add(1)
@@ -672,7 +673,9 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 		case made := <-mine:
 			mine = nil
 			if !made {
-				retry = time.After(m.backoffLeft())
+				t := m.o.Clock.NewTimer(m.backoffLeft())
+				defer t.Stop()
+				retry = t.C()
 			}
 		case <-retry:
 			retry = nil
@@ -919,7 +922,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) bool {
 		return false
 	}
 	m.publishCounts()
-	t0 := time.Now()
+	t0 := time.Now() // the system clock: it measures the runtime's work
 	got, err := m.alloc.Create(ctx, id, tmpl)
 	m.noteCreate(err)
 	if err != nil && ctx.Err() != nil {
@@ -964,7 +967,7 @@ func (m *Manager) noteCreate(err error) {
 	defer m.backoffMu.Unlock()
 	if err != nil {
 		m.failStreak++
-		m.holdUntil = time.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
+		m.holdUntil = m.o.Clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
 	} else {
 		m.failStreak = 0
 	}
@@ -974,7 +977,7 @@ func (m *Manager) noteCreate(err error) {
 func (m *Manager) backoffLeft() time.Duration {
 	m.backoffMu.Lock()
 	defer m.backoffMu.Unlock()
-	return max(0, time.Until(m.holdUntil))
+	return max(0, m.holdUntil.Sub(m.o.Clock.Now()))
 }
 
 // heldBack reports whether creations wait for the backoff.
@@ -1081,7 +1084,7 @@ func (m *Manager) refillDue(ready int) bool {
 	}
 	m.refillMu.Lock()
 	defer m.refillMu.Unlock()
-	now := time.Now()
+	now := m.o.Clock.Now()
 	if m.deficitSince.IsZero() {
 		m.deficitSince = now
 	}
@@ -1092,7 +1095,7 @@ func (m *Manager) refillDue(ready int) bool {
 	}
 	if !m.refillTimer {
 		m.refillTimer = true
-		time.AfterFunc(wait, func() {
+		m.o.Clock.AfterFunc(wait, func() {
 			m.refillMu.Lock()
 			m.refillTimer = false
 			m.refillMu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	testingclock "k8s.io/utils/clock/testing"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -25,17 +27,11 @@ import (
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock drives every wait of the manager (tickers, timers, the refill delay, backoff,
+// deadlines): tests step it instead of sleeping.
+type fakeClock = testingclock.FakeClock
 
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock(t time.Time) *fakeClock { return testingclock.NewFakeClock(t) }
 
 type env struct {
 	m     *manager.Manager
@@ -49,7 +45,7 @@ type env struct {
 func newEnv(t *testing.T, pool int, mutate func(*manager.Options)) *env {
 	t.Helper()
 	a := memalloc.New()
-	c := &fakeClock{t: time.Unix(1_000_000, 0)}
+	c := newFakeClock(time.Unix(1_000_000, 0))
 	met := manager.NewMetrics(prometheus.NewRegistry())
 	o := manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: c,
 		Initializer: memalloc.Initializer, Metrics: met, ReconcileInterval: 10 * time.Millisecond,
@@ -73,15 +69,49 @@ func (e *env) start(t *testing.T) {
 	t.Cleanup(func() { e.m.Close(context.Background()) })
 }
 
+// eventually waits for cond, which background work of the manager (a creation, a destroy)
+// makes true without any time passing on its clock; the deadline only bounds a failing test.
 func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	stepping(t, what, nil, 0, cond)
+}
+
+// stepping waits for cond while stepping c by d between looks: for what needs time to pass on
+// the manager's clock (a backoff, an interval, a deadline).
+func stepping(t *testing.T, what string, c *fakeClock, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		if c != nil {
+			c.Step(d)
+		}
+		time.Sleep(time.Millisecond) // lets the manager's goroutines run
 	}
+}
+
+// drive steps the fake clock by d every millisecond of real time until the returned func is
+// called: for tests of many concurrent allocations, where some wait on the clock (a backoff)
+// at moments the test does not know.
+func (e *env) drive(t *testing.T, d time.Duration) (stop func()) {
+	t.Helper()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tk := time.NewTicker(time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+				e.clock.Step(d)
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 func (e *env) ready() int { return e.m.States().Counts("")[manager.Ready] }
@@ -194,17 +224,17 @@ func TestLeaseExpiryDestroysWithFakeClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(30 * time.Second)
+	e.clock.Step(30 * time.Second)
 	exp, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0)
 	if err != nil || !exp.Equal(e.clock.Now().Add(time.Minute)) {
 		t.Fatalf("renew: %v %v", exp, err)
 	}
-	e.clock.Advance(59 * time.Second)
+	e.clock.Step(59 * time.Second)
 	e.m.Reconcile(ctx)
 	if u, _ := e.m.States().Get(a.ID); u.State != manager.Bound {
 		t.Fatalf("renewed lease expired early: %v", u.State)
 	}
-	e.clock.Advance(2 * time.Second)
+	e.clock.Step(2 * time.Second)
 	e.m.Reconcile(ctx)
 	eventually(t, "expired unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), a.ID) })
 	if _, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0); err == nil {
@@ -226,7 +256,8 @@ func TestCreateFailuresAreVisibleAndRetried(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	eventually(t, "pool filled despite failures", func() bool { return e.ready() == 2 })
+	// The creation backoff (0.5 s, 1 s, 2 s) passes on the fake clock.
+	stepping(t, "pool filled despite failures", e.clock, 500*time.Millisecond, func() bool { return e.ready() == 2 })
 	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("create")); got != 3 {
 		t.Fatalf("create failures metric %v, want 3", got)
 	}
@@ -288,7 +319,8 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 }
 
 func TestAdoptionAfterRestart(t *testing.T) {
-	e := newEnv(t, 1, nil)
+	// The first manager "dies" below: its reconciler must not act on the clock's step.
+	e := newEnv(t, 1, func(o *manager.Options) { o.ReconcileInterval = time.Hour })
 	e.start(t)
 	ctx := context.Background()
 	eventually(t, "ready", func() bool { return e.ready() == 1 })
@@ -304,7 +336,7 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	// The manager dies without cleaning up (no Close); a new one starts on the same allocator
 	// two minutes later: the long lease is adopted, the expired one and the ready unit are
 	// destroyed.
-	e.clock.Advance(2 * time.Minute)
+	e.clock.Step(2 * time.Minute)
 	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
 		Initializer: memalloc.Initializer})
 	if err != nil {
@@ -373,7 +405,21 @@ func TestNoCapacityIsResourceExhausted(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key}); status.Code(err) != codes.ResourceExhausted {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key})
+		done <- err
+	}()
+	var err error
+	stepping(t, "the allocation's deadline", e.clock, 10*time.Millisecond, func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("Allocate = %v, want ResourceExhausted", err)
 	}
 }
@@ -395,6 +441,8 @@ func TestCountsMatchUnits(t *testing.T) {
 	}
 	e.start(t)
 	ctx := context.Background()
+	// Allocations that wait out a creation's backoff need the clock to move.
+	stop := e.drive(t, 50*time.Millisecond)
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
@@ -408,7 +456,8 @@ func TestCountsMatchUnits(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	e.clock.Advance(2 * time.Minute)
+	stop()
+	e.clock.Step(2 * time.Minute)
 	e.m.Reconcile(ctx)
 	eventually(t, "counts to match the units", func() bool {
 		want := map[manager.State]int{}
@@ -431,36 +480,45 @@ func TestCountsMatchUnits(t *testing.T) {
 }
 
 // TestRefillWaitsWhileThePoolHoldsReadyUnits: an allocation that leaves ready units behind
-// does not start a creation until the refill delay has passed; one that empties the pool
-// starts one at once.
+// does not start a creation until the refill delay has passed on the clock; one that empties
+// the pool starts one at once.
 func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
-	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = time.Hour })
+	const delay = time.Second
+	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = delay; o.ReconcileInterval = time.Hour })
 	e.start(t)
 	eventually(t, "pool of 2", func() bool { return e.ready() == 2 })
+	// From now on a creation blocks in Create until released, so that one started shows in
+	// CreationsInFlight until the test lets it finish.
+	release := make(chan struct{})
+	e.alloc.Fail = func(method, id string) error {
+		if method == "Create" {
+			<-release
+		}
+		return nil
+	}
 	ctx := context.Background()
-	created := func() int { return len(e.alloc.Units()) }
 	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
 		t.Fatal(err)
 	}
-	for range 20 { // the reconciler runs every 10 ms
-		e.m.Reconcile(ctx)
-		time.Sleep(5 * time.Millisecond)
+	e.m.Reconcile(ctx) // the deficit begins (the allocation's own nudge may have begun it)
+	e.clock.Step(delay - time.Millisecond)
+	e.m.Reconcile(ctx)
+	if n := e.m.CreationsInFlight(); n != 0 {
+		t.Fatalf("%d creations before the refill delay passed, with a ready unit left", n)
 	}
-	if n := created(); n != 2 {
-		t.Fatalf("%d units after one allocation from a pool of 2, want 2 (the refill should wait)", n)
-	}
+	// The delay passes: its timer nudges the reconciler, which starts the creation.
+	e.clock.Step(time.Millisecond)
+	eventually(t, "a creation after the refill delay", func() bool { return e.m.CreationsInFlight() == 1 })
+	// The last ready unit taken, the pool is empty: its creation starts at once.
 	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "an empty pool refilled at once", func() bool { return e.ready() == 2 })
-
-	e2 := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = 50 * time.Millisecond })
-	e2.start(t)
-	eventually(t, "pool of 2", func() bool { return e2.ready() == 2 })
-	if _, err := e2.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e2.key}); err != nil {
-		t.Fatal(err)
+	e.m.Reconcile(ctx)
+	if n := e.m.CreationsInFlight(); n != 2 {
+		t.Fatalf("%d creations in flight after the pool emptied, want 2 (no delay for an empty pool)", n)
 	}
-	eventually(t, "refilled after the delay", func() bool { return e2.ready() == 2 })
+	close(release)
+	eventually(t, "the pool refilled", func() bool { return e.ready() == 2 })
 }
 
 // An allocation waiting on an empty pool gets the unit it had made, even when the estimator's
@@ -469,11 +527,26 @@ func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
 // deadline.)
 func TestWaitingAllocationKeepsItsUnitAgainstTrimming(t *testing.T) {
 	e := newEnv(t, 0, func(o *manager.Options) {
-		o.ReconcileInterval = time.Millisecond // trim as often as possible
-		o.AllocateWait = 3 * time.Second
+		o.ReconcileInterval = time.Millisecond // trim as often as possible (see below)
+		o.AllocateWait = time.Hour             // on the fake clock, which a goroutine steps
 	})
 	e.alloc.Delay = time.Millisecond
 	e.start(t)
+	stop := make(chan struct{})
+	stepped := make(chan struct{})
+	go func() { // ticks the reconciler as fast as it can take them
+		defer close(stepped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				e.clock.Step(time.Millisecond)
+				runtime.Gosched()
+			}
+		}
+	}()
+	defer func() { close(stop); <-stepped }()
 	ctx := context.Background()
 	for i := range 300 {
 		a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
@@ -522,7 +595,9 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
 	head := e.m.States().OldestReady("default", 1)[0]
 	u, _ := e.m.States().Get(head)
-	eventually(t, "pings of the next unit", func() bool { mu.Lock(); defer mu.Unlock(); return pinged[u.Info.InitAddr] >= 3 })
+	// Every 5 ms of the fake clock is one ping.
+	const tick = 5 * time.Millisecond
+	stepping(t, "pings of the next unit", e.clock, tick, func() bool { mu.Lock(); defer mu.Unlock(); return pinged[u.Info.InitAddr] >= 3 })
 	mu.Lock()
 	for addr, n := range pinged {
 		if addr != u.Info.InitAddr && n > 0 {
@@ -531,7 +606,7 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 	}
 	dead = u.Info.InitAddr
 	mu.Unlock()
-	eventually(t, "the dead unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), head) })
+	stepping(t, "the dead unit destroyed", e.clock, tick, func() bool { return !slices.Contains(e.alloc.Units(), head) })
 	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("ping")); got != 1 {
 		t.Errorf("ping failures = %v, want 1", got)
 	}
@@ -550,7 +625,26 @@ func TestWaitingAllocationRetriesAFailedCreation(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+	type result struct {
+		a   manager.Allocation
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+		done <- result{a, err}
+	}()
+	var r result
+	// The retry waits out the creation backoff (0.5 s) on the fake clock.
+	stepping(t, "the allocation", e.clock, 100*time.Millisecond, func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	a, err := r.a, r.err
 	if err != nil {
 		t.Fatalf("allocation after one failed creation: %v", err)
 	}
@@ -646,14 +740,19 @@ func TestFailedDestroyIsRetried(t *testing.T) {
 	if !slices.Contains(e.alloc.Units(), a.ID) {
 		t.Fatal("the unit is gone from the allocator although its destroy failed")
 	}
-	// Not before RemainsRetry; then again (failing once more), then for good.
-	time.Sleep(50 * time.Millisecond)
-	if n := destroys.Load(); n != 1 {
-		t.Fatalf("%d destroys before RemainsRetry, want 1", n)
+	// Not before RemainsRetry (a pass just short of it starts no destroy: the decision is
+	// synchronous, and moves the unit out of Failed); then again (failing once more), then
+	// for good.
+	e.clock.Step(manager.RemainsRetry - time.Millisecond)
+	e.m.Reconcile(ctx)
+	if n, u := destroys.Load(), remains(); n != 1 || !u {
+		t.Fatalf("%d destroys before RemainsRetry (remains still on record: %v), want 1", n, u)
 	}
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(time.Millisecond)
+	e.m.Reconcile(ctx)
 	eventually(t, "the second destroy", func() bool { return destroys.Load() == 2 && remains() })
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(manager.RemainsRetry)
+	e.m.Reconcile(ctx)
 	eventually(t, "the unit destroyed", func() bool {
 		_, ok := e.m.States().Get(a.ID)
 		return !ok && !slices.Contains(e.alloc.Units(), a.ID)
@@ -683,7 +782,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	eventually(t, "a ready unit after two failed creations", func() bool { return e.ready() == 1 })
+	stepping(t, "a ready unit after two failed creations", e.clock, 250*time.Millisecond, func() bool { return e.ready() == 1 })
 	destroyed := func(id string) bool {
 		for _, c := range e.alloc.Calls() {
 			if c.Method == "Destroy" && c.ID == id {
@@ -696,7 +795,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 	if u, ok := e.m.States().Get(id); !ok || u.State != manager.Failed || !u.Remains {
 		t.Fatalf("unit %s after a creation with remains: %+v, want Failed with remains", id, u)
 	}
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(manager.RemainsRetry)
 	eventually(t, "the remains destroyed", func() bool {
 		_, ok := e.m.States().Get(id)
 		return !ok && destroyed(id)
