@@ -87,8 +87,9 @@ type Options struct {
 	// 100 ms of work); started at once it competes with the allocation that emptied the slot
 	// and with that agent's TLS handshake and first calls. The wait is measured from when the
 	// deficit began, so steady demand cannot postpone a refill further, and an empty pool
-	// never waits (on Clock, like every wait of the manager). For allocators whose units are made on this host (runsc, process; DefaultRefillDelay
-	// suits them); 0, for remote or instant creation, means no delay.
+	// never waits (on Clock, like every wait of the manager). For allocators whose units
+	// are made on this host (runsc, process; DefaultRefillDelay suits them); 0, for remote
+	// or instant creation, means no delay.
 	RefillDelay time.Duration
 	// WarmUp is how long a unit takes, after it turns Ready, to serve at full speed
 	// (GVisorWarmUp for gVisor sandboxes). It counts in the provisioning latency the
