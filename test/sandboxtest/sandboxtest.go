@@ -98,13 +98,16 @@ func Start(t testing.TB, o Options) *localsandbox.Sandbox {
 	if spec.MemoryLimitBytes == 0 {
 		spec.MemoryLimitBytes = 2 << 30
 	}
+	// Built (or found built) before the start's minute begins: on a busy machine the build
+	// alone can take longer.
+	bin := SandboxBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime:       rt,
 		ID:            runsc.ID("t", next.Add(1)),
 		Dir:           filepath.Join(t.TempDir(), "sandbox"),
-		SandboxBinary: SandboxBinary(t),
+		SandboxBinary: bin,
 		ServerArgs:    o.ServerArgs,
 		Bundle:        spec,
 	})
