@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 )
 
@@ -36,18 +38,49 @@ type Allocator interface {
 	// List returns every unit the allocator's backend holds, including units created by an
 	// earlier manager process, so that they can be adopted or destroyed.
 	List(ctx context.Context) ([]UnitInfo, error)
+	// Capabilities declares what the allocator supports beyond creating, destroying and
+	// listing units. It returns the same value on every call.
+	Capabilities() Capabilities
+}
+
+// Capabilities is what an allocator declares it supports, as Nomad's task drivers do. The
+// manager decides by the declaration, never by probing for interfaces: New refuses an
+// allocator that declares a feature without implementing its interface, and a request that
+// needs a feature the allocator does not declare fails closed (ErrUnsupported), never
+// "succeeds" without it. The zero value declares nothing and is the strictest.
+type Capabilities struct {
+	// Egress: the allocator enforces egress allowlists (it implements EgressBinder). An
+	// allocator without it must give its units no network at all: an allocation that names
+	// any egress destination is refused, unless NoIsolation.
+	Egress bool
+	// Adoption: the allocator stores a lease with its unit (it implements Annotator), so that
+	// a restarted manager adopts the bound units it finds, and so that a shared pool's
+	// replicas read each other's leases.
+	Adoption bool
+	// Handoff: the allocator opens units' data connections ahead for agents to collect (it
+	// implements Handoffer).
+	Handoff bool
+	// SharedPool: the warm pool lives in a backend shared by several manager replicas (it
+	// implements SharedPool; Adoption is required too).
+	SharedPool bool
+	// NoIsolation: units run code on this host with no kernel boundary and no network
+	// control (the process runtime, which only starts behind its explicit insecure flag).
+	// Nothing is enforced for them, egress allowlists included: the manager hands them out
+	// anyway, and logs a warning saying so on every allocation.
+	NoIsolation bool
 }
 
 // Annotator is implemented by allocators that can store small key-value data with a unit
-// (a file beside a runsc bundle, annotations on a pod). The manager stores the lease there so
+// (a file beside a runsc bundle, annotations on a pod; Capabilities.Adoption). The manager stores the lease there so
 // that a restarted manager can adopt bound units.
 type Annotator interface {
 	// Annotate replaces unit id's annotations. ErrUnitNotFound if the unit is gone.
 	Annotate(ctx context.Context, id string, annotations map[string]string) error
 }
 
-// EgressBinder is implemented by allocators that enforce egress allowlists. BindEgress must
-// have taken effect when it returns; a unit whose binding fails is not handed out.
+// EgressBinder is implemented by allocators that enforce egress allowlists (Capabilities.Egress).
+// BindEgress must have taken effect when it returns; a unit whose binding fails is not handed
+// out.
 type EgressBinder interface {
 	// BindEgress sets unit id's allowlist (entries as "host:port", "*.domain:port"). An empty
 	// list denies all egress.
@@ -55,7 +88,7 @@ type EgressBinder interface {
 }
 
 // Handoffer is implemented by allocators that open a unit's data connection ahead of time
-// and hold it for the agent to collect (see internal/handoff): an agent on the same machine
+// and hold it for the agent to collect (see internal/handoff; Capabilities.Handoff): an agent on the same machine
 // then skips the sandbox's accept, the slowest step of a first connection into gVisor.
 type Handoffer interface {
 	// Handoff grants unit id's held connection and returns where the agent collects it and
@@ -64,29 +97,37 @@ type Handoffer interface {
 	Handoff(id string) (addr string, token []byte, ok bool)
 }
 
-// Warner is implemented by allocators without a kernel boundary: the manager logs the
-// warning on every allocation.
-type Warner interface {
-	AllocationWarning() string
-}
-
 // Initializer performs sFuse on a unit's init endpoint and returns the sandbox's answer
 // (internal/sfuse.Initialize in production; an in-memory fake in benchmarks).
 type Initializer func(ctx context.Context, initAddr string, req sfuse.Request) (sfuse.Result, error)
 
-// Clock tells the time; tests pass a fake.
-type Clock interface {
+// PassiveClock tells the time.
+type PassiveClock interface {
 	Now() time.Time
 }
 
-// RealClock is the system clock.
-type RealClock struct{}
+// Clock is the manager's time: the time of leases and records (Now), and every wait of its
+// control loop (the reconcile and ping tickers, the refill delay, the creation backoff, an
+// allocation's deadline and retries), so that tests step a fake clock
+// (k8s.io/utils/clock/testing.FakeClock) instead of sleeping. Timeouts of single I/O calls
+// (a ping's, a creation's) stay on the system clock, as context deadlines do.
+type Clock interface {
+	PassiveClock
+	// NewTimer returns a timer that fires once, d from now.
+	NewTimer(d time.Duration) clock.Timer
+	// NewTicker returns a ticker that fires every d; a tick nobody took is dropped.
+	NewTicker(d time.Duration) clock.Ticker
+	// AfterFunc calls f in its own goroutine d from now, unless the timer is stopped.
+	AfterFunc(d time.Duration, f func()) clock.Timer
+}
 
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
+// RealClock is the system clock.
+type RealClock = clock.RealClock
+
+var _ Clock = RealClock{}
 
 // SharedPool is implemented by allocators whose warm pool is shared by several manager
-// replicas: the ready units live in an API server, not in this process. The manager then
+// replicas (Capabilities.SharedPool): the ready units live in an API server, not in this process. The manager then
 // claims units from the allocator instead of keeping its own FIFO, reads leases from the
 // units' annotations (so that any replica can renew or release any lease), and leaves pool
 // sizing and lease expiry to the replica that holds leadership.

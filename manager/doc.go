@@ -10,6 +10,11 @@
 //     and never holds its lock across I/O;
 //   - an Estimator (package estimator) sets the pool's target size from observed demand.
 //
+// An allocator declares what it supports (Capabilities: egress enforcement, adoption, handoff,
+// a shared pool, no isolation); the manager fails closed on a request that needs a feature
+// its allocator lacks. Every wait of the control loop runs on the injected Clock, so tests
+// step a fake one.
+//
 // A reconciler loop creates and destroys units toward the target and expires leases; on start
 // the manager adopts the bound units a previous manager left behind and destroys the rest.
 // Units are never reused: a released or expired unit is destroyed.

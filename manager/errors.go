@@ -13,6 +13,9 @@ var (
 	ErrAllocator       = errors.New("allocator failed")
 	ErrBadTransition   = errors.New("unit is not in the expected state")
 	ErrNoReadyUnit     = errors.New("no ready unit")
+	// ErrUnsupported: the request needs a feature the allocator does not declare (see
+	// Capabilities); the manager refuses rather than hand out a unit without it.
+	ErrUnsupported = errors.New("not supported by this manager's allocator")
 	// ErrRemains is wrapped by an allocator's Create error when cleaning up the failed unit
 	// failed too: something of it may be left, and the manager destroys it again later.
 	ErrRemains = errors.New("the failed unit's cleanup failed")

@@ -30,6 +30,18 @@ import (
 // be valid on Kubernetes objects too.
 var labelName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 
+// Caps on an allocation's labels: every label is stored with the lease (a unit annotation),
+// and List returns all of them to every caller, so a few large allocations must not be able to
+// make List's answer or a pod's annotations too large.
+const (
+	// MaxLabels is the most labels one allocation may carry.
+	MaxLabels = 16
+	// MaxLabelValueBytes is the longest label value.
+	MaxLabelValueBytes = 1024
+	// MaxLabelBytes caps the sum of the names' and values' lengths of one allocation's labels.
+	MaxLabelBytes = 4096
+)
+
 // RemainsRetry is how long after a failed destroy the manager destroys the unit again (see
 // Unit.Remains), and again after each further failure.
 const RemainsRetry = 30 * time.Second
@@ -75,9 +87,9 @@ type Options struct {
 	// 100 ms of work); started at once it competes with the allocation that emptied the slot
 	// and with that agent's TLS handshake and first calls. The wait is measured from when the
 	// deficit began, so steady demand cannot postpone a refill further, and an empty pool
-	// never waits. Real (monotonic) time, not Clock: it is about CPU contention, not leases.
-	// For allocators whose units are made on this host (runsc, process; DefaultRefillDelay
-	// suits them); 0, for remote or instant creation, means no delay.
+	// never waits (on Clock, like every wait of the manager). For allocators whose units
+	// are made on this host (runsc, process; DefaultRefillDelay suits them); 0, for remote
+	// or instant creation, means no delay.
 	RefillDelay time.Duration
 	// WarmUp is how long a unit takes, after it turns Ready, to serve at full speed
 	// (GVisorWarmUp for gVisor sandboxes). It counts in the provisioning latency the
@@ -115,12 +127,19 @@ type Manager struct {
 	log    *slog.Logger
 	m      *Metrics
 
+	// What the allocator declared (Capabilities) and, for each declared feature, its
+	// interface (nil when not declared). Fixed by New.
+	caps      Capabilities
+	binder    EgressBinder
+	annotator Annotator
+	handoffer Handoffer
+
 	wake chan struct{} // nudges the reconciler
 
-	refillMu     sync.Mutex   // guards deficitSince and refillTimer
+	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
 	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
 	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
-	backoffMu    sync.Mutex   // guards failStreak, holdUntil
+	backoffMu    sync.Mutex   // guards failStreak, holdUntil (Clock's time)
 	failStreak   int          // consecutive failed creations
 	holdUntil    time.Time    // no new creations before this (backoff after failures)
 	allocs       atomic.Int64 // allocations since the last observation
@@ -216,13 +235,60 @@ func New(o Options) (*Manager, error) {
 	}
 	m := &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
 		wake: make(chan struct{}, 1)}
-	if sp, ok := o.Allocator.(SharedPool); ok {
-		if _, ok := o.Allocator.(Annotator); !ok {
-			return nil, errors.New("manager: a shared-pool allocator must also be an Annotator (leases live in annotations)")
-		}
-		m.shared = sp
+	if err := m.useCapabilities(); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// useCapabilities takes the allocator's declaration and the interface of each declared
+// feature; a declared feature the allocator does not implement is an error.
+func (m *Manager) useCapabilities() error {
+	c := m.alloc.Capabilities()
+	missing := func(feature, iface string) error {
+		return fmt.Errorf("manager: allocator %q declares %s but does not implement manager.%s", m.alloc.Name(), feature, iface)
+	}
+	var ok bool
+	if c.Egress {
+		if m.binder, ok = m.alloc.(EgressBinder); !ok {
+			return missing("egress", "EgressBinder")
+		}
+	}
+	if c.Adoption {
+		if m.annotator, ok = m.alloc.(Annotator); !ok {
+			return missing("adoption", "Annotator")
+		}
+	}
+	if c.Handoff {
+		if m.handoffer, ok = m.alloc.(Handoffer); !ok {
+			return missing("handoff", "Handoffer")
+		}
+	}
+	if c.SharedPool {
+		if m.shared, ok = m.alloc.(SharedPool); !ok {
+			return missing("a shared pool", "SharedPool")
+		}
+		if !c.Adoption {
+			return fmt.Errorf("manager: allocator %q declares a shared pool without adoption (a shared pool's leases live in its units' annotations)", m.alloc.Name())
+		}
+	}
+	m.caps = c
+	return nil
+}
+
+// checkEgress refuses an allowlist the allocator cannot enforce (fails closed), except on an
+// allocator without isolation, where nothing is enforced and every allocation says so.
+func (m *Manager) checkEgress(allow egress.Allowlist) error {
+	if m.caps.NoIsolation {
+		m.log.Warn("INSECURE: allocating a sandbox without isolation: no kernel boundary and no egress control, it reaches whatever this host reaches",
+			"allocator", m.alloc.Name(), "egress_not_enforced", allow.Entries())
+		return nil
+	}
+	if len(allow.Entries()) > 0 && !m.caps.Egress {
+		return fmt.Errorf("%w: egress allowlist %s: the %s allocator cannot enforce egress; allocate without an allowlist, or run a manager whose allocator enforces one (runsc, kube)",
+			ErrUnsupported, allow, m.alloc.Name())
+	}
+	return nil
 }
 
 // randomID returns "fbx-" and 12 random digits: fixed width, as runsc matches ids by prefix.
@@ -252,7 +318,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
-		t := time.NewTicker(m.o.ReconcileInterval)
+		t := m.o.Clock.NewTicker(m.o.ReconcileInterval)
 		defer t.Stop()
 		for {
 			m.Reconcile(loopCtx)
@@ -261,7 +327,7 @@ func (m *Manager) Start(ctx context.Context) error {
 				return
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-t.C():
 			case <-m.wake:
 			}
 		}
@@ -388,8 +454,8 @@ func (m *Manager) adopt(ctx context.Context) error {
 	for _, info := range units {
 		lease, lerr := leaseFromAnnotations(info.Annotations)
 		if lerr == nil && now.Before(lease.Expires) {
-			if b, ok := m.alloc.(EgressBinder); ok {
-				if err := b.BindEgress(ctx, info.ID, lease.Egress); err != nil {
+			if m.binder != nil {
+				if err := m.binder.BindEgress(ctx, info.ID, lease.Egress); err != nil {
 					m.log.Error("re-binding egress of an adopted unit failed; destroying it", "id", info.ID, "err", err)
 					lerr = err
 				}
@@ -475,24 +541,15 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	if err != nil {
 		return Allocation{}, fmt.Errorf("%w: egress: %v", ErrInvalid, err)
 	}
-	ttl := req.LeaseTTL
-	switch {
-	case ttl < 0:
-		return Allocation{}, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
-	case ttl == 0:
-		ttl = m.o.DefaultLeaseTTL
+	ttl, err := m.leaseTTL(req.LeaseTTL, m.o.DefaultLeaseTTL)
+	if err != nil {
+		return Allocation{}, err
 	}
-	ttl = min(ttl, m.o.MaxLeaseTTL)
-	for k, v := range req.Labels {
-		if !labelName.MatchString(k) {
-			return Allocation{}, fmt.Errorf("%w: bad label name %q (letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends)", ErrInvalid, k)
-		}
-		if len(v) > 1024 {
-			return Allocation{}, fmt.Errorf("%w: label %s is over 1024 bytes", ErrInvalid, k)
-		}
+	if err := checkLabels(req.Labels); err != nil {
+		return Allocation{}, err
 	}
-	if w, ok := m.alloc.(Warner); ok {
-		m.log.Warn(w.AllocationWarning(), "allocator", m.alloc.Name())
+	if err := m.checkEgress(allow); err != nil {
+		return Allocation{}, err
 	}
 
 	take := m.takeReady
@@ -525,6 +582,40 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		m.log.Warn("binding a unit failed; trying another", "id", u.Info.ID, "err", err)
 	}
 	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
+}
+
+// checkLabels refuses labels over the caps (MaxLabels, MaxLabelValueBytes, MaxLabelBytes) or
+// with a name that cannot be part of an annotation key.
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%w: %d labels, at most %d", ErrInvalid, len(labels), MaxLabels)
+	}
+	total := 0
+	for k, v := range labels {
+		if !labelName.MatchString(k) {
+			return fmt.Errorf("%w: bad label name %q (letters, digits, '-', '_', '.', at most 63, alphanumeric at both ends)", ErrInvalid, k)
+		}
+		if len(v) > MaxLabelValueBytes {
+			return fmt.Errorf("%w: label %s is %d bytes, at most %d", ErrInvalid, k, len(v), MaxLabelValueBytes)
+		}
+		total += len(k) + len(v)
+	}
+	if total > MaxLabelBytes {
+		return fmt.Errorf("%w: labels of %d bytes (names and values), at most %d", ErrInvalid, total, MaxLabelBytes)
+	}
+	return nil
+}
+
+// leaseTTL is the one check of a requested lease TTL, for Allocate and Renew alike: negative
+// is invalid, zero means def, and more than MaxLeaseTTL is capped.
+func (m *Manager) leaseTTL(ttl, def time.Duration) (time.Duration, error) {
+	switch {
+	case ttl < 0:
+		return 0, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
+	case ttl == 0:
+		ttl = def
+	}
+	return min(ttl, m.o.MaxLeaseTTL), nil
 }
 
 // coldWait counts an allocation that found no ready unit and waits for one to be created.
@@ -568,7 +659,9 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 		}
 		if timeout == nil {
 			m.coldWait()
-			timeout = time.After(m.o.AllocateWait)
+			t := m.o.Clock.NewTimer(m.o.AllocateWait)
+			defer t.Stop()
+			timeout = t.C()
 			// Counted until this returns: the reconciler leaves this many ready units
 			// beyond its target for the waiters to take.
 			m.waiting.Add(1)
@@ -581,7 +674,9 @@ func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
 		case made := <-mine:
 			mine = nil
 			if !made {
-				retry = time.After(m.backoffLeft())
+				t := m.o.Clock.NewTimer(m.backoffLeft())
+				defer t.Stop()
+				retry = t.C()
 			}
 		case <-retry:
 			retry = nil
@@ -629,19 +724,21 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	// (kube: a CiliumNetworkPolicy), worth its own goroutine; a local one is a map update,
 	// cheaper inline than the scheduling a goroutine costs a saturated manager.
 	egressed, annotated := make(chan error, 1), make(chan error, 1)
-	if b, ok := m.alloc.(EgressBinder); ok && m.shared != nil {
-		go func() { egressed <- b.BindEgress(ctx, id, allow.Entries()) }()
-	} else if ok {
-		egressed <- b.BindEgress(ctx, id, allow.Entries())
-	} else {
+	switch {
+	case m.binder != nil && m.shared != nil:
+		go func() { egressed <- m.binder.BindEgress(ctx, id, allow.Entries()) }()
+	case m.binder != nil:
+		egressed <- m.binder.BindEgress(ctx, id, allow.Entries())
+	default: // checkEgress has refused an allowlist this allocator cannot enforce
 		egressed <- nil
 	}
-	if a, ok := m.alloc.(Annotator); ok {
-		go func() { annotated <- a.Annotate(ctx, id, leaseAnnotations(lease)) }()
+	if m.annotator != nil {
+		go func() { annotated <- m.annotator.Annotate(ctx, id, leaseAnnotations(lease)) }()
 	} else {
 		annotated <- nil
 	}
-	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, TLSClientHello: req.TLSClientHello})
+	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
+		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
 	eerr, aerr := <-egressed, <-annotated
 	if eerr != nil {
 		return fail("egress", eerr)
@@ -663,8 +760,8 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	m.publishCounts()
 	a := Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
 		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}
-	if h, ok := m.alloc.(Handoffer); ok {
-		if addr, tok, ok := h.Handoff(id); ok {
+	if m.handoffer != nil {
+		if addr, tok, ok := m.handoffer.Handoff(id); ok {
 			a.Handoff, a.HandoffToken = addr, tok
 		}
 	}
@@ -681,8 +778,10 @@ func (m *Manager) checkToken(l *Lease, token string) error {
 
 // Renew extends the lease of sandbox id; ttl zero means the lease's own length.
 func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
-	if ttl < 0 {
-		return time.Time{}, fmt.Errorf("%w: negative lease TTL", ErrInvalid)
+	// Zero stays zero: the lease's own length, which only the lease knows.
+	ttl, err := m.leaseTTL(ttl, 0)
+	if err != nil {
+		return time.Time{}, err
 	}
 	if m.shared != nil {
 		return m.sharedRenew(ctx, id, token, ttl)
@@ -697,7 +796,7 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 		}
 		d := l.TTL
 		if ttl > 0 {
-			d = min(ttl, m.o.MaxLeaseTTL)
+			d = ttl
 		}
 		l.Expires = now.Add(d)
 		return nil
@@ -705,8 +804,8 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
-	if a, ok := m.alloc.(Annotator); ok {
-		if err := a.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
+	if m.annotator != nil {
+		if err := m.annotator.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
 			m.failure("annotate")
 			m.log.Error("persisting renewed lease", "id", id, "err", err)
 		}
@@ -824,7 +923,7 @@ func (m *Manager) create(ctx context.Context, tmpl string) bool {
 		return false
 	}
 	m.publishCounts()
-	t0 := time.Now()
+	t0 := time.Now() // the system clock: it measures the runtime's work
 	got, err := m.alloc.Create(ctx, id, tmpl)
 	m.noteCreate(err)
 	if err != nil && ctx.Err() != nil {
@@ -869,7 +968,7 @@ func (m *Manager) noteCreate(err error) {
 	defer m.backoffMu.Unlock()
 	if err != nil {
 		m.failStreak++
-		m.holdUntil = time.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
+		m.holdUntil = m.o.Clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
 	} else {
 		m.failStreak = 0
 	}
@@ -879,7 +978,7 @@ func (m *Manager) noteCreate(err error) {
 func (m *Manager) backoffLeft() time.Duration {
 	m.backoffMu.Lock()
 	defer m.backoffMu.Unlock()
-	return max(0, time.Until(m.holdUntil))
+	return max(0, m.holdUntil.Sub(m.o.Clock.Now()))
 }
 
 // heldBack reports whether creations wait for the backoff.
@@ -986,7 +1085,7 @@ func (m *Manager) refillDue(ready int) bool {
 	}
 	m.refillMu.Lock()
 	defer m.refillMu.Unlock()
-	now := time.Now()
+	now := m.o.Clock.Now()
 	if m.deficitSince.IsZero() {
 		m.deficitSince = now
 	}
@@ -997,7 +1096,7 @@ func (m *Manager) refillDue(ready int) bool {
 	}
 	if !m.refillTimer {
 		m.refillTimer = true
-		time.AfterFunc(wait, func() {
+		m.o.Clock.AfterFunc(wait, func() {
 			m.refillMu.Lock()
 			m.refillTimer = false
 			m.refillMu.Unlock()

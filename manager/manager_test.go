@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
@@ -24,17 +27,11 @@ import (
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock drives every wait of the manager (tickers, timers, the refill delay, backoff,
+// deadlines): tests step it instead of sleeping.
+type fakeClock = testingclock.FakeClock
 
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock(t time.Time) *fakeClock { return testingclock.NewFakeClock(t) }
 
 type env struct {
 	m     *manager.Manager
@@ -48,7 +45,7 @@ type env struct {
 func newEnv(t *testing.T, pool int, mutate func(*manager.Options)) *env {
 	t.Helper()
 	a := memalloc.New()
-	c := &fakeClock{t: time.Unix(1_000_000, 0)}
+	c := newFakeClock(time.Unix(1_000_000, 0))
 	met := manager.NewMetrics(prometheus.NewRegistry())
 	o := manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: c,
 		Initializer: memalloc.Initializer, Metrics: met, ReconcileInterval: 10 * time.Millisecond,
@@ -72,15 +69,49 @@ func (e *env) start(t *testing.T) {
 	t.Cleanup(func() { e.m.Close(context.Background()) })
 }
 
+// eventually waits for cond, which background work of the manager (a creation, a destroy)
+// makes true without any time passing on its clock; the deadline only bounds a failing test.
 func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	stepping(t, what, nil, 0, cond)
+}
+
+// stepping waits for cond while stepping c by d between looks: for what needs time to pass on
+// the manager's clock (a backoff, an interval, a deadline).
+func stepping(t *testing.T, what string, c *fakeClock, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		if c != nil {
+			c.Step(d)
+		}
+		time.Sleep(time.Millisecond) // lets the manager's goroutines run
 	}
+}
+
+// drive steps the fake clock by d every millisecond of real time until the returned func is
+// called: for tests of many concurrent allocations, where some wait on the clock (a backoff)
+// at moments the test does not know.
+func (e *env) drive(t *testing.T, d time.Duration) (stop func()) {
+	t.Helper()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tk := time.NewTicker(time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+				e.clock.Step(d)
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 func (e *env) ready() int { return e.m.States().Counts("")[manager.Ready] }
@@ -193,17 +224,17 @@ func TestLeaseExpiryDestroysWithFakeClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(30 * time.Second)
+	e.clock.Step(30 * time.Second)
 	exp, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0)
 	if err != nil || !exp.Equal(e.clock.Now().Add(time.Minute)) {
 		t.Fatalf("renew: %v %v", exp, err)
 	}
-	e.clock.Advance(59 * time.Second)
+	e.clock.Step(59 * time.Second)
 	e.m.Reconcile(ctx)
 	if u, _ := e.m.States().Get(a.ID); u.State != manager.Bound {
 		t.Fatalf("renewed lease expired early: %v", u.State)
 	}
-	e.clock.Advance(2 * time.Second)
+	e.clock.Step(2 * time.Second)
 	e.m.Reconcile(ctx)
 	eventually(t, "expired unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), a.ID) })
 	if _, err := e.m.Renew(ctx, a.ID, a.LeaseToken, 0); err == nil {
@@ -225,7 +256,8 @@ func TestCreateFailuresAreVisibleAndRetried(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	eventually(t, "pool filled despite failures", func() bool { return e.ready() == 2 })
+	// The creation backoff (0.5 s, 1 s, 2 s) passes on the fake clock.
+	stepping(t, "pool filled despite failures", e.clock, 500*time.Millisecond, func() bool { return e.ready() == 2 })
 	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("create")); got != 3 {
 		t.Fatalf("create failures metric %v, want 3", got)
 	}
@@ -287,7 +319,8 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 }
 
 func TestAdoptionAfterRestart(t *testing.T) {
-	e := newEnv(t, 1, nil)
+	// The first manager "dies" below: its reconciler must not act on the clock's step.
+	e := newEnv(t, 1, func(o *manager.Options) { o.ReconcileInterval = time.Hour })
 	e.start(t)
 	ctx := context.Background()
 	eventually(t, "ready", func() bool { return e.ready() == 1 })
@@ -303,7 +336,7 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	// The manager dies without cleaning up (no Close); a new one starts on the same allocator
 	// two minutes later: the long lease is adopted, the expired one and the ready unit are
 	// destroyed.
-	e.clock.Advance(2 * time.Minute)
+	e.clock.Step(2 * time.Minute)
 	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
 		Initializer: memalloc.Initializer})
 	if err != nil {
@@ -372,7 +405,21 @@ func TestNoCapacityIsResourceExhausted(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key}); status.Code(err) != codes.ResourceExhausted {
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key})
+		done <- err
+	}()
+	var err error
+	stepping(t, "the allocation's deadline", e.clock, 10*time.Millisecond, func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("Allocate = %v, want ResourceExhausted", err)
 	}
 }
@@ -394,6 +441,8 @@ func TestCountsMatchUnits(t *testing.T) {
 	}
 	e.start(t)
 	ctx := context.Background()
+	// Allocations that wait out a creation's backoff need the clock to move.
+	stop := e.drive(t, 50*time.Millisecond)
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
@@ -407,7 +456,8 @@ func TestCountsMatchUnits(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	e.clock.Advance(2 * time.Minute)
+	stop()
+	e.clock.Step(2 * time.Minute)
 	e.m.Reconcile(ctx)
 	eventually(t, "counts to match the units", func() bool {
 		want := map[manager.State]int{}
@@ -430,36 +480,45 @@ func TestCountsMatchUnits(t *testing.T) {
 }
 
 // TestRefillWaitsWhileThePoolHoldsReadyUnits: an allocation that leaves ready units behind
-// does not start a creation until the refill delay has passed; one that empties the pool
-// starts one at once.
+// does not start a creation until the refill delay has passed on the clock; one that empties
+// the pool starts one at once.
 func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
-	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = time.Hour })
+	const delay = time.Second
+	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = delay; o.ReconcileInterval = time.Hour })
 	e.start(t)
 	eventually(t, "pool of 2", func() bool { return e.ready() == 2 })
+	// From now on a creation blocks in Create until released, so that one started shows in
+	// CreationsInFlight until the test lets it finish.
+	release := make(chan struct{})
+	e.alloc.Fail = func(method, id string) error {
+		if method == "Create" {
+			<-release
+		}
+		return nil
+	}
 	ctx := context.Background()
-	created := func() int { return len(e.alloc.Units()) }
 	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
 		t.Fatal(err)
 	}
-	for range 20 { // the reconciler runs every 10 ms
-		e.m.Reconcile(ctx)
-		time.Sleep(5 * time.Millisecond)
+	e.m.Reconcile(ctx) // the deficit begins (the allocation's own nudge may have begun it)
+	e.clock.Step(delay - time.Millisecond)
+	e.m.Reconcile(ctx)
+	if n := e.m.CreationsInFlight(); n != 0 {
+		t.Fatalf("%d creations before the refill delay passed, with a ready unit left", n)
 	}
-	if n := created(); n != 2 {
-		t.Fatalf("%d units after one allocation from a pool of 2, want 2 (the refill should wait)", n)
-	}
+	// The delay passes: its timer nudges the reconciler, which starts the creation.
+	e.clock.Step(time.Millisecond)
+	eventually(t, "a creation after the refill delay", func() bool { return e.m.CreationsInFlight() == 1 })
+	// The last ready unit taken, the pool is empty: its creation starts at once.
 	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "an empty pool refilled at once", func() bool { return e.ready() == 2 })
-
-	e2 := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = 50 * time.Millisecond })
-	e2.start(t)
-	eventually(t, "pool of 2", func() bool { return e2.ready() == 2 })
-	if _, err := e2.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e2.key}); err != nil {
-		t.Fatal(err)
+	e.m.Reconcile(ctx)
+	if n := e.m.CreationsInFlight(); n != 2 {
+		t.Fatalf("%d creations in flight after the pool emptied, want 2 (no delay for an empty pool)", n)
 	}
-	eventually(t, "refilled after the delay", func() bool { return e2.ready() == 2 })
+	close(release)
+	eventually(t, "the pool refilled", func() bool { return e.ready() == 2 })
 }
 
 // An allocation waiting on an empty pool gets the unit it had made, even when the estimator's
@@ -468,11 +527,26 @@ func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
 // deadline.)
 func TestWaitingAllocationKeepsItsUnitAgainstTrimming(t *testing.T) {
 	e := newEnv(t, 0, func(o *manager.Options) {
-		o.ReconcileInterval = time.Millisecond // trim as often as possible
-		o.AllocateWait = 3 * time.Second
+		o.ReconcileInterval = time.Millisecond // trim as often as possible (see below)
+		o.AllocateWait = time.Hour             // on the fake clock, which a goroutine steps
 	})
 	e.alloc.Delay = time.Millisecond
 	e.start(t)
+	stop := make(chan struct{})
+	stepped := make(chan struct{})
+	go func() { // ticks the reconciler as fast as it can take them
+		defer close(stepped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				e.clock.Step(time.Millisecond)
+				runtime.Gosched()
+			}
+		}
+	}()
+	defer func() { close(stop); <-stepped }()
 	ctx := context.Background()
 	for i := range 300 {
 		a, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key})
@@ -521,7 +595,9 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
 	head := e.m.States().OldestReady("default", 1)[0]
 	u, _ := e.m.States().Get(head)
-	eventually(t, "pings of the next unit", func() bool { mu.Lock(); defer mu.Unlock(); return pinged[u.Info.InitAddr] >= 3 })
+	// Every 5 ms of the fake clock is one ping.
+	const tick = 5 * time.Millisecond
+	stepping(t, "pings of the next unit", e.clock, tick, func() bool { mu.Lock(); defer mu.Unlock(); return pinged[u.Info.InitAddr] >= 3 })
 	mu.Lock()
 	for addr, n := range pinged {
 		if addr != u.Info.InitAddr && n > 0 {
@@ -530,7 +606,7 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 	}
 	dead = u.Info.InitAddr
 	mu.Unlock()
-	eventually(t, "the dead unit destroyed", func() bool { return !slices.Contains(e.alloc.Units(), head) })
+	stepping(t, "the dead unit destroyed", e.clock, tick, func() bool { return !slices.Contains(e.alloc.Units(), head) })
 	if got := testutil.ToFloat64(e.met.Failures.WithLabelValues("ping")); got != 1 {
 		t.Errorf("ping failures = %v, want 1", got)
 	}
@@ -549,7 +625,26 @@ func TestWaitingAllocationRetriesAFailedCreation(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+	type result struct {
+		a   manager.Allocation
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		a, err := e.m.Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: e.key})
+		done <- result{a, err}
+	}()
+	var r result
+	// The retry waits out the creation backoff (0.5 s) on the fake clock.
+	stepping(t, "the allocation", e.clock, 100*time.Millisecond, func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	a, err := r.a, r.err
 	if err != nil {
 		t.Fatalf("allocation after one failed creation: %v", err)
 	}
@@ -645,14 +740,19 @@ func TestFailedDestroyIsRetried(t *testing.T) {
 	if !slices.Contains(e.alloc.Units(), a.ID) {
 		t.Fatal("the unit is gone from the allocator although its destroy failed")
 	}
-	// Not before RemainsRetry; then again (failing once more), then for good.
-	time.Sleep(50 * time.Millisecond)
-	if n := destroys.Load(); n != 1 {
-		t.Fatalf("%d destroys before RemainsRetry, want 1", n)
+	// Not before RemainsRetry (a pass just short of it starts no destroy: the decision is
+	// synchronous, and moves the unit out of Failed); then again (failing once more), then
+	// for good.
+	e.clock.Step(manager.RemainsRetry - time.Millisecond)
+	e.m.Reconcile(ctx)
+	if n, u := destroys.Load(), remains(); n != 1 || !u {
+		t.Fatalf("%d destroys before RemainsRetry (remains still on record: %v), want 1", n, u)
 	}
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(time.Millisecond)
+	e.m.Reconcile(ctx)
 	eventually(t, "the second destroy", func() bool { return destroys.Load() == 2 && remains() })
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(manager.RemainsRetry)
+	e.m.Reconcile(ctx)
 	eventually(t, "the unit destroyed", func() bool {
 		_, ok := e.m.States().Get(a.ID)
 		return !ok && !slices.Contains(e.alloc.Units(), a.ID)
@@ -682,7 +782,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 		return nil
 	}
 	e.start(t)
-	eventually(t, "a ready unit after two failed creations", func() bool { return e.ready() == 1 })
+	stepping(t, "a ready unit after two failed creations", e.clock, 250*time.Millisecond, func() bool { return e.ready() == 1 })
 	destroyed := func(id string) bool {
 		for _, c := range e.alloc.Calls() {
 			if c.Method == "Destroy" && c.ID == id {
@@ -695,7 +795,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 	if u, ok := e.m.States().Get(id); !ok || u.State != manager.Failed || !u.Remains {
 		t.Fatalf("unit %s after a creation with remains: %+v, want Failed with remains", id, u)
 	}
-	e.clock.Advance(manager.RemainsRetry)
+	e.clock.Step(manager.RemainsRetry)
 	eventually(t, "the remains destroyed", func() bool {
 		_, ok := e.m.States().Get(id)
 		return !ok && destroyed(id)
@@ -704,5 +804,84 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 		if c.Method == "Destroy" && c.ID != id {
 			t.Errorf("destroy of %s, whose creation cleaned up after itself", c.ID)
 		}
+	}
+}
+
+// Labels are capped in number and in total size: a request over either cap is refused with
+// InvalidArgument before a unit is spent, and one at the caps is accepted.
+func TestAllocateCapsLabels(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	ctx := context.Background()
+	labels := func(n, valueBytes int) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprintf("l%02d", i)] = strings.Repeat("v", valueBytes)
+		}
+		return m
+	}
+	tests := []struct {
+		name   string
+		labels map[string]string
+		want   codes.Code
+	}{
+		{"at the caps", labels(manager.MaxLabels, manager.MaxLabelBytes/manager.MaxLabels-3), codes.OK},
+		{"one label too many", labels(manager.MaxLabels+1, 1), codes.InvalidArgument},
+		{"3.5 MB in small labels", labels(3500, 1000), codes.InvalidArgument},
+		{"over the total size", labels(manager.MaxLabels, manager.MaxLabelBytes/manager.MaxLabels), codes.InvalidArgument},
+		{"one value too long", map[string]string{"a": strings.Repeat("v", 1025)}, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, Labels: tc.labels})
+			if status.Code(err) != tc.want {
+				t.Fatalf("Allocate with %d labels = %v, want %v", len(tc.labels), err, tc.want)
+			}
+			if err == nil {
+				e.m.Release(ctx, resp.SandboxId, resp.LeaseToken)
+			} else if !strings.Contains(status.Convert(err).Message(), "label") {
+				t.Errorf("error %q does not name the labels", status.Convert(err).Message())
+			}
+		})
+	}
+}
+
+// Renew accepts exactly the lease TTLs Allocate accepts: a negative or malformed duration is
+// InvalidArgument for both, and one over the maximum is capped by both.
+func TestRenewChecksTTLAsAllocateDoes(t *testing.T) {
+	e := newEnv(t, 1, func(o *manager.Options) { o.MaxLeaseTTL = time.Hour })
+	e.start(t)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		ttl  *durationpb.Duration
+		want codes.Code
+	}{
+		{"negative", durationpb.New(-time.Second), codes.InvalidArgument},
+		{"seconds and nanos of opposite signs", &durationpb.Duration{Seconds: 60, Nanos: -1}, codes.InvalidArgument},
+		{"nanos out of range", &durationpb.Duration{Seconds: 1, Nanos: 2_000_000_000}, codes.InvalidArgument},
+		{"beyond a duration's range", &durationpb.Duration{Seconds: 400_000_000_000}, codes.InvalidArgument},
+		{"over the maximum (capped)", durationpb.New(48 * time.Hour), codes.OK},
+		{"none (the lease's own)", nil, codes.OK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, aerr := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: tc.ttl})
+			if status.Code(aerr) != tc.want {
+				t.Fatalf("Allocate = %v, want %v", aerr, tc.want)
+			}
+			a, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: durationpb.New(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.svc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: a.SandboxId, LeaseToken: a.LeaseToken})
+			r, rerr := e.svc.Renew(ctx, &managerv1.RenewRequest{SandboxId: a.SandboxId, LeaseToken: a.LeaseToken, LeaseTtl: tc.ttl})
+			if status.Code(rerr) != tc.want {
+				t.Fatalf("Renew = %v, want %v (as Allocate)", rerr, tc.want)
+			}
+			if rerr == nil && r.LeaseExpires.AsTime().After(e.clock.Now().Add(time.Hour)) {
+				t.Errorf("renewed until %v, beyond the maximum TTL", r.LeaseExpires.AsTime())
+			}
+		})
 	}
 }

@@ -3,7 +3,9 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -51,7 +53,9 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrBadLeaseToken):
 		code = codes.PermissionDenied
-	case errors.Is(err, ErrLeaseEnded):
+	case errors.Is(err, ErrLeaseEnded), errors.Is(err, ErrUnsupported):
+		// ErrUnsupported: retrying cannot help until the operator runs an allocator that
+		// has the feature (UNIMPLEMENTED would read as a method this server lacks).
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrNoCapacity):
 		code = codes.ResourceExhausted
@@ -61,10 +65,23 @@ func toStatus(err error) error {
 	return status.Error(code, err.Error())
 }
 
+// leaseTTL converts a request's lease TTL, for Allocate and Renew alike: absent is zero, and
+// a malformed one (out of range, or seconds and nanos of opposite signs) is invalid rather
+// than saturated into a valid-looking value.
+func leaseTTL(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, fmt.Errorf("%w: lease TTL: %v", ErrInvalid, err)
+	}
+	return d.AsDuration(), nil
+}
+
 func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
-	var ttl = req.GetLeaseTtl().AsDuration()
-	if d := req.GetLeaseTtl(); d != nil && d.CheckValid() != nil {
-		return nil, toStatus(errors.Join(ErrInvalid, d.CheckValid()))
+	ttl, err := leaseTTL(req.GetLeaseTtl())
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
 		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), TLSClientHello: req.GetTlsClientHello()})
@@ -77,7 +94,11 @@ func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) 
 }
 
 func (s *Service) Renew(ctx context.Context, req *managerv1.RenewRequest) (*managerv1.RenewResponse, error) {
-	exp, err := s.M.Renew(ctx, req.GetSandboxId(), req.GetLeaseToken(), req.GetLeaseTtl().AsDuration())
+	ttl, err := leaseTTL(req.GetLeaseTtl())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	exp, err := s.M.Renew(ctx, req.GetSandboxId(), req.GetLeaseToken(), ttl)
 	if err != nil {
 		return nil, toStatus(err)
 	}

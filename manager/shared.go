@@ -18,9 +18,9 @@ func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
 // claim takes a ready unit from the shared pool, waiting (and asking for a creation) while
 // there is none. It waits on the allocator's Changed notification, not a polling loop.
 func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
-	deadline := time.NewTimer(m.o.AllocateWait)
+	deadline := m.o.Clock.NewTimer(m.o.AllocateWait)
 	defer deadline.Stop()
-	guard := time.NewTimer(m.o.MissedEventGuard)
+	guard := m.o.Clock.NewTimer(m.o.MissedEventGuard)
 	defer guard.Stop()
 	asked := false
 	for {
@@ -45,8 +45,8 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 		guard.Reset(m.o.MissedEventGuard)
 		select {
 		case <-changed:
-		case <-guard.C:
-		case <-deadline.C:
+		case <-guard.C():
+		case <-deadline.C():
 			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
 		case <-ctx.Done():
 			return Unit{}, ctx.Err()
@@ -81,10 +81,10 @@ func (m *Manager) sharedRenew(ctx context.Context, id, token string, ttl time.Du
 	}
 	d := l.TTL
 	if ttl > 0 {
-		d = min(ttl, m.o.MaxLeaseTTL)
+		d = ttl // checked and capped by Renew
 	}
 	l.Expires = now.Add(d)
-	if err := m.alloc.(Annotator).Annotate(ctx, id, leaseAnnotations(l)); err != nil {
+	if err := m.annotator.Annotate(ctx, id, leaseAnnotations(l)); err != nil {
 		m.failure("annotate")
 		return time.Time{}, fmt.Errorf("renewing %s: %w: %v", id, ErrAllocator, err)
 	}

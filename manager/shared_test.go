@@ -19,7 +19,7 @@ import (
 func replicas(t *testing.T, pool int) (*memalloc.Shared, *fakeClock, [2]*manager.Manager) {
 	t.Helper()
 	a := memalloc.NewShared()
-	c := &fakeClock{t: time.Unix(2_000_000, 0)}
+	c := newFakeClock(time.Unix(2_000_000, 0))
 	var ms [2]*manager.Manager
 	for i := range ms {
 		leader := i == 0
@@ -79,7 +79,7 @@ func TestAnyReplicaRenewsAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Advance(30 * time.Second)
+	c.Step(30 * time.Second)
 	exp, err := ms[0].Renew(ctx, al.ID, al.LeaseToken, 0)
 	if err != nil || !exp.Equal(c.Now().Add(time.Minute)) {
 		t.Fatalf("renew on the other replica: %v %v", exp, err)
@@ -107,21 +107,27 @@ func TestLeaderExpiresLeasesOfEveryReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Advance(2 * time.Minute)
+	c.Step(2 * time.Minute)
 	eventually(t, "expired unit destroyed by the leader", func() bool { return !slices.Contains(a.Units(), al.ID) })
 }
 
 func TestFollowerDoesNotSizeThePool(t *testing.T) {
 	a := memalloc.NewShared()
-	c := &fakeClock{t: time.Unix(0, 0)}
+	c := newFakeClock(time.Unix(0, 0))
 	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 3}, Clock: c,
 		Initializer: memalloc.Initializer, IsLeader: func() bool { return false }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A creation started would block in Create, so it shows in CreationsInFlight.
+	a.Fail = func(method, id string) error {
+		if method == "Create" {
+			<-t.Context().Done()
+		}
+		return nil
+	}
 	m.Reconcile(context.Background())
-	time.Sleep(50 * time.Millisecond)
-	if n := len(a.Units()); n != 0 {
-		t.Fatalf("a follower created %d units", n)
+	if n := m.CreationsInFlight(); n != 0 {
+		t.Fatalf("a follower started %d creations", n)
 	}
 }

@@ -75,7 +75,7 @@ type unit struct {
 // template. Its lock guards only in-memory data and is never held across I/O; each transition
 // is atomic (compare-and-set on the unit's state).
 type StateOperator struct {
-	clock Clock
+	clock PassiveClock
 
 	mu     sync.Mutex // guards units, pool, notify, failed, counts, bound
 	units  map[string]*unit
@@ -90,7 +90,7 @@ type StateOperator struct {
 const maxFailedKept = 50
 
 // NewStateOperator returns an empty StateOperator.
-func NewStateOperator(clock Clock) *StateOperator {
+func NewStateOperator(clock PassiveClock) *StateOperator {
 	return &StateOperator{clock: clock, units: map[string]*unit{}, pool: map[string][]*unit{}, notify: make(chan struct{}),
 		counts: map[string]map[State]int{}, bound: map[string]*unit{}}
 }

@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -55,8 +54,8 @@ func main() {
 	flag.IntVar(&cfg.Server.PoolProcs, "pool-procs", 1, "GOMAXPROCS while waiting in the pool, until the agent's first call is answered (0: leave it; see server.Options.PoolProcs)")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
-	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock); empty: no egress at all (no relay, no proxy variables)")
-	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (with -egress-socket)")
+	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
+	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (when the relay runs)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fusebox-sandbox: unexpected arguments %q\n", flag.Args())
@@ -65,20 +64,14 @@ func main() {
 	if _, ok := env["HOME"]; !ok {
 		env["HOME"] = cfg.WorkspaceDir
 	}
-	var egressLn net.Listener
 	if *egressSocket != "" {
-		var err error
-		if egressLn, err = relay.Listen(*egressListen); err != nil {
+		// Checked now, used only if an allocation brings an allowlist.
+		if _, err := relay.CheckAddr(*egressListen); err != nil {
 			fmt.Fprintf(os.Stderr, "fusebox-sandbox: -egress-listen: %v\n", err)
 			os.Exit(2)
 		}
-		for k, v := range relay.ProxyEnv(egressLn.Addr()) {
-			if _, ok := env[k]; !ok { // an explicit -env wins
-				env[k] = v
-			}
-		}
 	}
-	cfg.Server.BaseEnv = env
+	cfg.Server.BaseEnv = env // an explicit -env wins over the proxy variables (AddBase)
 	cfg.Server.Limits.MaxMessageBytes = int(cfg.Workspace.MaxBatchBytes) + 1<<20
 
 	var lvl slog.Level
@@ -89,12 +82,23 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if egressLn != nil {
-		go func() {
-			if err := relay.Serve(ctx, egressLn, *egressSocket, log.With("component", "egress-relay")); err != nil {
-				log.Error("egress relay stopped", "err", err)
+	if *egressSocket != "" {
+		// The relay runs only for an allocation with an egress allowlist: a sandbox without
+		// one has no listener and its commands no proxy variables.
+		cfg.Server.StartEgress = func(allow []string) (map[string]string, error) {
+			ln, err := relay.Listen(*egressListen)
+			if err != nil {
+				return nil, err
 			}
-		}()
+			rlog := log.With("component", "egress-relay")
+			go func() {
+				if err := relay.Serve(ctx, ln, *egressSocket, rlog); err != nil {
+					rlog.Error("egress relay stopped", "err", err)
+				}
+			}()
+			rlog.Info("egress relay started", "listen", ln.Addr().String(), "socket", *egressSocket)
+			return relay.ProxyEnv(ln.Addr(), allow), nil
+		}
 	}
 	err := server.Run(ctx, cfg, log)
 	switch {

@@ -30,6 +30,9 @@ type Request struct {
 	// TLSClientHello, optional, is the agent's first TLS flight for the data plane, relayed
 	// as it came (see internal/tlsflight).
 	TLSClientHello []byte
+	// Egress is the allocation's egress allowlist, for the sandbox's set-up (its relay and
+	// proxy variables start only with a non-empty one); the sandbox enforces nothing.
+	Egress []string
 }
 
 // Result is the sandbox's answer.
@@ -86,7 +89,7 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 
 func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
 	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
-		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello})
+		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello, Egress: req.Egress})
 	if status.Code(err) == codes.InvalidArgument {
 		err = refused{err}
 	}

@@ -10,6 +10,23 @@
 // resolves or dials anything, refuses names that resolve to internal addresses, and dials
 // the address it checked. Refusals are 403 responses whose body says what was refused and
 // why, in words an agent can act on.
+//
+// # Resolution
+//
+// The sandbox never resolves anything (it has no network and is given no resolver); an
+// allowlisted name is resolved by this proxy, on the host, the same way for every name,
+// single-label ("localhost", an alias the operator keeps) or not:
+//  1. the host's hosts file (ProxyOptions.HostsFile, /etc/hosts), matched exactly, case and a
+//     trailing dot aside, re-read when it changes;
+//  2. otherwise DNS, through the host's resolver, for the name fully qualified (with a
+//     trailing dot, so that no search domain is appended).
+//
+// Either answer is then checked: a name that leads to any internal address (loopback,
+// private, link-local, metadata and the like; see isInternal) is refused, so "localhost:8000"
+// on an allowlist reaches nothing, and the refusal names the IP-literal entry that would
+// ("127.0.0.1:8000"). Go's resolver alone would skip the hosts file for single-label names
+// asked fully qualified ("localhost." is not the hosts file's "localhost"), so the proxy reads
+// the file itself.
 package egress
 
 import (
@@ -50,8 +67,11 @@ type ProxyOptions struct {
 	// Dial connects to an address that passed every check, always an IP:port literal.
 	// Default: a net.Dialer with a 10 s timeout.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Resolve looks up a name on the allowlist. It is given the name fully qualified, with
-	// a trailing dot, so that no search domain applies. Default:
+	// HostsFile is the hosts(5) file looked up first for every allowlisted name (see
+	// Resolution in the package documentation). Default: DefaultHostsFile.
+	HostsFile string
+	// Resolve looks up an allowlisted name the hosts file does not hold. It is given the name
+	// fully qualified, with a trailing dot, so that no search domain applies. Default:
 	// net.DefaultResolver.LookupNetIP with network "ip".
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// Logger receives one record per decision (destination, allowed or refused, why); no
@@ -71,6 +91,7 @@ type ProxyOptions struct {
 type Proxy struct {
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	hosts   *hostsFile
 	log     *slog.Logger
 	idle    time.Duration
 	srv     *http.Server
@@ -101,6 +122,10 @@ func NewProxy(o ProxyOptions) *Proxy {
 	if p.dial == nil {
 		p.dial = (&net.Dialer{Timeout: DefaultDialTimeout}).DialContext
 	}
+	if o.HostsFile == "" {
+		o.HostsFile = DefaultHostsFile
+	}
+	p.hosts = &hostsFile{path: o.HostsFile}
 	if p.resolve == nil {
 		p.resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
@@ -346,12 +371,7 @@ func (p *Proxy) open(w http.ResponseWriter, r *http.Request, host string, port i
 	if d.ip.IsValid() {
 		addrs = []netip.AddrPort{netip.AddrPortFrom(d.ip, d.port)}
 	} else {
-		ctx, cancel := context.WithTimeout(r.Context(), resolveTimeout)
-		ips, err := p.resolve(ctx, d.name+".")
-		cancel()
-		if err == nil && len(ips) == 0 {
-			err = errors.New("no addresses")
-		}
+		ips, from, err := p.lookup(r.Context(), d.name)
 		if err != nil {
 			p.fail(w, r, dst, http.StatusBadGateway, "cannot resolve",
 				"fusebox egress: cannot resolve %s: %v\n", d.name, err)
@@ -362,8 +382,8 @@ func (p *Proxy) open(w http.ResponseWriter, r *http.Request, host string, port i
 			// hide behind a public one.
 			if isInternal(ip) {
 				p.fail(w, r, dst, http.StatusForbidden, "resolves to an internal address",
-					"fusebox egress: %s resolved to %s, a blocked internal address (loopback, private, link-local, metadata or similar); names on the egress allowlist may only lead to public addresses\n",
-					d.name, ip.WithZone(""))
+					"fusebox egress: %s resolved to %s (%s), a blocked internal address (loopback, private, link-local, metadata or similar); names on the egress allowlist may only lead to public addresses: to reach this address on purpose, allowlist it as %s\n",
+					d.name, ip.WithZone(""), from, netip.AddrPortFrom(ip.WithZone("").Unmap(), d.port))
 				return nil, false
 			}
 			addrs = append(addrs, netip.AddrPortFrom(ip.WithZone("").Unmap(), d.port))
@@ -381,6 +401,21 @@ func (p *Proxy) open(w http.ResponseWriter, r *http.Request, host string, port i
 	p.fail(w, r, dst, http.StatusBadGateway, "cannot connect",
 		"fusebox egress: %s is allowed but cannot be reached: %v\n", dst, errors.Join(errs...))
 	return nil, false
+}
+
+// lookup resolves an allowlisted name: from the hosts file if it names it, else from DNS
+// (Resolve, fully qualified). from says which answered, for refusals.
+func (p *Proxy) lookup(ctx context.Context, name string) (ips []netip.Addr, from string, err error) {
+	if ips, ok := p.hosts.lookup(name); ok {
+		return ips, "from " + p.hosts.path, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	ips, err = p.resolve(ctx, name+".")
+	if err == nil && len(ips) == 0 {
+		err = errors.New("no addresses")
+	}
+	return ips, "from DNS", err
 }
 
 // notAllowed is the body of a 403 for a destination that is not on the allowlist.

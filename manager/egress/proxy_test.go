@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -45,10 +46,12 @@ func (r *recorder) Resolves() []string {
 }
 
 // options returns ProxyOptions whose Dial records the address and then dials redirect(addr)
-// on loopback, and whose Resolve records the name and answers from names.
+// on loopback, and whose Resolve records the name and answers from names. Its hosts file is
+// empty (/dev/null), so that the machine's does not answer for names.
 func (r *recorder) options(names map[string][]netip.Addr, redirect func(string) string) ProxyOptions {
 	return ProxyOptions{
-		Logger: slog.New(slog.DiscardHandler),
+		Logger:    slog.New(slog.DiscardHandler),
+		HostsFile: os.DevNull,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			r.mu.Lock()
 			r.dials = append(r.dials, addr)
@@ -430,7 +433,7 @@ func TestNamesResolvingToInternalAddressesRefused(t *testing.T) {
 		{"a.wild.test", "fd00:ec2::254"},
 		{"nat64-lo.test", "64:ff9b::7f00:1"},
 	} {
-		want := fmt.Sprintf("fusebox egress: %s resolved to %s, a blocked internal address", tt.name, tt.addr)
+		want := fmt.Sprintf("fusebox egress: %s resolved to %s (from DNS), a blocked internal address", tt.name, tt.addr)
 		_, _, res, body := connect(t, sock, tt.name+":"+port)
 		if res.StatusCode != http.StatusForbidden || !strings.HasPrefix(body, want) {
 			t.Errorf("CONNECT %s: %s %q, want 403 starting %q", tt.name, res.Status, body, want)

@@ -269,6 +269,12 @@ func (a *Allocator) ready() error {
 // Name returns "kube".
 func (a *Allocator) Name() string { return "kube" }
 
+// Capabilities: egress through per-sandbox network policies, leases in pod annotations, and
+// a warm pool shared by every manager replica.
+func (a *Allocator) Capabilities() manager.Capabilities {
+	return manager.Capabilities{Egress: true, Adoption: true, SharedPool: true}
+}
+
 // Changed returns a channel closed when the informer next sees a Ready pod of template in
 // state ready (an add or an update; it may already have been claimed by then). It reads
 // nothing from the API server.

@@ -43,6 +43,8 @@ type Allocator struct {
 	calls []Call
 	// Record controls whether calls are recorded (benchmarks turn it off).
 	NoRecord bool
+	// Caps, if set, is what Capabilities declares.
+	Caps *manager.Capabilities
 }
 
 var (
@@ -77,6 +79,15 @@ func (a *Allocator) Calls() []Call {
 }
 
 func (a *Allocator) Name() string { return "memory" }
+
+// Capabilities: egress (recorded, see Egress) and leases in annotations. Caps, if set,
+// replaces the declaration (tests of the manager's checks).
+func (a *Allocator) Capabilities() manager.Capabilities {
+	if a.Caps != nil {
+		return *a.Caps
+	}
+	return manager.Capabilities{Egress: true, Adoption: true}
+}
 
 func (a *Allocator) Create(ctx context.Context, id, template string) (manager.UnitInfo, error) {
 	if err := a.record(Call{Method: "Create", ID: id, Arg: template}); err != nil {
@@ -213,6 +224,13 @@ func (s *Shared) Create(ctx context.Context, id, template string) (manager.UnitI
 		}
 	}
 	return info, nil
+}
+
+// Capabilities adds the shared pool to the Allocator's declaration.
+func (s *Shared) Capabilities() manager.Capabilities {
+	c := s.Allocator.Capabilities()
+	c.SharedPool = true
+	return c
 }
 
 // Changed returns a channel closed when a unit (of any template) next turns ready.

@@ -47,7 +47,6 @@ type Allocator struct {
 var (
 	_ manager.Allocator = (*Allocator)(nil)
 	_ manager.Annotator = (*Allocator)(nil)
-	_ manager.Warner    = (*Allocator)(nil)
 )
 
 // New refuses to return an allocator unless o.Insecure is set.
@@ -70,9 +69,10 @@ func New(o Options) (*Allocator, error) {
 
 func (a *Allocator) Name() string { return "process" }
 
-// AllocationWarning is logged by the manager on every allocation.
-func (a *Allocator) AllocationWarning() string {
-	return "INSECURE: allocating a sandbox from the process runtime: no kernel boundary, host network"
+// Capabilities: leases beside each process's records, and no isolation: the manager warns on
+// every allocation that nothing, egress included, is enforced.
+func (a *Allocator) Capabilities() manager.Capabilities {
+	return manager.Capabilities{Adoption: true, NoIsolation: true}
 }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }

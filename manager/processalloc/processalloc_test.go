@@ -13,7 +13,9 @@ func TestRefusesWithoutInsecureFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.AllocationWarning() == "" {
-		t.Fatal("no allocation warning")
+	// No isolation, declared: the manager then warns on every allocation that nothing,
+	// egress included, is enforced.
+	if c := a.Capabilities(); !c.NoIsolation || c.Egress {
+		t.Fatalf("capabilities %+v, want NoIsolation and no egress", c)
 	}
 }

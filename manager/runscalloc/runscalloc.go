@@ -3,9 +3,11 @@
 // sandbox's own memory, a read-only root filesystem, memory/CPU/pids limits, and init, data
 // and egress unix sockets in a per-sandbox host directory bind-mounted at /run/fusebox.
 //
-// Egress: the allocator serves an allowlisting HTTP proxy (package egress) on each sandbox's
-// egress.sock; inside, the sandbox server relays 127.0.0.1:3128 to it and gives commands
-// HTTP_PROXY/HTTPS_PROXY. Until BindEgress, the proxy refuses everything.
+// Egress: for an allocation with an egress allowlist, BindEgress serves an allowlisting HTTP
+// proxy (package egress) on the sandbox's egress.sock; the sandbox server, told the allowlist
+// by InitializeTLS, then relays 127.0.0.1:3128 to it and gives commands HTTP_PROXY and
+// HTTPS_PROXY. A pool sandbox, or one allocated without an allowlist, has neither: no socket
+// on the host, no relay inside, no proxy variables, no network at all.
 //
 // Layout under StateDir: runsc/ (runsc's --root), etc/ (the sanitised /etc shared read-only by
 // all sandboxes), sandboxes/<id>/ (bundle, sock/, server.log, unit.json, annotations.json).
@@ -166,6 +168,12 @@ func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Te
 
 func (a *Allocator) Name() string { return "runsc" }
 
+// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, and data
+// connections opened ahead.
+func (a *Allocator) Capabilities() manager.Capabilities {
+	return manager.Capabilities{Egress: true, Adoption: true, Handoff: true}
+}
+
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
 
 // socket is the host path of unit id's socket name (init.sock, data.sock, egress.sock), in the
@@ -189,7 +197,7 @@ func (a *Allocator) info(id string, u unitFile) manager.UnitInfo {
 		InitAddr: "unix://" + a.socket(id, "init.sock"), DataAddr: "unix://" + a.socket(id, "data.sock")}
 }
 
-// Create starts a sandbox and its (deny-all) egress proxy.
+// Create starts a sandbox (with no egress: see BindEgress).
 func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.UnitInfo, err error) {
 	if !runsc.ValidID(id) {
 		return manager.UnitInfo{}, fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
@@ -228,9 +236,6 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		SandboxBinary: a.o.SandboxBinary, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake}); err != nil {
 		return manager.UnitInfo{}, err
 	}
-	if _, err := a.proxy(id); err != nil {
-		return manager.UnitInfo{}, err
-	}
 	a.connectAhead(ctx, id)
 	return a.info(id, u), nil
 }
@@ -266,7 +271,7 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 		return p, nil
 	}
 	path := a.socket(id, "egress.sock")
-	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == fs.ModeSocket {
+	if isSocket(path) {
 		os.Remove(path) // left by a previous manager
 	}
 	ln, err := net.Listen("unix", path)
@@ -279,7 +284,8 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 	return p, nil
 }
 
-// BindEgress sets unit id's allowlist.
+// BindEgress sets unit id's allowlist: a non-empty one is served by the unit's egress proxy
+// (started now, or again after a manager restart); an empty one means no proxy and no socket.
 func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {
 	al, err := egress.ParseAllowlist(allow)
 	if err != nil {
@@ -288,12 +294,36 @@ func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) e
 	if _, err := os.Stat(a.dir(id)); err != nil {
 		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
 	}
+	if len(al.Entries()) == 0 {
+		a.stopProxy(id)
+		return nil
+	}
 	p, err := a.proxy(id)
 	if err != nil {
 		return err
 	}
 	p.SetAllowlist(al)
 	return nil
+}
+
+// stopProxy closes unit id's egress proxy, if it runs, and removes its socket.
+func (a *Allocator) stopProxy(id string) {
+	a.mu.Lock()
+	p := a.proxies[id]
+	delete(a.proxies, id)
+	a.mu.Unlock()
+	if p != nil {
+		p.Close() // closes the listener, which unlinks its socket
+		return
+	}
+	if path := a.socket(id, "egress.sock"); isSocket(path) {
+		os.Remove(path) // left by a previous manager
+	}
+}
+
+func isSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().Type() == fs.ModeSocket
 }
 
 // Annotate stores annotations beside the unit's bundle.
@@ -309,13 +339,7 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 	if !runsc.ValidID(id) {
 		return fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
 	}
-	a.mu.Lock()
-	p := a.proxies[id]
-	delete(a.proxies, id)
-	a.mu.Unlock()
-	if p != nil {
-		p.Close()
-	}
+	a.stopProxy(id)
 	a.handoff.Drop(id)
 	var errs []error
 	if err := a.rt.Remove(ctx, id); err != nil {

@@ -118,6 +118,24 @@ func (s *State) Record(t Ticket, d Delta) bool {
 	return true
 }
 
+// AddBase adds vars to the base environment, each one the base does not hold yet, without
+// touching the overlay: set-up known only once the sandbox is initialised (its proxy
+// variables), before any command has run.
+func (s *State) AddBase(vars map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := &Snapshot{Env: maps.Clone(s.base.Env), Cwd: s.base.Cwd}
+	if next.Env == nil {
+		next.Env = map[string]string{}
+	}
+	for k, v := range vars {
+		if _, ok := next.Env[k]; !ok {
+			next.Env[k] = v
+		}
+	}
+	s.base = next
+}
+
 // Current returns the snapshot the next group would start from, without committing anything.
 func (s *State) Current() *Snapshot {
 	s.mu.Lock()

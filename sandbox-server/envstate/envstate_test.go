@@ -158,3 +158,18 @@ func TestDiff(t *testing.T) {
 		t.Fatalf("Diff removal = %+v", d)
 	}
 }
+
+// AddBase adds only the variables the base lacks, and leaves snapshots already taken as they
+// were.
+func TestAddBaseKeepsExistingVariables(t *testing.T) {
+	s := New(map[string]string{"PATH": "/bin", "HTTP_PROXY": "explicit"}, "/w")
+	before := s.Current()
+	s.AddBase(map[string]string{"HTTP_PROXY": "relay", "HTTPS_PROXY": "relay"})
+	got := s.Current().Env
+	if got["PATH"] != "/bin" || got["HTTP_PROXY"] != "explicit" || got["HTTPS_PROXY"] != "relay" || len(got) != 3 {
+		t.Errorf("after AddBase: %v", got)
+	}
+	if _, ok := before.Env["HTTPS_PROXY"]; ok || len(before.Env) != 2 {
+		t.Errorf("a snapshot taken before AddBase changed: %v", before.Env)
+	}
+}

@@ -3,7 +3,10 @@
 // proxy, reachable through a unix socket in the bind-mounted /run/fusebox directory. Most
 // programs cannot use a unix-socket proxy, so fusebox-sandbox listens on a loopback port,
 // points HTTP_PROXY and HTTPS_PROXY at it and pipes every connection, byte for byte, to the
-// socket. The relay decides nothing: every check is the proxy's, on the host.
+// socket. The relay decides nothing: every check is the proxy's, on the host. It runs only
+// in a sandbox whose allocation has an egress allowlist: fusebox-sandbox starts it when such
+// an allocation initialises the sandbox (server.Options.StartEgress), so a sandbox without
+// one has no relay, no listener and no proxy variables.
 package relay
 
 import (
@@ -15,6 +18,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,12 +44,21 @@ var unavailable = func() string {
 		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 }()
 
-// Listen listens on addr, which must be a loopback IP:port ("127.0.0.1:3128", "[::1]:3128"):
-// the relay is for the sandbox's own processes, and a name could resolve elsewhere.
-func Listen(addr string) (net.Listener, error) {
+// CheckAddr checks that addr is a loopback IP:port ("127.0.0.1:3128", "[::1]:3128"): the
+// relay is for the sandbox's own processes, and a name could resolve elsewhere.
+func CheckAddr(addr string) (netip.AddrPort, error) {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || !ap.Addr().IsLoopback() || ap.Addr().Zone() != "" {
-		return nil, fmt.Errorf("egress relay address %q: want a loopback IP:port such as 127.0.0.1:3128", addr)
+		return netip.AddrPort{}, fmt.Errorf("egress relay address %q: want a loopback IP:port such as 127.0.0.1:3128", addr)
+	}
+	return ap, nil
+}
+
+// Listen listens on addr, which must be a loopback IP:port (see CheckAddr).
+func Listen(addr string) (net.Listener, error) {
+	ap, err := CheckAddr(addr)
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", ap.String())
 	if err != nil {
@@ -54,17 +67,48 @@ func Listen(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
+// loopbackNames are the names of the sandbox's own loopback, kept direct (NO_PROXY) unless
+// the allowlist names them.
+var loopbackNames = []string{"localhost", "127.0.0.1", "::1"}
+
 // ProxyEnv returns the variables that send commands' HTTP and HTTPS traffic to a relay
 // listening on addr, in both the upper- and lower-case spellings programs read (curl
-// ignores HTTP_PROXY, some Go and Python code ignores http_proxy), and that keep loopback
-// traffic direct.
-func ProxyEnv(addr net.Addr) map[string]string {
+// ignores HTTP_PROXY, some Go and Python code ignores http_proxy). NO_PROXY keeps the
+// sandbox's own loopback direct (a server a command starts inside the sandbox), except the
+// loopback hosts allow names ("127.0.0.1:8000": the host's loopback, reached through the
+// proxy, which decides): a loopback host cannot be both. allow is the allocation's allowlist
+// ("host:port" entries); nothing here checks or enforces it.
+func ProxyEnv(addr net.Addr, allow []string) map[string]string {
 	u := "http://" + addr.String()
-	const direct = "localhost,127.0.0.1,::1"
-	return map[string]string{
-		"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u,
-		"NO_PROXY": direct, "no_proxy": direct,
+	env := map[string]string{"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u}
+	named := map[string]bool{}
+	for _, e := range allow {
+		named[entryHost(e)] = true
 	}
+	var direct []string
+	for _, n := range loopbackNames {
+		if !named[n] {
+			direct = append(direct, n)
+		}
+	}
+	if len(direct) > 0 {
+		env["NO_PROXY"] = strings.Join(direct, ",")
+		env["no_proxy"] = env["NO_PROXY"]
+	}
+	return env
+}
+
+// entryHost is the host of an allowlist entry ("host:port", "[v6]:port"), lower case, without
+// a trailing dot, an IP in its canonical form ("" if the entry has no port).
+func entryHost(e string) string {
+	h, _, err := net.SplitHostPort(e)
+	if err != nil {
+		return ""
+	}
+	if ip, err := netip.ParseAddr(h); err == nil {
+		return ip.Unmap().String()
+	}
+	return strings.TrimSuffix(strings.ToLower(h), ".")
 }
 
 // Serve accepts connections on ln (loopback TCP inside the sandbox) and pipes each to the

@@ -192,14 +192,29 @@ func TestListenLoopbackOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	env := ProxyEnv(ln.Addr())
 	want := "http://" + ln.Addr().String()
-	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
-		if env[k] != want {
-			t.Errorf("%s = %q, want %q", k, env[k], want)
-		}
+	// NO_PROXY keeps the sandbox's own loopback direct, except the loopback hosts the
+	// allowlist names: "--egress 127.0.0.1:8000" means the host's 127.0.0.1, through the proxy.
+	tests := []struct {
+		allow   []string
+		noProxy string // "": not set
+	}{
+		{[]string{"api.example.com:443"}, "localhost,127.0.0.1,::1"},
+		{[]string{"127.0.0.1:8000"}, "localhost,::1"},
+		{[]string{"LOCALHOST.:80", "[::1]:80", "*.example.com:443"}, "127.0.0.1"},
+		{[]string{"[::ffff:127.0.0.1]:80"}, "localhost,::1"},
+		{[]string{"127.0.0.1:1", "localhost:1", "[::1]:1"}, ""},
 	}
-	if env["NO_PROXY"] != "localhost,127.0.0.1,::1" || env["no_proxy"] != env["NO_PROXY"] || len(env) != 6 {
-		t.Errorf("ProxyEnv = %q", env)
+	for _, tc := range tests {
+		env := ProxyEnv(ln.Addr(), tc.allow)
+		for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+			if env[k] != want {
+				t.Errorf("%q: %s = %q, want %q", tc.allow, k, env[k], want)
+			}
+		}
+		np, ok := env["NO_PROXY"]
+		if np != tc.noProxy || ok != (tc.noProxy != "") || env["no_proxy"] != np || len(env) != 4+2*len(np[:min(len(np), 1)]) {
+			t.Errorf("ProxyEnv(%q) = %q, want NO_PROXY and no_proxy %q", tc.allow, env, tc.noProxy)
+		}
 	}
 }

@@ -63,8 +63,15 @@ type Options struct {
 	IdleTTL time.Duration
 	// BaseEnv is the environment of the first task group.
 	BaseEnv map[string]string
-	Limits  Limits
-	Logger  *slog.Logger
+	// StartEgress, if set, is called once, when the fuse blows, with the allocation's egress
+	// allowlist if it is non-empty (InitializeTLSRequest.egress): it starts the sandbox's way
+	// out (the egress relay) and returns the variables commands then get (the proxy
+	// variables), added to BaseEnv where it does not set them. Without an allowlist it is not
+	// called: no relay runs and commands get no proxy variables. An error fails the
+	// InitializeTLS and leaves the fuse intact.
+	StartEgress func(allow []string) (map[string]string, error)
+	Limits      Limits
+	Logger      *slog.Logger
 	// PoolProcs, if positive, is the process's GOMAXPROCS from Serve until the agent's first
 	// data-plane call has been answered; the previous value is restored then. Under gVisor a
 	// goroutine hand-off between threads is a futex system call through the sentry on each
@@ -240,7 +247,7 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 // ClientHello if there is one, opens the data listener's gate and starts the data plane. It
 // returns the sandbox's public key and its TLS flight. A bad key or ClientHello leaves the
 // fuse intact.
-func (s *Server) initialize(ctx context.Context, agentDER, hello []byte) (pub, flight []byte, err error) {
+func (s *Server) initialize(ctx context.Context, agentDER, hello []byte, allow []string) (pub, flight []byte, err error) {
 	agentKey, err := tlspin.ParsePublicKey(agentDER)
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent public key: %w", err)
@@ -262,6 +269,17 @@ func (s *Server) initialize(ctx context.Context, agentDER, hello []byte) (pub, f
 			pending.Abort()
 		}
 		return nil, nil, errAlreadyInitialised
+	}
+	if len(allow) > 0 && s.opts.StartEgress != nil {
+		// Before the data plane opens: the agent's first command already has its way out.
+		env, err := s.opts.StartEgress(allow)
+		if err != nil {
+			if pending != nil {
+				pending.Abort()
+			}
+			return nil, nil, fmt.Errorf("starting egress: %w", err)
+		}
+		s.state.AddBase(env)
 	}
 	creds := timedCreds{tlsflight.ServerCredentials(cfg, s.takePending), &s.timeline}
 	data := s.newDataServer(creds, func(before bool) {
@@ -336,7 +354,7 @@ type initService struct {
 
 func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
 	received := time.Now().UnixNano()
-	pub, flight, err := i.s.initialize(ctx, req.GetAgentPublicKey(), req.GetTlsClientHello())
+	pub, flight, err := i.s.initialize(ctx, req.GetAgentPublicKey(), req.GetTlsClientHello(), req.GetEgress())
 	if err != nil {
 		i.s.log.Warn("InitializeTLS refused", "err", err)
 		return nil, toStatus(err)

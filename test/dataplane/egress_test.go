@@ -149,14 +149,11 @@ func (f fetched) String() string {
 }
 
 // fetch requests url inside the sandbox with curl (python3 if there is no curl). The proxy
-// modes use the sandbox's own proxy variables, without NO_PROXY (every test server is on
-// loopback, which NO_PROXY sends direct).
+// modes use the sandbox's own proxy variables as they are: NO_PROXY keeps 127.0.0.1 direct
+// only when the allowlist does not name it, and every test server is on 127.0.0.1.
 func fetch(t *testing.T, ctx context.Context, c *client.Sandbox, mode fetchMode, url string) fetched {
 	t.Helper()
 	cmd := client.Command{Timeout: time.Minute}
-	if mode != direct {
-		cmd.Unset = []string{"NO_PROXY", "no_proxy"}
-	}
 	const w = `'\n@@status=%{http_code} connect=%{http_connect}'`
 	curl := map[fetchMode]string{
 		viaProxy:  "curl -sS --max-time 20 -w " + w + " " + url,
@@ -182,20 +179,28 @@ func fetch(t *testing.T, ctx context.Context, c *client.Sandbox, mode fetchMode,
 	return f
 }
 
+// An allocation with an allowlist of servers on the host's 127.0.0.1 (the README's example):
+// the relay runs, the proxy variables are set, and NO_PROXY does not send 127.0.0.1 direct,
+// so plain `curl http://127.0.0.1:PORT/` goes through the proxy (it went to the sandbox's
+// own loopback, issue 16 finding 7).
 func TestEgressAllowlistedThroughProxy(t *testing.T) {
-	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-egress-socket=/run/fusebox/egress.sock"}})
-	ctx := testCtx(t, 3*time.Minute)
 	allowed := newEgressServer(t, "hello from the allowed server", false)
 	allowedTLS := newEgressServer(t, "hello over TLS", true)
 	blocked := newEgressServer(t, "secret", false)
+	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-egress-socket=/run/fusebox/egress.sock"},
+		Egress: []string{allowed.hostPort(), allowedTLS.hostPort()}})
+	ctx := testCtx(t, 3*time.Minute)
 	serveEgress(t, b, allowed.hostPort(), allowedTLS.hostPort())
 
 	t.Run("proxy variables", func(t *testing.T) {
 		got := sh(t, ctx, b.Client, "env | grep -i -e _proxy= | LC_ALL=C sort")
-		want := "HTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\nNO_PROXY=localhost,127.0.0.1,::1\n" +
-			"http_proxy=http://127.0.0.1:3128\nhttps_proxy=http://127.0.0.1:3128\nno_proxy=localhost,127.0.0.1,::1\n"
+		want := "HTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\nNO_PROXY=localhost,::1\n" +
+			"http_proxy=http://127.0.0.1:3128\nhttps_proxy=http://127.0.0.1:3128\nno_proxy=localhost,::1\n"
 		if got != want {
 			t.Errorf("proxy variables:\n%s\nwant:\n%s", got, want)
+		}
+		if !strings.Contains(b.Log(), "egress relay started") {
+			t.Errorf("no relay start in the server log:\n%s", b.Log())
 		}
 	})
 	t.Run("allowlisted server reachable", func(t *testing.T) {
@@ -285,6 +290,36 @@ func TestEgressDisabledWithoutFlag(t *testing.T) {
 	}
 	if got := sh(t, ctx, b.Client, "ls -A /run/fusebox"); strings.Contains(got, "egress") {
 		t.Errorf("/run/fusebox without egress: %q", got)
+	}
+	if n := srv.hits.Load(); n != 0 {
+		t.Errorf("the server got %d requests from a sandbox without egress", n)
+	}
+}
+
+// A sandbox made for the pool (with the relay's socket configured, as the runsc allocator
+// makes every one) and allocated without an allowlist has no way out at all: no relay
+// listening, no proxy variables, no proxy socket (issue 16 finding 8; the relay used to start
+// with the server, and HTTP_PROXY was set in every sandbox).
+func TestNoRelayWithoutAnAllowlist(t *testing.T) {
+	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-egress-socket=/run/fusebox/egress.sock"}})
+	ctx := testCtx(t, 3*time.Minute)
+	srv := newEgressServer(t, "unreachable", false)
+	if got := sh(t, ctx, b.Client, "env | grep -i _proxy= || true"); got != "" {
+		t.Errorf("proxy variables in a sandbox allocated without egress: %q", got)
+	}
+	// Nothing listens on the relay's port: curl's exit 7 is "failed to connect" (to the
+	// proxy), not a refusal by it.
+	res, err := b.Client.Exec(ctx, client.Command{Script: "curl -sS --max-time 20 -x http://127.0.0.1:3128 " + srv.URL + "/",
+		Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 7 {
+		t.Errorf("curl through 127.0.0.1:3128 in a sandbox without egress: exit %d, stdout %q, stderr %q; want 7, nothing listening",
+			res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if strings.Contains(b.Log(), "egress relay started") {
+		t.Errorf("the relay started without an allowlist:\n%s", b.Log())
 	}
 	if n := srv.hits.Load(); n != 0 {
 		t.Errorf("the server got %d requests from a sandbox without egress", n)

@@ -84,8 +84,9 @@ func TestEgressThroughManager(t *testing.T) {
 	if out := sh(t, ctx, a.Sandbox, `echo "$HTTP_PROXY"`); !strings.HasPrefix(out, "http://127.0.0.1:") {
 		t.Fatalf("HTTP_PROXY in the sandbox = %q", out)
 	}
-	// The sandbox sets NO_PROXY for loopback, and every test server is on loopback.
-	const viaProxy = "env -u NO_PROXY -u no_proxy"
+	// The variables as the sandbox sets them: NO_PROXY leaves out 127.0.0.1, which the
+	// allowlist names, so plain curl to a server on the host's 127.0.0.1 takes the proxy.
+	const viaProxy = ""
 
 	t.Run("allowed", func(t *testing.T) {
 		for _, flags := range []string{"", "-p"} { // absolute-URI GET, then a CONNECT tunnel
@@ -158,6 +159,72 @@ func TestEgressThroughManager(t *testing.T) {
 		}
 		sock := filepath.Join(e.StateDir, "sandboxes", ready[0], "sock")
 		connectFails(t, filepath.Join(sock, "init.sock"))
-		connectFails(t, filepath.Join(sock, "egress.sock"))
+		// A pool unit has no egress proxy at all (finding 8): only an allocation with an
+		// allowlist gets one.
+		if _, err := os.Lstat(filepath.Join(sock, "egress.sock")); !os.IsNotExist(err) {
+			t.Errorf("egress.sock of a ready unit: %v, want none", err)
+		}
 	})
+}
+
+// A sandbox allocated without an allowlist has no network at all (issue 16 finding 8): no
+// proxy variables, nothing listening on the relay's port, no proxy socket on the host; the
+// same manager's allocation with an allowlist has all three.
+func TestNoEgressMeansNoRelay(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	srv := newLoopbackServer(t, "hello")
+	for _, allow := range [][]string{nil, {srv.hostPort()}} {
+		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Egress: allow})
+		if err != nil {
+			t.Fatalf("Allocate(egress %q): %v", allow, err)
+		}
+		vars := sh(t, ctx, a.Sandbox, "env | grep -i _proxy= | LC_ALL=C sort || true")
+		r := curl(t, ctx, a.Sandbox, "", "-x http://127.0.0.1:3128", "http://"+srv.hostPort()+"/")
+		_, sockErr := os.Lstat(filepath.Join(e.StateDir, "sandboxes", a.ID, "sock", "egress.sock"))
+		if allow == nil {
+			if vars != "" {
+				t.Errorf("proxy variables without egress: %q", vars)
+			}
+			if r.exit != 7 || r.connect != "000" {
+				t.Errorf("curl through 127.0.0.1:3128 without egress: %+v; want exit 7, nothing listening", r)
+			}
+			if !os.IsNotExist(sockErr) {
+				t.Errorf("egress.sock of a sandbox without egress: %v, want none", sockErr)
+			}
+		} else {
+			if !strings.Contains(vars, "HTTP_PROXY=http://127.0.0.1:3128") || !strings.Contains(vars, "NO_PROXY=localhost,::1") {
+				t.Errorf("proxy variables with egress %q: %q", allow, vars)
+			}
+			if r.exit != 0 || r.body != "hello" {
+				t.Errorf("curl through the relay with egress %q: %+v", allow, r)
+			}
+			if sockErr != nil {
+				t.Errorf("egress.sock of a sandbox with egress: %v", sockErr)
+			}
+		}
+		a.Close()
+	}
+	if n := srv.hits.Load(); n != 1 {
+		t.Errorf("the server saw %d requests, want 1 (from the sandbox with egress)", n)
+	}
+}
+
+// The README's example works as written: `fusebox run --egress 127.0.0.1:PORT -- curl -s
+// http://127.0.0.1:PORT/` prints the host's server's answer (NO_PROXY listed 127.0.0.1, and
+// curl went to the sandbox's own loopback, issue 16 finding 7).
+func TestReadmeEgressExample(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	srv := newLoopbackServer(t, "hello from the host")
+	code, stdout, stderr := runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--egress", srv.hostPort(), "--",
+		"curl", "-s", "http://"+srv.hostPort()+"/")
+	if code != 0 || stdout != "hello from the host" {
+		t.Errorf("fusebox run --egress %s -- curl -s http://%[1]s/: exit %d, stdout %q, stderr %q", srv.hostPort(), code, stdout, stderr)
+	}
+	if n := srv.hits.Load(); n != 1 {
+		t.Errorf("the host's server saw %d requests, want 1", n)
+	}
 }

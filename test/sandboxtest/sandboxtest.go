@@ -82,6 +82,9 @@ func EtcDir(t testing.TB) string {
 type Options struct {
 	ServerArgs []string
 	Bundle     runsc.BundleSpec
+	// Egress is the allowlist StartBound's InitializeTLS carries (what the manager sends for
+	// the allocation): the sandbox's relay starts only with a non-empty one.
+	Egress []string
 }
 
 // Start starts an uninitialised sandbox and removes it when the test ends.
@@ -95,13 +98,16 @@ func Start(t testing.TB, o Options) *localsandbox.Sandbox {
 	if spec.MemoryLimitBytes == 0 {
 		spec.MemoryLimitBytes = 2 << 30
 	}
+	// Built (or found built) before the start's minute begins: on a busy machine the build
+	// alone can take longer.
+	bin := SandboxBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime:       rt,
 		ID:            runsc.ID("t", next.Add(1)),
 		Dir:           filepath.Join(t.TempDir(), "sandbox"),
-		SandboxBinary: SandboxBinary(t),
+		SandboxBinary: bin,
 		ServerArgs:    o.ServerArgs,
 		Bundle:        spec,
 	})
@@ -139,7 +145,7 @@ func StartBound(t testing.TB, o Options) *Bound {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
+	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey(), Egress: o.Egress})
 	if err != nil {
 		t.Fatalf("sFuse: %v", err)
 	}

@@ -149,8 +149,15 @@ type InitializeTLSRequest struct {
 	// second flight. A ClientHello the sandbox cannot answer fails the call with
 	// INVALID_ARGUMENT and leaves the fuse intact. At most 16 KiB.
 	TlsClientHello []byte `protobuf:"bytes,2,opt,name=tls_client_hello,json=tlsClientHello,proto3" json:"tls_client_hello,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The allocation's egress allowlist as the manager accepted it ("host:port" entries), for
+	// the sandbox's own set-up only: the sandbox enforces nothing (its allowlist is enforced
+	// outside it, by the host's egress proxy or the cluster's network policies). Non-empty, a
+	// sandbox with an egress relay starts it and gives commands the proxy variables (HTTP_PROXY
+	// and the like; NO_PROXY keeps loopback names direct unless the list names them). Empty,
+	// it starts no relay and commands get no proxy variables: there is no network at all.
+	Egress        []string `protobuf:"bytes,3,rep,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InitializeTLSRequest) Reset() {
@@ -193,6 +200,13 @@ func (x *InitializeTLSRequest) GetAgentPublicKey() []byte {
 func (x *InitializeTLSRequest) GetTlsClientHello() []byte {
 	if x != nil {
 		return x.TlsClientHello
+	}
+	return nil
+}
+
+func (x *InitializeTLSRequest) GetEgress() []string {
+	if x != nil {
+		return x.Egress
 	}
 	return nil
 }
@@ -2532,10 +2546,11 @@ var File_fusebox_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"j\n" +
+	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x01\n" +
 	"\x14InitializeTLSRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12(\n" +
-	"\x10tls_client_hello\x18\x02 \x01(\fR\x0etlsClientHello\"q\n" +
+	"\x10tls_client_hello\x18\x02 \x01(\fR\x0etlsClientHello\x12\x16\n" +
+	"\x06egress\x18\x03 \x03(\tR\x06egress\"q\n" +
 	"\x15InitializeTLSResponse\x12,\n" +
 	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12*\n" +
 	"\x11tls_server_flight\x18\x02 \x01(\fR\x0ftlsServerFlight\"\xf0\x02\n" +
