@@ -38,7 +38,9 @@ type entry struct {
 	uid, gid         int
 }
 
-func file(name, body string) entry { return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644} }
+func file(name, body string) entry {
+	return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644}
+}
 func dir(name string, mode int64) entry {
 	return entry{name: name, typ: tar.TypeDir, mode: mode}
 }
@@ -277,7 +279,7 @@ func TestUnpackReusesARootByDigest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second unpack of the same digest read the image again: %v", err)
 	}
-	if (again.Dir != first.Dir || again.Digest != first.Digest || again.Config.User != "1") {
+	if again.Dir != first.Dir || again.Digest != first.Digest || again.Config.User != "1" {
 		t.Fatalf("second unpack %+v, want %+v", again, first)
 	}
 	// A different image gets its own directory.
