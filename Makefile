@@ -32,6 +32,7 @@ help: ## Show this help
 
 deps: ## Install the Debian packages the build and tests need (root)
 	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
+	@command -v mmdebstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq mmdebstrap; }
 
 runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
 

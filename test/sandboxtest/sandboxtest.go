@@ -82,6 +82,9 @@ func EtcDir(t testing.TB) string {
 type Options struct {
 	ServerArgs []string
 	Bundle     runsc.BundleSpec
+	// SandboxBinary, if set, is the fusebox-sandbox to bind in instead of the one
+	// SandboxBinary builds.
+	SandboxBinary string
 }
 
 // Start starts an uninitialised sandbox and removes it when the test ends.
@@ -95,13 +98,17 @@ func Start(t testing.TB, o Options) *localsandbox.Sandbox {
 	if spec.MemoryLimitBytes == 0 {
 		spec.MemoryLimitBytes = 2 << 30
 	}
+	bin := o.SandboxBinary
+	if bin == "" {
+		bin = SandboxBinary(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime:       rt,
 		ID:            runsc.ID("t", next.Add(1)),
 		Dir:           filepath.Join(t.TempDir(), "sandbox"),
-		SandboxBinary: SandboxBinary(t),
+		SandboxBinary: bin,
 		ServerArgs:    o.ServerArgs,
 		Bundle:        spec,
 	})
