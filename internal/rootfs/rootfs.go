@@ -121,7 +121,9 @@ func unpack(ctx context.Context, img v1.Image, cacheDir, source string, log *slo
 	log.Info("unpacking image", "digest", h.String(), "into", filepath.Join(cacheDir, h.Hex))
 	start := time.Now()
 	rc := mutate.Extract(img)
-	st, err := writeTree(ctx, rc, root)
+	st, err := writeTree(ctx, rc, root, func(st treeStats) {
+		log.Info("unpacking image", "digest", h.String(), "files", st.files, "bytes", st.bytes)
+	})
 	rc.Close() // stops the flattening goroutine if writeTree returned early
 	if err != nil {
 		return nil, fmt.Errorf("unpacking image %s: %w", h, err)

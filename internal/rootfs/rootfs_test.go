@@ -199,7 +199,7 @@ func rawUnpack(t *testing.T, entries ...entry) (string, error) {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, err := writeTree(context.Background(), bytes.NewReader(tarOf(t, entries...)), root)
+	_, err := writeTree(context.Background(), bytes.NewReader(tarOf(t, entries...)), root, nil)
 	return root, err
 }
 

@@ -23,6 +23,9 @@ type treeStats struct {
 	bytes                       int64
 }
 
+// progressEvery is how many entries writeTree writes between progress reports.
+const progressEvery = 2000
+
 // dirMeta is a directory's metadata, applied once everything below it is written.
 type dirMeta struct {
 	name     string
@@ -43,7 +46,9 @@ type dirMeta struct {
 // when running as root, their owner and group. Device nodes and FIFOs are not made (gVisor
 // gives each sandbox its own /dev). Directories get their mode and times last, so that a
 // read-only directory can still be filled.
-func writeTree(ctx context.Context, r io.Reader, dir string) (treeStats, error) {
+//
+// progress, if set, is called after every progressEvery entries.
+func writeTree(ctx context.Context, r io.Reader, dir string, progress func(treeStats)) (treeStats, error) {
 	var st treeStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -54,9 +59,12 @@ func writeTree(ctx context.Context, r io.Reader, dir string) (treeStats, error) 
 	var dirs []dirMeta
 	var hardLinks []*tar.Header
 	tr := tar.NewReader(r)
-	for {
+	for n := 1; ; n++ {
 		if err := ctx.Err(); err != nil {
 			return st, err
+		}
+		if progress != nil && n%progressEvery == 0 {
+			progress(st)
 		}
 		h, err := tr.Next()
 		if err == io.EOF {
