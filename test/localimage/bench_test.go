@@ -2,6 +2,7 @@ package localimage
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
+	"github.com/fusebox-dev/fusebox/test/bench"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
@@ -53,6 +55,36 @@ func BenchmarkColdStart(b *testing.B) {
 			slices.Sort(took)
 			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 			b.ReportMetric(float64(took[len(took)-1].Microseconds())/1000, "max-ms")
+		})
+	}
+}
+
+// BenchmarkAllocate runs the warm-allocation benchmark of fusebox bench allocate
+// (test/bench.Allocate: a manager in this process on the runsc allocator, the pool full and
+// idle before each allocation, Allocate then the first data-plane call) once per b.N with
+// the sandbox image as root and with the host-derived root, and prints its JSON. Keep it to
+// one iteration each on a shared machine:
+//
+//	go test -run '^$' -bench Allocate -benchtime 1x ./test/localimage
+func BenchmarkAllocate(b *testing.B) {
+	for _, variant := range []string{"host", "image"} {
+		b.Run(variant, func(b *testing.B) {
+			o := bench.AllocateOptions{Runsc: runsctest.Binary(b), SandboxBinary: sandboxtest.SandboxBinary(b),
+				Runs: 100, ColdRuns: 5, YoungRuns: 5, DemandRuns: -1, KeepAwake: true, PoolPing: time.Second}
+			if variant == "image" {
+				o.Image = sandboxLayout(b)
+			}
+			for range b.N {
+				r, err := bench.Allocate(context.Background(), o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, _ := json.Marshal(r)
+				b.Logf("%s: %s", variant, out)
+				b.ReportMetric(r.AllocateP50Ms, "p50-ms")
+				b.ReportMetric(r.AllocateP99Ms, "p99-ms")
+				b.ReportMetric(r.ColdStartP50Ms, "cold-p50-ms")
+			}
 		})
 	}
 }
