@@ -214,6 +214,15 @@ func TestSandboxFromTheImage(t *testing.T) {
 		t.Error("wrote to /usr of the image root")
 	}
 	sh(t, ctx, c, "echo x > /workspace/f && echo y > /tmp/f && git init -q /workspace/repo")
+	// The server, as the image's user, reaches its egress socket: the allocator's proxy
+	// answers a destination outside the (empty) allowlist with its 403, before any dial.
+	egress := `import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+s.sendall(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
+print(s.recv(64).split(b"\r\n")[0].decode())`
+	if out := sh(t, ctx, c, "python3 -c '"+egress+"'"); !strings.HasPrefix(out, "HTTP/1.1 403") {
+		t.Errorf("CONNECT through the egress relay answered %q, want the proxy's 403", out)
+	}
 
 	// The second sandbox answers too, and sees nothing of the first one's writes.
 	c2 := bind(t, ctx, units[1].InitAddr, units[1].DataAddr)
