@@ -111,9 +111,23 @@ bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench allocate --runsc $(RUNSC) --json
 	$(BIN)/fusebox-bench manager --json
 
-run: runsc build ## Build everything and run the local manager (gVisor warm pool) in the foreground
+# The sandbox image make run gives its sandboxes as their root (fusebox image build writes one
+# OCI image layout per image under $(BIN)/images). It is built the first time, and again when
+# the sandbox server changed (bin/fusebox-sandbox differs from the one recorded at the last
+# build); RUN_IMAGE= (empty) runs on a root assembled from this host instead.
+SANDBOX_IMAGE := $(IMAGES)/sandbox
+RUN_IMAGE     ?= $(SANDBOX_IMAGE)
+
+run: runsc build ## Build everything (the sandbox image the first time) and run the local manager (gVisor warm pool) in the foreground
+	@if [ "$(RUN_IMAGE)" = "$(SANDBOX_IMAGE)" ]; then \
+		sum=$$(sha256sum $(BIN)/fusebox-sandbox | cut -d' ' -f1); \
+		if [ ! -f $(SANDBOX_IMAGE)/index.json ] || [ "$$(cat $(SANDBOX_IMAGE).built-from 2>/dev/null)" != "$$sum" ]; then \
+			echo "building the sandbox image into $(SANDBOX_IMAGE) (the first time: a Debian 12 userland with mmdebstrap, then cached)"; \
+			$(BIN)/fusebox image build --image sandbox --out $(IMAGES) && echo "$$sum" > $(SANDBOX_IMAGE).built-from || exit 1; \
+		fi; \
+	fi
 	@echo "starting fusebox local up; in another terminal: $(BIN)/fusebox run -- uname -a"
-	$(BIN)/fusebox local up --runsc $(RUNSC) $(RUN_FLAGS)
+	$(BIN)/fusebox local up --runsc $(RUNSC) $(if $(RUN_IMAGE),--image $(RUN_IMAGE)) $(RUN_FLAGS)
 
 clean: ## Remove build outputs (not the runsc cache)
 	rm -rf $(BIN)

@@ -34,6 +34,7 @@ sandboxes (the pinned runsc), binds one to each agent that calls Allocate, and d
 release or lease expiry. Sandboxes bound when the manager stops keep serving their agents and
 are adopted by the next 'fusebox local up' on the same state directory. Needs root.`,
 		Example: `  sudo fusebox local up --pool-size 4
+  sudo fusebox local up --image bin/images/sandbox
   sudo fusebox local up --estimator ewma --pool-size 2 --pool-max 32 --metrics-listen 127.0.0.1:9464`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lvl := slog.LevelInfo
@@ -46,7 +47,10 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 					return fmt.Errorf("runsc not found at %s: build the pinned one with `make runsc` or pass --runsc", c.Runsc)
 				}
 			}
-			if _, err := os.Stat(c.SandboxBinary); err != nil {
+			if c.Image != "" && c.Allocator != "runsc" {
+				return fmt.Errorf("--image is for the runsc allocator, not %s", c.Allocator)
+			}
+			if _, err := os.Stat(c.SandboxBinary); err != nil && c.Image == "" {
 				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", c.SandboxBinary)
 			}
 			c.Ready = func(addr string) {
@@ -58,6 +62,7 @@ are adopted by the next 'fusebox local up' on the same state directory. Needs ro
 	}
 	f := cmd.Flags()
 	daemoncmd.Flags(f, &c, daemoncmd.Local)
+	f.StringVar(&c.Image, "image", "", "sandbox image as the sandboxes' root filesystem: an OCI image layout directory (fusebox image build writes bin/images/sandbox) or a registry reference HOST[:PORT]/PATH@sha256:DIGEST (or :TAG), unpacked once into --state-dir/rootfs; empty: a root assembled from this host")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

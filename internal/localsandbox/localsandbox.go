@@ -33,9 +33,15 @@ type Options struct {
 	ID      string         // a runsc.ID; required
 	// Dir is a directory for this sandbox's bundle and sockets; it is created.
 	Dir string
-	// SandboxBinary is the host path of a static fusebox-sandbox; its directory is bound
-	// read-only into the sandbox. Required.
+	// SandboxBinary is the host path of a static fusebox-sandbox, bound read-only (that one
+	// file, nothing else of its directory) at BinaryDir in the sandbox. Required unless
+	// Entrypoint is set.
 	SandboxBinary string
+	// Entrypoint, if set, starts the server from the sandbox's own root filesystem instead
+	// (an image's entrypoint, such as /usr/local/bin/fusebox-sandbox): the server's argv is
+	// Entrypoint followed by the socket flags and ServerArgs, and nothing is bound at
+	// BinaryDir.
+	Entrypoint []string
 	// ServerArgs are extra flags for fusebox-sandbox (limits, idle TTL).
 	ServerArgs []string
 	// Bundle carries limits, root filesystem and extra mounts; Dir, Args and the socket and
@@ -103,16 +109,33 @@ type Sandbox struct {
 // Start writes the bundle, creates and starts the container and waits for the init socket.
 // On failure it removes what it created.
 func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
-	if o.Runtime == nil || o.ID == "" || o.Dir == "" || o.SandboxBinary == "" {
-		return nil, errors.New("localsandbox: Runtime, ID, Dir and SandboxBinary are required")
+	if o.Runtime == nil || o.ID == "" || o.Dir == "" || (o.SandboxBinary == "" && len(o.Entrypoint) == 0) {
+		return nil, errors.New("localsandbox: Runtime, ID, Dir and SandboxBinary or Entrypoint are required")
 	}
-	bin, err := filepath.Abs(o.SandboxBinary)
-	if err != nil {
-		return nil, err
+	var argv []string
+	var binMount []runsc.Mount
+	if len(o.Entrypoint) > 0 {
+		argv = slices.Clone(o.Entrypoint)
+	} else {
+		bin, err := filepath.Abs(o.SandboxBinary)
+		if err != nil {
+			return nil, err
+		}
+		// The one file: the rest of its host directory (bin/ holds the fusebox CLI too)
+		// stays out of the sandbox.
+		inside := filepath.Join(BinaryDir, filepath.Base(bin))
+		argv = []string{inside}
+		binMount = []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}
 	}
 	sock := filepath.Join(o.Dir, "sock")
 	if err := os.MkdirAll(sock, 0o700); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	// A server that is not root inside (an image's user) creates its sockets there too.
+	if uid, gid := o.Bundle.UID, o.Bundle.GID; uid != 0 || gid != 0 {
+		if err := os.Chown(sock, int(uid), int(gid)); err != nil {
+			return nil, fmt.Errorf("handing the socket directory to the sandbox's user: %w", err)
+		}
 	}
 	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
 		InitAddr: "unix://" + filepath.Join(sock, "init.sock"),
@@ -128,13 +151,11 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if o.KeepAwake {
 		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
 	}
-	spec.Args = append([]string{filepath.Join(BinaryDir, filepath.Base(bin)),
-		"-init-listen=unix://" + SocketDir + "/init.sock",
-		"-data-listen=unix://" + SocketDir + "/data.sock",
-		"-workspace=" + WorkspaceDir}, o.ServerArgs...)
-	spec.Mounts = append(spec.Mounts,
-		runsc.Mount{Source: sock, Destination: SocketDir},
-		runsc.Mount{Source: filepath.Dir(bin), Destination: BinaryDir, ReadOnly: true})
+	spec.Args = append(append(argv,
+		"-init-listen=unix://"+SocketDir+"/init.sock",
+		"-data-listen=unix://"+SocketDir+"/data.sock",
+		"-workspace="+WorkspaceDir), o.ServerArgs...)
+	spec.Mounts = append(append(slices.Clone(spec.Mounts), runsc.Mount{Source: sock, Destination: SocketDir}), binMount...)
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}

@@ -52,7 +52,8 @@ type BundleSpec struct {
 	// Dir is the bundle directory to write (config.json, and rootfs/ for a
 	// host-derived root). It is created if missing and must be empty if not.
 	Dir string
-	// RootFS is an unpacked image directory used read-only as the root.
+	// RootFS is an unpacked image directory used read-only as the root
+	// (package rootfs); several sandboxes may share one.
 	// Empty means a root assembled from the host: an empty read-only rootfs
 	// directory, read-only binds of /usr and of /bin, /sbin, /lib, /lib64
 	// where those are directories (the same symbolic links where they are
@@ -79,8 +80,9 @@ type BundleSpec struct {
 
 	// Mounts are extra bind mounts (nosuid, nodev), mounted after the
 	// workspace and /tmp, for example the per-sandbox socket directory at
-	// /run/fusebox and the fusebox-sandbox binary's directory read-only at
-	// /opt/fusebox.
+	// /run/fusebox and the fusebox-sandbox binary (a single-file bind, so
+	// nothing else of its host directory shows) read-only at
+	// /opt/fusebox/fusebox-sandbox.
 	Mounts []Mount
 
 	// Workspace is where the workspace is mounted; empty means

@@ -51,6 +51,9 @@ type Config struct {
 	PoolPing time.Duration
 	// KeepSandboxesAwake is runscalloc.Options.KeepAwake (runsc allocator only).
 	KeepSandboxesAwake bool
+	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
+	// allocator only; empty: a root assembled from the host).
+	Image string
 	// Kube configures --allocator kube.
 	Kube KubeConfig
 	// Ready, if set, is called once the manager serves, with the address it listens on.
@@ -106,8 +109,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		defer a.Shutdown()
 		alloc, isLeader = a, leader
 	case "runsc":
-		a, err := runscalloc.New(runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, KeepAwake: c.KeepSandboxesAwake, Logger: log})
+		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
+			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -9,8 +9,15 @@
 // HTTPS_PROXY. A pool sandbox, or one allocated without an allowlist, has neither: no socket
 // on the host, no relay inside, no proxy variables, no network at all.
 //
+// Root filesystem: with Options.Image, the sandbox image unpacked once (package rootfs) and
+// shared read-only by every sandbox, whose server is the image's own entrypoint; without it,
+// a root assembled from the host's /usr and a sanitised /etc, with the fusebox-sandbox
+// binary (that file only) bound at /opt/fusebox.
+//
 // Layout under StateDir: runsc/ (runsc's --root), etc/ (the sanitised /etc shared read-only by
-// all sandboxes), sandboxes/<id>/ (bundle, sock/, server.log, unit.json, annotations.json).
+// all sandboxes with a host-derived root), rootfs/<digest>/ (unpacked images; those of images
+// no longer used stay until removed by hand), sandboxes/<id>/ (bundle, sock/, server.log,
+// unit.json, annotations.json).
 package runscalloc
 
 import (
@@ -25,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/handoff"
@@ -41,6 +49,9 @@ type Template struct {
 	Bundle runsc.BundleSpec
 	// ServerArgs are extra fusebox-sandbox flags (limits).
 	ServerArgs []string
+	// Entrypoint, with an image as RootFS, is the server's path and leading arguments
+	// inside it (localsandbox.Options.Entrypoint); empty: SandboxBinary, bound in.
+	Entrypoint []string
 }
 
 // DefaultTemplate is 1 CPU, 1 GiB, 512 pids, the host's /usr as a read-only root.
@@ -48,14 +59,21 @@ func DefaultTemplate() Template {
 	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1, PidsLimit: 512}}
 }
 
-// Options configure the allocator. Runsc, StateDir and SandboxBinary are required.
+// Options configure the allocator. Runsc, StateDir and SandboxBinary or Image are required.
 type Options struct {
 	// Runsc is the pinned runsc binary; the Runtime's root is StateDir/runsc.
 	Runsc    string
 	StateDir string
-	// SandboxBinary is a static fusebox-sandbox build.
+	// SandboxBinary is a static fusebox-sandbox build, for templates with a host-derived
+	// root.
 	SandboxBinary string
-	Templates     map[string]Template
+	// Image, if set, is the sandbox image (an OCI image layout directory, or a registry
+	// reference HOST[:PORT]/PATH@sha256:... or :TAG: see rootfs.ParseSource) that becomes
+	// the root filesystem of every template without a RootFS of its own: unpacked once into
+	// StateDir/rootfs, its entrypoint runs the server (the allocator's flags appended), as
+	// its user, with its environment and working directory.
+	Image     string
+	Templates map[string]Template
 	// IdleTTL is how long a pool sandbox waits for its InitializeTLS before it exits (it must
 	// outlast a unit's stay in the warm pool).
 	IdleTTL time.Duration
@@ -91,12 +109,19 @@ var (
 // HandoffSocket is the handoff socket's name in the state directory.
 const HandoffSocket = "handoff.sock"
 
-// New checks o, prepares StateDir and returns the allocator.
-func New(o Options) (*Allocator, error) {
-	if o.Runsc == "" || o.StateDir == "" || o.SandboxBinary == "" {
-		return nil, errors.New("runscalloc: Runsc, StateDir and SandboxBinary are required")
+// New is NewContext with a context that never ends.
+func New(o Options) (*Allocator, error) { return NewContext(context.Background(), o) }
+
+// NewContext checks o, prepares StateDir (unpacking o.Image, which ctx bounds) and returns
+// the allocator.
+func NewContext(ctx context.Context, o Options) (*Allocator, error) {
+	if o.Runsc == "" || o.StateDir == "" || (o.SandboxBinary == "" && o.Image == "") {
+		return nil, errors.New("runscalloc: Runsc, StateDir and SandboxBinary or Image are required")
 	}
 	for _, p := range []string{o.Runsc, o.SandboxBinary} {
+		if p == "" {
+			continue
+		}
 		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm()&0o111 == 0 {
 			return nil, fmt.Errorf("runscalloc: %s is not an executable file", p)
 		}
@@ -118,13 +143,35 @@ func New(o Options) (*Allocator, error) {
 	if o.Egress.Logger == nil {
 		o.Egress.Logger = o.Logger
 	}
+	if o.Image != "" {
+		root, err := prepareImage(ctx, o.Image, filepath.Join(dir, "rootfs"), o.Logger)
+		if err != nil {
+			return nil, err
+		}
+		templates := map[string]Template{}
+		for name, t := range o.Templates {
+			if t.Bundle.RootFS == "" {
+				if t, err = withImage(t, root); err != nil {
+					return nil, err
+				}
+			}
+			templates[name] = t
+		}
+		o.Templates = templates
+	}
+	for name, t := range o.Templates {
+		if t.Bundle.RootFS == "" && o.SandboxBinary == "" {
+			return nil, fmt.Errorf("runscalloc: template %q has a host-derived root, which needs SandboxBinary", name)
+		}
+	}
 	for _, d := range []string{"runsc", "sandboxes"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
 		}
 	}
 	etc := filepath.Join(dir, "etc")
-	if _, err := os.Stat(etc); errors.Is(err, fs.ErrNotExist) {
+	hostRoot := slices.ContainsFunc(slices.Collect(maps.Values(o.Templates)), func(t Template) bool { return t.Bundle.RootFS == "" })
+	if _, err := os.Stat(etc); hostRoot && errors.Is(err, fs.ErrNotExist) {
 		tmp := etc + ".tmp"
 		os.RemoveAll(tmp)
 		if err := runsc.WriteSanitizedEtc(tmp); err != nil {
@@ -233,7 +280,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
 	if _, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
-		SandboxBinary: a.o.SandboxBinary, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake}); err != nil {
+		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake}); err != nil {
 		return manager.UnitInfo{}, err
 	}
 	a.connectAhead(ctx, id)
@@ -277,6 +324,16 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
+	}
+	// The sandbox's server connects to it as the owner of its socket directory (the
+	// image's user).
+	if fi, err := os.Stat(filepath.Dir(path)); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Uid != 0 || st.Gid != 0) {
+			if err := os.Chown(path, int(st.Uid), int(st.Gid)); err != nil {
+				ln.Close()
+				return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
+			}
+		}
 	}
 	p := egress.NewProxy(a.o.Egress)
 	go p.Serve(ln)

@@ -32,6 +32,9 @@ type AllocateOptions struct {
 	PoolPing time.Duration
 	// KeepAwake is runscalloc.Options.KeepAwake.
 	KeepAwake bool
+	// Image is runscalloc.Options.Image: the sandbox image as root (empty: a root
+	// assembled from the host).
+	Image string
 	// Trace times each step of the warm allocations (AllocateResult.Steps).
 	Trace bool
 	// TraceCSV, with Trace, is a file to write each traced allocation's steps to (CSV).
@@ -116,7 +119,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary, KeepAwake: o.KeepAwake})
+	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary, KeepAwake: o.KeepAwake, Image: o.Image})
 	if err != nil {
 		return nil, err
 	}

@@ -85,6 +85,9 @@ type Options struct {
 	// Egress is the allowlist StartBound's InitializeTLS carries (what the manager sends for
 	// the allocation): the sandbox's relay starts only with a non-empty one.
 	Egress []string
+	// SandboxBinary, if set, is the fusebox-sandbox to bind in instead of the one
+	// SandboxBinary builds.
+	SandboxBinary string
 }
 
 // Start starts an uninitialised sandbox and removes it when the test ends.
@@ -100,7 +103,10 @@ func Start(t testing.TB, o Options) *localsandbox.Sandbox {
 	}
 	// Built (or found built) before the start's minute begins: on a busy machine the build
 	// alone can take longer.
-	bin := SandboxBinary(t)
+	bin := o.SandboxBinary
+	if bin == "" {
+		bin = SandboxBinary(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{

@@ -1,0 +1,79 @@
+package runscalloc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/fusebox-dev/fusebox/internal/rootfs"
+)
+
+// prepareImage unpacks the image src names into cacheDir, or finds it there.
+func prepareImage(ctx context.Context, src, cacheDir string, log *slog.Logger) (*rootfs.Root, error) {
+	s, err := rootfs.ParseSource(src)
+	if err != nil {
+		return nil, err
+	}
+	root, err := rootfs.Prepare(ctx, s, cacheDir, log)
+	if err != nil {
+		return nil, fmt.Errorf("preparing sandbox image %s: %w", src, err)
+	}
+	log.Info("sandbox image", "image", src, "digest", root.Digest.String(), "root", root.Dir)
+	return root, nil
+}
+
+// withImage returns t with root as its root filesystem, honouring the image's
+// configuration: its entrypoint runs the server (t's flags appended; the image's Cmd,
+// which they replace, is not used), as its user, with its environment before t's, in its
+// working directory.
+func withImage(t Template, root *rootfs.Root) (Template, error) {
+	cfg := root.Config
+	if len(cfg.Entrypoint) == 0 {
+		return Template{}, fmt.Errorf("sandbox image %s has no entrypoint: want one that runs fusebox-sandbox (/usr/local/bin/fusebox-sandbox in the images `fusebox image build` makes)", root.Digest)
+	}
+	if err := checkExecutable(root.Dir, cfg.Entrypoint[0]); err != nil {
+		return Template{}, fmt.Errorf("sandbox image %s: entrypoint %s: %w", root.Digest, cfg.Entrypoint[0], err)
+	}
+	uid, gid, err := root.User()
+	if err != nil {
+		return Template{}, fmt.Errorf("sandbox image %s: %w", root.Digest, err)
+	}
+	t.Entrypoint = slices.Clone(cfg.Entrypoint)
+	b := t.Bundle
+	b.RootFS, b.EtcDir = root.Dir, ""
+	b.UID, b.GID = uid, gid
+	b.Env = append(slices.Clone(cfg.Env), b.Env...)
+	if b.Cwd == "" && path.IsAbs(cfg.WorkingDir) {
+		b.Cwd = path.Clean(cfg.WorkingDir)
+	}
+	t.Bundle = b
+	return t, nil
+}
+
+// checkExecutable checks that p (absolute, inside the root dir) is an executable regular
+// file, following symbolic links inside the root.
+func checkExecutable(dir, p string) error {
+	if !path.IsAbs(p) {
+		return fmt.Errorf("not an absolute path")
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	fi, err := r.Stat(strings.TrimPrefix(path.Clean(p), "/"))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return fmt.Errorf("not in the image")
+		}
+		return nil // e.g. an absolute link, which only the sandbox resolves
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("not an executable file in the image")
+	}
+	return nil
+}
