@@ -7,13 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 )
 
@@ -27,6 +27,10 @@ const (
 // LogName is the sandbox server's log (its standard error) in Options.Dir.
 const LogName = "server.log"
 
+// DefaultCommandUser is who commands run as when the bundle names no other (non-root) user:
+// the sandbox image's user.
+var DefaultCommandUser = runsc.User{UID: 65532, GID: 65532}
+
 // Options describe one sandbox.
 type Options struct {
 	Runtime *runsc.Runtime // required
@@ -39,7 +43,10 @@ type Options struct {
 	// ServerArgs are extra flags for fusebox-sandbox (limits, idle TTL).
 	ServerArgs []string
 	// Bundle carries limits, root filesystem and extra mounts; Dir, Args and the socket and
-	// binary mounts are filled in.
+	// binary mounts are filled in. Its UID:GID, if not root, is who commands run as
+	// (DefaultCommandUser otherwise): the server itself always starts as root, keeps root as
+	// its real user, and runs commands as that user (runsc.BundleSpec.CommandUser), so that
+	// they can neither signal it nor write into the socket directory.
 	Bundle runsc.BundleSpec
 	// ReadyTimeout bounds the wait for the init socket (default 30 s).
 	ReadyTimeout time.Duration
@@ -110,8 +117,18 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The socket directory, bound at SocketDir, is root's: the server binds its sockets there
+	// as root, and commands (another user) can list it but write nothing into it, so that
+	// nothing they write lands on the host's disk, and they cannot replace a socket by a link.
+	// Host users other than root cannot reach it: o.Dir is private.
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating sandbox directory: %w", err)
+	}
 	sock := filepath.Join(o.Dir, "sock")
-	if err := os.MkdirAll(sock, 0o700); err != nil {
+	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
 	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
@@ -125,13 +142,19 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	spec := o.Bundle
 	spec.Dir = filepath.Join(o.Dir, "bundle")
 	spec.Workspace = WorkspaceDir
+	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
+	if cmdUser.UID == 0 {
+		cmdUser = DefaultCommandUser
+	}
+	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
 	if o.KeepAwake {
 		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
 	}
 	spec.Args = append([]string{filepath.Join(BinaryDir, filepath.Base(bin)),
 		"-init-listen=unix://" + SocketDir + "/init.sock",
 		"-data-listen=unix://" + SocketDir + "/data.sock",
-		"-workspace=" + WorkspaceDir}, o.ServerArgs...)
+		"-workspace=" + WorkspaceDir,
+		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)}, o.ServerArgs...)
 	spec.Mounts = append(spec.Mounts,
 		runsc.Mount{Source: sock, Destination: SocketDir},
 		runsc.Mount{Source: filepath.Dir(bin), Destination: BinaryDir, ReadOnly: true})
@@ -159,7 +182,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	for {
 		// The socket file appears at bind, before listen: only a successful connect says the
 		// server is ready.
-		if c, err := net.Dial("unix", initPath); err == nil {
+		if c, err := endpoint.DialUnix(ctx, initPath); err == nil {
 			c.Close()
 			return s, nil
 		}

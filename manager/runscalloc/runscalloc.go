@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
@@ -41,10 +42,22 @@ type Template struct {
 	ServerArgs []string
 }
 
-// DefaultTemplate is 1 CPU, 1 GiB, 512 pids, the host's /usr as a read-only root.
+// DefaultTemplate is 1 CPU, 1 GiB (a 512 MiB workspace and a 128 MiB /tmp in it), 512
+// tasks for the commands, the host's /usr as a read-only root.
 func DefaultTemplate() Template {
-	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1, PidsLimit: 512}}
+	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1,
+		WorkspaceSizeBytes: 512 << 20, TmpSizeBytes: 128 << 20,
+		ProcessLimit: DefaultProcessLimit, PidsLimit: HostPidsBackstop(DefaultProcessLimit)}}
 }
+
+// DefaultProcessLimit is how many tasks (processes and threads) the commands of a sandbox may
+// have at once: a fork beyond it fails with EAGAIN inside the sandbox (runsc.BundleSpec.ProcessLimit).
+const DefaultProcessLimit = 512
+
+// HostPidsBackstop is the host pids limit for a sandbox whose commands may have processLimit
+// tasks: gVisor's own host threads (sentry, gofer, systrap stubs) count there, and reaching it
+// kills the whole sandbox, so it sits well above what processLimit tasks cost.
+func HostPidsBackstop(processLimit int64) int64 { return 4*processLimit + 1024 }
 
 // Options configure the allocator. Runsc, StateDir and SandboxBinary are required.
 type Options struct {
@@ -241,13 +254,12 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 func (a *Allocator) connectAhead(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", a.socket(id, "data.sock"))
+	c, err := endpoint.DialUnix(ctx, a.socket(id, "data.sock"))
 	if err != nil {
 		a.o.Logger.Warn("opening a data connection ahead; the agent will dial", "id", id, "err", err)
 		return
 	}
-	a.handoff.Hold(id, c.(*net.UnixConn))
+	a.handoff.Hold(id, c)
 }
 
 // Handoff grants the data connection opened for unit id when it was created (none for a unit
@@ -271,6 +283,13 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 	}
 	ln, err := net.Listen("unix", path)
 	if err != nil {
+		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
+	}
+	// The sandbox server's relay connects as the command user (see localsandbox.Start): the
+	// socket must be writable by others. Host users other than root cannot reach it (the
+	// unit's directory is private); inside, it is the same proxy the relay leads to.
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
 		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
 	}
 	p := egress.NewProxy(a.o.Egress)

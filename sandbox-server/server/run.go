@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
@@ -16,6 +18,11 @@ type Config struct {
 	WorkspaceDir       string
 	Workspace          workspace.Options // Dir and MountPath default to WorkspaceDir
 	Server             Options           // Workspace, Reaper and WorkspaceDir are filled in
+	// CommandUser, if set, separates the server from its commands (package privsep): Run
+	// starts as root, works as this user from the start (its workspace is theirs), binds its
+	// listeners as root, and runs every command as this user. Server.CommandUser is filled
+	// in.
+	CommandUser *privsep.User
 }
 
 // Run starts a sandbox server from cfg and serves until ctx ends, the idle TTL passes without
@@ -31,6 +38,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if initAddr == dataAddr {
 		return fmt.Errorf("init and data addresses must differ (both %s)", initAddr)
+	}
+	opts := cfg.Server
+	// Bound as root: the socket directory is root's, so that commands can write nothing there.
+	listen := endpoint.Listen
+	if u := cfg.CommandUser; u != nil {
+		if err := privsep.Become(*u); err != nil {
+			return fmt.Errorf("separating the server from its commands: %w", err)
+		}
+		opts.CommandUser = &procs.User{UID: u.UID, GID: u.GID}
+		listen = func(a endpoint.Addr) (ln net.Listener, err error) {
+			err = privsep.AsRoot(func() error { ln, err = endpoint.Listen(a); return err })
+			return ln, err
+		}
 	}
 	wo := cfg.Workspace
 	if wo.Dir == "" {
@@ -55,7 +75,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer reaper.Close()
 
-	opts := cfg.Server
 	opts.Workspace, opts.Reaper, opts.WorkspaceDir, opts.Logger = ws, reaper, cfg.WorkspaceDir, log
 	srv, err := New(opts)
 	if err != nil {
@@ -68,11 +87,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	// The data socket is bound first (binding one is a round trip to the host under gVisor,
 	// kept off the allocation path) and serves nothing until the fuse blows.
-	dataLn, err := endpoint.Listen(dataAddr)
+	dataLn, err := listen(dataAddr)
 	if err != nil {
 		return fmt.Errorf("binding data listener: %w", err)
 	}
-	initLn, err := endpoint.Listen(initAddr)
+	initLn, err := listen(initAddr)
 	if err != nil {
 		dataLn.Close()
 		return err
