@@ -104,7 +104,10 @@ type Sandbox struct {
 	Dir      string
 	InitAddr string // unix:// address of the init socket, on the host
 	DataAddr string // unix:// address of the data socket, on the host (exists after init)
-	rt       *runsc.Runtime
+	// Pid is the host pid of the sandbox process (runsc's, holding gVisor's kernel), which
+	// exits when the server does.
+	Pid int
+	rt  *runsc.Runtime
 }
 
 // Start writes the bundle, creates and starts the container and waits for the init socket.
@@ -168,6 +171,9 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	defer log.Close()
 	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log}); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", o.ID, err)
+	}
+	if s.Pid, err = runsc.ReadSandboxPID(spec.Dir); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", o.ID, err)
 	}
 	if err := o.Runtime.Start(ctx, o.ID); err != nil {
 		return nil, fmt.Errorf("starting sandbox %s: %w", o.ID, err)

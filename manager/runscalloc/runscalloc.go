@@ -84,8 +84,9 @@ type Allocator struct {
 	o  Options
 	rt *runsc.Runtime
 
-	mu      sync.Mutex // guards proxies
+	mu      sync.Mutex // guards proxies, exits
 	proxies map[string]*egress.Proxy
+	exits   exits
 
 	// handoff holds each unit's data connection, opened as the unit is created, for its
 	// agent to collect (see internal/handoff).
@@ -97,6 +98,7 @@ var (
 	_ manager.Annotator    = (*Allocator)(nil)
 	_ manager.EgressBinder = (*Allocator)(nil)
 	_ manager.Handoffer    = (*Allocator)(nil)
+	_ manager.ExitWatcher  = (*Allocator)(nil)
 )
 
 // HandoffSocket is the handoff socket's name in the state directory.
@@ -237,10 +239,12 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
 	}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
-	if _, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
-		SandboxBinary: a.o.SandboxBinary, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake}); err != nil {
+	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
+		SandboxBinary: a.o.SandboxBinary, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake})
+	if err != nil {
 		return manager.UnitInfo{}, err
 	}
+	a.watch(id, sb.Pid)
 	if _, err := a.proxy(id); err != nil {
 		return manager.UnitInfo{}, err
 	}
@@ -336,6 +340,7 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 		p.Close()
 	}
 	a.handoff.Drop(id)
+	a.unwatch(id)
 	var errs []error
 	if err := a.rt.Remove(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container %s: %w", id, err))
@@ -355,6 +360,9 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	}
 	for _, s := range states {
 		ids[s.ID] = true
+		if runsc.ValidID(s.ID) {
+			a.watchListed(ctx, s.ID, s)
+		}
 	}
 	entries, err := os.ReadDir(filepath.Join(a.o.StateDir, "sandboxes"))
 	if err != nil {

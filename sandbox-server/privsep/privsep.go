@@ -34,7 +34,7 @@ type User struct {
 	UID, GID uint32
 }
 
-// mu serialises Become and AsRoot: both change the ids of every thread.
+// mu serialises Become calls.
 var mu sync.Mutex
 
 // Become makes this process, which must be root with the capabilities in Kept, work as u:
@@ -61,33 +61,44 @@ func Become(u User) error {
 	return setCaps()
 }
 
-// AsRoot runs f with effective user 0 (a process that called Become; f must be short and
-// must not start commands), for example to bind a socket in a directory only root may write,
-// and then works as the command user again. Every thread is root while f runs.
-func AsRoot(f func() error) error {
-	mu.Lock()
-	defer mu.Unlock()
+// AsRoot runs f on a thread of its own whose effective user is root, for example to bind or
+// unlink a socket in a directory only root may write; every other thread keeps working as the
+// command user meanwhile (credentials are per thread in the kernel; this is the only code
+// that makes them differ). f must do its work on the calling goroutine and start nothing: no
+// goroutine, no command. In a process that never called Become it just runs f.
+func AsRoot(f func() error) (err error) {
+	runtime.LockOSThread()
 	euid := syscall.Geteuid()
 	if euid == 0 {
+		defer runtime.UnlockOSThread()
 		return f()
 	}
-	if err := syscall.Setresuid(-1, 0, -1); err != nil {
-		return fmt.Errorf("privsep: becoming root: %w", err)
+	if _, _, e := syscall.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("privsep: becoming root on this thread: %w", e)
 	}
-	ferr := f()
-	if err := syscall.Setresuid(-1, euid, -1); err != nil {
-		// The process cannot be left root with commands to run: nothing safe remains.
-		panic(fmt.Sprintf("privsep: returning to user %d: %v", euid, err))
-	}
-	if err := setCaps(); err != nil {
-		panic(err.Error())
-	}
-	return ferr
+	defer func() {
+		// Back to the command user and its capabilities, or this thread must never run
+		// anything again: a goroutine that ends while locked to its thread ends the thread,
+		// and the panic ends the process.
+		if _, _, e := syscall.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(euid), ^uintptr(0)); e != 0 {
+			panic(fmt.Sprintf("privsep: returning this thread to user %d: %v", euid, e))
+		}
+		if e := capset(unix.SYS_CAPSET, false); e != nil {
+			panic(e.Error())
+		}
+		runtime.UnlockOSThread()
+	}()
+	return f()
 }
 
 // setCaps sets the effective and permitted capabilities of every thread to Kept, and the
 // inheritable set to none.
-func setCaps() error {
+func setCaps() error { return capset(unix.SYS_CAPSET, true) }
+
+// capset sets the calling thread's (or, with all, every thread's) effective and permitted
+// capabilities to Kept, and the inheritable set to none.
+func capset(trap uintptr, all bool) error {
 	// On the heap, which does not move: AllThreadsSyscall does not keep its arguments alive
 	// the way syscall.Syscall does.
 	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
@@ -96,7 +107,12 @@ func setCaps() error {
 		data[c/32].Effective |= 1 << (c % 32)
 		data[c/32].Permitted |= 1 << (c % 32)
 	}
-	_, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(data)), 0)
+	var e syscall.Errno
+	if all {
+		_, _, e = syscall.AllThreadsSyscall(trap, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(data)), 0)
+	} else {
+		_, _, e = syscall.RawSyscall(trap, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(data)), 0)
+	}
 	runtime.KeepAlive(hdr)
 	runtime.KeepAlive(data)
 	if e != 0 {

@@ -47,9 +47,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("separating the server from its commands: %w", err)
 		}
 		opts.CommandUser = &procs.User{UID: u.UID, GID: u.GID}
-		listen = func(a endpoint.Addr) (ln net.Listener, err error) {
-			err = privsep.AsRoot(func() error { ln, err = endpoint.Listen(a); return err })
-			return ln, err
+		listen = func(a endpoint.Addr) (net.Listener, error) {
+			var ln net.Listener
+			err := privsep.AsRoot(func() (err error) { ln, err = endpoint.Listen(a); return err })
+			if err != nil {
+				return nil, err
+			}
+			return rootCloser{ln}, nil
 		}
 	}
 	wo := cfg.Workspace
@@ -100,3 +104,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		"workspace", cfg.WorkspaceDir, "idle_ttl", opts.IdleTTL)
 	return srv.Serve(ctx, initLn, dataLn)
 }
+
+// rootCloser closes its listener as root, so that a unix socket's file is removed from the
+// root-owned directory it was bound in (the init socket, once the fuse blows).
+type rootCloser struct{ net.Listener }
+
+func (l rootCloser) Close() error { return privsep.AsRoot(l.Listener.Close) }

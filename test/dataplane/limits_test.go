@@ -99,6 +99,7 @@ func TestSocketDirectoryHoldsSocketsOnly(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
 	c := b.Client
 	hostDir := filepath.Dir(socketPath(b.DataAddr))
+	alive(t, ctx, c, "init") // the init listener is closed by the first call's end
 	before := hostEntries(t, hostDir)
 	if !slices.Equal(before, []string{"data.sock"}) {
 		t.Fatalf("host socket directory after init holds %q, want only data.sock", before)
