@@ -53,9 +53,10 @@ func TestAllocateExecRelease(t *testing.T) {
 		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
-	// the commands it starts do not inherit the setting.
-	if out := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ"); !strings.Contains(out, "GODEBUG="+localsandbox.KeepAwakeGODEBUG+"\n") {
-		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", out, localsandbox.KeepAwakeGODEBUG)
+	// the commands it starts do not inherit the setting. (Commands cannot read the server's
+	// /proc entries: its environment is read from the bundle runsc started it from.)
+	if env := e.serverEnv(t, id); !slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
+		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", env, localsandbox.KeepAwakeGODEBUG)
 	}
 	if out := sh(t, ctx, a.Sandbox, "env"); strings.Contains(out, "GODEBUG") {
 		t.Errorf("a command's environment has GODEBUG:\n%s", out)
@@ -127,7 +128,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		if i == 0 {
 			// Sandboxes not kept awake (daemonOpts.KeepAwake false, as with
 			// --keep-sandboxes-awake=false): the server runs without the setting.
-			env := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ")
+			env := strings.Join(e.serverEnv(t, a.ID), "\n")
 			if !strings.Contains(env, "=") || strings.Contains(env, localsandbox.KeepAwakeGODEBUG) {
 				t.Errorf("the server's environment, read %q, should have no %s with keep-awake off", env, localsandbox.KeepAwakeGODEBUG)
 			}
