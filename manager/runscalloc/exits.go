@@ -2,7 +2,7 @@ package runscalloc
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -120,30 +120,35 @@ func (a *Allocator) watchListed(ctx context.Context, id string, st runsc.State) 
 	}
 }
 
-// lastLogLine returns the last non-empty line of the server log at path (at most 300 bytes
-// of it), or "".
+// lastLogLine returns what the server last said about a failure in its log at path: the
+// last warning or error (JSON lines), or a Go runtime panic's first line; "" if none (at
+// most 300 bytes of it, from the log's last 16 KiB).
 func lastLogLine(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	const tail = 4 << 10
-	buf := make([]byte, tail)
+	const tail = 16 << 10
 	fi, err := f.Stat()
 	if err != nil {
 		return ""
 	}
-	off := max(fi.Size()-tail, 0)
-	n, err := f.ReadAt(buf, off)
-	if err != nil && !errors.Is(err, os.ErrClosed) && n == 0 {
-		return ""
+	buf := make([]byte, tail)
+	n, _ := f.ReadAt(buf, max(fi.Size()-tail, 0))
+	found := ""
+	for _, l := range strings.Split(string(buf[:n]), "\n") {
+		l = strings.TrimSpace(l)
+		var rec struct{ Level string }
+		switch {
+		case strings.HasPrefix(l, "panic: "), strings.HasPrefix(l, "fatal error: "):
+			found = l
+		case json.Unmarshal([]byte(l), &rec) == nil && (rec.Level == "ERROR" || rec.Level == "WARN"):
+			found = l
+		}
 	}
-	lines := strings.Split(strings.TrimSpace(string(buf[:n])), "\n")
-	l := strings.TrimSpace(lines[len(lines)-1])
-	if len(l) > 300 {
-		l = l[:300] + "..."
+	if len(found) > 300 {
+		found = found[:300] + "..."
 	}
-	return l
+	return found
 }
-
