@@ -23,11 +23,18 @@ import (
 )
 
 // Kept is the capability set the server keeps while it works as the command user:
-// CAP_SETUID and CAP_SETGID so that each new command can switch to that user (and lose
-// them), and CAP_SYS_RESOURCE, which exempts the server's own threads and commands from the
-// commands' process limit (RLIMIT_NPROC: gVisor never refuses a clone to a holder). Every
-// other capability is dropped from the effective and permitted sets for good.
+// CAP_SETUID and CAP_SETGID (required) so that each new command can switch to that user (and
+// lose them), and CAP_SYS_RESOURCE if the process holds it, which exempts the server's own
+// threads and commands from the commands' process limit (RLIMIT_NPROC: gVisor never refuses
+// a clone to a holder). Every other capability is dropped from the effective and permitted
+// sets for good.
 var Kept = []uintptr{unix.CAP_SETUID, unix.CAP_SETGID, unix.CAP_SYS_RESOURCE}
+
+// required are the capabilities of Kept that Become cannot do without.
+var required = []uintptr{unix.CAP_SETUID, unix.CAP_SETGID}
+
+// kept is Kept as a bit set, less what the process did not hold when Become ran.
+var kept [2]uint32
 
 // User is the command user.
 type User struct {
@@ -37,16 +44,32 @@ type User struct {
 // mu serialises Become calls.
 var mu sync.Mutex
 
-// Become makes this process, which must be root with the capabilities in Kept, work as u:
-// no supplementary groups, group ids (0, u.GID, 0), user ids (0, u.UID, 0), and Kept as its
-// effective and permitted capabilities. It applies to every thread (Go's AllThreadsSyscall:
-// the binary must be built without cgo). u must not be root.
+// Become makes this process, which must be root with CAP_SETUID and CAP_SETGID, work as u: no
+// supplementary groups, group ids (0, u.GID, 0), user ids (0, u.UID, 0), and what it holds of
+// Kept as its effective and permitted capabilities. It applies to every thread (Go's
+// AllThreadsSyscall: the binary must be built without cgo). u must not be root.
 func Become(u User) error {
 	if u.UID == 0 {
 		return errors.New("privsep: the command user must not be root")
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var have [2]unix.CapUserData
+	if err := unix.Capget(hdr, &have[0]); err != nil {
+		return fmt.Errorf("privsep: reading capabilities: %w", err)
+	}
+	kept = [2]uint32{}
+	for _, c := range Kept {
+		if have[c/32].Permitted&(1<<(c%32)) != 0 {
+			kept[c/32] |= 1 << (c % 32)
+		}
+	}
+	for _, c := range required {
+		if kept[c/32]&(1<<(c%32)) == 0 {
+			return fmt.Errorf("privsep: the server needs CAP_SETUID and CAP_SETGID to run commands as another user (permitted: %#x %#x)", have[0].Permitted, have[1].Permitted)
+		}
+	}
 	if err := syscall.Setgroups(nil); err != nil {
 		return fmt.Errorf("privsep: dropping supplementary groups: %w", err)
 	}
@@ -92,20 +115,19 @@ func AsRoot(f func() error) (err error) {
 	return f()
 }
 
-// setCaps sets the effective and permitted capabilities of every thread to Kept, and the
+// setCaps sets the effective and permitted capabilities of every thread to kept, and the
 // inheritable set to none.
 func setCaps() error { return capset(unix.SYS_CAPSET, true) }
 
 // capset sets the calling thread's (or, with all, every thread's) effective and permitted
-// capabilities to Kept, and the inheritable set to none.
+// capabilities to kept, and the inheritable set to none.
 func capset(trap uintptr, all bool) error {
 	// On the heap, which does not move: AllThreadsSyscall does not keep its arguments alive
 	// the way syscall.Syscall does.
 	hdr := &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	data := new([2]unix.CapUserData)
-	for _, c := range Kept {
-		data[c/32].Effective |= 1 << (c % 32)
-		data[c/32].Permitted |= 1 << (c % 32)
+	for i := range data {
+		data[i].Effective, data[i].Permitted = kept[i], kept[i]
 	}
 	var e syscall.Errno
 	if all {
@@ -115,6 +137,9 @@ func capset(trap uintptr, all bool) error {
 	}
 	runtime.KeepAlive(hdr)
 	runtime.KeepAlive(data)
+	if e == syscall.ENOTSUP && all {
+		return fmt.Errorf("privsep: setting every thread's capabilities needs a binary built without cgo (CGO_ENABLED=0): %w", e)
+	}
 	if e != 0 {
 		return fmt.Errorf("privsep: setting capabilities: %w", e)
 	}
