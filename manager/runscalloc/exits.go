@@ -77,6 +77,17 @@ func (a *Allocator) unwatch(id string) {
 	}
 }
 
+// unwatchAll stops watching every unit, and reports no more exits.
+func (a *Allocator) unwatchAll() {
+	a.mu.Lock()
+	files := a.exits.watched
+	a.exits.watched, a.exits.onExit = nil, nil
+	a.mu.Unlock()
+	for _, f := range files {
+		f.Close()
+	}
+}
+
 // exited reports unit id's end, unless Destroy stopped watching it first (f is the pidfd the
 // report is about; nil for a unit never watched).
 func (a *Allocator) exited(id string, f *os.File, why string) {

@@ -162,10 +162,12 @@ func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 // gofers' empty network namespace, a bind mount: see runsc.Runtime.ReleaseRoot) when no
 // container is left, so that a stopped manager's state directory can be removed. With
 // containers left (bound sandboxes, which the next manager on this state directory adopts)
-// it changes nothing. It closes the handoff socket and the connections held there either way.
+// it changes nothing. It closes the handoff socket and the connections held there, and stops
+// watching for sandboxes that end (WatchExits), either way.
 // Call it after the manager's Close.
 func (a *Allocator) Shutdown(ctx context.Context) error {
 	a.handoff.Close()
+	a.unwatchAll()
 	states, err := a.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing containers: %w", err)
