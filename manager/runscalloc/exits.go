@@ -1,7 +1,6 @@
 package runscalloc
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -115,7 +114,7 @@ func (a *Allocator) exited(id string, f *os.File, why string) {
 
 // watchListed watches, or reports as ended, a unit List found: a running container's sandbox
 // process is watched; a stopped container is reported.
-func (a *Allocator) watchListed(ctx context.Context, id string, st runsc.State) {
+func (a *Allocator) watchListed(id string, st runsc.State) {
 	switch st.Status {
 	case runsc.StatusStopped:
 		a.mu.Lock()

@@ -363,7 +363,7 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	for _, s := range states {
 		ids[s.ID] = true
 		if runsc.ValidID(s.ID) {
-			a.watchListed(ctx, s.ID, s)
+			a.watchListed(s.ID, s)
 		}
 	}
 	entries, err := os.ReadDir(filepath.Join(a.o.StateDir, "sandboxes"))
