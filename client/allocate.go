@@ -292,7 +292,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 {
-		sb, err := dial(a.GRPCTarget(), o, append(extra, grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
+		sb, err := dial(a.GRPCTarget(), o, append(append(extra, unixNoFollow(a)...), grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
 		return sb, false, err
 	}
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
@@ -304,7 +304,8 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	grpcReady := make(chan dialed, 1)
 	go func() {
-		d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), tlsflight.NetDialer(a.Network, a.Address), handedOff)
+		// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
+		d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, handedOff)
 		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, d, h.cfg)...)...)
 		grpcReady <- dialed{sb, err}
 	}()

@@ -61,7 +61,17 @@ func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, 
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	return dial(a.GRPCTarget(), o, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	return dial(a.GRPCTarget(), o, append(unixNoFollow(a), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
+}
+
+// unixNoFollow returns, for a unix socket address, the dial option that connects through
+// endpoint.Dial, which never follows a link the sandbox may have put at its socket's name
+// (TCP addresses keep gRPC's own dialer).
+func unixNoFollow(a endpoint.Addr) []grpc.DialOption {
+	if a.Network != "unix" {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithContextDialer(a.DialContext)}
 }
 
 // dial makes the Sandbox: a gRPC connection to target with the given security options,

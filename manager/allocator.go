@@ -154,3 +154,16 @@ type SharedPool interface {
 	// ErrUnitNotFound if there is no such unit.
 	Lookup(ctx context.Context, id string) (UnitInfo, error)
 }
+
+// ExitWatcher is implemented by allocators that learn when a unit ends on its own (its
+// sandbox exited, crashed or was killed) rather than through Destroy. The manager then marks
+// a bound unit Failed with the reason, which List and status show, and destroys what remains
+// of it; a ready unit is destroyed and replaced.
+type ExitWatcher interface {
+	// WatchExits makes the allocator call exited once for each unit that ends on its own from
+	// now on, with a reason for people ("sandbox exited: status 137"), including units it
+	// lists (List) that had ended already. exited may be called from any goroutine and must
+	// not block; units removed by Destroy are not reported. The manager calls it once, before
+	// it adopts units.
+	WatchExits(exited func(id, reason string))
+}

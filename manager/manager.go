@@ -155,6 +155,7 @@ type Manager struct {
 	cancelLoops  context.CancelFunc
 	life         context.Context // ends at Close: creations run under it, not under a request
 	expiring     idSet           // shared pool: expiries in progress
+	exits        *exitQueue      // units that ended on their own (ExitWatcher)
 }
 
 // idSet is a set of ids safe for concurrent use.
@@ -234,7 +235,7 @@ func New(o Options) (*Manager, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), exits: newExitQueue()}
 	if err := m.useCapabilities(); err != nil {
 		return nil, err
 	}
@@ -308,6 +309,9 @@ func (m *Manager) States() *StateOperator { return m.ops }
 func (m *Manager) Start(ctx context.Context) error {
 	// A shared pool has nothing to adopt: leases live with the units, for every replica.
 	if m.shared == nil {
+		if w, ok := m.alloc.(ExitWatcher); ok {
+			w.WatchExits(m.exits.add) // before adoption: units that ended meanwhile are reported
+		}
 		if err := m.adopt(ctx); err != nil {
 			return err
 		}
@@ -332,6 +336,10 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 	}()
+	if m.shared == nil {
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.handleExits(loopCtx, ctx.Done()) }()
+	}
 	if m.o.Ping != nil && m.o.PingInterval > 0 && m.shared == nil {
 		m.bg.Add(1)
 		go func() { defer m.bg.Done(); m.pingHead(loopCtx, ctx.Done()) }()

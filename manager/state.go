@@ -40,7 +40,7 @@ var transitions = map[State][]State{
 	Creating:     {Ready, Failed},
 	Ready:        {Initialising, Destroying},
 	Initialising: {Bound, Destroying, Failed},
-	Bound:        {Destroying},
+	Bound:        {Destroying, Failed}, // Failed: its sandbox ended on its own (ExitWatcher)
 	Destroying:   {Gone, Failed},
 	Failed:       {Destroying}, // a retried destroy of a unit whose destroy failed (Remains)
 }

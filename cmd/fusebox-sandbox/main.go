@@ -15,10 +15,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
@@ -55,11 +57,20 @@ func main() {
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
+	commandUser := flag.String("command-user", "", "UID:GID that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")
 	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (when the relay runs)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fusebox-sandbox: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
+	}
+	if *commandUser != "" {
+		u, err := parseUser(*commandUser)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fusebox-sandbox: -command-user: %v\n", err)
+			os.Exit(2)
+		}
+		cfg.CommandUser = &u
 	}
 	if _, ok := env["HOME"]; !ok {
 		env["HOME"] = cfg.WorkspaceDir
@@ -110,4 +121,18 @@ func main() {
 		log.Error("sandbox server failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// parseUser parses "UID:GID" (numbers; a non-root user).
+func parseUser(s string) (privsep.User, error) {
+	us, gs, ok := strings.Cut(s, ":")
+	uid, uerr := strconv.ParseUint(us, 10, 32)
+	gid, gerr := strconv.ParseUint(gs, 10, 32)
+	if !ok || uerr != nil || gerr != nil {
+		return privsep.User{}, fmt.Errorf("want numeric UID:GID, got %q", s)
+	}
+	if uid == 0 {
+		return privsep.User{}, fmt.Errorf("%q: commands must not run as root (they could signal the server)", s)
+	}
+	return privsep.User{UID: uint32(uid), GID: uint32(gid)}, nil
 }

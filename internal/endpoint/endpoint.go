@@ -3,6 +3,7 @@
 package endpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -88,4 +89,44 @@ func Listen(a Addr) (net.Listener, error) {
 		}
 	}
 	return ln, nil
+}
+
+// ErrNotSocket reports a unix address whose last element is not a socket: a symbolic link
+// (which Dial never follows), a regular file, a directory.
+var ErrNotSocket = errors.New("not a unix socket (symbolic links are not followed)")
+
+// Dial connects to a. A unix socket is opened by its own name, never through a symbolic link
+// there: a sandbox that can write its socket directory could otherwise replace its socket by
+// a link to any socket of the host (the manager's, another sandbox's), and a host process
+// dialing the sandbox's advertised address would follow it. The socket's directory is
+// resolved as usual (it is the host's, not the sandbox's).
+//
+// On Linux the socket is pinned by an O_PATH descriptor opened with O_NOFOLLOW, checked to be
+// a socket, and connected to through /proc/self/fd, so that the name cannot be swapped between
+// the check and the connect. Elsewhere the check is an lstat before the connect.
+func Dial(ctx context.Context, a Addr) (net.Conn, error) {
+	var d net.Dialer
+	if a.Network != "unix" {
+		return d.DialContext(ctx, a.Network, a.Address)
+	}
+	return dialUnixNoFollow(ctx, a)
+}
+
+// DialContext is Dial of a with the signature of a gRPC context dialer
+// (grpc.WithContextDialer(a.DialContext)); the address gRPC passes is ignored.
+func (a Addr) DialContext(ctx context.Context, _ string) (net.Conn, error) { return Dial(ctx, a) }
+
+// DialUnix is Dial of the unix socket at path.
+func DialUnix(ctx context.Context, path string) (*net.UnixConn, error) {
+	c, err := Dial(ctx, Addr{Network: "unix", Address: path})
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// notSocket is the error of a dial of a, whose last element is not a socket.
+func notSocket(a Addr) error {
+	return &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: a.Address, Net: "unix"},
+		Err: fmt.Errorf("%s: %w", a.Address, ErrNotSocket)}
 }

@@ -7,13 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 )
 
@@ -26,6 +26,10 @@ const (
 
 // LogName is the sandbox server's log (its standard error) in Options.Dir.
 const LogName = "server.log"
+
+// DefaultCommandUser is who commands run as when the bundle names no other (non-root) user:
+// the sandbox image's user.
+var DefaultCommandUser = runsc.User{UID: 65532, GID: 65532}
 
 // Options describe one sandbox.
 type Options struct {
@@ -45,7 +49,10 @@ type Options struct {
 	// ServerArgs are extra flags for fusebox-sandbox (limits, idle TTL).
 	ServerArgs []string
 	// Bundle carries limits, root filesystem and extra mounts; Dir, Args and the socket and
-	// binary mounts are filled in.
+	// binary mounts are filled in. Its UID:GID, if not root, is who commands run as
+	// (DefaultCommandUser otherwise): the server itself always starts as root, keeps root as
+	// its real user, and runs commands as that user (runsc.BundleSpec.CommandUser), so that
+	// they can neither signal it nor write into the socket directory.
 	Bundle runsc.BundleSpec
 	// ReadyTimeout bounds the wait for the init socket (default 30 s).
 	ReadyTimeout time.Duration
@@ -103,7 +110,10 @@ type Sandbox struct {
 	Dir      string
 	InitAddr string // unix:// address of the init socket, on the host
 	DataAddr string // unix:// address of the data socket, on the host (exists after init)
-	rt       *runsc.Runtime
+	// Pid is the host pid of the sandbox process (runsc's, holding gVisor's kernel), which
+	// exits when the server does.
+	Pid int
+	rt  *runsc.Runtime
 }
 
 // Start writes the bundle, creates and starts the container and waits for the init socket.
@@ -127,15 +137,19 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 		argv = []string{inside}
 		binMount = []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}
 	}
+	// The socket directory, bound at SocketDir, is root's: the server binds its sockets there
+	// as root, and commands (another user) can list it but write nothing into it, so that
+	// nothing they write lands on the host's disk, and they cannot replace a socket by a link.
+	// Host users other than root cannot reach it: o.Dir is private.
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating sandbox directory: %w", err)
+	}
 	sock := filepath.Join(o.Dir, "sock")
-	if err := os.MkdirAll(sock, 0o700); err != nil {
+	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
-	// A server that is not root inside (an image's user) creates its sockets there too.
-	if uid, gid := o.Bundle.UID, o.Bundle.GID; uid != 0 || gid != 0 {
-		if err := os.Chown(sock, int(uid), int(gid)); err != nil {
-			return nil, fmt.Errorf("handing the socket directory to the sandbox's user: %w", err)
-		}
+	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
+		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
 	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
 		InitAddr: "unix://" + filepath.Join(sock, "init.sock"),
@@ -148,13 +162,19 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	spec := o.Bundle
 	spec.Dir = filepath.Join(o.Dir, "bundle")
 	spec.Workspace = WorkspaceDir
+	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
+	if cmdUser.UID == 0 {
+		cmdUser = DefaultCommandUser
+	}
+	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
 	if o.KeepAwake {
 		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
 	}
 	spec.Args = append(append(argv,
 		"-init-listen=unix://"+SocketDir+"/init.sock",
 		"-data-listen=unix://"+SocketDir+"/data.sock",
-		"-workspace="+WorkspaceDir), o.ServerArgs...)
+		"-workspace="+WorkspaceDir,
+		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)), o.ServerArgs...)
 	spec.Mounts = append(append(slices.Clone(spec.Mounts), runsc.Mount{Source: sock, Destination: SocketDir}), binMount...)
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
@@ -166,6 +186,9 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	defer log.Close()
 	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log}); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", o.ID, err)
+	}
+	if s.Pid, err = runsc.ReadSandboxPID(spec.Dir); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", o.ID, err)
 	}
 	if err := o.Runtime.Start(ctx, o.ID); err != nil {
 		return nil, fmt.Errorf("starting sandbox %s: %w", o.ID, err)
@@ -180,7 +203,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	for {
 		// The socket file appears at bind, before listen: only a successful connect says the
 		// server is ready.
-		if c, err := net.Dial("unix", initPath); err == nil {
+		if c, err := endpoint.DialUnix(ctx, initPath); err == nil {
 			c.Close()
 			return s, nil
 		}

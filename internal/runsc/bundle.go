@@ -26,6 +26,14 @@ const (
 	// noFileLimit is RLIMIT_NOFILE (soft and hard) of the init process:
 	// servers and builds need more than the traditional 1024.
 	noFileLimit uint64 = 65_536
+
+	// With a memory limit, the memory-backed filesystems default to these
+	// shares of it: half for the workspace, an eighth for /tmp. Their files
+	// are the sandbox's memory, and a sandbox that reaches its memory limit
+	// is killed by the host, so their caps must stay below it (gVisor's own
+	// default is half the memory for each).
+	workspaceShare = 2
+	tmpShare       = 8
 )
 
 // hostRootDirs are the host directories a host-derived root is assembled
@@ -39,6 +47,20 @@ var hostRootDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib64"}
 // set `runsc spec` writes. Root inside the sandbox has no CAP_DAC_OVERRIDE,
 // CAP_CHOWN or CAP_SYS_ADMIN, so file modes bind it like any other user.
 var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+
+// serverCaps is the capability set of a root init process that runs its
+// commands as another user (BundleSpec.CommandUser): CAP_SETUID and
+// CAP_SETGID to switch each new command to that user, and CAP_SYS_RESOURCE,
+// which exempts the init process from ProcessLimit (gVisor never refuses a
+// clone to a holder), so that the commands' processes cannot starve the
+// server of threads. A command holds none of them: switching all its user
+// ids away from root clears its capabilities.
+var serverCaps = []string{"CAP_SETGID", "CAP_SETUID", "CAP_SYS_RESOURCE"}
+
+// User is a user and group id inside the sandbox.
+type User struct {
+	UID, GID uint32
+}
 
 // Mount is a bind mount of a host path into the sandbox.
 type Mount struct {
@@ -77,6 +99,14 @@ type BundleSpec struct {
 	// CAP_DAC_OVERRIDE, so file modes bind it); other users get none. The
 	// process has no_new_privs either way.
 	UID, GID uint32
+	// CommandUser, if set, is the user the init process runs its commands
+	// as (fusebox-sandbox -command-user): the init process must then be root
+	// (UID and GID 0) and CommandUser must not be. The init process gets
+	// serverCaps instead of the default set, and the workspace tmpfs belongs
+	// to CommandUser. Commands then can neither signal nor trace the init
+	// process (its real and saved user ids stay root), nor write where only
+	// it may (a root-owned socket directory).
+	CommandUser *User
 
 	// Mounts are extra bind mounts (nosuid, nodev), mounted after the
 	// workspace and /tmp, for example the per-sandbox socket directory at
@@ -91,19 +121,32 @@ type BundleSpec struct {
 	Workspace string
 	// WorkspaceHostDir, if set, is bound read-write at Workspace instead.
 	WorkspaceHostDir string
-	// WorkspaceSizeBytes caps the workspace tmpfs; 0 means gVisor's default
-	// (bounded by the sandbox's memory).
+	// WorkspaceSizeBytes caps the workspace tmpfs: a write beyond it fails
+	// with ENOSPC inside the sandbox. 0 means half of MemoryLimitBytes, or
+	// gVisor's default without a memory limit.
 	WorkspaceSizeBytes int64
-	// TmpSizeBytes caps the tmpfs at /tmp; 0 means gVisor's default.
+	// TmpSizeBytes caps the tmpfs at /tmp; 0 means an eighth of
+	// MemoryLimitBytes, or gVisor's default without a memory limit. With a
+	// memory limit, the two caps together must stay below it.
 	TmpSizeBytes int64
 
 	// MemoryLimitBytes, CPUQuota (in cores: 1.5 is 150 ms per 100 ms
 	// period) and PidsLimit go to linux.resources; 0 means no limit. runsc
 	// applies them to the sandbox's host cgroup, and gVisor sizes the
-	// sandbox's memory from the memory limit.
+	// sandbox's memory from the memory limit. The host's pids limit counts
+	// gVisor's own host threads (sentry, gofer, systrap stubs), and reaching
+	// it kills the whole sandbox: it is a backstop well above what
+	// ProcessLimit lets the sandbox's processes cause.
 	MemoryLimitBytes int64
 	CPUQuota         float64
 	PidsLimit        int64
+	// ProcessLimit is RLIMIT_NPROC (soft and hard) of the init process,
+	// inherited by its children, and enforced by gVisor inside the sandbox:
+	// once a user's processes have created that many tasks (threads count),
+	// their fork and clone fail with EAGAIN. A process holding
+	// CAP_SYS_RESOURCE is exempt (the init process, with CommandUser). 0
+	// means no limit.
+	ProcessLimit int64
 	// CgroupsPath is linux.cgroupsPath; empty lets runsc use
 	// "/<container id>".
 	CgroupsPath string
@@ -195,9 +238,24 @@ func (spec *BundleSpec) validate() error {
 			return bad("WorkspaceHostDir: %v", err)
 		}
 	}
-	if spec.MemoryLimitBytes < 0 || spec.CPUQuota < 0 || spec.PidsLimit < 0 ||
+	if spec.MemoryLimitBytes < 0 || spec.CPUQuota < 0 || spec.PidsLimit < 0 || spec.ProcessLimit < 0 ||
 		spec.WorkspaceSizeBytes < 0 || spec.TmpSizeBytes < 0 {
 		return bad("negative limit")
+	}
+	if spec.MemoryLimitBytes > 0 {
+		ws, tmp := spec.memoryFSSizes()
+		if ws+tmp >= spec.MemoryLimitBytes {
+			return bad("WorkspaceSizeBytes + TmpSizeBytes (%d) must stay below MemoryLimitBytes (%d): "+
+				"their files are the sandbox's memory, and a sandbox that reaches its memory limit is killed", ws+tmp, spec.MemoryLimitBytes)
+		}
+	}
+	if u := spec.CommandUser; u != nil {
+		if spec.UID != 0 || spec.GID != 0 {
+			return bad("CommandUser needs a root init process (UID and GID 0), not %d:%d", spec.UID, spec.GID)
+		}
+		if u.UID == 0 {
+			return bad("CommandUser must not be root: commands would share the init process's user and could signal it")
+		}
 	}
 	if spec.CPUQuota > 0 && spec.CPUQuota*float64(cpuPeriod) < 1000 {
 		return bad("CPUQuota %g is below 1 ms per period", spec.CPUQuota)
@@ -227,6 +285,22 @@ func (spec *BundleSpec) validate() error {
 		}
 	}
 	return nil
+}
+
+// memoryFSSizes returns the caps of the workspace tmpfs (0 with a host
+// workspace) and of /tmp, defaults applied; 0 means gVisor's default.
+func (spec *BundleSpec) memoryFSSizes() (workspace, tmp int64) {
+	workspace, tmp = spec.WorkspaceSizeBytes, spec.TmpSizeBytes
+	if workspace == 0 {
+		workspace = spec.MemoryLimitBytes / workspaceShare
+	}
+	if tmp == 0 {
+		tmp = spec.MemoryLimitBytes / tmpShare
+	}
+	if spec.WorkspaceHostDir != "" {
+		workspace = 0
+	}
+	return workspace, tmp
 }
 
 // checkDest checks one mount destination and records it in seen.
@@ -332,7 +406,9 @@ func bindMount(source, dest string, readOnly bool) specs.Mount {
 	}
 }
 
-// tmpfsMount returns a nosuid, nodev tmpfs mount.
+// tmpfsMount returns a nosuid, nodev tmpfs mount; a positive size caps its
+// bytes. (runsc passes a tmpfs only mode, size, uid and gid: its inodes are
+// capped by gVisor's default, half the host's memory in pages.)
 func tmpfsMount(dest string, size int64, extra ...string) specs.Mount {
 	opts := append([]string{"nosuid", "nodev"}, extra...)
 	if size > 0 {
@@ -354,18 +430,28 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	if spec.UID == 0 {
 		caps.Effective, caps.Permitted = defaultCaps, defaultCaps
 	}
+	owner := User{UID: spec.UID, GID: spec.GID}
+	if spec.CommandUser != nil {
+		caps = &specs.LinuxCapabilities{Bounding: serverCaps, Effective: serverCaps, Permitted: serverCaps}
+		owner = *spec.CommandUser
+	}
+	rlimits := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFileLimit, Soft: noFileLimit}}
+	if spec.ProcessLimit > 0 {
+		rlimits = append(rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(spec.ProcessLimit), Soft: uint64(spec.ProcessLimit)})
+	}
+	wsSize, tmpSize := spec.memoryFSSizes()
 
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	mounts = append(mounts, rootMounts...)
-	mounts = append(mounts, tmpfsMount("/tmp", spec.TmpSizeBytes, "mode=1777"))
+	mounts = append(mounts, tmpfsMount("/tmp", tmpSize, "mode=1777"))
 	if spec.WorkspaceHostDir != "" {
 		mounts = append(mounts, bindMount(spec.WorkspaceHostDir, ws, false))
 	} else {
-		mounts = append(mounts, tmpfsMount(ws, spec.WorkspaceSizeBytes, "mode=0755",
-			"uid="+strconv.FormatUint(uint64(spec.UID), 10), "gid="+strconv.FormatUint(uint64(spec.GID), 10)))
+		mounts = append(mounts, tmpfsMount(ws, wsSize, "mode=0755",
+			"uid="+strconv.FormatUint(uint64(owner.UID), 10), "gid="+strconv.FormatUint(uint64(owner.GID), 10)))
 	}
 	for _, m := range spec.Mounts {
 		mounts = append(mounts, bindMount(m.Source, m.Destination, m.ReadOnly))
@@ -404,7 +490,7 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 			Env:             env,
 			Cwd:             orDefault(spec.Cwd, ws),
 			Capabilities:    caps,
-			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFileLimit, Soft: noFileLimit}},
+			Rlimits:         rlimits,
 			NoNewPrivileges: true,
 		},
 		Root:     &specs.Root{Path: rootPath, Readonly: true},

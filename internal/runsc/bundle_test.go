@@ -205,6 +205,56 @@ func TestWriteBundleOptions(t *testing.T) {
 	})
 }
 
+// Limits that must fail inside the sandbox: the memory-backed filesystems are capped below
+// the memory limit by default, the commands' process count is RLIMIT_NPROC (enforced by
+// gVisor), and a server that runs its commands as another user keeps only the capabilities
+// that needs.
+func TestWriteBundleLimitsInside(t *testing.T) {
+	etc := filepath.Join(t.TempDir(), "etc")
+	if err := os.Mkdir(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/true"},
+		MemoryLimitBytes: 1 << 30, ProcessLimit: 300, PidsLimit: 4000, CommandUser: &runsc.User{UID: 65532, GID: 65533}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := readConfig(t, dir)
+	for dest, size := range map[string]string{runsc.DefaultWorkspace: "size=536870912", "/tmp": "size=134217728"} {
+		if m := mountAt(s, dest); m == nil || m.Type != "tmpfs" || !slices.Contains(m.Options, size) {
+			t.Errorf("%s = %+v, want a tmpfs with %s (a share of the memory limit)", dest, m, size)
+		}
+	}
+	if m := mountAt(s, runsc.DefaultWorkspace); m == nil || !slices.Contains(m.Options, "uid=65532") || !slices.Contains(m.Options, "gid=65533") {
+		t.Errorf("workspace = %+v, want it owned by the command user", m)
+	}
+	p := s.Process
+	if p.User.UID != 0 || p.User.GID != 0 {
+		t.Errorf("init process user %+v, want root (it switches its commands to the command user)", p.User)
+	}
+	wantCaps := []string{"CAP_SETGID", "CAP_SETUID", "CAP_SYS_RESOURCE"}
+	if c := p.Capabilities; !slices.Equal(c.Bounding, wantCaps) || !slices.Equal(c.Effective, wantCaps) || !slices.Equal(c.Permitted, wantCaps) || len(c.Inheritable) != 0 || len(c.Ambient) != 0 {
+		t.Errorf("capabilities = %+v, want %v", c, wantCaps)
+	}
+	if !slices.Contains(p.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: 300, Soft: 300}) {
+		t.Errorf("rlimits = %+v, want RLIMIT_NPROC 300", p.Rlimits)
+	}
+	if r := s.Linux.Resources; r == nil || r.Pids == nil || r.Pids.Limit != 4000 {
+		t.Errorf("host pids limit = %+v, want the backstop 4000", r)
+	}
+	// Without a memory limit the caps are gVisor's defaults (no size option).
+	dir = filepath.Join(t.TempDir(), "b")
+	if err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/true"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dest := range []string{runsc.DefaultWorkspace, "/tmp"} {
+		if m := mountAt(readConfig(t, dir), dest); m == nil || slices.ContainsFunc(m.Options, func(o string) bool { return strings.HasPrefix(o, "size=") }) {
+			t.Errorf("%s without a memory limit = %+v, want no size option", dest, m)
+		}
+	}
+}
+
 func TestWriteBundleInvalid(t *testing.T) {
 	etc := filepath.Join(t.TempDir(), "etc")
 	if err := os.Mkdir(etc, 0o755); err != nil {
@@ -232,6 +282,11 @@ func TestWriteBundleInvalid(t *testing.T) {
 		{"duplicate destination", runsc.BundleSpec{Args: args, EtcDir: etc, Mounts: []runsc.Mount{{Source: etc, Destination: "/workspace"}}}, "reserved"},
 		{"negative limit", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: -1}, "negative"},
 		{"tiny cpu quota", runsc.BundleSpec{Args: args, EtcDir: etc, CPUQuota: 0.001}, "below 1 ms"},
+		{"negative process limit", runsc.BundleSpec{Args: args, EtcDir: etc, ProcessLimit: -1}, "negative"},
+		{"filesystems fill the memory", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: 1 << 30, WorkspaceSizeBytes: 1 << 30}, "below MemoryLimitBytes"},
+		{"filesystems reach the memory", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: 1 << 30, WorkspaceSizeBytes: 768 << 20, TmpSizeBytes: 256 << 20}, "below MemoryLimitBytes"},
+		{"command user with a non-root server", runsc.BundleSpec{Args: args, EtcDir: etc, UID: 1000, CommandUser: &runsc.User{UID: 65532, GID: 65532}}, "root init process"},
+		{"root command user", runsc.BundleSpec{Args: args, EtcDir: etc, CommandUser: &runsc.User{UID: 0, GID: 65532}}, "must not be root"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

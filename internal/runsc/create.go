@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -54,7 +56,7 @@ func (r *Runtime) CreateWithStdio(ctx context.Context, id, bundleDir string, std
 	c := call{
 		command:     "create",
 		id:          id,
-		args:        []string{"--bundle=" + bundleDir, id},
+		args:        []string{"--bundle=" + bundleDir, "--pid-file=" + SandboxPIDFile(bundleDir), id},
 		sharedStdio: true,
 	}
 	// Assign only non-nil files: a nil *os.File in an interface is not nil.
@@ -68,6 +70,24 @@ func (r *Runtime) CreateWithStdio(ctx context.Context, id, bundleDir string, std
 		c.stderr = stdio.Stderr
 	}
 	return r.runWhole(ctx, c)
+}
+
+// SandboxPIDFile is the file in bundleDir where Create has runsc write the host pid of the
+// sandbox process (State.Pid): the process holding gVisor's kernel, which exits when the
+// container's init process does.
+func SandboxPIDFile(bundleDir string) string { return filepath.Join(bundleDir, "sandbox.pid") }
+
+// ReadSandboxPID returns the pid Create wrote to SandboxPIDFile(bundleDir).
+func ReadSandboxPID(bundleDir string) (int, error) {
+	b, err := os.ReadFile(SandboxPIDFile(bundleDir))
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad sandbox pid file %s: %q", SandboxPIDFile(bundleDir), b)
+	}
+	return pid, nil
 }
 
 // wholeTimeout bounds a runsc create or start that its caller's context no longer bounds.

@@ -77,10 +77,15 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init address: %w", err)
 	}
-	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Its messages are a few KiB (a ClientHello, a server flight): gRPC's 32 KiB buffers
 		// would be most of the garbage of the connection the manager makes per unit.
-		grpc.WithReadBufferSize(initBufferBytes), grpc.WithWriteBufferSize(initBufferBytes))
+		grpc.WithReadBufferSize(initBufferBytes), grpc.WithWriteBufferSize(initBufferBytes)}
+	if a.Network == "unix" {
+		// Never through a link the sandbox may have put at its socket's name.
+		opts = append(opts, grpc.WithContextDialer(a.DialContext))
+	}
+	conn, err := grpc.NewClient(a.GRPCTarget(), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dialing init listener %s: %w", a, err)
 	}

@@ -35,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
@@ -54,10 +55,22 @@ type Template struct {
 	Entrypoint []string
 }
 
-// DefaultTemplate is 1 CPU, 1 GiB, 512 pids, the host's /usr as a read-only root.
+// DefaultTemplate is 1 CPU, 1 GiB (a 512 MiB workspace and a 128 MiB /tmp in it), 512
+// tasks for the commands, the host's /usr as a read-only root.
 func DefaultTemplate() Template {
-	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1, PidsLimit: 512}}
+	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1,
+		WorkspaceSizeBytes: 512 << 20, TmpSizeBytes: 128 << 20,
+		ProcessLimit: DefaultProcessLimit, PidsLimit: HostPidsBackstop(DefaultProcessLimit)}}
 }
+
+// DefaultProcessLimit is how many tasks (processes and threads) the commands of a sandbox may
+// have at once: a fork beyond it fails with EAGAIN inside the sandbox (runsc.BundleSpec.ProcessLimit).
+const DefaultProcessLimit = 512
+
+// HostPidsBackstop is the host pids limit for a sandbox whose commands may have processLimit
+// tasks: gVisor's own host threads (sentry, gofer, systrap stubs) count there, and reaching it
+// kills the whole sandbox, so it sits well above what processLimit tasks cost.
+func HostPidsBackstop(processLimit int64) int64 { return 4*processLimit + 1024 }
 
 // Options configure the allocator. Runsc, StateDir and SandboxBinary or Image are required.
 type Options struct {
@@ -91,8 +104,9 @@ type Allocator struct {
 	o  Options
 	rt *runsc.Runtime
 
-	mu      sync.Mutex // guards proxies
+	mu      sync.Mutex // guards proxies, exits
 	proxies map[string]*egress.Proxy
+	exits   exits
 
 	// handoff holds each unit's data connection, opened as the unit is created, for its
 	// agent to collect (see internal/handoff).
@@ -104,6 +118,7 @@ var (
 	_ manager.Annotator    = (*Allocator)(nil)
 	_ manager.EgressBinder = (*Allocator)(nil)
 	_ manager.Handoffer    = (*Allocator)(nil)
+	_ manager.ExitWatcher  = (*Allocator)(nil)
 )
 
 // HandoffSocket is the handoff socket's name in the state directory.
@@ -196,10 +211,12 @@ func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 // gofers' empty network namespace, a bind mount: see runsc.Runtime.ReleaseRoot) when no
 // container is left, so that a stopped manager's state directory can be removed. With
 // containers left (bound sandboxes, which the next manager on this state directory adopts)
-// it changes nothing. It closes the handoff socket and the connections held there either way.
+// it changes nothing. It closes the handoff socket and the connections held there, and stops
+// watching for sandboxes that end (WatchExits), either way.
 // Call it after the manager's Close.
 func (a *Allocator) Shutdown(ctx context.Context) error {
 	a.handoff.Close()
+	a.unwatchAll()
 	states, err := a.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing containers: %w", err)
@@ -279,10 +296,12 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
 	}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
-	if _, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
-		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake}); err != nil {
+	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
+		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake})
+	if err != nil {
 		return manager.UnitInfo{}, err
 	}
+	a.watch(id, sb.Pid)
 	a.connectAhead(ctx, id)
 	return a.info(id, u), nil
 }
@@ -293,13 +312,12 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 func (a *Allocator) connectAhead(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", a.socket(id, "data.sock"))
+	c, err := endpoint.DialUnix(ctx, a.socket(id, "data.sock"))
 	if err != nil {
 		a.o.Logger.Warn("opening a data connection ahead; the agent will dial", "id", id, "err", err)
 		return
 	}
-	a.handoff.Hold(id, c.(*net.UnixConn))
+	a.handoff.Hold(id, c)
 }
 
 // Handoff grants the data connection opened for unit id when it was created (none for a unit
@@ -325,15 +343,12 @@ func (a *Allocator) proxy(id string) (*egress.Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
 	}
-	// The sandbox's server connects to it as the owner of its socket directory (the
-	// image's user).
-	if fi, err := os.Stat(filepath.Dir(path)); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Uid != 0 || st.Gid != 0) {
-			if err := os.Chown(path, int(st.Uid), int(st.Gid)); err != nil {
-				ln.Close()
-				return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
-			}
-		}
+	// The sandbox server's relay connects as the command user (see localsandbox.Start): the
+	// socket must be writable by others. Host users other than root cannot reach it (the
+	// unit's directory is private); inside, it is the same proxy the relay leads to.
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("serving egress proxy for %s: %w", id, err)
 	}
 	p := egress.NewProxy(a.o.Egress)
 	go p.Serve(ln)
@@ -398,6 +413,7 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 	}
 	a.stopProxy(id)
 	a.handoff.Drop(id)
+	a.unwatch(id)
 	var errs []error
 	if err := a.rt.Remove(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("deleting container %s: %w", id, err))
@@ -417,6 +433,9 @@ func (a *Allocator) List(ctx context.Context) ([]manager.UnitInfo, error) {
 	}
 	for _, s := range states {
 		ids[s.ID] = true
+		if runsc.ValidID(s.ID) {
+			a.watchListed(s.ID, s)
+		}
 	}
 	entries, err := os.ReadDir(filepath.Join(a.o.StateDir, "sandboxes"))
 	if err != nil {

@@ -40,6 +40,16 @@ type Spec struct {
 	Env   []string
 	Dir   string
 	Files []int
+	// User, if set, is who the child runs as: its real, effective and saved user and group
+	// ids all become these, with no supplementary groups (which needs CAP_SETUID and
+	// CAP_SETGID in this process; a switch away from root also clears the child's
+	// capabilities). Its working directory is entered as that user.
+	User *User
+}
+
+// User is a user and group id.
+type User struct {
+	UID, GID uint32
 }
 
 // Process is a started command, the leader of its own process group.
@@ -124,6 +134,11 @@ func (r *Reaper) Start(spec Spec) (*Process, error) {
 		Env:   spec.Env,
 		Files: fds,
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	if u := spec.User; u != nil {
+		// With CAP_SETUID, setuid sets all three user ids (the child runs setgroups, setgid,
+		// setuid, in that order, before it changes directory).
+		attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
 	}
 	r.gate.RLock()
 	defer r.gate.RUnlock()

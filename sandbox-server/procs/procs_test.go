@@ -183,3 +183,37 @@ func TestStartFailure(t *testing.T) {
 		t.Fatal("started a missing binary")
 	}
 }
+
+// A Spec with a User runs the command as that user through and through: every user and group
+// id, no supplementary groups, no capabilities.
+func TestStartAsUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	out, err := os.CreateTemp("", "procs-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	script := `grep -E '^(Uid|Gid|Groups|CapEff|CapPrm):' /proc/self/status`
+	p, err := r.Start(Spec{Path: "/bin/sh", Argv: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/",
+		Files: fds(nil, out, out), User: &User{UID: 65532, GID: 65531}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, p); st.ExitCode != 0 {
+		t.Fatalf("exit %d", st.ExitCode)
+	}
+	b, _ := os.ReadFile(out.Name())
+	got := strings.Join(strings.Fields(string(b)), " ")
+	want := "Uid: 65532 65532 65532 65532 Gid: 65531 65531 65531 65531 Groups: CapPrm: 0000000000000000 CapEff: 0000000000000000"
+	if got != want {
+		t.Errorf("the command's identity:\n%s\nwant\n%s", got, want)
+	}
+}

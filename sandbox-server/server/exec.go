@@ -34,6 +34,7 @@ type executor struct {
 	bash   string // path of bash, or "" when the sandbox has none
 	sh     string
 	paths  pathCache
+	user   *procs.User // who commands run as; nil: this process's user
 }
 
 func newExecutor(r *procs.Reaper, st *envstate.State, l Limits, log *slog.Logger) *executor {
@@ -279,7 +280,7 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 	}
 	timeout = min(timeout, e.limits.MaxTimeout)
 
-	spec := procs.Spec{Path: path, Argv: argv, Env: envList, Dir: cwd, Files: files}
+	spec := procs.Spec{Path: path, Argv: argv, Env: envList, Dir: cwd, Files: files, User: e.user}
 	p, err := e.reaper.Start(spec)
 	if err != nil && len(req.GetArgv()) > 0 && e.paths.forget(argv[0], env["PATH"], cwd) {
 		// The cached location went stale (the binary moved): look it up afresh once.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
@@ -16,6 +18,11 @@ type Config struct {
 	WorkspaceDir       string
 	Workspace          workspace.Options // Dir and MountPath default to WorkspaceDir
 	Server             Options           // Workspace, Reaper and WorkspaceDir are filled in
+	// CommandUser, if set, separates the server from its commands (package privsep): Run
+	// starts as root, works as this user from the start (its workspace is theirs), binds its
+	// listeners as root, and runs every command as this user. Server.CommandUser is filled
+	// in.
+	CommandUser *privsep.User
 }
 
 // Run starts a sandbox server from cfg and serves until ctx ends, the idle TTL passes without
@@ -31,6 +38,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if initAddr == dataAddr {
 		return fmt.Errorf("init and data addresses must differ (both %s)", initAddr)
+	}
+	opts := cfg.Server
+	// Bound as root: the socket directory is root's, so that commands can write nothing there.
+	listen := endpoint.Listen
+	if u := cfg.CommandUser; u != nil {
+		if err := privsep.Become(*u); err != nil {
+			return fmt.Errorf("separating the server from its commands: %w", err)
+		}
+		opts.CommandUser = &procs.User{UID: u.UID, GID: u.GID}
+		listen = func(a endpoint.Addr) (net.Listener, error) {
+			var ln net.Listener
+			err := privsep.AsRoot(func() (err error) { ln, err = endpoint.Listen(a); return err })
+			if err != nil {
+				return nil, err
+			}
+			return rootCloser{ln}, nil
+		}
 	}
 	wo := cfg.Workspace
 	if wo.Dir == "" {
@@ -55,7 +79,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer reaper.Close()
 
-	opts := cfg.Server
 	opts.Workspace, opts.Reaper, opts.WorkspaceDir, opts.Logger = ws, reaper, cfg.WorkspaceDir, log
 	srv, err := New(opts)
 	if err != nil {
@@ -68,11 +91,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	// The data socket is bound first (binding one is a round trip to the host under gVisor,
 	// kept off the allocation path) and serves nothing until the fuse blows.
-	dataLn, err := endpoint.Listen(dataAddr)
+	dataLn, err := listen(dataAddr)
 	if err != nil {
 		return fmt.Errorf("binding data listener: %w", err)
 	}
-	initLn, err := endpoint.Listen(initAddr)
+	initLn, err := listen(initAddr)
 	if err != nil {
 		dataLn.Close()
 		return err
@@ -81,3 +104,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		"workspace", cfg.WorkspaceDir, "idle_ttl", opts.IdleTTL)
 	return srv.Serve(ctx, initLn, dataLn)
 }
+
+// rootCloser closes its listener as root, so that a unix socket's file is removed from the
+// root-owned directory it was bound in (the init socket, once the fuse blows).
+type rootCloser struct{ net.Listener }
+
+func (l rootCloser) Close() error { return privsep.AsRoot(l.Listener.Close) }

@@ -59,6 +59,9 @@ type Options struct {
 	// directory.
 	WorkspaceDir string
 	Reaper       *procs.Reaper
+	// CommandUser, if set, is who commands run as (see package privsep); nil runs them as
+	// this process's user.
+	CommandUser *procs.User
 	// IdleTTL is how long the server waits for InitializeTLS before giving up.
 	IdleTTL time.Duration
 	// BaseEnv is the environment of the first task group.
@@ -146,6 +149,7 @@ func New(opts Options) (*Server, error) {
 		dataErr:   make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
+	s.exec.user = opts.CommandUser
 	key, err := tlspin.GenerateKey()
 	if err != nil {
 		return nil, err

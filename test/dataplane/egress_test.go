@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -74,8 +75,13 @@ func serveEgress(t *testing.T, b *sandboxtest.Bound, entries ...string) *syncbuf
 		},
 	})
 	p.SetAllowlist(allow)
-	ln, err := net.Listen("unix", filepath.Join(b.Dir, "sock", "egress.sock"))
+	path := filepath.Join(b.Dir, "sock", "egress.sock")
+	ln, err := net.Listen("unix", path)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// As the allocator does: the sandbox server's relay connects as the command user.
+	if err := os.Chmod(path, 0o666); err != nil {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)

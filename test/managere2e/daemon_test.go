@@ -53,9 +53,10 @@ func TestAllocateExecRelease(t *testing.T) {
 		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
-	// the commands it starts do not inherit the setting.
-	if out := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ"); !strings.Contains(out, "GODEBUG="+localsandbox.KeepAwakeGODEBUG+"\n") {
-		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", out, localsandbox.KeepAwakeGODEBUG)
+	// the commands it starts do not inherit the setting. (Commands cannot read the server's
+	// /proc entries: its environment is read from the bundle runsc started it from.)
+	if env := e.serverEnv(t, id); !slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
+		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", env, localsandbox.KeepAwakeGODEBUG)
 	}
 	if out := sh(t, ctx, a.Sandbox, "env"); strings.Contains(out, "GODEBUG") {
 		t.Errorf("a command's environment has GODEBUG:\n%s", out)
@@ -127,7 +128,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		if i == 0 {
 			// Sandboxes not kept awake (daemonOpts.KeepAwake false, as with
 			// --keep-sandboxes-awake=false): the server runs without the setting.
-			env := sh(t, ctx, a.Sandbox, "tr '\\0' '\\n' </proc/1/environ")
+			env := strings.Join(e.serverEnv(t, a.ID), "\n")
 			if !strings.Contains(env, "=") || strings.Contains(env, localsandbox.KeepAwakeGODEBUG) {
 				t.Errorf("the server's environment, read %q, should have no %s with keep-awake off", env, localsandbox.KeepAwakeGODEBUG)
 			}
@@ -206,8 +207,8 @@ func TestWarmPoolRefills(t *testing.T) {
 	}
 }
 
-// A sandbox that dies while it waits in the pool is found by the manager's ping, destroyed
-// and replaced, and the next allocation gets a live one.
+// A sandbox that dies while it waits in the pool is found by the manager (its sandbox
+// process's exit, or its ping), destroyed and replaced, and the next allocation gets a live one.
 func TestDeadPoolUnitIsReplaced(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1, PoolPing: 50 * time.Millisecond})
@@ -221,7 +222,8 @@ func TestDeadPoolUnitIsReplaced(t *testing.T) {
 		ready := idsIn(list(t, ctx, mc), managerv1.UnitState_UNIT_STATE_READY)
 		return len(ready) == 1 && ready[0] != dead && !slices.Contains(e.containers(t), dead), fmt.Sprint(ready, e.containers(t))
 	})
-	if !strings.Contains(m.Log.String(), "stopped answering pings") {
+	// The sandbox process's exit (or, failing that, the ping) told the manager.
+	if l := m.Log.String(); !strings.Contains(l, "ended on its own") && !strings.Contains(l, "stopped answering pings") {
 		t.Errorf("the manager did not log why it destroyed %s", dead)
 	}
 	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
@@ -348,4 +350,48 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if a.HandedOff() || !a.Relayed {
 		t.Errorf("HandedOff %v, Relayed %v: want a dialed connection continuing the relayed handshake", a.HandedOff(), a.Relayed)
 	}
+}
+
+// Untrusted code cannot end its sandbox's server (`kill -9 1` is refused and the unit stays
+// bound and serving); a bound sandbox that dies anyway (here killed from the host) is noticed
+// by the manager, listed as failed with the reason, and destroyed.
+func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
+	e := newEnv(t)
+	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	if err != nil {
+		t.Fatalf("Allocate: %v", err)
+	}
+	defer a.Close()
+	res, err := a.Sandbox.Exec(ctx, client.Command{Script: "kill -9 1"})
+	if err != nil || res.ExitCode == 0 {
+		t.Fatalf("kill -9 1 from a command: %+v %v; want it refused", res, err)
+	}
+	if got := sh(t, ctx, a.Sandbox, "echo alive"); got != "alive\n" {
+		t.Fatalf("after kill -9 1: %q", got)
+	}
+	if s := list(t, ctx, mc)[a.ID]; s.GetState() != managerv1.UnitState_UNIT_STATE_BOUND {
+		t.Fatalf("after kill -9 1 the unit is %v, want bound", s)
+	}
+
+	if err := e.RT.Kill(ctx, a.ID, syscall.SIGKILL, true); err != nil {
+		t.Fatalf("killing the bound sandbox: %v", err)
+	}
+	sandboxtest.Eventually(t, pollDeadline, "the dead bound unit listed as failed", func() (bool, string) {
+		s := list(t, ctx, mc)[a.ID]
+		return s.GetState() == managerv1.UnitState_UNIT_STATE_FAILED && strings.Contains(s.GetError(), "exited"), fmt.Sprint(s)
+	})
+	e.waitUnitGone(t, a.ID)
+	if !strings.Contains(m.Log.String(), "ended on its own") {
+		t.Errorf("the manager did not log why %s failed:\n%s", a.ID, m.Log)
+	}
+	// The pool still serves (List is what fusebox status prints, errors included).
+	b, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	if err != nil {
+		t.Fatalf("allocation after the dead unit: %v", err)
+	}
+	defer b.Close()
+	sh(t, ctx, b.Sandbox, "true")
 }

@@ -6,6 +6,7 @@ package managere2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -485,4 +486,23 @@ func (e *env) waitServing(t testing.TB, p *proc, mc managerv1.ManagerClient) {
 		_, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
 		return err == nil, fmt.Sprint(err)
 	})
+}
+
+// serverEnv returns the environment unit id's sandbox server was started with (its bundle's
+// process.env).
+func (e *env) serverEnv(t testing.TB, id string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.StateDir, "sandboxes", id, "bundle", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Process struct {
+			Env []string `json:"env"`
+		} `json:"process"`
+	}
+	if err := json.Unmarshal(data, &spec); err != nil {
+		t.Fatalf("parsing %s's bundle: %v", id, err)
+	}
+	return spec.Process.Env
 }
