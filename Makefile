@@ -22,6 +22,9 @@ export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
 MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
 
 BIN      := bin
+# The Python SDK is built and tested with Debian's interpreter and packages, not whatever
+# python3 is first on PATH.
+PYTHON   ?= /usr/bin/python3
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
@@ -32,6 +35,9 @@ help: ## Show this help
 
 deps: ## Install the Debian packages the build and tests need (root)
 	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
+	@command -v grpc_python_plugin >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler-grpc; }
+	@$(PYTHON) -c 'import grpc, google.protobuf, cryptography, pytest, pytest_asyncio' 2>/dev/null || { apt-get update -qq && \
+		apt-get install -y -qq python3-grpcio python3-protobuf python3-cryptography python3-pytest python3-pytest-asyncio; }
 
 runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
 
