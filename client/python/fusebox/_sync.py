@@ -370,10 +370,15 @@ class Sandbox:
             raise from_rpc(e, "planning read") from None
         out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
                               bytes=plan.total_bytes))
-        futs = [(self._rpc.ReadFiles.future(sandbox_pb2.ReadFilesRequest(paths=[f.path for f in b.files])), len(b.files))
-                for b in plan.batches]
+        sem = threading.Semaphore(self._conc)  # batches in flight, as for writes
+        futs = []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._conc) if plan.streamed else None
         try:
+            for b in plan.batches:
+                sem.acquire()
+                fut = self._rpc.ReadFiles.future(sandbox_pb2.ReadFilesRequest(paths=[f.path for f in b.files]))
+                fut.add_done_callback(lambda _: sem.release())
+                futs.append((fut, len(b.files)))
             sfuts = [(pool.submit(self.read_file, f.path), f.path) for f in plan.streamed] if pool else []
             for fut, n in futs:
                 try:
