@@ -29,6 +29,9 @@ export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
 MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
 
 BIN      := bin
+# The Python SDK is built and tested with Debian's interpreter and packages, not whatever
+# python3 is first on PATH.
+PYTHON   ?= /usr/bin/python3
 # Every binary make build puts in bin/: the products (fusebox, fusebox-manager, fusebox-sandbox;
 # hack/deps-lists.sh checks what they link) and the benchmarks' (fusebox-bench, and
 # fusebox-floor, which fusebox-bench dataplane runs inside its sandbox). All static and stripped.
@@ -36,7 +39,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools
+.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,6 +49,9 @@ deps: ## Install the Debian packages the build and tests need (root)
 	@command -v mmdebstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq mmdebstrap; }
 	@command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-registry; }
 	@command -v htpasswd >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
+	@command -v grpc_python_plugin >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler-grpc; }
+	@$(PYTHON) -c 'import grpc, google.protobuf, cryptography, pytest, pytest_asyncio' 2>/dev/null || { apt-get update -qq && \
+		apt-get install -y -qq python3-grpcio python3-protobuf python3-cryptography python3-pytest python3-pytest-asyncio; }
 
 runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
 
@@ -75,7 +81,7 @@ build: ## Build fusebox, fusebox-manager, fusebox-sandbox, fusebox-bench and fus
 		CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(BIN)/$$b ./cmd/$$b || exit 1; \
 	done
 
-generate: ## Regenerate the protobuf Go code with the pinned generators, and the dependency lists
+generate: ## Regenerate the protobuf Go and Python code with the pinned generators, and the dependency lists
 	./hack/generate.sh
 	./hack/deps-lists.sh
 
@@ -90,8 +96,17 @@ unit: ## Run the tests that need neither root nor gVisor
 
 test: deps runsc shim verify k8s-bins tools ## Verify, then run every test, gVisor and Kubernetes integration tests included, and build every image (root)
 	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
+	$(MAKE) test-python
 	$(MAKE) test-kube
 	$(MAKE) images
+
+# pytest fails on no tests collected (exit 5) as on a failure, and the end-to-end tests fail
+# rather than skip without runsc or root (FUSEBOX_SKIP_RUNSC=1 skips them explicitly).
+test-python: deps runsc build ## Run the Python SDK's tests with Debian's python3: unit, and end to end against `fusebox local up` under gVisor (root)
+	cd client/python && FUSEBOX_BIN=$(abspath $(BIN))/fusebox PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -p no:cacheprovider -q -rs
+
+bench-python: runsc build ## Benchmark the Python SDK against the Go SDK in one run (client/python/bench.py)
+	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(PYTHON) client/python/bench.py $(BENCH_FLAGS)
 
 k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent (about 35 CPU-min cold)
 	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \

@@ -5,11 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./hack/generate.sh
-if ! git diff --quiet -- proto; then
-  git --no-pager diff --stat -- proto
+generated=(proto client/python/fusebox/_proto)
+if ! git diff --quiet -- "${generated[@]}"; then
+  git --no-pager diff --stat -- "${generated[@]}"
   echo "generated code is stale: run make generate and commit" >&2; exit 1
 fi
-if untracked=$(git ls-files --others --exclude-standard proto) && [ -n "$untracked" ]; then
+if untracked=$(git ls-files --others --exclude-standard "${generated[@]}") && [ -n "$untracked" ]; then
   echo "generated files not committed: $untracked" >&2; exit 1
 fi
 unformatted=$(gofmt -l $(git ls-files '*.go' | grep -v '\.pb\.go$') 2>&1 || true)

@@ -519,6 +519,9 @@ type Allocation struct {
 	LeaseToken   string
 	// TLSServerFlight is the sandbox's answer to the request's TLSClientHello, if any.
 	TLSServerFlight []byte
+	// SandboxCertificate is the sandbox's self-signed certificate (DER), relayed as the
+	// sandbox sent it, for agents that pin through a root certificate.
+	SandboxCertificate []byte
 	// Handoff and HandoffToken say where the agent collects the data connection the
 	// allocator opened ahead, if it did (see Handoffer).
 	Handoff      string
@@ -767,7 +770,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	}
 	m.publishCounts()
 	a := Allocation{ID: id, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
-		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight}
+		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight, SandboxCertificate: fused.SandboxCertificate}
 	if m.handoffer != nil {
 		if addr, tok, ok := m.handoffer.Handoff(id); ok {
 			a.Handoff, a.HandoffToken = addr, tok

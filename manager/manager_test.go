@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -883,5 +884,26 @@ func TestRenewChecksTTLAsAllocateDoes(t *testing.T) {
 				t.Errorf("renewed until %v, beyond the maximum TTL", r.LeaseExpires.AsTime())
 			}
 		})
+	}
+}
+
+// The sandbox's certificate comes back with the allocation as the sandbox sent it, for
+// agents that pin through a root certificate.
+func TestAllocateRelaysSandboxCertificate(t *testing.T) {
+	cert := []byte("the sandbox's certificate, opaque to the manager")
+	e := newEnv(t, 1, func(o *manager.Options) {
+		o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
+			r, err := memalloc.Initializer(ctx, addr, req)
+			r.SandboxCertificate = cert
+			return r, err
+		}
+	})
+	e.start(t)
+	resp, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(resp.GetSandboxCertificate(), cert) {
+		t.Fatalf("sandbox_certificate = %q, want %q", resp.GetSandboxCertificate(), cert)
 	}
 }

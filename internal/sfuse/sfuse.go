@@ -41,6 +41,10 @@ type Result struct {
 	SandboxKey []byte
 	// TLSServerFlight answers Request.TLSClientHello; empty when there was none.
 	TLSServerFlight []byte
+	// SandboxCertificate is the sandbox's self-signed certificate (DER), relayed for agents
+	// that pin through a root certificate; they check that its key is SandboxKey. Empty from
+	// a sandbox that sends none.
+	SandboxCertificate []byte
 }
 
 // Initialize calls InitializeTLS on the sandbox's init listener at initAddr and returns the
@@ -65,6 +69,10 @@ type refused struct{ error }
 
 func (r refused) Is(target error) bool { return target == ErrRefused }
 func (r refused) Unwrap() error        { return r.error }
+
+// MaxCertificateBytes bounds the sandbox certificate relayed to the agent: a self-signed
+// P-256 or Ed25519 certificate is a few hundred bytes.
+const MaxCertificateBytes = 4 << 10
 
 // initBufferBytes sizes the init connection's read and write buffers; a larger message
 // passes through in several reads or writes.
@@ -110,7 +118,11 @@ func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Req
 	case len(f) > tlsflight.MaxFlightBytes:
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight of %d bytes (at most %d)", addr, len(f), tlsflight.MaxFlightBytes)
 	}
-	return Result{SandboxKey: resp.GetSandboxPublicKey(), TLSServerFlight: resp.GetTlsServerFlight()}, nil
+	if n := len(resp.GetSandboxCertificate()); n > MaxCertificateBytes {
+		return Result{}, fmt.Errorf("InitializeTLS on %s returned a certificate of %d bytes (at most %d)", addr, n, MaxCertificateBytes)
+	}
+	return Result{SandboxKey: resp.GetSandboxPublicKey(), TLSServerFlight: resp.GetTlsServerFlight(),
+		SandboxCertificate: resp.GetSandboxCertificate()}, nil
 }
 
 // Conns prepares the connection to a unit's init listener while the unit waits in the warm

@@ -30,6 +30,13 @@ var ErrBadKey = errors.New("unsupported or malformed public key")
 // ErrPinMismatch reports a peer whose certificate key is not the pinned key.
 var ErrPinMismatch = errors.New("peer public key does not match the pinned key")
 
+// ServerName is the DNS name every certificate made by Certificate carries (as a subject
+// alternative name). Clients whose TLS stack pins only through a root certificate (Python's
+// grpcio) verify the sandbox's certificate, used as their only root, against this name; the
+// .invalid top-level domain can never resolve, so the name means nothing but "the pinned
+// sandbox".
+const ServerName = "sandbox.fusebox.invalid"
+
 // GenerateKey returns a new Ed25519 private key, the default for agents and sandboxes (its
 // signatures and their checks are the cheapest of the supported kinds, and a handshake makes
 // one of each on both sides).
@@ -87,7 +94,7 @@ func checkType(pub crypto.PublicKey) error {
 }
 
 // Certificate wraps key in a self-signed certificate for use in a tls.Config. Only its public
-// key matters to a pinning peer.
+// key matters to a pinning peer; it names ServerName for peers that verify it as a root.
 func Certificate(key crypto.Signer) (tls.Certificate, error) {
 	if err := checkType(key.Public()); err != nil {
 		return tls.Certificate{}, err
@@ -100,6 +107,7 @@ func Certificate(key crypto.Signer) (tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: "fusebox pinned key"},
+		DNSNames:     []string{ServerName},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(10 * 365 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

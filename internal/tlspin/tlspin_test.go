@@ -1,6 +1,7 @@
 package tlspin
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -148,5 +149,32 @@ func TestEd25519Pair(t *testing.T) {
 	}
 	if cerr, serr := handshake(t, srv, cli); cerr != nil || serr != nil {
 		t.Fatalf("ed25519 peers: client %v, server %v", cerr, serr)
+	}
+}
+
+// A certificate verifies as its own only root for ServerName, as a client whose TLS stack pins
+// through a root certificate (Python's grpcio) checks it, for both key types.
+func TestCertificateVerifiesAsItsOwnRoot(t *testing.T) {
+	p256, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	_, ed, _ := ed25519.GenerateKey(rand.Reader)
+	for name, key := range map[string]crypto.Signer{"p256": p256, "ed25519": ed} {
+		t.Run(name, func(t *testing.T) {
+			c, err := Certificate(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cert, err := x509.ParseCertificate(c.Certificate[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			roots := x509.NewCertPool()
+			roots.AddCert(cert)
+			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: ServerName}); err != nil {
+				t.Fatalf("verifying against itself for %s: %v", ServerName, err)
+			}
+			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, DNSName: "other.invalid"}); err == nil {
+				t.Fatal("verified for a name it does not carry")
+			}
+		})
 	}
 }

@@ -365,7 +365,10 @@ func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.Initiali
 	}
 	i.s.timeline.initReceived.Store(received) // only one call succeeds
 	mark(&i.s.timeline.initAnswered)
-	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub, TlsServerFlight: flight}, nil
+	// The certificate is public (the data listener presents it to anyone who connects); it
+	// goes with the key for clients that pin through a root certificate.
+	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub, TlsServerFlight: flight,
+		SandboxCertificate: i.s.cert.Certificate[0]}, nil
 }
 
 // devNull is shared as the standard input of commands that get none.

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,6 +150,15 @@ func TestFuseBlowsOnce(t *testing.T) {
 	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("init after a malformed one: %v", err)
+	}
+	// The certificate that comes with the key carries exactly that key and the fixed server
+	// name, for clients that pin through a root certificate.
+	cert, err := x509.ParseCertificate(pub.SandboxCertificate)
+	if err != nil {
+		t.Fatalf("sandbox certificate: %v", err)
+	}
+	if !bytes.Equal(cert.RawSubjectPublicKeyInfo, pub.SandboxKey) || !slices.Equal(cert.DNSNames, []string{tlspin.ServerName}) {
+		t.Fatalf("sandbox certificate: key %x names %q, want key %x and %q", cert.RawSubjectPublicKeyInfo, cert.DNSNames, pub.SandboxKey, tlspin.ServerName)
 	}
 	other, _ := client.NewKey()
 	// The init listener outlives the fuse until the agent's first call (so closing it does

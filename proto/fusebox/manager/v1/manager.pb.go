@@ -213,8 +213,14 @@ type AllocateResponse struct {
 	DataHandoff string `protobuf:"bytes,7,opt,name=data_handoff,json=dataHandoff,proto3" json:"data_handoff,omitempty"`
 	// The one-time token that collects the connection at data_handoff. Keep it secret.
 	DataHandoffToken []byte `protobuf:"bytes,8,opt,name=data_handoff_token,json=dataHandoffToken,proto3" json:"data_handoff_token,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The sandbox's self-signed certificate (DER X.509), relayed from InitializeTLS: its key is
+	// sandbox_public_key and it names "sandbox.fusebox.invalid". For clients whose TLS stack pins
+	// only through a root certificate: refuse it unless its SubjectPublicKeyInfo equals
+	// sandbox_public_key, then use it as the only root with that server name. Not a trust
+	// anchor of its own: the pinned key is. Empty from a sandbox that does not send one.
+	SandboxCertificate []byte `protobuf:"bytes,9,opt,name=sandbox_certificate,json=sandboxCertificate,proto3" json:"sandbox_certificate,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *AllocateResponse) Reset() {
@@ -299,6 +305,13 @@ func (x *AllocateResponse) GetDataHandoff() string {
 func (x *AllocateResponse) GetDataHandoffToken() []byte {
 	if x != nil {
 		return x.DataHandoffToken
+	}
+	return nil
+}
+
+func (x *AllocateResponse) GetSandboxCertificate() []byte {
+	if x != nil {
+		return x.SandboxCertificate
 	}
 	return nil
 }
@@ -865,7 +878,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x10tls_client_hello\x18\x06 \x01(\fR\x0etlsClientHello\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x03\n" +
 	"\x10AllocateResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -876,7 +889,8 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"leaseToken\x12*\n" +
 	"\x11tls_server_flight\x18\x06 \x01(\fR\x0ftlsServerFlight\x12!\n" +
 	"\fdata_handoff\x18\a \x01(\tR\vdataHandoff\x12,\n" +
-	"\x12data_handoff_token\x18\b \x01(\fR\x10dataHandoffToken\"\x86\x01\n" +
+	"\x12data_handoff_token\x18\b \x01(\fR\x10dataHandoffToken\x12/\n" +
+	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificate\"\x86\x01\n" +
 	"\fRenewRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +

@@ -219,8 +219,15 @@ type InitializeTLSResponse struct {
 	// The sandbox's TLS reply to tls_client_hello (ServerHello through Finished); empty when the
 	// request carried none.
 	TlsServerFlight []byte `protobuf:"bytes,2,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sandbox's self-signed TLS certificate (DER X.509) that the data listener presents: its
+	// key is sandbox_public_key and it names the fixed server name "sandbox.fusebox.invalid" as
+	// a DNS subject alternative name. For clients whose TLS stack can pin only through a root
+	// certificate (Python's grpcio): such a client must refuse the certificate unless its
+	// SubjectPublicKeyInfo equals sandbox_public_key, then use it as the only root and that name
+	// as the server name. Clients that pin keys directly ignore it.
+	SandboxCertificate []byte `protobuf:"bytes,3,opt,name=sandbox_certificate,json=sandboxCertificate,proto3" json:"sandbox_certificate,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *InitializeTLSResponse) Reset() {
@@ -263,6 +270,13 @@ func (x *InitializeTLSResponse) GetSandboxPublicKey() []byte {
 func (x *InitializeTLSResponse) GetTlsServerFlight() []byte {
 	if x != nil {
 		return x.TlsServerFlight
+	}
+	return nil
+}
+
+func (x *InitializeTLSResponse) GetSandboxCertificate() []byte {
+	if x != nil {
+		return x.SandboxCertificate
 	}
 	return nil
 }
@@ -2550,10 +2564,11 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x14InitializeTLSRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12(\n" +
 	"\x10tls_client_hello\x18\x02 \x01(\fR\x0etlsClientHello\x12\x16\n" +
-	"\x06egress\x18\x03 \x03(\tR\x06egress\"q\n" +
+	"\x06egress\x18\x03 \x03(\tR\x06egress\"\xa2\x01\n" +
 	"\x15InitializeTLSResponse\x12,\n" +
 	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12*\n" +
-	"\x11tls_server_flight\x18\x02 \x01(\fR\x0ftlsServerFlight\"\xf0\x02\n" +
+	"\x11tls_server_flight\x18\x02 \x01(\fR\x0ftlsServerFlight\x12/\n" +
+	"\x13sandbox_certificate\x18\x03 \x01(\fR\x12sandboxCertificate\"\xf0\x02\n" +
 	"\vExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x16\n" +
 	"\x06script\x18\x02 \x01(\tR\x06script\x12\x10\n" +

@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Benchmarks the Python SDK against the Go SDK in one run, on this machine's gVisor.
+
+It starts its own ``fusebox local up`` (bin/fusebox, the pinned runsc; root) on a unix socket
+in a temporary directory, and measures with the Python SDK, as an agent sees it:
+
+* exec round trip of ``true`` (p50, p99) over one sandbox's pinned connection;
+* 3,000 files of 4 KiB (random data) materialised with write_files, then read back through
+  the plan and compared byte for byte;
+* warm allocations including the first call (Manager.allocate over a kept manager connection
+  with a fresh agent key, then stat "."), each taken from a full pool that has settled, as
+  ``fusebox bench allocate --manager`` does; every sandbox is released.
+
+In the same run it measures the Go SDK: ``fusebox bench allocate --manager ADDR`` against the
+same manager, and ``fusebox bench dataplane`` (one sandbox of its own, bound through sFuse)
+for exec and materialisation. Prints one JSON object (``--json``) or a table. Keep runs short
+on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import fusebox  # noqa: E402
+from tests.conftest import DEFAULT_RUNSC, REPO, LocalManager  # noqa: E402
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def settle(m: fusebox.Manager, target: int, settle_s: float, warm_s: float = 1.2, wait_s: float = 120.0) -> None:
+    """Waits until the pool holds target ready units, creates and destroys nothing, for
+    settle_s, and its oldest ready unit is warm_s old (past gVisor's clock warm-up)."""
+    end = time.monotonic() + wait_s
+    full_since = None
+    while time.monotonic() < end:
+        units = m.list()
+        ready = [u for u in units if u.state == "READY"]
+        busy = any(u.state in ("CREATING", "DESTROYING") for u in units)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        if len(ready) >= target and not busy:
+            full_since = full_since or time.monotonic()
+            oldest = min(u.created for u in ready if u.created) if ready else now
+            if time.monotonic() - full_since >= settle_s and (now - oldest).total_seconds() >= warm_s:
+                return
+        else:
+            full_since = None
+        time.sleep(0.02)
+    raise RuntimeError("the manager's pool did not settle")
+
+
+def python_figures(addr: str, exec_runs: int, alloc_runs: int, settle_s: float, pool: int) -> dict:
+    out = {}
+    with fusebox.Manager(addr) as m:
+        settle(m, pool, settle_s)
+        with m.allocate() as sb:
+            for _ in range(20):
+                sb.exec(["true"])
+            lat = []
+            for _ in range(exec_runs):
+                t0 = time.perf_counter()
+                sb.exec(["true"])
+                lat.append((time.perf_counter() - t0) * 1e3)
+            out["exec_roundtrip_p50_ms"], out["exec_roundtrip_p99_ms"] = pct(lat, 50), pct(lat, 99)
+            rnd = random.Random(1)
+            files = {f"src/d{i % 30}/f{i}.txt": rnd.randbytes(4096) for i in range(3000)}
+            t0 = time.perf_counter()
+            st = sb.write_files(files)
+            out["materialize_3000x4k_s"] = time.perf_counter() - t0
+            out["materialize_3000x4k_rpcs"] = st.batches + st.streamed
+            t0 = time.perf_counter()
+            got = sb.read_files("src/**")
+            out["read_plan_3000x4k_s"] = time.perf_counter() - t0
+            if got != files:
+                raise RuntimeError("read back differs from what was written")
+        lat = []
+        for _ in range(alloc_runs):
+            settle(m, pool, settle_s)
+            t0 = time.perf_counter()
+            sb = m.allocate()
+            sb.stat(".")
+            lat.append((time.perf_counter() - t0) * 1e3)
+            sb.close()
+        out["allocate_p50_ms"], out["allocate_p99_ms"] = pct(lat, 50), pct(lat, 99)
+        out["allocate_runs"] = alloc_runs
+    return out
+
+
+def go_figures(binary: Path, runsc: str, addr: str, exec_runs: int, alloc_runs: int, settle_s: float) -> dict:
+    env = dict(os.environ)
+    alloc = json.loads(subprocess.run([str(binary), "bench", "allocate", "--manager", addr, "--runs", str(alloc_runs),
+                                       "--settle", f"{int(settle_s * 1000)}ms", "--json"],
+                                      check=True, capture_output=True, env=env).stdout)
+    dp = json.loads(subprocess.run([str(binary), "bench", "dataplane", "--runsc", runsc, "--exec-runs", str(exec_runs),
+                                    "--baseline-runs", "5", "--shell-files", "30", "--stream-mib", "16", "--json"],
+                                   check=True, capture_output=True, env=env).stdout)
+    return {"exec_roundtrip_p50_ms": dp["exec_roundtrip_p50_ms"], "exec_roundtrip_p99_ms": dp["exec_roundtrip_p99_ms"],
+            "materialize_3000x4k_s": dp["materialize_3000x4k_seconds"], "materialize_3000x4k_rpcs": dp["materialize_3000x4k_rpcs"],
+            "read_plan_3000x4k_s": dp["read_plan_3000x4k_seconds"],
+            "allocate_p50_ms": alloc["allocate_p50_ms"], "allocate_p99_ms": alloc["allocate_p99_ms"], "allocate_runs": alloc["runs"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--exec-runs", type=int, default=300)
+    ap.add_argument("--alloc-runs", type=int, default=30)
+    ap.add_argument("--settle", type=float, default=0.1, help="seconds the full pool idles before each allocation")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    binary = Path(os.environ.get("FUSEBOX_BIN") or REPO / "bin" / "fusebox")
+    runsc = os.environ.get("FUSEBOX_RUNSC") or DEFAULT_RUNSC
+    lm = LocalManager(Path(tempfile.mkdtemp(prefix="fbxpyb-")), binary, runsc)
+    pool = 2
+    try:
+        lm.start()
+        py = python_figures(lm.address, a.exec_runs, a.alloc_runs, a.settle, pool)
+        go = go_figures(binary, runsc, lm.address, a.exec_runs, a.alloc_runs, a.settle)
+    finally:
+        lm.stop()
+    r = {"python": py, "go": go, "ratios": {
+        "exec_p50_python_over_go": py["exec_roundtrip_p50_ms"] / go["exec_roundtrip_p50_ms"],
+        "materialize_python_over_go": py["materialize_3000x4k_s"] / go["materialize_3000x4k_s"]},
+        "targets": {"exec_p50_ratio_max": 1.5, "materialize_ratio_max": 2.0, "allocate_p99_ms_max": 15.0},
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "note": "python: one fusebox local up, SDK defaults, random data verified; go: fusebox bench allocate --manager "
+                "against the same manager, and fusebox bench dataplane (a sandbox of its own bound through sFuse)"}
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    rows = [("exec round trip of true, p50 / p99", "exec_roundtrip_p50_ms", "exec_roundtrip_p99_ms", "ms"),
+            ("materialise 3000 x 4 KiB", "materialize_3000x4k_s", None, "s"),
+            ("read 3000 x 4 KiB via plan", "read_plan_3000x4k_s", None, "s"),
+            ("warm allocation + first call, p50 / p99", "allocate_p50_ms", "allocate_p99_ms", "ms")]
+    print(f"{'figure':44} {'python':>18} {'go':>18}")
+    for name, k1, k2, unit in rows:
+        f = (lambda d: f"{d[k1]:.3f} / {d[k2]:.3f} {unit}") if k2 else (lambda d: f"{d[k1]:.3f} {unit}")
+        print(f"{name:44} {f(py):>18} {f(go):>18}")
+    print(f"python/go: exec p50 {r['ratios']['exec_p50_python_over_go']:.2f}x (target <= 1.5x), "
+          f"materialise {r['ratios']['materialize_python_over_go']:.2f}x (target <= 2x); "
+          f"python allocation p99 {py['allocate_p99_ms']:.2f} ms (target < 15 ms); {r['date']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""fusebox: run AI agents' generated code in single-use gVisor sandboxes.
+
+Allocate a sandbox from a fusebox manager, talk to it directly over key-pinned mTLS, and
+release it::
+
+    import fusebox
+
+    with fusebox.Sandbox.allocate("unix:///run/fusebox/manager.sock") as sb:
+        sb.write_tree("./repo", "repo")
+        res = sb.exec("cd repo && python3 -m pytest -q", timeout=600)
+        print(res.exit_code, res.text)
+
+The agent's key is generated in memory and never written anywhere. :mod:`fusebox.aio` is the
+same API for asyncio.
+"""
+
+from ._core import DEFAULT_MANAGER
+from ._sync import ExecStream, Manager, Sandbox, TaskGroup
+from .errors import (AlreadyExistsError, BadAddressError, CancelledError, CommandError, CommandTimeoutError,
+                     DeadlineExceededError, FailedPreconditionError, FuseboxError, InvalidArgumentError, LeaseError,
+                     LimitError, NotFoundError, PathEscapeError, PinningError, UnavailableError)
+from .keys import SERVER_NAME, AgentKey
+from .types import (DEFAULT_BATCH_BYTES, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
+                    ReadStats, SandboxInfo, Symlink, WriteStats)
+
+
+def allocate(manager=None, **options) -> Sandbox:
+    """Allocates a sandbox (see :meth:`Sandbox.allocate`)."""
+    return Sandbox.allocate(manager, **options)
+
+
+__all__ = [
+    "allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream", "AgentKey", "SERVER_NAME", "DEFAULT_MANAGER",
+    "DEFAULT_BATCH_BYTES", "ExecResult", "OutputChunk", "File", "Symlink", "WriteStats", "ReadStats", "Files",
+    "FileInfo", "Listing", "GrepMatch", "GrepResult", "SandboxInfo",
+    "FuseboxError", "BadAddressError", "InvalidArgumentError", "PathEscapeError", "NotFoundError", "AlreadyExistsError",
+    "FailedPreconditionError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
+    "CommandTimeoutError", "CommandError", "CancelledError",
+]

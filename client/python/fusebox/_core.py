@@ -1,0 +1,271 @@
+"""What the sync and asyncio APIs share: building requests, reading answers, channel setup."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import posixpath
+import secrets
+import stat as stat_mod
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2
+
+from . import _address
+from ._pack import prune_mkdirs
+from ._proto.manager.v1 import manager_pb2
+from ._proto.sandbox.v1 import sandbox_pb2
+from .errors import CommandError, CommandTimeoutError, InvalidArgumentError
+from .keys import SERVER_NAME, AgentKey, pinned_root
+from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Symlink
+
+#: Where ``fusebox local up`` listens by default; $FUSEBOX_MANAGER overrides it.
+DEFAULT_MANAGER = "unix:///run/fusebox/manager.sock"
+
+Seconds = Union[float, int, datetime.timedelta]
+FilesLike = Union[Mapping[str, Union[bytes, str]], Iterable[Union[File, Tuple[str, bytes]]]]
+
+# How long a client waits past a command's own timeout before it gives up on the stream:
+# the sandbox kills the command at its timeout and answers at once.
+EXEC_GRACE = 30.0
+# Bounds on the manager's calls.
+ALLOCATE_TIMEOUT = 60.0
+RELEASE_TIMEOUT = 30.0
+
+
+def manager_address() -> str:
+    """The manager address to use when none is given: $FUSEBOX_MANAGER or DEFAULT_MANAGER."""
+    return os.environ.get("FUSEBOX_MANAGER") or DEFAULT_MANAGER
+
+
+def seconds(v: Optional[Seconds], what: str) -> Optional[float]:
+    """Converts a timeout or TTL (seconds or a timedelta) to float seconds; None stays None."""
+    if v is None:
+        return None
+    if isinstance(v, datetime.timedelta):
+        v = v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InvalidArgumentError(f"{what}: want seconds (a number) or a timedelta, got {type(v).__name__}")
+    if v < 0:
+        raise InvalidArgumentError(f"{what}: {v} is negative")
+    return float(v)
+
+
+def duration(s: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(s * 1e9))
+    return d
+
+
+def allocate_request(key: AgentKey, template: str, egress: Optional[Sequence[str]], lease_ttl: Optional[float],
+                     labels: Optional[Mapping[str, str]]) -> manager_pb2.AllocateRequest:
+    if isinstance(egress, str):
+        raise InvalidArgumentError(f"egress: want a list of 'host:port' entries, got the string {egress!r}")
+    for e in egress or ():
+        if not isinstance(e, str):
+            raise InvalidArgumentError(f"egress entry {e!r}: want a 'host:port' string")
+    req = manager_pb2.AllocateRequest(agent_public_key=key.public_key, template=template or "",
+                                      egress=list(egress or ()), labels=dict(labels or {}))
+    if lease_ttl:
+        req.lease_ttl.CopyFrom(duration(lease_ttl))
+    return req
+
+
+def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_bytes: int):
+    """Checks the allocation's sandbox identity and returns (target, credentials, options).
+
+    Raises PinningError when the certificate's key is not the pinned key (the caller then
+    releases the sandbox).
+    """
+    root = pinned_root(resp.sandbox_certificate, resp.sandbox_public_key)
+    addr = _address.parse(resp.endpoint, "sandbox endpoint")
+    key_pem, cert_pem = key._credentials()
+    creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=cert_pem)
+    return addr.grpc_target, creds, channel_options(batch_bytes)
+
+
+def channel_options(batch_bytes: int) -> List[Tuple[str, Any]]:
+    limit = batch_bytes + (1 << 20)
+    return [
+        ("grpc.ssl_target_name_override", SERVER_NAME),
+        ("grpc.default_authority", SERVER_NAME),
+        ("grpc.max_send_message_length", limit),
+        ("grpc.max_receive_message_length", limit),
+        # One connection per sandbox, not shared with other channels to other sandboxes.
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.lookahead_bytes", 8 << 20),
+    ]
+
+
+def exec_request(command: CommandLike, cwd: str, env: Optional[Mapping[str, str]], unset: Optional[Sequence[str]],
+                 stdin: Union[bytes, str, None], timeout: Optional[float], group: str = "", order: int = 0) -> sandbox_pb2.ExecRequest:
+    req = sandbox_pb2.ExecRequest(cwd=cwd or "", task_group_id=group, logical_order=order)
+    if isinstance(command, str):
+        if not command.strip():
+            raise InvalidArgumentError("exec: the script is empty")
+        req.script = command
+    else:
+        argv = list(command)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgumentError(f"exec: want a script string or a non-empty list of strings, got {command!r}")
+        req.argv.extend(argv)
+    if env:
+        req.env.update({str(k): str(v) for k, v in env.items()})
+    if unset:
+        req.unset_env.extend(unset)
+    if stdin:
+        req.stdin = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+    if timeout:
+        req.timeout.CopyFrom(duration(timeout))
+    return req
+
+
+def rpc_deadline(timeout: Optional[float]) -> Optional[float]:
+    """The client-side deadline of an Exec: the command's timeout plus a grace, or none."""
+    return timeout + EXEC_GRACE if timeout else None
+
+
+def describe(command: CommandLike) -> str:
+    s = command if isinstance(command, str) else " ".join(command)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def exit_result(x: sandbox_pb2.ExecExit, stdout: bytes, stderr: bytes) -> ExecResult:
+    return ExecResult(exit_code=x.exit_code, signal=x.signal, duration=x.duration.ToNanoseconds() / 1e9,
+                      truncated=x.truncated, timed_out=x.timed_out, state_recorded=x.state_recorded,
+                      stdout=stdout, stderr=stderr)
+
+
+def check_result(res: ExecResult, command: CommandLike, timeout: Optional[float], check: bool) -> ExecResult:
+    if res.timed_out:
+        raise CommandTimeoutError(f"command {describe(command)!r} timed out after {timeout:g}s and was killed "
+                                  f"with its process group (give it a longer timeout)", res)
+    if check and res.exit_code != 0:
+        how = f"was killed by {res.signal}" if res.signal else f"exited with status {res.exit_code}"
+        tail = res.stderr[-500:].decode("utf-8", "replace").strip()
+        raise CommandError(f"command {describe(command)!r} {how}" + (f": {tail}" if tail else ""), res)
+    return res
+
+
+def new_group_id() -> str:
+    return secrets.token_hex(12)
+
+
+def file_writes(files: FilesLike) -> List[sandbox_pb2.FileWrite]:
+    out = []
+    items: Iterable[Any] = files.items() if isinstance(files, Mapping) else files
+    for it in items:
+        if isinstance(it, File):
+            p, data, mode = it.path, it.data, it.mode
+        else:
+            try:
+                p, data = it
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"write_files: want File objects, (path, data) pairs or a mapping, got {it!r}") from None
+            mode = 0
+        if not isinstance(p, str) or not p:
+            raise InvalidArgumentError(f"write_files: bad path {p!r}")
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"write_files: {p}: want bytes or str data, got {type(data).__name__}")
+        out.append(sandbox_pb2.FileWrite(path=p, data=bytes(data), mode=mode & 0o7777))
+    return out
+
+
+def symlink_specs(symlinks: Optional[Iterable[Union[Symlink, Tuple[str, str]]]]) -> List[sandbox_pb2.SymlinkSpec]:
+    out = []
+    for l in symlinks or ():
+        if isinstance(l, Symlink):
+            out.append(sandbox_pb2.SymlinkSpec(target=l.target, path=l.path))
+        else:
+            target, p = l
+            out.append(sandbox_pb2.SymlinkSpec(target=target, path=p))
+    return out
+
+
+def walk_tree(local_dir: Union[str, os.PathLike], remote_dir: str):
+    """Reads the local tree: (file writes, pruned mkdirs, symlinks), as WriteTree in Go does.
+
+    Regular files, directories (empty ones included) and relative symlinks; modes are kept.
+    """
+    root = os.fspath(local_dir)
+    if not os.path.isdir(root):
+        raise InvalidArgumentError(f"write_tree: {root} is not a local directory")
+    files, dirs, links = [], [], []
+
+    def remote(rel: str) -> str:
+        rel = rel.replace(os.sep, "/")
+        return posixpath.normpath(posixpath.join(remote_dir, rel)) if remote_dir else rel
+
+    if remote_dir:
+        dirs.append(posixpath.normpath(remote_dir))
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in list(dirnames) + filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            st = os.lstat(full)
+            if stat_mod.S_ISLNK(st.st_mode):
+                target = os.readlink(full)
+                if os.path.isabs(target):
+                    raise InvalidArgumentError(f"write_tree: {full}: absolute symlink target {target!r} cannot be kept inside the workspace")
+                links.append(sandbox_pb2.SymlinkSpec(target=target.replace(os.sep, "/"), path=remote(rel)))
+            elif stat_mod.S_ISDIR(st.st_mode):
+                dirs.append(remote(rel))
+            elif stat_mod.S_ISREG(st.st_mode):
+                with open(full, "rb") as f:
+                    files.append(sandbox_pb2.FileWrite(path=remote(rel), data=f.read(), mode=stat_mod.S_IMODE(st.st_mode)))
+            # Devices, sockets and pipes have no meaning in a workspace.
+    return files, prune_mkdirs(dirs), links
+
+
+def stream_header(path: str, mode: int, size: Optional[int]) -> sandbox_pb2.WriteFileHeader:
+    h = sandbox_pb2.WriteFileHeader(path=path, mode=mode & 0o7777)
+    if size is not None and size >= 0:
+        h.size = size
+    return h
+
+
+def chunks_of(data: bytes, header: sandbox_pb2.WriteFileHeader) -> Iterator[sandbox_pb2.WriteFileChunk]:
+    """The WriteFileStream messages for data: the header with the first chunk."""
+    mv = memoryview(data)
+    yield sandbox_pb2.WriteFileChunk(header=header, data=bytes(mv[:STREAM_CHUNK]))
+    for off in range(STREAM_CHUNK, len(data), STREAM_CHUNK):
+        yield sandbox_pb2.WriteFileChunk(data=bytes(mv[off:off + STREAM_CHUNK]))
+
+
+def chunks_from(reader, header: sandbox_pb2.WriteFileHeader) -> Iterator[sandbox_pb2.WriteFileChunk]:
+    """The WriteFileStream messages read from a binary file object."""
+    first = True
+    while True:
+        buf = reader.read(STREAM_CHUNK)
+        if not buf and not first:
+            return
+        msg = sandbox_pb2.WriteFileChunk(data=buf or b"")
+        if first:
+            msg.header.CopyFrom(header)
+            first = False
+        yield msg
+        if not buf:
+            return
+
+
+def batch_bytes(v: Optional[int]) -> int:
+    if v is None:
+        return DEFAULT_BATCH_BYTES
+    if not isinstance(v, int) or v <= 0:
+        raise InvalidArgumentError(f"batch_bytes: want a positive integer, got {v!r}")
+    return v
+
+
+def find_type(t: Optional[str]) -> int:
+    if not t:
+        return sandbox_pb2.FILE_TYPE_UNSPECIFIED
+    from .types import _TYPE_CODES
+
+    if t not in _TYPE_CODES:
+        raise InvalidArgumentError(f"find: type {t!r}: want 'file', 'dir', 'symlink' or 'other'")
+    return _TYPE_CODES[t]

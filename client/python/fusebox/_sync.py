@@ -1,0 +1,598 @@
+"""The synchronous API: :class:`Manager`, :class:`Sandbox`, :class:`TaskGroup`, :class:`ExecStream`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import io
+import threading
+import time
+import weakref
+from typing import BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import grpc
+
+from . import _address, _core
+from ._pack import pack, prune_mkdirs
+from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
+from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
+from .keys import AgentKey
+from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
+                    SandboxInfo, Symlink, WriteStats)
+
+Sink = Union[Callable[[bytes], object], BinaryIO, None]
+
+_MANAGER_HINT = "is `fusebox local up` running, and is {addr} its address?"
+
+
+class Manager:
+    """A connection to a fusebox manager, for an agent that allocates many sandboxes.
+
+    ``address`` is ``unix:///path`` or ``tcp://host:port`` (default: $FUSEBOX_MANAGER, else
+    ``unix:///run/fusebox/manager.sock``). ``credentials`` secure a TCP connection; None means
+    none, which is right for the local manager's unix socket only. It is safe to share between
+    threads; close it (or use it as a context manager) when done.
+    """
+
+    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None):
+        self.address = address if address is not None else _core.manager_address()
+        addr = _address.parse(self.address, "manager address")
+        if credentials is not None:
+            self._channel = grpc.secure_channel(addr.grpc_target, credentials)
+        else:
+            self._channel = grpc.insecure_channel(addr.grpc_target)
+        self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
+
+    def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
+        hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
+        return from_rpc(e, doing, "manager", hint)
+
+    def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
+                 lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
+                 key: Optional[AgentKey] = None, batch_bytes: Optional[int] = None, concurrency: int = 4,
+                 timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
+        """Allocates a fresh sandbox and connects to it directly with pinned mTLS.
+
+        ``egress`` lists the destinations it may reach ("host:port", "*.domain:port"; none by
+        default); ``lease_ttl`` (seconds or a timedelta; the manager's default when None) is
+        renewed in the background until the sandbox is closed; ``key`` is the agent key (a
+        fresh Ed25519 key by default, made in memory). The returned Sandbox releases the
+        sandbox on close(); the manager destroys it then.
+        """
+        ttl = _core.seconds(lease_ttl, "lease_ttl")
+        deadline = _core.seconds(timeout, "timeout")
+        if not isinstance(concurrency, int) or concurrency <= 0:
+            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        bb = _core.batch_bytes(batch_bytes)
+        key = key or AgentKey.generate()
+        req = _core.allocate_request(key, template, egress, ttl, labels)
+        try:
+            resp = self._rpc.Allocate(req, timeout=deadline)
+        except grpc.RpcError as e:
+            raise self._err(e, "allocating sandbox") from None
+        try:
+            return Sandbox._connect(self, resp, key, ttl, bb, concurrency)
+        except BaseException:
+            self._release(resp.sandbox_id, resp.lease_token)
+            raise
+
+    def _release(self, sandbox_id: str, token: str) -> Optional[FuseboxError]:
+        try:
+            self._rpc.Release(manager_pb2.ReleaseRequest(sandbox_id=sandbox_id, lease_token=token), timeout=_core.RELEASE_TIMEOUT)
+        except grpc.RpcError as e:
+            err = self._err(e, f"releasing {sandbox_id}")
+            return None if isinstance(err, NotFoundError) else err  # already destroyed
+        return None
+
+    def list(self) -> List[SandboxInfo]:
+        """The sandboxes the manager knows, bound or not."""
+        try:
+            resp = self._rpc.List(manager_pb2.ListRequest(), timeout=30)
+        except grpc.RpcError as e:
+            raise self._err(e, "listing sandboxes") from None
+        return [SandboxInfo._from_proto(s) for s in resp.sandboxes]
+
+    def pool_status(self) -> manager_pb2.PoolStatusResponse:
+        """The pool's state and the estimator's target (the raw PoolStatusResponse)."""
+        try:
+            return self._rpc.PoolStatus(manager_pb2.PoolStatusRequest(), timeout=30)
+        except grpc.RpcError as e:
+            raise self._err(e, "reading pool status") from None
+
+    def close(self) -> None:
+        """Closes the connection; sandboxes allocated through it should be closed first."""
+        self._channel.close()
+
+    def __enter__(self) -> "Manager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Lease:
+    """Renews a sandbox's lease in the background until stopped. It holds no reference to the
+    Sandbox, so that a Sandbox nobody closed can still be collected (and then released)."""
+
+    def __init__(self, mgr: Manager, sandbox_id: str, token: str, expires: datetime.datetime, every: float):
+        self.mgr, self.id, self.token, self.every = mgr, sandbox_id, token, every
+        self.lock = threading.Lock()
+        self.expires, self.error = expires, None  # guarded by lock
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"fusebox-lease-{sandbox_id}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                r = self.mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self.token), timeout=self.every)
+                with self.lock:
+                    self.expires, self.error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None
+            except grpc.RpcError as e:
+                with self.lock:
+                    self.error = self.mgr._err(e, f"renewing lease of {self.id}")
+            except ValueError:  # the channel was closed under us
+                return
+
+
+def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
+    """Stops renewing, releases the sandbox and closes the connections; returns the release's error."""
+    lease.stop.set()
+    lease.thread.join()
+    err = lease.mgr._release(lease.id, lease.token)
+    channel.close()
+    if owned is not None:
+        owned.close()
+    return err
+
+
+class Sandbox:
+    """A bound sandbox, talked to directly over pinned mTLS; close() releases it (it is destroyed).
+
+    Make one with :meth:`Sandbox.allocate` or :meth:`Manager.allocate`, preferably as a
+    context manager. It is safe for concurrent use from several threads.
+    """
+
+    id: str
+    endpoint: str
+
+    @classmethod
+    def allocate(cls, manager: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 **options) -> "Sandbox":
+        """Connects to the manager at ``manager``, allocates, and returns the Sandbox.
+
+        The manager connection is closed with the sandbox. ``options`` are those of
+        :meth:`Manager.allocate`.
+        """
+        m = Manager(manager, credentials=credentials)
+        try:
+            sb = m.allocate(**options)
+        except BaseException:
+            m.close()
+            raise
+        sb._finalizer.detach()
+        sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, m)
+        return sb
+
+    @classmethod
+    def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
+                 batch_bytes: int, concurrency: int) -> "Sandbox":
+        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+        sb = cls.__new__(cls)
+        sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
+        sb._batch, sb._conc = batch_bytes, concurrency
+        sb._channel = grpc.secure_channel(target, creds, options=options)
+        sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
+        expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
+        if not ttl:
+            ttl = max((expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
+        sb._lease = _Lease(mgr, resp.sandbox_id, resp.lease_token, expires, max(ttl / 3, 0.1))
+        sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, None)
+        return sb
+
+    # ---- lifecycle ----
+
+    @property
+    def lease_expires(self) -> datetime.datetime:
+        """When the lease currently ends (renewed in the background)."""
+        with self._lease.lock:
+            return self._lease.expires
+
+    @property
+    def lease_error(self) -> Optional[FuseboxError]:
+        """The last renewal's error, or None when it succeeded."""
+        with self._lease.lock:
+            return self._lease.error
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Stops renewing, releases the sandbox (the manager destroys it) and closes the
+        connections. Safe to call more than once; a Sandbox that is garbage-collected unclosed
+        is released the same way."""
+        err = self._finalizer()
+        if err is not None:
+            raise err
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<fusebox.Sandbox {self.id} {'closed' if self.closed else self.endpoint}>"
+
+    # ---- exec ----
+
+    def exec(self, command: CommandLike, *, cwd: str = "", env: Optional[Mapping[str, str]] = None,
+             unset: Optional[Sequence[str]] = None, stdin: Union[bytes, str, None] = None,
+             timeout: Optional[_core.Seconds] = None, check: bool = False, stdout: Sink = None,
+             stderr: Sink = None) -> ExecResult:
+        """Runs a command and returns how it ended.
+
+        ``command`` is a bash script (a string: its exported variables and final directory
+        persist for later commands) or an argv list. ``env`` and ``unset`` change the
+        environment of this command only; ``stdin`` is written to its standard input.
+        ``timeout`` (seconds) kills it with its process group and raises CommandTimeoutError;
+        ``check`` raises CommandError on a non-zero exit. Output is collected into the result,
+        or passed as it streams to ``stdout``/``stderr`` (callables or binary files).
+        """
+        return self._exec(command, cwd, env, unset, stdin, timeout, check, stdout, stderr, "", 0)
+
+    def _exec(self, command, cwd, env, unset, stdin, timeout, check, stdout, stderr, group, order) -> ExecResult:
+        s = self.exec_stream(command, cwd=cwd, env=env, unset=unset, stdin=stdin, timeout=timeout, _group=group, _order=order)
+        out, err = io.BytesIO(), io.BytesIO()
+        sinks = {"stdout": _sink(stdout, out), "stderr": _sink(stderr, err)}
+        with s:
+            for c in s._events():
+                sinks[c.stream](c.data)
+        res = s._result
+        assert res is not None
+        res.stdout, res.stderr = out.getvalue(), err.getvalue()
+        return _core.check_result(res, command, s._timeout, check)
+
+    def exec_stream(self, command: CommandLike, *, cwd: str = "", env: Optional[Mapping[str, str]] = None,
+                    unset: Optional[Sequence[str]] = None, stdin: Union[bytes, str, None] = None,
+                    timeout: Optional[_core.Seconds] = None, _group: str = "", _order: int = 0) -> "ExecStream":
+        """Starts a command and returns an iterator over its output as it streams.
+
+        Iterate it for :class:`OutputChunk` objects; ``result`` then says how the command
+        ended. Closing the stream early (or leaving its ``with`` block) kills the command.
+        """
+        t = _core.seconds(timeout, "timeout")
+        req = _core.exec_request(command, cwd, env, unset, stdin, t, _group, _order)
+        return ExecStream(self._rpc.Exec(req, timeout=_core.rpc_deadline(t)), command, t)
+
+    def run(self, *argv: str, **kw) -> ExecResult:
+        """Runs argv and collects its output (``sb.run("ls", "-l")``)."""
+        return self.exec(list(argv), **kw)
+
+    def task_group(self) -> "TaskGroup":
+        """Starts a task group: concurrent commands whose logically last change wins."""
+        return TaskGroup(self)
+
+    # ---- files ----
+
+    def write_files(self, files: _core.FilesLike, mkdirs: Sequence[str] = (),
+                    symlinks: Sequence[Union[Symlink, tuple]] = ()) -> WriteStats:
+        """Writes files (a {path: data} mapping, File objects or (path, data) pairs), creating
+        ``mkdirs`` (pruned) and ``symlinks``, in as few RPCs as the batch limit allows.
+
+        Small files are bin-packed into batches of at most 3.5 MiB sent concurrently; larger
+        files are streamed. Each file appears atomically; on error some files may have been
+        written, none partially.
+        """
+        return self._write(_core.file_writes(files), prune_mkdirs(list(mkdirs)), _core.symlink_specs(symlinks))
+
+    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0) -> None:
+        """Writes one file of any size (in a batch when small, else streamed)."""
+        self._write(_core.file_writes([(path, data)]) if not mode else
+                    [sandbox_pb2.FileWrite(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)], [], [])
+
+    def write_tree(self, local_dir, remote_dir: str = "") -> WriteStats:
+        """Copies the local directory tree into ``remote_dir`` of the workspace: regular files,
+        directories (empty ones too) and relative symlinks, keeping file modes."""
+        files, dirs, links = _core.walk_tree(local_dir, remote_dir)
+        return self._write(files, dirs, links)
+
+    def write_file_from(self, path: str, reader: BinaryIO, size: Optional[int] = None, mode: int = 0) -> int:
+        """Streams a binary file object into ``path``; the file appears atomically, never
+        partially. With ``size`` the sandbox checks that exactly that many bytes arrived."""
+        hdr = _core.stream_header(path, mode, size)
+        try:
+            return self._rpc.WriteFileStream(_core.chunks_from(reader, hdr)).bytes_written
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"streaming {path}") from None
+
+    def _write(self, files, mkdirs, links) -> WriteStats:
+        batches, streamed = pack(files, mkdirs, links, self._batch)
+        st = WriteStats()
+        lock = threading.Lock()
+        sem = threading.Semaphore(self._conc)
+        futures: List[tuple] = []
+
+        def start(f, what):
+            sem.acquire()
+            f = f()
+            f.add_done_callback(lambda _: sem.release())
+            futures.append((f, what))
+
+        try:
+            for b in batches:
+                start(lambda b=b: self._rpc.WriteFiles.future(b), ("batch", len(b.files)))
+            for f in streamed:
+                hdr = _core.stream_header(f.path, f.mode, len(f.data))
+                start(lambda f=f, hdr=hdr: self._rpc.WriteFileStream.future(_core.chunks_of(f.data, hdr)), ("stream", f.path))
+            first_err = None
+            for fut, (kind, what) in futures:
+                try:
+                    r = fut.result()
+                except grpc.RpcError as e:
+                    if first_err is None:
+                        doing = f"writing batch of {what} files" if kind == "batch" else f"streaming {what}"
+                        first_err = from_rpc(e, doing)
+                        for g, _ in futures:
+                            g.cancel()
+                    continue
+                with lock:
+                    if kind == "batch":
+                        st.files += r.files_written
+                        st.dirs += r.dirs_created
+                        st.symlinks += r.symlinks_created
+                        st.bytes += r.bytes_written
+                        st.batches += 1
+                    else:
+                        st.files += 1
+                        st.bytes += r.bytes_written
+                        st.streamed += 1
+            if first_err is not None:
+                raise first_err
+        except BaseException:
+            for g, _ in futures:
+                g.cancel()
+            raise
+        return st
+
+    def read_files(self, *paths: str) -> Files:
+        """Fetches the files matching ``paths`` (plain paths, directories, or globs with *, ?,
+        [...] and **) through a plan: the sandbox says which files go in which batch and which
+        are streamed, and the SDK fetches them concurrently. What matched nothing is listed in
+        ``result.stats.missing``, not raised."""
+        if not paths:
+            raise InvalidArgumentError("read_files: give at least one path or glob")
+        try:
+            plan = self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
+        except grpc.RpcError as e:
+            raise from_rpc(e, "planning read") from None
+        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
+                              bytes=plan.total_bytes))
+        sem = threading.Semaphore(self._conc)  # batches in flight, as for writes
+        futs = []
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._conc) if plan.streamed else None
+        try:
+            for b in plan.batches:
+                sem.acquire()
+                fut = self._rpc.ReadFiles.future(sandbox_pb2.ReadFilesRequest(paths=[f.path for f in b.files]))
+                fut.add_done_callback(lambda _: sem.release())
+                futs.append((fut, len(b.files)))
+            sfuts = [(pool.submit(self.read_file, f.path), f.path) for f in plan.streamed] if pool else []
+            for fut, n in futs:
+                try:
+                    for f in fut.result().files:
+                        out[f.path] = f.data
+                except grpc.RpcError as e:
+                    raise from_rpc(e, f"reading batch of {n} files") from None
+            for sf, p in sfuts:
+                out[p] = sf.result()
+        finally:
+            for fut, _ in futs:
+                fut.cancel()
+            if pool:
+                pool.shutdown(wait=True, cancel_futures=True)
+        return out
+
+    def read_file(self, path: str) -> bytes:
+        """Returns one file's contents (streamed, whatever its size)."""
+        buf = io.BytesIO()
+        self.read_file_to(path, buf)
+        return buf.getvalue()
+
+    def read_file_to(self, path: str, writer: BinaryIO) -> int:
+        """Streams the file at ``path`` into a binary file object; returns the bytes written."""
+        n = 0
+        call = self._rpc.ReadFileStream(sandbox_pb2.ReadFileStreamRequest(path=path))
+        try:
+            for c in call:
+                writer.write(c.data)
+                n += len(c.data)
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"reading {path}") from None
+        finally:
+            call.cancel()
+        return n
+
+    def _unary(self, method: str, req, doing: str):
+        try:
+            return getattr(self._rpc, method)(req, timeout=300)
+        except grpc.RpcError as e:
+            raise from_rpc(e, doing) from None
+
+    def stat(self, path: str, follow_symlinks: bool = False) -> FileInfo:
+        """Describes ``path`` (the link itself for a symlink unless ``follow_symlinks``)."""
+        r = self._unary("Stat", sandbox_pb2.StatRequest(path=path, follow_symlinks=follow_symlinks), f"stat {path}")
+        return FileInfo._from_proto(r.info)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists (a dangling symlink counts)."""
+        try:
+            self.stat(path)
+            return True
+        except NotFoundError:
+            return False
+
+    def list(self, path: str = "", recursive: bool = False, max_depth: int = 0, max_entries: int = 0) -> Listing:
+        """Lists the directory ``path``; with ``recursive``, ``max_depth`` levels deep (0: all)."""
+        r = self._unary("List", sandbox_pb2.ListRequest(path=path, recursive=recursive, max_depth=max_depth,
+                                                        max_entries=max_entries), f"list {path or '.'}")
+        return Listing([FileInfo._from_proto(e) for e in r.entries], r.truncated)
+
+    def mkdir(self, path: str, parents: bool = False, mode: int = 0) -> None:
+        """Creates the directory ``path`` (and its parents with ``parents``)."""
+        self._unary("Mkdir", sandbox_pb2.MkdirRequest(path=path, parents=parents, mode=mode), f"mkdir {path}")
+
+    def remove(self, path: str, recursive: bool = False, missing_ok: bool = False) -> None:
+        """Removes ``path`` (a directory's contents too with ``recursive``)."""
+        self._unary("Remove", sandbox_pb2.RemoveRequest(path=path, recursive=recursive, missing_ok=missing_ok), f"remove {path}")
+
+    def rename(self, src: str, dst: str, overwrite: bool = False) -> None:
+        """Moves ``src`` to ``dst``, replacing an existing destination only with ``overwrite``."""
+        self._unary("Rename", sandbox_pb2.RenameRequest(to=dst, overwrite=overwrite, **{"from": src}), f"rename {src} to {dst}")
+
+    def symlink(self, target: str, path: str) -> None:
+        """Creates a symlink at ``path`` to ``target``, which must stay inside the workspace."""
+        self._unary("Symlink", sandbox_pb2.SymlinkRequest(target=target, path=path), f"symlink {path} -> {target}")
+
+    def find(self, path: str = "", name: str = "", type: Optional[str] = None, max_depth: int = 0,
+             max_results: int = 0) -> Listing:
+        """Finds entries under ``path`` whose base name matches the glob ``name``, of ``type``
+        ("file", "dir", "symlink", "other"; any when None), ``max_depth`` levels deep (0: all)."""
+        r = self._unary("Find", sandbox_pb2.FindRequest(path=path, name=name, type=_core.find_type(type), max_depth=max_depth,
+                                                        max_results=max_results), f"find {name or '*'} in {path or '.'}")
+        return Listing([FileInfo._from_proto(e) for e in r.entries], r.truncated)
+
+    def grep(self, pattern: str, paths: Sequence[str] = (), include: Sequence[str] = (), exclude: Sequence[str] = (),
+             case_insensitive: bool = False, max_matches: int = 0) -> GrepResult:
+        """Searches file contents for an RE2 ``pattern`` under ``paths`` (the workspace when
+        empty), in files matching ``include`` globs and not ``exclude`` globs."""
+        if isinstance(paths, str):
+            paths = [paths]
+        r = self._unary("Grep", sandbox_pb2.GrepRequest(pattern=pattern, paths=list(paths), include=list(include),
+                                                        exclude=list(exclude), case_insensitive=case_insensitive,
+                                                        max_matches=max_matches), f"grep {pattern!r}")
+        return GrepResult([GrepMatch(m.path, m.line, m.text) for m in r.matches], r.truncated, r.files_searched,
+                          r.binary_files_skipped)
+
+
+def _sink(s: Sink, buf: io.BytesIO) -> Callable[[bytes], object]:
+    if s is None:
+        return buf.write
+    if callable(s):
+        return s
+    if hasattr(s, "write"):
+        def w(b: bytes) -> None:
+            s.write(b)
+            if hasattr(s, "flush"):
+                s.flush()
+        return w
+    raise InvalidArgumentError(f"output sink: want a callable or a binary file, got {type(s).__name__}")
+
+
+class ExecStream:
+    """A running command's output as it streams. Iterate for :class:`OutputChunk`; then
+    ``result`` says how it ended. Closing it early kills the command (with its process group)."""
+
+    def __init__(self, call, command: CommandLike, timeout: Optional[float]):
+        self._call, self._command, self._timeout = call, command, timeout
+        self._result: Optional[ExecResult] = None
+        self._started = False
+
+    def _events(self) -> Iterator[OutputChunk]:
+        if self._started:
+            raise FuseboxError("exec stream: already iterated")
+        self._started = True
+        try:
+            for ev in self._call:
+                kind = ev.WhichOneof("event")
+                if kind == "output":
+                    yield OutputChunk("stderr" if ev.output.stream == sandbox_pb2.STREAM_KIND_STDERR else "stdout", ev.output.data)
+                elif kind == "exit":
+                    self._result = _core.exit_result(ev.exit, b"", b"")
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"exec {_core.describe(self._command)!r}") from None
+        if self._result is None:
+            raise FuseboxError(f"exec {_core.describe(self._command)!r}: stream ended without an exit status")
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        yield from self._events()
+        _core.check_result(self._result, self._command, self._timeout, False)  # type: ignore[arg-type]
+
+    @property
+    def result(self) -> ExecResult:
+        """How the command ended (its output is not collected here: it was iterated)."""
+        if self._result is None:
+            raise FuseboxError("exec stream: the command has not finished; iterate the stream first")
+        return self._result
+
+    def wait(self) -> ExecResult:
+        """Drains the rest of the output and returns the result."""
+        if not self._started:
+            for _ in self:
+                pass
+        return self.result
+
+    def cancel(self) -> None:
+        """Ends the stream; the sandbox kills the command."""
+        self._call.cancel()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._result is None:
+            self.cancel()
+
+
+class TaskGroup:
+    """Commands that may run concurrently and share one starting state.
+
+    Each command gets its logical order when :meth:`exec` or :meth:`submit` is called (issue
+    time); among the group's commands the logically last change to a variable or to the
+    working directory wins, however their completions interleave, and the group's changes
+    are visible to the next group. Start the next group only after this one's commands have
+    returned (leaving its ``with`` block waits for them).
+    """
+
+    def __init__(self, sandbox: Sandbox, max_workers: int = 32):
+        self.id = _core.new_group_id()
+        self._sb = sandbox
+        self._lock = threading.Lock()
+        self._order = 0  # guarded by _lock
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fusebox-group")
+        self._futures: List[concurrent.futures.Future] = []
+
+    def _next(self) -> int:
+        with self._lock:
+            self._order += 1
+            return self._order
+
+    def exec(self, command: CommandLike, **kw) -> ExecResult:
+        """Assigns the next logical order, then runs the command (arguments as Sandbox.exec)."""
+        return self._run(self._next(), command, kw)
+
+    def submit(self, command: CommandLike, **kw) -> "concurrent.futures.Future[ExecResult]":
+        """Assigns the next logical order now and runs the command in the background."""
+        order = self._next()
+        f = self._pool.submit(self._run, order, command, kw)
+        self._futures.append(f)
+        return f
+
+    def _run(self, order: int, command: CommandLike, kw: Dict) -> ExecResult:
+        return self._sb._exec(command, kw.get("cwd", ""), kw.get("env"), kw.get("unset"), kw.get("stdin"), kw.get("timeout"),
+                              kw.get("check", False), kw.get("stdout"), kw.get("stderr"), self.id, order)
+
+    def wait(self) -> List[ExecResult]:
+        """Waits for every submitted command; returns their results in logical order (the
+        first error is raised after all have finished)."""
+        concurrent.futures.wait(self._futures)
+        return [f.result() for f in self._futures]
+
+    def __enter__(self) -> "TaskGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        concurrent.futures.wait(self._futures)
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,547 @@
+"""The asyncio API (grpc.aio): the same :class:`Sandbox`, :class:`Manager` and
+:class:`TaskGroup` as :mod:`fusebox`, with coroutines::
+
+    import fusebox.aio
+
+    async with fusebox.aio.allocate("unix:///run/fusebox/manager.sock") as sb:
+        await sb.write_tree("./repo", "repo")
+        res = await sb.exec("cd repo && python3 -m pytest -q", timeout=600)
+
+Create and use these objects on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
+
+import grpc
+import grpc.aio
+
+from . import _address, _core
+from ._pack import pack, prune_mkdirs
+from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
+from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
+from .keys import AgentKey
+from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
+                    SandboxInfo, Symlink, WriteStats)
+
+__all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream"]
+
+Sink = Union[Callable[[bytes], object], BinaryIO, None]
+_MANAGER_HINT = "is `fusebox local up` running, and is {addr} its address?"
+
+
+class Manager:
+    """An asyncio connection to a fusebox manager (see :class:`fusebox.Manager`)."""
+
+    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None):
+        self.address = address if address is not None else _core.manager_address()
+        addr = _address.parse(self.address, "manager address")
+        if credentials is not None:
+            self._channel = grpc.aio.secure_channel(addr.grpc_target, credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(addr.grpc_target)
+        self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
+
+    def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
+        hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
+        return from_rpc(e, doing, "manager", hint)
+
+    async def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
+                       lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
+                       key: Optional[AgentKey] = None, batch_bytes: Optional[int] = None, concurrency: int = 4,
+                       timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
+        """Allocates a fresh sandbox and connects to it with pinned mTLS (see
+        :meth:`fusebox.Manager.allocate`); the lease is renewed by a task until close()."""
+        ttl = _core.seconds(lease_ttl, "lease_ttl")
+        deadline = _core.seconds(timeout, "timeout")
+        if not isinstance(concurrency, int) or concurrency <= 0:
+            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        bb = _core.batch_bytes(batch_bytes)
+        key = key or AgentKey.generate()
+        req = _core.allocate_request(key, template, egress, ttl, labels)
+        try:
+            resp = await self._rpc.Allocate(req, timeout=deadline)
+        except grpc.RpcError as e:
+            raise self._err(e, "allocating sandbox") from None
+        try:
+            return Sandbox._connect(self, resp, key, ttl, bb, concurrency)
+        except BaseException:
+            await asyncio.shield(self._release(resp.sandbox_id, resp.lease_token))
+            raise
+
+    async def _release(self, sandbox_id: str, token: str) -> Optional[FuseboxError]:
+        try:
+            await self._rpc.Release(manager_pb2.ReleaseRequest(sandbox_id=sandbox_id, lease_token=token),
+                                    timeout=_core.RELEASE_TIMEOUT)
+        except grpc.RpcError as e:
+            err = self._err(e, f"releasing {sandbox_id}")
+            return None if isinstance(err, NotFoundError) else err
+        return None
+
+    async def list(self) -> List[SandboxInfo]:
+        """The sandboxes the manager knows, bound or not."""
+        try:
+            resp = await self._rpc.List(manager_pb2.ListRequest(), timeout=30)
+        except grpc.RpcError as e:
+            raise self._err(e, "listing sandboxes") from None
+        return [SandboxInfo._from_proto(s) for s in resp.sandboxes]
+
+    async def pool_status(self) -> manager_pb2.PoolStatusResponse:
+        """The pool's state and the estimator's target (the raw PoolStatusResponse)."""
+        try:
+            return await self._rpc.PoolStatus(manager_pb2.PoolStatusRequest(), timeout=30)
+        except grpc.RpcError as e:
+            raise self._err(e, "reading pool status") from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "Manager":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class _Allocating:
+    """What :func:`allocate` returns: await it for a Sandbox, or use it with ``async with``."""
+
+    def __init__(self, coro: Awaitable["Sandbox"]):
+        self._coro = coro
+        self._sb: Optional[Sandbox] = None
+
+    def __await__(self) -> Generator[None, None, "Sandbox"]:
+        return self._coro.__await__()  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> "Sandbox":
+        self._sb = await self._coro
+        return self._sb
+
+    async def __aexit__(self, *exc) -> None:
+        assert self._sb is not None
+        await self._sb.close()
+
+
+def allocate(manager: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+             **options) -> _Allocating:
+    """Connects to the manager, allocates a sandbox and returns it (``await``) or manages it
+    (``async with``); the manager connection closes with the sandbox. ``options`` are those of
+    :meth:`Manager.allocate`."""
+    async def run() -> Sandbox:
+        m = Manager(manager, credentials=credentials)
+        try:
+            sb = await m.allocate(**options)
+        except BaseException:
+            await m.close()
+            raise
+        sb._owned = m
+        return sb
+    return _Allocating(run())
+
+
+class Sandbox:
+    """A bound sandbox over pinned mTLS, for asyncio (see :class:`fusebox.Sandbox`)."""
+
+    id: str
+    endpoint: str
+
+    @classmethod
+    def allocate(cls, manager: Optional[str] = None, **options) -> _Allocating:
+        """Same as :func:`fusebox.aio.allocate`."""
+        return allocate(manager, **options)
+
+    @classmethod
+    def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
+                 batch_bytes: int, concurrency: int) -> "Sandbox":
+        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+        sb = cls.__new__(cls)
+        sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
+        sb._batch, sb._conc = batch_bytes, concurrency
+        sb._mgr, sb._owned, sb._token = mgr, None, resp.lease_token
+        sb._channel = grpc.aio.secure_channel(target, creds, options=options)
+        sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
+        sb._expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
+        sb._lease_error = None
+        sb._closed = False
+        if not ttl:
+            ttl = max((sb._expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
+        sb._renewer = asyncio.get_running_loop().create_task(sb._renew(max(ttl / 3, 0.1)))
+        return sb
+
+    async def _renew(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                r = await self._mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self._token), timeout=every)
+                self._expires, self._lease_error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None
+            except grpc.RpcError as e:
+                self._lease_error = self._mgr._err(e, f"renewing lease of {self.id}")
+
+    @property
+    def lease_expires(self) -> datetime.datetime:
+        """When the lease currently ends (renewed in the background)."""
+        return self._expires
+
+    @property
+    def lease_error(self) -> Optional[FuseboxError]:
+        """The last renewal's error, or None when it succeeded."""
+        return self._lease_error
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        """Stops renewing, releases the sandbox (it is destroyed) and closes the connections.
+        Safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._renewer.cancel()
+        try:
+            await self._renewer
+        except asyncio.CancelledError:
+            pass
+        err = await asyncio.shield(self._mgr._release(self.id, self._token))
+        await self._channel.close()
+        if self._owned is not None:
+            await self._owned.close()
+        if err is not None:
+            raise err
+
+    async def __aenter__(self) -> "Sandbox":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<fusebox.aio.Sandbox {self.id} {'closed' if self._closed else self.endpoint}>"
+
+    # ---- exec ----
+
+    async def exec(self, command: CommandLike, *, cwd: str = "", env: Optional[Mapping[str, str]] = None,
+                   unset: Optional[Sequence[str]] = None, stdin: Union[bytes, str, None] = None,
+                   timeout: Optional[_core.Seconds] = None, check: bool = False, stdout: Sink = None,
+                   stderr: Sink = None) -> ExecResult:
+        """Runs a command and returns how it ended (see :meth:`fusebox.Sandbox.exec`)."""
+        return await self._exec(command, cwd, env, unset, stdin, timeout, check, stdout, stderr, "", 0)
+
+    def _start(self, command, cwd, env, unset, stdin, timeout, group, order) -> "ExecStream":
+        t = _core.seconds(timeout, "timeout")
+        req = _core.exec_request(command, cwd, env, unset, stdin, t, group, order)
+        return ExecStream(self._rpc.Exec(req, timeout=_core.rpc_deadline(t)), command, t)
+
+    async def _exec(self, command, cwd, env, unset, stdin, timeout, check, stdout, stderr, group, order) -> ExecResult:
+        s = self._start(command, cwd, env, unset, stdin, timeout, group, order)
+        out, err = io.BytesIO(), io.BytesIO()
+        from ._sync import _sink
+
+        sinks = {"stdout": _sink(stdout, out), "stderr": _sink(stderr, err)}
+        try:
+            async for c in s._events():
+                sinks[c.stream](c.data)
+        finally:
+            if s._result is None:
+                s.cancel()
+        res = s._result
+        assert res is not None
+        res.stdout, res.stderr = out.getvalue(), err.getvalue()
+        return _core.check_result(res, command, s._timeout, check)
+
+    def exec_stream(self, command: CommandLike, *, cwd: str = "", env: Optional[Mapping[str, str]] = None,
+                    unset: Optional[Sequence[str]] = None, stdin: Union[bytes, str, None] = None,
+                    timeout: Optional[_core.Seconds] = None) -> "ExecStream":
+        """Starts a command; ``async for`` over the result yields its output as it streams."""
+        return self._start(command, cwd, env, unset, stdin, timeout, "", 0)
+
+    async def run(self, *argv: str, **kw) -> ExecResult:
+        """Runs argv and collects its output."""
+        return await self.exec(list(argv), **kw)
+
+    def task_group(self) -> "TaskGroup":
+        """Starts a task group: concurrent commands whose logically last change wins."""
+        return TaskGroup(self)
+
+    # ---- files ----
+
+    async def write_files(self, files: _core.FilesLike, mkdirs: Sequence[str] = (),
+                          symlinks: Sequence[Union[Symlink, tuple]] = ()) -> WriteStats:
+        """Writes files in bin-packed batches sent concurrently, streaming large ones (see
+        :meth:`fusebox.Sandbox.write_files`)."""
+        return await self._write(_core.file_writes(files), prune_mkdirs(list(mkdirs)), _core.symlink_specs(symlinks))
+
+    async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0) -> None:
+        """Writes one file of any size."""
+        await self.write_files([fusebox_file(path, data, mode)])
+
+    async def write_tree(self, local_dir, remote_dir: str = "") -> WriteStats:
+        """Copies a local directory tree into ``remote_dir`` of the workspace."""
+        files, dirs, links = await asyncio.get_running_loop().run_in_executor(None, _core.walk_tree, local_dir, remote_dir)
+        return await self._write(files, dirs, links)
+
+    async def write_file_from(self, path: str, reader: BinaryIO, size: Optional[int] = None, mode: int = 0) -> int:
+        """Streams a binary file object into ``path`` (atomically)."""
+        try:
+            r = await self._rpc.WriteFileStream(_agen(_core.chunks_from(reader, _core.stream_header(path, mode, size))))
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"streaming {path}") from None
+        return r.bytes_written
+
+    async def _write(self, files, mkdirs, links) -> WriteStats:
+        batches, streamed = pack(files, mkdirs, links, self._batch)
+        st = WriteStats()
+        sem = asyncio.Semaphore(self._conc)
+
+        async def batch(b):
+            async with sem:
+                try:
+                    r = await self._rpc.WriteFiles(b)
+                except grpc.RpcError as e:
+                    raise from_rpc(e, f"writing batch of {len(b.files)} files") from None
+            st.files += r.files_written
+            st.dirs += r.dirs_created
+            st.symlinks += r.symlinks_created
+            st.bytes += r.bytes_written
+            st.batches += 1
+
+        async def stream(f):
+            async with sem:
+                hdr = _core.stream_header(f.path, f.mode, len(f.data))
+                try:
+                    r = await self._rpc.WriteFileStream(_agen(_core.chunks_of(f.data, hdr)))
+                except grpc.RpcError as e:
+                    raise from_rpc(e, f"streaming {f.path}") from None
+            st.files += 1
+            st.bytes += r.bytes_written
+            st.streamed += 1
+
+        await _gather([batch(b) for b in batches] + [stream(f) for f in streamed])
+        return st
+
+    async def read_files(self, *paths: str) -> Files:
+        """Fetches files through the two-step plan (see :meth:`fusebox.Sandbox.read_files`)."""
+        if not paths:
+            raise InvalidArgumentError("read_files: give at least one path or glob")
+        try:
+            plan = await self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
+        except grpc.RpcError as e:
+            raise from_rpc(e, "planning read") from None
+        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
+                              bytes=plan.total_bytes))
+        sem = asyncio.Semaphore(self._conc)
+
+        async def batch(b):
+            async with sem:
+                try:
+                    r = await self._rpc.ReadFiles(sandbox_pb2.ReadFilesRequest(paths=[f.path for f in b.files]))
+                except grpc.RpcError as e:
+                    raise from_rpc(e, f"reading batch of {len(b.files)} files") from None
+            for f in r.files:
+                out[f.path] = f.data
+
+        async def stream(p):
+            async with sem:
+                out[p] = await self.read_file(p)
+
+        await _gather([batch(b) for b in plan.batches] + [stream(f.path) for f in plan.streamed])
+        return out
+
+    async def read_file(self, path: str) -> bytes:
+        """Returns one file's contents (streamed)."""
+        buf = io.BytesIO()
+        await self.read_file_to(path, buf)
+        return buf.getvalue()
+
+    async def read_file_to(self, path: str, writer: BinaryIO) -> int:
+        """Streams the file at ``path`` into a binary file object; returns the bytes written."""
+        n = 0
+        call = self._rpc.ReadFileStream(sandbox_pb2.ReadFileStreamRequest(path=path))
+        try:
+            async for c in call:
+                writer.write(c.data)
+                n += len(c.data)
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"reading {path}") from None
+        finally:
+            call.cancel()
+        return n
+
+    async def _unary(self, method: str, req, doing: str):
+        try:
+            return await getattr(self._rpc, method)(req, timeout=300)
+        except grpc.RpcError as e:
+            raise from_rpc(e, doing) from None
+
+    async def stat(self, path: str, follow_symlinks: bool = False) -> FileInfo:
+        """Describes ``path``."""
+        r = await self._unary("Stat", sandbox_pb2.StatRequest(path=path, follow_symlinks=follow_symlinks), f"stat {path}")
+        return FileInfo._from_proto(r.info)
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        try:
+            await self.stat(path)
+            return True
+        except NotFoundError:
+            return False
+
+    async def list(self, path: str = "", recursive: bool = False, max_depth: int = 0, max_entries: int = 0) -> Listing:
+        """Lists the directory ``path``."""
+        r = await self._unary("List", sandbox_pb2.ListRequest(path=path, recursive=recursive, max_depth=max_depth,
+                                                              max_entries=max_entries), f"list {path or '.'}")
+        return Listing([FileInfo._from_proto(e) for e in r.entries], r.truncated)
+
+    async def mkdir(self, path: str, parents: bool = False, mode: int = 0) -> None:
+        """Creates the directory ``path``."""
+        await self._unary("Mkdir", sandbox_pb2.MkdirRequest(path=path, parents=parents, mode=mode), f"mkdir {path}")
+
+    async def remove(self, path: str, recursive: bool = False, missing_ok: bool = False) -> None:
+        """Removes ``path``."""
+        await self._unary("Remove", sandbox_pb2.RemoveRequest(path=path, recursive=recursive, missing_ok=missing_ok), f"remove {path}")
+
+    async def rename(self, src: str, dst: str, overwrite: bool = False) -> None:
+        """Moves ``src`` to ``dst``."""
+        await self._unary("Rename", sandbox_pb2.RenameRequest(to=dst, overwrite=overwrite, **{"from": src}), f"rename {src} to {dst}")
+
+    async def symlink(self, target: str, path: str) -> None:
+        """Creates a symlink at ``path`` to ``target`` (inside the workspace)."""
+        await self._unary("Symlink", sandbox_pb2.SymlinkRequest(target=target, path=path), f"symlink {path} -> {target}")
+
+    async def find(self, path: str = "", name: str = "", type: Optional[str] = None, max_depth: int = 0,
+                   max_results: int = 0) -> Listing:
+        """Finds entries under ``path`` (see :meth:`fusebox.Sandbox.find`)."""
+        r = await self._unary("Find", sandbox_pb2.FindRequest(path=path, name=name, type=_core.find_type(type),
+                                                              max_depth=max_depth, max_results=max_results),
+                              f"find {name or '*'} in {path or '.'}")
+        return Listing([FileInfo._from_proto(e) for e in r.entries], r.truncated)
+
+    async def grep(self, pattern: str, paths: Sequence[str] = (), include: Sequence[str] = (), exclude: Sequence[str] = (),
+                   case_insensitive: bool = False, max_matches: int = 0) -> GrepResult:
+        """Searches file contents for an RE2 ``pattern``."""
+        if isinstance(paths, str):
+            paths = [paths]
+        r = await self._unary("Grep", sandbox_pb2.GrepRequest(pattern=pattern, paths=list(paths), include=list(include),
+                                                              exclude=list(exclude), case_insensitive=case_insensitive,
+                                                              max_matches=max_matches), f"grep {pattern!r}")
+        return GrepResult([GrepMatch(m.path, m.line, m.text) for m in r.matches], r.truncated, r.files_searched,
+                          r.binary_files_skipped)
+
+
+def fusebox_file(path: str, data: Union[bytes, str], mode: int):
+    from .types import File
+
+    return File(path, data.encode() if isinstance(data, str) else data, mode)
+
+
+async def _agen(it):
+    for x in it:
+        yield x
+
+
+async def _gather(coros) -> None:
+    """Runs coros concurrently; on the first error cancels the rest, waits for them, and raises it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+class ExecStream:
+    """A running command's output; ``async for`` yields :class:`OutputChunk`, then ``result``
+    says how it ended. ``cancel()`` (or leaving ``async with`` early) kills the command."""
+
+    def __init__(self, call, command: CommandLike, timeout: Optional[float]):
+        self._call, self._command, self._timeout = call, command, timeout
+        self._result: Optional[ExecResult] = None
+        self._started = False
+
+    async def _events(self) -> AsyncIterator[OutputChunk]:
+        if self._started:
+            raise FuseboxError("exec stream: already iterated")
+        self._started = True
+        try:
+            async for ev in self._call:
+                kind = ev.WhichOneof("event")
+                if kind == "output":
+                    yield OutputChunk("stderr" if ev.output.stream == sandbox_pb2.STREAM_KIND_STDERR else "stdout", ev.output.data)
+                elif kind == "exit":
+                    self._result = _core.exit_result(ev.exit, b"", b"")
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"exec {_core.describe(self._command)!r}") from None
+        if self._result is None:
+            raise FuseboxError(f"exec {_core.describe(self._command)!r}: stream ended without an exit status")
+
+    async def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        async for c in self._events():
+            yield c
+        _core.check_result(self._result, self._command, self._timeout, False)  # type: ignore[arg-type]
+
+    @property
+    def result(self) -> ExecResult:
+        if self._result is None:
+            raise FuseboxError("exec stream: the command has not finished; iterate the stream first")
+        return self._result
+
+    async def wait(self) -> ExecResult:
+        """Drains the rest of the output and returns the result."""
+        if not self._started:
+            async for _ in self:
+                pass
+        return self.result
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def __aenter__(self) -> "ExecStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._result is None:
+            self.cancel()
+
+
+class TaskGroup:
+    """Concurrent commands sharing one starting state (see :class:`fusebox.TaskGroup`).
+
+    :meth:`exec` assigns the logical order when it is called, not when it is awaited, so
+    ``await asyncio.gather(g.exec(a), g.exec(b))`` orders a before b.
+    """
+
+    def __init__(self, sandbox: Sandbox):
+        self.id = _core.new_group_id()
+        self._sb = sandbox
+        self._order = 0
+        self._tasks: List[asyncio.Task] = []
+
+    def exec(self, command: CommandLike, **kw) -> "asyncio.Task[ExecResult]":
+        """Assigns the next logical order now and starts the command; await the task for its result."""
+        self._order += 1
+        t = asyncio.get_running_loop().create_task(self._sb._exec(
+            command, kw.get("cwd", ""), kw.get("env"), kw.get("unset"), kw.get("stdin"), kw.get("timeout"),
+            kw.get("check", False), kw.get("stdout"), kw.get("stderr"), self.id, self._order))
+        self._tasks.append(t)
+        return t
+
+    async def wait(self) -> List[ExecResult]:
+        """Waits for every command; returns their results in logical order."""
+        await asyncio.wait(self._tasks) if self._tasks else None
+        return [t.result() for t in self._tasks]
+
+    async def __aenter__(self) -> "TaskGroup":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks)

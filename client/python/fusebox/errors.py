@@ -1,0 +1,160 @@
+"""Typed exceptions of the fusebox SDK, and the one place where gRPC status codes become them.
+
+Every error the SDK raises is a :class:`FuseboxError`. Errors that come from a gRPC call carry
+the call's status code (``code``) and the server's message (``details``); the exception's
+message says what the SDK was doing and what to do next where that is known.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, TYPE_CHECKING
+
+import grpc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .types import ExecResult
+
+__all__ = [
+    "FuseboxError",
+    "BadAddressError",
+    "InvalidArgumentError",
+    "PathEscapeError",
+    "NotFoundError",
+    "AlreadyExistsError",
+    "FailedPreconditionError",
+    "LimitError",
+    "DeadlineExceededError",
+    "UnavailableError",
+    "LeaseError",
+    "PinningError",
+    "CommandTimeoutError",
+    "CommandError",
+    "CancelledError",
+]
+
+
+class FuseboxError(Exception):
+    """Base class of every error the SDK raises.
+
+    ``code`` is the gRPC status code when the error came from a call (else None) and
+    ``details`` the server's message.
+    """
+
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None, details: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+class InvalidArgumentError(FuseboxError, ValueError):
+    """A malformed request: a bad key, path, template, egress entry or TTL (INVALID_ARGUMENT)."""
+
+
+class BadAddressError(InvalidArgumentError):
+    """An address that is neither ``unix:///absolute/path`` nor ``tcp://host:port``."""
+
+
+class PathEscapeError(FuseboxError, PermissionError):
+    """A path that would leave the sandbox's workspace (PERMISSION_DENIED from a sandbox)."""
+
+
+class NotFoundError(FuseboxError, FileNotFoundError):
+    """A file, or a sandbox, that does not exist (NOT_FOUND)."""
+
+
+class AlreadyExistsError(FuseboxError, FileExistsError):
+    """The destination exists (ALREADY_EXISTS)."""
+
+
+class FailedPreconditionError(FuseboxError):
+    """The operation does not fit the current state, e.g. not a directory (FAILED_PRECONDITION)."""
+
+
+class LimitError(FuseboxError):
+    """A server limit: disk, processes, message size, pool capacity (RESOURCE_EXHAUSTED)."""
+
+
+class DeadlineExceededError(FuseboxError, TimeoutError):
+    """A call's deadline passed (DEADLINE_EXCEEDED)."""
+
+
+class UnavailableError(FuseboxError, ConnectionError):
+    """The peer cannot be reached or failed transiently (UNAVAILABLE): retry, or check it runs."""
+
+
+class LeaseError(FuseboxError):
+    """The lease is not this caller's (a wrong token), or has ended."""
+
+
+class PinningError(FuseboxError):
+    """The sandbox's identity does not match the pinned key: the SDK refused to talk to it."""
+
+
+class CancelledError(FuseboxError):
+    """The call was cancelled (CANCELLED)."""
+
+
+class CommandTimeoutError(FuseboxError, TimeoutError):
+    """The command ran past its timeout and was killed with its whole process group.
+
+    ``result`` holds what it printed before that and how it ended.
+    """
+
+    def __init__(self, message: str, result: "ExecResult"):
+        super().__init__(message)
+        self.result = result
+
+
+class CommandError(FuseboxError):
+    """A command exited non-zero while ``check=True`` was asked; ``result`` says how."""
+
+    def __init__(self, message: str, result: "ExecResult"):
+        super().__init__(message)
+        self.result = result
+
+
+_SANDBOX = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.PERMISSION_DENIED: PathEscapeError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: LimitError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.CANCELLED: CancelledError,
+}
+
+_MANAGER = dict(_SANDBOX)
+_MANAGER.update({
+    # The manager's PERMISSION_DENIED is a wrong lease token, its FAILED_PRECONDITION an
+    # ended lease (fusebox.manager.v1).
+    grpc.StatusCode.PERMISSION_DENIED: LeaseError,
+    grpc.StatusCode.FAILED_PRECONDITION: LeaseError,
+})
+
+# Substrings of grpc's UNAVAILABLE details that mean the TLS handshake with the sandbox
+# failed: with pinned keys that is a peer whose key is not the pinned one (or that refused
+# ours).
+_HANDSHAKE = ("ssl handshake failed", "certificate verify failed", "peer name", "handshake failed",
+              "certificate required", "bad certificate", "unknown ca")
+
+
+def from_rpc(err: grpc.RpcError, doing: str, service: str = "sandbox", hint: str = "") -> FuseboxError:
+    """Returns the typed exception for a failed gRPC call.
+
+    ``doing`` says what the SDK was doing ("writing foo.txt"), ``service`` whose answer it is
+    ("sandbox" or "manager": their PERMISSION_DENIED mean different things) and ``hint`` what
+    to do next, appended to the message.
+    """
+    code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = (err.details() if callable(getattr(err, "details", None)) else None) or str(err)
+    table = _MANAGER if service == "manager" else _SANDBOX
+    cls = table.get(code, FuseboxError)
+    if service == "sandbox" and code == grpc.StatusCode.UNAVAILABLE and any(s in details.lower() for s in _HANDSHAKE):
+        cls = PinningError
+        hint = hint or "the sandbox did not prove the pinned key, or refused this agent's key"
+    msg = f"{doing}: {code.name if code else 'UNKNOWN'}: {details}"
+    if hint:
+        msg += f" ({hint})"
+    return cls(msg, code=code, details=details)

@@ -1,0 +1,119 @@
+"""Agent keys and the pinning of a sandbox's certificate.
+
+The agent's key is generated in memory and never written anywhere: its private half goes
+only to grpcio's TLS stack, in memory. grpcio can pin a peer only through a root
+certificate, so the sandbox sends its self-signed certificate with its public key;
+:func:`pinned_root` refuses the certificate unless its SubjectPublicKeyInfo is exactly the
+pinned key, and the SDK then uses it as the only root, verified for :data:`SERVER_NAME`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Literal, Union
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import NameOID
+
+from .errors import InvalidArgumentError, PinningError
+
+#: The DNS name every sandbox certificate carries; the SDK verifies the sandbox for it. The
+#: .invalid top-level domain never resolves: the name means only "the pinned sandbox".
+SERVER_NAME = "sandbox.fusebox.invalid"
+
+KeyType = Literal["ed25519", "p256"]
+_PrivateKey = Union[ed25519.Ed25519PrivateKey, ec.EllipticCurvePrivateKey]
+
+
+class AgentKey:
+    """An agent's keypair (Ed25519 by default, or ECDSA P-256), held in this process only.
+
+    Its public half (:attr:`public_key`, DER SubjectPublicKeyInfo) goes with an allocation;
+    the private half and the self-signed client certificate exist only as bytes in memory.
+    """
+
+    def __init__(self, private_key: _PrivateKey):
+        if isinstance(private_key, ec.EllipticCurvePrivateKey):
+            if not isinstance(private_key.curve, ec.SECP256R1):
+                raise InvalidArgumentError(f"agent key: ECDSA curve {private_key.curve.name} (want P-256 or an Ed25519 key)")
+        elif not isinstance(private_key, ed25519.Ed25519PrivateKey):
+            raise InvalidArgumentError(f"agent key: {type(private_key).__name__} (want Ed25519 or ECDSA P-256)")
+        self._key = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        self._cert_pem: bytes | None = None
+        self._key_pem: bytes | None = None
+
+    @classmethod
+    def generate(cls, kind: KeyType = "ed25519") -> "AgentKey":
+        """Generates a fresh key in memory: "ed25519" (the default) or "p256"."""
+        if kind == "ed25519":
+            return cls(ed25519.Ed25519PrivateKey.generate())
+        if kind == "p256":
+            return cls(ec.generate_private_key(ec.SECP256R1()))
+        raise InvalidArgumentError(f"agent key type {kind!r}: want 'ed25519' or 'p256'")
+
+    def _credentials(self) -> tuple[bytes, bytes]:
+        """Returns (private key PEM, self-signed certificate PEM), made once, in memory."""
+        if self._cert_pem is None:
+            name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fusebox pinned key")])
+            now = datetime.datetime.now(datetime.timezone.utc)
+            cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                    .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+                    .not_valid_before(now - datetime.timedelta(hours=1))
+                    .not_valid_after(now + datetime.timedelta(days=3650))
+                    .sign(self._key, None if isinstance(self._key, ed25519.Ed25519PrivateKey) else hashes.SHA256()))
+            self._key_pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption())
+            self._cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+        assert self._key_pem is not None
+        return self._key_pem, self._cert_pem
+
+    def __repr__(self) -> str:  # never shows the private key
+        kind = "Ed25519" if isinstance(self._key, ed25519.Ed25519PrivateKey) else "ECDSA P-256"
+        return f"<AgentKey {kind} {self.public_key[-8:].hex()}>"
+
+
+def check_public_key(der: bytes, what: str = "sandbox key") -> None:
+    """Raises PinningError unless der is a DER SubjectPublicKeyInfo of an Ed25519 or P-256 key."""
+    if not der:
+        raise PinningError(f"{what}: empty")
+    if len(der) > 1024:
+        raise PinningError(f"{what}: {len(der)} bytes is too long for a P-256 or Ed25519 key")
+    try:
+        k = serialization.load_der_public_key(der)
+    except (ValueError, TypeError) as e:
+        raise PinningError(f"{what}: not a DER SubjectPublicKeyInfo: {e}") from None
+    if isinstance(k, ec.EllipticCurvePublicKey) and isinstance(k.curve, ec.SECP256R1):
+        return
+    if isinstance(k, ed25519.Ed25519PublicKey):
+        return
+    raise PinningError(f"{what}: {type(k).__name__} (want Ed25519 or ECDSA P-256)")
+
+
+def pinned_root(certificate_der: bytes, sandbox_public_key: bytes) -> bytes:
+    """Returns the sandbox certificate as PEM, to be the connection's only root, after checking it.
+
+    It raises PinningError unless the certificate parses, its SubjectPublicKeyInfo equals
+    sandbox_public_key byte for byte, and it names SERVER_NAME.
+    """
+    check_public_key(sandbox_public_key)
+    if not certificate_der:
+        raise PinningError("the manager returned no sandbox certificate: the manager or sandbox predates "
+                           "sandbox_certificate; upgrade them (the Python SDK pins through it)")
+    try:
+        cert = x509.load_der_x509_certificate(certificate_der)
+    except ValueError as e:
+        raise PinningError(f"sandbox certificate: not a DER X.509 certificate: {e}") from None
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if spki != sandbox_public_key:
+        raise PinningError("sandbox certificate: its key is not sandbox_public_key; refusing to trust it")
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        names = []
+    if SERVER_NAME not in names:
+        raise PinningError(f"sandbox certificate: does not name {SERVER_NAME} (names {names})")
+    return cert.public_bytes(serialization.Encoding.PEM)

@@ -1,0 +1,193 @@
+"""Plain data types shared by the sync and asyncio APIs."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Literal, Optional, Sequence, Union
+
+from ._proto.manager.v1 import manager_pb2
+from ._proto.sandbox.v1 import sandbox_pb2
+
+#: The largest WriteFiles or ReadFiles batch the SDK builds: gRPC's default 4 MiB message
+#: limit minus room for framing and metadata (as the Go SDK).
+DEFAULT_BATCH_BYTES = int(3.5 * (1 << 20))
+#: The size of one WriteFileStream message.
+STREAM_CHUNK = 2 << 20
+
+#: A command: a string runs as a bash script (its exported variables and final working
+#: directory persist for later commands), a sequence of strings as argv.
+CommandLike = Union[str, Sequence[str]]
+
+
+@dataclass
+class OutputChunk:
+    """A piece of a command's output as it streamed: ``stream`` is "stdout" or "stderr"."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass
+class ExecResult:
+    """How a command ended.
+
+    ``exit_code`` is the exit status, or 128 + the signal number; ``signal`` the signal's name
+    ("SIGKILL") when one ended it. ``duration`` is the process's own run time inside the
+    sandbox, in seconds. ``stdout`` and ``stderr`` hold the output when it was collected
+    (not when it went to callbacks).
+    """
+
+    exit_code: int
+    signal: str = ""
+    duration: float = 0.0
+    truncated: bool = False
+    timed_out: bool = False
+    state_recorded: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the command exited with status 0."""
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        """Standard output decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass
+class File:
+    """A file to write; ``mode`` 0 means 0644."""
+
+    path: str
+    data: bytes
+    mode: int = 0
+
+
+@dataclass
+class Symlink:
+    """A symlink to create at ``path``; ``target`` must resolve inside the workspace."""
+
+    target: str
+    path: str
+
+
+@dataclass
+class WriteStats:
+    """What a write did: counts, bytes, and the WriteFiles and WriteFileStream RPCs it took."""
+
+    files: int = 0
+    dirs: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    batches: int = 0
+    streamed: int = 0
+
+
+@dataclass
+class ReadStats:
+    """What a read fetched: its plan's batches and streams, bytes, and what matched nothing."""
+
+    missing: List[str] = field(default_factory=list)
+    batches: int = 0
+    streamed: int = 0
+    bytes: int = 0
+
+
+class Files(Dict[str, bytes]):
+    """The files a read returned, path to contents, with the read's :class:`ReadStats` as ``stats``."""
+
+    stats: ReadStats
+
+    def __init__(self, stats: ReadStats):
+        super().__init__()
+        self.stats = stats
+
+
+FileType = Literal["file", "dir", "symlink", "other", ""]
+_TYPES = {sandbox_pb2.FILE_TYPE_FILE: "file", sandbox_pb2.FILE_TYPE_DIR: "dir",
+          sandbox_pb2.FILE_TYPE_SYMLINK: "symlink", sandbox_pb2.FILE_TYPE_OTHER: "other"}
+_TYPE_CODES = {v: k for k, v in _TYPES.items()}
+
+
+@dataclass
+class FileInfo:
+    """One entry of the workspace: ``type`` is "file", "dir", "symlink" or "other"."""
+
+    path: str
+    type: FileType
+    size: int
+    mode: int
+    modified: Optional[datetime.datetime]
+    symlink_target: str = ""
+
+    @classmethod
+    def _from_proto(cls, m: sandbox_pb2.FileInfo) -> "FileInfo":
+        mod = m.modified.ToDatetime(tzinfo=datetime.timezone.utc) if m.HasField("modified") else None
+        return cls(path=m.path, type=_TYPES.get(m.type, ""), size=m.size, mode=m.mode, modified=mod,  # type: ignore[arg-type]
+                   symlink_target=m.symlink_target)
+
+
+@dataclass
+class Listing:
+    """Entries of a list or find; ``truncated`` says the server's limit cut it short."""
+
+    entries: List[FileInfo]
+    truncated: bool = False
+
+    def __iter__(self) -> Iterator[FileInfo]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass
+class GrepMatch:
+    """A matching line: its file, 1-based line number and text."""
+
+    path: str
+    line: int
+    text: str
+
+
+@dataclass
+class GrepResult:
+    """The matches of a grep, and what it searched."""
+
+    matches: List[GrepMatch]
+    truncated: bool = False
+    files_searched: int = 0
+    binary_files_skipped: int = 0
+
+    def __iter__(self) -> Iterator[GrepMatch]:
+        return iter(self.matches)
+
+    def __len__(self) -> int:
+        return len(self.matches)
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the manager lists it; ``state`` is e.g. "BOUND", "READY", "DESTROYING"."""
+
+    sandbox_id: str
+    state: str
+    template: str
+    endpoint: str
+    created: Optional[datetime.datetime]
+    lease_expires: Optional[datetime.datetime]
+    egress: List[str]
+    labels: Dict[str, str]
+    error: str = ""
+
+    @classmethod
+    def _from_proto(cls, m: manager_pb2.Sandbox) -> "SandboxInfo":
+        def ts(f: str) -> Optional[datetime.datetime]:
+            return getattr(m, f).ToDatetime(tzinfo=datetime.timezone.utc) if m.HasField(f) else None
+        return cls(sandbox_id=m.sandbox_id, state=manager_pb2.UnitState.Name(m.state).removeprefix("UNIT_STATE_"),
+                   template=m.template, endpoint=m.endpoint, created=ts("created"), lease_expires=ts("lease_expires"),
+                   egress=list(m.egress), labels=dict(m.labels), error=m.error)

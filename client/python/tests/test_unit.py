@@ -1,0 +1,219 @@
+"""Unit tests that need no sandbox: packing, addresses, keys and pinning, error mapping."""
+
+from __future__ import annotations
+
+import datetime
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import NameOID
+
+import fusebox
+from fusebox import _address, _core
+from fusebox._pack import encoded_size, pack, prune_mkdirs
+from fusebox._proto.sandbox.v1 import sandbox_pb2
+from fusebox.errors import from_rpc
+from fusebox.keys import AgentKey, check_public_key, pinned_root
+
+
+@pytest.mark.parametrize("dirs,want", [
+    (["a/b/c", "a/b/d", "a/b"], ["a/b/c", "a/b/d"]),
+    (["a/b", "a/b-c", "a/b/c"], ["a/b-c", "a/b/c"]),
+    (["x/", "./x", "x", ".", "/"], ["x"]),
+    ([], []),
+    (["b", "a"], ["a", "b"]),
+])
+def test_prune_mkdirs(dirs, want):
+    assert prune_mkdirs(dirs) == want
+
+
+def fw(path: str, n: int) -> sandbox_pb2.FileWrite:
+    return sandbox_pb2.FileWrite(path=path, data=b"x" * n)
+
+
+def test_pack_limits_and_completeness():
+    limit = 1 << 20
+    files = [fw(f"f{i}", (i * 7919) % 300_000) for i in range(60)] + [fw("huge", 2 << 20)]
+    batches, streamed = pack(files, ["d1", "d2"], [sandbox_pb2.SymlinkSpec(target="f1", path="l")], limit)
+    assert [f.path for f in streamed] == ["huge"]
+    seen = [f.path for b in batches for f in b.files]
+    assert sorted(seen) == sorted(f.path for f in files if f.path != "huge")
+    for b in batches:
+        assert b.ByteSize() <= limit, b.ByteSize()
+    assert list(batches[0].mkdirs) == ["d1", "d2"] and len(batches[-1].symlinks) == 1
+    assert sum(len(b.symlinks) for b in batches) == 1 and sum(len(b.mkdirs) for b in batches) == 2
+
+
+def test_pack_3000_small_files_in_4_batches():
+    files = [fw(f"src/d{i % 30}/f{i}.txt", 4096) for i in range(3000)]
+    batches, streamed = pack(files, [], [], fusebox.DEFAULT_BATCH_BYTES)
+    assert len(batches) == 4 and not streamed
+    assert all(b.ByteSize() <= fusebox.DEFAULT_BATCH_BYTES for b in batches)
+
+
+def test_pack_only_dirs():
+    batches, streamed = pack([], ["a"], [], 100)
+    assert len(batches) == 1 and list(batches[0].mkdirs) == ["a"] and not streamed
+
+
+def test_encoded_size_bounds_real_size():
+    for n, p in [(0, "a"), (1, "é/ü"), (4096, "x" * 200), (100000, "deep/" * 20)]:
+        f = sandbox_pb2.FileWrite(path=p, data=b"\0" * n, mode=0o755)
+        assert sandbox_pb2.WriteFilesRequest(files=[f]).ByteSize() <= encoded_size(f)
+
+
+@pytest.mark.parametrize("s,network,target", [
+    ("unix:///run/fusebox/manager.sock", "unix", "unix:///run/fusebox/manager.sock"),
+    ("unix:///a//b/../c.sock", "unix", "unix:///a/c.sock"),
+    ("tcp://127.0.0.1:9090", "tcp", "127.0.0.1:9090"),
+    ("tcp://[::1]:9090", "tcp", "[::1]:9090"),
+])
+def test_address_parse(s, network, target):
+    a = _address.parse(s)
+    assert (a.network, a.grpc_target) == (network, target)
+
+
+@pytest.mark.parametrize("s", ["", "unix://rel", "tcp://host", "tcp://:1", "tcp://h:0", "tcp://h:70000", "http://h:1",
+                               "/run/x.sock", "unix:///a\x00b", None])
+def test_address_refused(s):
+    with pytest.raises(fusebox.BadAddressError):
+        _address.parse(s)  # type: ignore[arg-type]
+
+
+def self_signed(key, names=(fusebox.SERVER_NAME,)) -> bytes:
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(1)
+         .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1)))
+    if names:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+    from cryptography.hazmat.primitives import hashes
+
+    algo = None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    return b.sign(key, algo).public_bytes(serialization.Encoding.DER)
+
+
+def spki(key) -> bytes:
+    return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+@pytest.mark.parametrize("make", [ed25519.Ed25519PrivateKey.generate, lambda: ec.generate_private_key(ec.SECP256R1())])
+def test_pinned_root_accepts_matching(make):
+    k = make()
+    pem = pinned_root(self_signed(k), spki(k))
+    assert pem.startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+def test_pinned_root_refusals():
+    k, other = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    cases = [
+        (self_signed(other), spki(k), "not sandbox_public_key"),
+        (self_signed(k, names=()), spki(k), "does not name"),
+        (self_signed(k, names=("evil.example",)), spki(k), "does not name"),
+        (b"garbage", spki(k), "not a DER X.509"),
+        (b"", spki(k), "no sandbox certificate"),
+        (self_signed(k), b"", "empty"),
+        (self_signed(k), b"junk", "not a DER SubjectPublicKeyInfo"),
+    ]
+    for cert, key, msg in cases:
+        with pytest.raises(fusebox.PinningError, match=msg):
+            pinned_root(cert, key)
+
+
+def test_check_public_key_types():
+    check_public_key(spki(ec.generate_private_key(ec.SECP256R1())))
+    with pytest.raises(fusebox.PinningError, match="want Ed25519 or ECDSA P-256"):
+        check_public_key(spki(ec.generate_private_key(ec.SECP384R1())))
+    with pytest.raises(fusebox.PinningError):
+        check_public_key(spki(rsa.generate_private_key(65537, 2048)))
+
+
+def test_agent_key():
+    for kind in ("ed25519", "p256"):
+        k = AgentKey.generate(kind)  # type: ignore[arg-type]
+        key_pem, cert_pem = k._credentials()
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        assert cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == k.public_key
+        assert b"PRIVATE" not in repr(k).encode()
+    with pytest.raises(fusebox.InvalidArgumentError):
+        AgentKey.generate("rsa")  # type: ignore[arg-type]
+    with pytest.raises(fusebox.InvalidArgumentError):
+        AgentKey(ec.generate_private_key(ec.SECP384R1()))
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code, details):
+        self._c, self._d = code, details
+
+    def code(self):
+        return self._c
+
+    def details(self):
+        return self._d
+
+
+@pytest.mark.parametrize("code,service,cls", [
+    (grpc.StatusCode.PERMISSION_DENIED, "sandbox", fusebox.PathEscapeError),
+    (grpc.StatusCode.PERMISSION_DENIED, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.NOT_FOUND, "sandbox", fusebox.NotFoundError),
+    (grpc.StatusCode.INVALID_ARGUMENT, "manager", fusebox.InvalidArgumentError),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "sandbox", fusebox.LimitError),
+    (grpc.StatusCode.ALREADY_EXISTS, "sandbox", fusebox.AlreadyExistsError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "sandbox", fusebox.FailedPreconditionError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, "sandbox", fusebox.DeadlineExceededError),
+    (grpc.StatusCode.UNAVAILABLE, "manager", fusebox.UnavailableError),
+    (grpc.StatusCode.CANCELLED, "sandbox", fusebox.CancelledError),
+    (grpc.StatusCode.INTERNAL, "sandbox", fusebox.FuseboxError),
+])
+def test_error_mapping(code, service, cls):
+    e = from_rpc(FakeRpcError(code, "the reason"), "doing x", service, "try y")
+    assert type(e) is cls and e.code == code and e.details == "the reason"
+    assert str(e) == f"doing x: {code.name}: the reason (try y)"
+
+
+def test_handshake_failure_is_pinning_error():
+    e = from_rpc(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "Ssl handshake failed: SSL_ERROR_SSL: certificate verify failed"), "exec")
+    assert isinstance(e, fusebox.PinningError)
+
+
+def test_exec_request():
+    r = _core.exec_request("export A=1", "", {"B": "2"}, ["C"], "in", 1.5, "g", 3)
+    assert r.script == "export A=1" and dict(r.env) == {"B": "2"} and list(r.unset_env) == ["C"]
+    assert r.stdin == b"in" and r.timeout.ToNanoseconds() == 1_500_000_000 and (r.task_group_id, r.logical_order) == ("g", 3)
+    assert list(_core.exec_request(["ls", "-l"], "", None, None, None, None).argv) == ["ls", "-l"]
+    for bad in ("", "  ", [], [1], ["a", None]):
+        with pytest.raises(fusebox.InvalidArgumentError):
+            _core.exec_request(bad, "", None, None, None, None)  # type: ignore[arg-type]
+
+
+def test_seconds():
+    assert _core.seconds(datetime.timedelta(minutes=1), "t") == 60.0
+    assert _core.seconds(None, "t") is None
+    for bad in (-1, "10", True):
+        with pytest.raises(fusebox.InvalidArgumentError):
+            _core.seconds(bad, "t")  # type: ignore[arg-type]
+
+
+def test_file_writes_input():
+    fs = _core.file_writes({"a": "text", "b": b"\0"})
+    assert [(f.path, f.data) for f in fs] == [("a", b"text"), ("b", b"\0")]
+    fs = _core.file_writes([fusebox.File("x", b"1", 0o755), ("y", b"2")])
+    assert [(f.path, f.mode) for f in fs] == [("x", 0o755), ("y", 0)]
+    for bad in ([("", b"x")], [("a", 3)], [42]):
+        with pytest.raises(fusebox.InvalidArgumentError):
+            _core.file_writes(bad)  # type: ignore[arg-type]
+
+
+def test_parse_duration():
+    from fusebox.__main__ import parse_duration
+
+    assert parse_duration("1m30s") == 90 and parse_duration("500ms") == 0.5 and parse_duration("2.5") == 2.5
+    import argparse
+
+    for bad in ("1x", "s", "-1", "1m junk"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_duration(bad)
