@@ -25,6 +25,10 @@ K8S_BIN     ?= $(FUSEBOX_CACHE)/k8s-$(K8S_VERSION)
 # hack/pulumi/build-tools.sh and laid out (bin/pulumi, home/ = PULUMI_HOME) by setup-tools.sh.
 PULUMI_TOOLS ?= $(FUSEBOX_CACHE)/pulumi-v3.274.1-k8s-4.25.0
 export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
+# A real node's binaries (containerd, the gVisor shim, kubelet, kube-scheduler, kube-proxy, CNI
+# plugins, kube-router), built from the Go module proxy by hack/node/build-bins.sh.
+NODE_BIN ?= $(FUSEBOX_CACHE)/node-containerd-v2.4.2-k8s-$(K8S_VERSION)
+export FUSEBOX_NODE_BIN := $(NODE_BIN)
 # Packages of the main test run: test/kube runs only through test-kube.
 MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
 
@@ -113,6 +117,9 @@ k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kw
 		[ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
 		echo "kubernetes test binaries present in $(K8S_BIN)"; \
 	else ./hack/k8s/build-bins.sh $(K8S_BIN); fi
+
+node-bins: ## Build containerd, the gVisor shim, kubelet, kube-scheduler, kube-proxy, CNI plugins and kube-router into the cache when absent
+	./hack/node/build-bins.sh $(NODE_BIN)
 
 tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent (about 40 CPU-min cold)
 	./hack/pulumi/build-tools.sh $(PULUMI_TOOLS)
