@@ -32,7 +32,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
