@@ -29,8 +29,9 @@ export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
 # plugins, kube-router), built from the Go module proxy by hack/node/build-bins.sh.
 NODE_BIN ?= $(FUSEBOX_CACHE)/node-containerd-v2.4.2-k8s-$(K8S_VERSION)
 export FUSEBOX_NODE_BIN := $(NODE_BIN)
-# Packages of the main test run: test/kube runs only through test-kube.
-MAIN_PKGS = $$(go list ./... | grep -vE '/test/kube(/|$$)')
+# Packages of the main test run: test/kube and test/cluster run only through test-kube and
+# test-cluster.
+MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster)(/|$$)')
 
 BIN      := bin
 # The Python SDK is built and tested with Debian's interpreter and packages, not whatever
@@ -43,7 +44,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins
+.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,6 +54,7 @@ deps: ## Install the Debian packages the build and tests need (root)
 	@command -v mmdebstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq mmdebstrap; }
 	@command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-registry; }
 	@command -v htpasswd >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
+	@command -v iptables >/dev/null && command -v ipset >/dev/null || { apt-get update -qq && apt-get install -y -qq iptables ipset; }
 	@command -v grpc_python_plugin >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler-grpc; }
 	@$(PYTHON) -c 'import grpc, google.protobuf, cryptography, pytest, pytest_asyncio' 2>/dev/null || { apt-get update -qq && \
 		apt-get install -y -qq python3-grpcio python3-protobuf python3-cryptography python3-pytest python3-pytest-asyncio; }
@@ -98,10 +100,11 @@ verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
 unit: ## Run the tests that need neither root nor gVisor
 	FUSEBOX_SKIP_RUNSC=1 FUSEBOX_SKIP_KUBE=1 $(GOTEST) $(TESTFLAGS) ./...
 
-test: deps runsc shim verify k8s-bins tools ## Verify, then run every test, gVisor and Kubernetes integration tests included, and build every image (root)
+test: deps runsc shim verify k8s-bins node-bins tools ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
 	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-python
 	$(MAKE) test-kube
+	$(MAKE) test-cluster
 	$(MAKE) images
 
 # pytest fails on no tests collected (exit 5) as on a failure, and the end-to-end tests fail
@@ -127,6 +130,9 @@ tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absen
 
 test-kube: k8s-bins ## Run the kube allocator's tests against a real API server (etcd, kube-apiserver, kwok on loopback)
 	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 10m ./test/kube/...
+
+test-cluster: runsc k8s-bins node-bins ## Run the tests on a real node: kubelet, containerd and the gVisor shim, bridge CNI, kube-router (root)
+	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 20m ./test/cluster/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json

@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"time"
 
@@ -208,25 +209,40 @@ func baseLayer(log io.Writer) (v1.Layer, error) {
 	return ls[0], nil
 }
 
-// WriteLayout writes to dir (which must not exist) an OCI image layout of the test sandbox
-// image with sandboxBinary as its server, and returns the image's digest.
-func WriteLayout(dir, sandboxBinary string, log io.Writer) (v1.Hash, error) {
+// Image returns the test sandbox image with sandboxBinary as its server.
+func Image(sandboxBinary string, log io.Writer) (v1.Image, error) {
 	base, err := baseLayer(log)
 	if err != nil {
-		return v1.Hash{}, err
+		return nil, err
 	}
 	bin, err := binaryLayer(sandboxBinary)
 	if err != nil {
-		return v1.Hash{}, err
+		return nil, err
 	}
 	img, err := mutate.AppendLayers(empty.Image, base, bin)
 	if err != nil {
-		return v1.Hash{}, err
+		return nil, err
 	}
 	if img, err = mutate.Config(img, Config()); err != nil {
-		return v1.Hash{}, err
+		return nil, err
 	}
-	if img, err = mutate.CreatedAt(img, v1.Time{Time: time.Unix(1767225600, 0)}); err != nil {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return nil, err
+	}
+	return mutate.CreatedAt(img, v1.Time{Time: time.Unix(1767225600, 0)})
+}
+
+// WriteLayout writes to dir (which must not exist) an OCI image layout of the test sandbox
+// image with sandboxBinary as its server, and returns the image's digest.
+func WriteLayout(dir, sandboxBinary string, log io.Writer) (v1.Hash, error) {
+	img, err := Image(sandboxBinary, log)
+	if err != nil {
 		return v1.Hash{}, err
 	}
 	p, err := layout.Write(dir, empty.Index)

@@ -67,6 +67,7 @@ type Env struct {
 	Dir    string
 	script string
 	env    []string
+	opts   Options
 }
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
@@ -107,11 +108,31 @@ func Main(m *testing.M, env **Env) int {
 	return code
 }
 
+// Options change what Start runs. The zero value is what Start runs.
+type Options struct {
+	// NoKwok leaves kwok and its fake node out (a real kubelet joins instead: test/nodetest).
+	NoKwok bool
+	// APIServerArgs are extra kube-apiserver flags.
+	APIServerArgs []string
+	// Controllers is kube-controller-manager's --controllers (default: the namespace and
+	// garbage-collector controllers).
+	Controllers string
+	// Scheduler, if set, is a kube-scheduler binary to run too.
+	Scheduler string
+}
+
 // Start starts etcd, kube-apiserver and kwok, labels and taints the fake node, installs the
 // CRDs, waits until they are Established and starts kube-controller-manager.
-func Start(ctx context.Context) (_ *Env, err error) {
+func Start(ctx context.Context) (*Env, error) { return StartWith(ctx, Options{}) }
+
+// StartWith is Start with options.
+func StartWith(ctx context.Context, o Options) (_ *Env, err error) {
 	bin := BinDir()
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kwok", "kwok-stages.yaml"} {
+	need := []string{"etcd", "kube-apiserver", "kube-controller-manager"}
+	if !o.NoKwok {
+		need = append(need, "kwok", "kwok-stages.yaml")
+	}
+	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			return nil, fmt.Errorf("%w (%s: %v)", ErrNoBinaries, bin, err)
 		}
@@ -125,7 +146,7 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	if err := os.WriteFile(script, controlPlaneScript, 0o755); err != nil {
 		return nil, err
 	}
-	e := &Env{Dir: dir, script: script}
+	e := &Env{Dir: dir, script: script, opts: o}
 	defer func() {
 		if err != nil {
 			e.Stop()
@@ -160,11 +181,13 @@ func Start(ctx context.Context) (_ *Env, err error) {
 	if e.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := e.prepareNode(ctx); err != nil {
-		return nil, err
-	}
-	if err := e.waitKwok(ctx); err != nil {
-		return nil, err
+	if !o.NoKwok {
+		if err := e.prepareNode(ctx); err != nil {
+			return nil, err
+		}
+		if err := e.waitKwok(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.installCRDs(ctx); err != nil {
 		return nil, err
@@ -210,9 +233,18 @@ func (e *Env) start(ctx context.Context, bin string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	kwok, sched := "1", "0"
+	if e.opts.NoKwok {
+		kwok = "0"
+	}
+	if e.opts.Scheduler != "" {
+		sched = "1"
+	}
 	e.env = append(os.Environ(),
 		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
-		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK=1", "SCHEDULER=0", "KCM=0")
+		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK="+kwok, "SCHEDULER="+sched, "KCM=0",
+		"SCHEDULER_BIN="+e.opts.Scheduler, "APISERVER_ARGS="+strings.Join(e.opts.APIServerArgs, " "),
+		"KCM_CONTROLLERS="+e.opts.Controllers)
 	return e.run(ctx, "start")
 }
 

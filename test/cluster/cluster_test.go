@@ -1,0 +1,207 @@
+// Package cluster_test runs fusebox's kube allocator against a real single-node cluster
+// (test/nodetest): sandbox pods are real gVisor pods started by a kubelet through containerd
+// and the gVisor shim, from the test sandbox image imported into the node, on a bridge the
+// test creates, with kube-router enforcing NetworkPolicy. No kwok: every pod the manager hands
+// out runs the sandbox server, and the agent talks to it at its pod IP.
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/test/imagetest"
+	"github.com/fusebox-dev/fusebox/test/nodetest"
+)
+
+// sandboxImage is the name the test sandbox image is imported under.
+const sandboxImage = "localhost/fusebox-test/sandbox:v1"
+
+var (
+	node    *nodetest.Node
+	nodeErr error
+	once    sync.Once
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if node != nil {
+		if err := node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the node:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// realNode starts the node once per test binary, with the test sandbox image imported. It
+// skips only when FUSEBOX_SKIP_KUBE=1 and the node's binaries are missing.
+func realNode(t *testing.T) *nodetest.Node {
+	t.Helper()
+	once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		dir, err := os.MkdirTemp("", "cluster-test-")
+		if err != nil {
+			nodeErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		bin := filepath.Join(dir, "fusebox-sandbox")
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./cmd/fusebox-sandbox")
+		cmd.Dir = repoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			nodeErr = fmt.Errorf("building fusebox-sandbox: %w\n%s", err, out)
+			return
+		}
+		img, err := imagetest.Image(bin, os.Stderr)
+		if err != nil {
+			nodeErr = fmt.Errorf("making the sandbox image: %w", err)
+			return
+		}
+		archive := filepath.Join(dir, "sandbox.tar")
+		if err := nodetest.WriteImage(img, sandboxImage, archive); err != nil {
+			nodeErr = err
+			return
+		}
+		node, nodeErr = nodetest.Start(ctx, nodetest.Options{Images: []string{archive}})
+	})
+	if errors.Is(nodeErr, nodetest.ErrNoBinaries) && os.Getenv("FUSEBOX_SKIP_KUBE") == "1" {
+		t.Skip(nodeErr)
+	}
+	if nodeErr != nil {
+		t.Fatal(nodeErr)
+	}
+	return node
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// newManager returns a started manager on the kube allocator, its pods in a fresh namespace
+// on the real node, with a pool of one.
+func newManager(t *testing.T, n *nodetest.Node) (*manager.Manager, *kubealloc.Allocator, string) {
+	t.Helper()
+	ns := n.Env.Namespace(t)
+	a, err := kubealloc.New(kubealloc.Options{
+		Client: n.Env.Client, Dynamic: n.Env.Dynamic, Namespace: ns, Identity: "replica-a",
+		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(sandboxImage)},
+		Selectors: kubealloc.PolicySelectors{
+			Agents:  map[string]string{"fusebox.dev/role": "agent"},
+			Manager: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+		},
+		NodeName:     nodetest.NodeName,
+		ReadyTimeout: 3 * time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); a.Shutdown() })
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 1}, Clock: manager.RealClock{},
+		Initializer: sfuse.Initialize, ReconcileInterval: 50 * time.Millisecond, AllocateWait: 3 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	return m, a, ns
+}
+
+// TestAllocateExecOnARealNode: an allocation through the manager gets a real gVisor pod; the
+// agent runs a command in it and moves 100 files over the direct, pinned data plane to the
+// pod's IP; a release deletes the pod.
+func TestAllocateExecOnARealNode(t *testing.T) {
+	n := realNode(t)
+	m, a, ns := newManager(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	key, err := client.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+	if err != nil {
+		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
+	}
+	if !strings.HasPrefix(al.Endpoint, "tcp://"+nodetest.Net+".") {
+		t.Fatalf("endpoint %q is not a pod address on the test bridge", al.Endpoint)
+	}
+	sb, err := client.Dial(al.Endpoint, al.SandboxKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Run(ctx, "cat", "/proc/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res.Stdout), "gVisor") && !strings.Contains(string(res.Stdout), "gvisor") {
+		t.Fatalf("/proc/version = %q, want gVisor's", res.Stdout)
+	}
+	files := make([]client.File, 100)
+	for i := range files {
+		files[i] = client.File{Path: fmt.Sprintf("d%d/f%03d.txt", i%10, i), Data: bytes.Repeat([]byte{byte(i)}, 1000+i), Mode: 0o644}
+	}
+	if _, err := sb.WriteFiles(ctx, files, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := sb.ReadFiles(ctx, "d*/*.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(files) {
+		t.Fatalf("read back %d files, want %d", len(got), len(files))
+	}
+	for _, f := range files {
+		if !bytes.Equal(got[f.Path], f.Data) {
+			t.Fatalf("%s differs after the round trip", f.Path)
+		}
+	}
+	pod, err := n.Env.Client.CoreV1().Pods(ns).Get(ctx, al.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.NodeName != nodetest.NodeName || *pod.Spec.RuntimeClassName != "gvisor" {
+		t.Fatalf("pod on node %q with runtime class %q", pod.Spec.NodeName, *pod.Spec.RuntimeClassName)
+	}
+	if err := m.Release(ctx, al.ID, al.LeaseToken); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := a.Lookup(ctx, al.ID); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("released pod %s still there", al.ID)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
