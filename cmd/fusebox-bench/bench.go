@@ -80,6 +80,7 @@ func benchAllocateCmd() *cobra.Command {
 	var o bench.AllocateOptions
 	var asJSON bool
 	var allocator, remote string
+	var realNode bool
 	var busy bool
 	cmd := &cobra.Command{
 		Use:   "allocate",
@@ -117,7 +118,11 @@ in it).
 
 With --allocator kube it starts a loopback control plane (kube-apiserver, etcd, kwok) and
 measures warm allocations through the kube allocator: claim, egress policy and lease written
-to the real API server, and the API requests each allocation makes.
+to the real API server, and the API requests each allocation makes. With --real-node too, the
+pods are real gVisor pods on a real node (test/nodetest: kubelet, containerd and the gVisor
+shim, bridge CNI, kube-router; make node-bins; root) made from the test sandbox image with
+--sandbox-binary as its server, sFuse is real, and each allocation is also timed through a
+fresh pinned-TLS connection to the pod IP and a first call; every allocation is released.
 
 With --manager ADDR it starts nothing: it measures warm allocations against a manager that
 runs already (fusebox local up's unix socket, or a cluster manager's tcp://host:port reached
@@ -154,11 +159,26 @@ machine shows as other fusebox processes).`,
 				}
 				return nil
 			}
+			if realNode && allocator != "kube" {
+				return fmt.Errorf("--real-node needs --allocator kube")
+			}
 			if allocator == "kube" {
 				if o.Trace || o.Sched {
 					return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
 				}
 				daemon.TuneGC() // this process runs the manager
+				if realNode {
+					r, err := bench.KubeRealNodeAllocate(cmd.Context(), o.Runs, o.Settle, o.SandboxBinary, o.Log)
+					if err != nil {
+						return err
+					}
+					if asJSON {
+						return printJSON(r)
+					}
+					fmt.Printf("warm allocation of a real gVisor pod p50 %.2f ms, p99 %.2f ms; with a fresh pinned-TLS connection to the pod and a first call p50 %.2f ms, p99 %.2f ms (%d runs, pool %d), %.1f API writes per allocation\n",
+						r.AllocateP50Ms, r.AllocateP99Ms, r.WithFirstCallP50Ms, r.WithFirstCallP99Ms, r.Runs, r.Pool, r.APIWritesPerAllocation)
+					return nil
+				}
 				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
 				if err != nil {
 					return err
@@ -225,6 +245,7 @@ machine shows as other fusebox processes).`,
 	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
 	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&realNode, "real-node", false, "with --allocator kube: run the pods on a real node (kubelet, containerd and the gVisor shim, bridge CNI, kube-router from make node-bins; root) with real sFuse and a first data-plane call to the pod IP")
 	f.IntVar(&o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
 	f.Float64Var(&o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
