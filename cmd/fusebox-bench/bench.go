@@ -99,6 +99,49 @@ benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 	return cmd
 }
 
+func benchCPULimitsCmd() *cobra.Command {
+	var o bench.CPULimitsOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "cpu-limits",
+		Short: "Exec round trips of 'true' under no CPU limit, a CFS quota of one CPU, and cpu shares",
+		Long: `Starts three gVisor sandboxes alike but for their CPU setting (none; a CFS quota of one
+CPU; cpu.shares 1024, one CPU's weight), each with 1 GiB and 512 tasks, and times exec
+round trips of 'true' through the client's defaults, the sandboxes taking turns in
+interleaved rounds. The p99 against the unlimited sandbox's is what the default CPU setting
+of fusebox local up (--sandbox-cpus) was chosen from. Needs root.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(o.Runsc); err != nil {
+				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+			}
+			if _, err := os.Stat(o.SandboxBinary); err != nil {
+				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
+			}
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.CPULimits(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "cpu setting\ttrue p50 / p99\tp99 vs none\tper-round p99\n")
+			for _, f := range r.Figures {
+				fmt.Fprintf(w, "%s\t%.3f / %.3f ms\t%.2fx\t%v\n", f.Setting, f.P50Ms, f.P99Ms, f.P99VsNone, f.RoundP99Ms)
+			}
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.IntVar(&o.Rounds, "rounds", 6, "interleaved rounds")
+	f.IntVar(&o.RunsPerRound, "runs", 100, "round trips of true per sandbox per round")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
 func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
