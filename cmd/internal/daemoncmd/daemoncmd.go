@@ -89,7 +89,9 @@ func LimitFlags(f *pflag.FlagSet, l *runscalloc.Limits) {
 // 1G, 1048576).
 type bytesValue int64
 
-func (b *bytesValue) String() string { return resource.NewQuantity(int64(*b), resource.BinarySI).String() }
+func (b *bytesValue) String() string {
+	return resource.NewQuantity(int64(*b), resource.BinarySI).String()
+}
 
 func (b *bytesValue) Set(s string) error {
 	q, err := resource.ParseQuantity(s)
