@@ -108,7 +108,7 @@ func benchCPULimitsCmd() *cobra.Command {
 		Long: `Starts three gVisor sandboxes alike but for their CPU setting (none; a CFS quota of one
 CPU; cpu.shares 1024, one CPU's weight), each with 1 GiB and 512 tasks, and times exec
 round trips of 'true' through the client's defaults, the sandboxes taking turns in
-interleaved rounds. The p99 against the unlimited sandbox's is what the default CPU setting
+interleaved rounds, and reads the CFS periods each sandbox's host cgroup was throttled in. The p99 against the unlimited sandbox's is what the default CPU setting
 of fusebox local up (--sandbox-cpus) was chosen from. Needs root.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := os.Stat(o.Runsc); err != nil {
@@ -126,9 +126,9 @@ of fusebox local up (--sandbox-cpus) was chosen from. Needs root.`,
 				return printJSON(r)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintf(w, "cpu setting\ttrue p50 / p99\tp99 vs none\tper-round p99\n")
+			fmt.Fprintf(w, "cpu setting\ttrue p50 / p99\tp99 vs none\tthrottled periods (ms)\tper-round p99\n")
 			for _, f := range r.Figures {
-				fmt.Fprintf(w, "%s\t%.3f / %.3f ms\t%.2fx\t%v\n", f.Setting, f.P50Ms, f.P99Ms, f.P99VsNone, f.RoundP99Ms)
+				fmt.Fprintf(w, "%s\t%.3f / %.3f ms\t%.2fx\t%d (%.1f)\t%v\n", f.Setting, f.P50Ms, f.P99Ms, f.P99VsNone, f.ThrottledPeriods, f.ThrottledMs, f.RoundP99Ms)
 			}
 			return w.Flush()
 		},

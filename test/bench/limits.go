@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -33,6 +35,12 @@ type CPULimitFigure struct {
 	RoundP99Ms []float64 `json:"round_p99_ms"`
 	// P99VsNone is P99Ms over the unlimited sandbox's.
 	P99VsNone float64 `json:"p99_vs_none"`
+	// ThrottledPeriods and ThrottledMs are what the sandbox's host cgroup counted
+	// (cpu.stat nr_throttled, throttled_time) during the timed runs: CFS periods in which the
+	// quota ran out and the sandbox's threads waited for the next. Load on the machine
+	// cannot fake them, so they tell a quota's cost where a noisy p99 cannot.
+	ThrottledPeriods int64   `json:"throttled_periods"`
+	ThrottledMs      float64 `json:"throttled_ms"`
 }
 
 // CPULimitsResult is the JSON `fusebox-bench cpu-limits --json` prints.
@@ -75,10 +83,12 @@ func CPULimits(ctx context.Context, o CPULimitsOptions) (*CPULimitsResult, error
 		share int64
 	}{{"none", 0, 0}, {"quota 1 CPU", 1, 0}, {"shares 1024", 0, 1024}}
 	clients := make([]*client.Sandbox, len(settings))
+	ids := make([]string, len(settings))
 	for i, s := range settings {
 		o.Log.Info("starting sandbox under gVisor", "cpu", s.name)
+		ids[i] = runsc.ID("benchcpu", uint64(i+1))
 		sb, err := localsandbox.Start(ctx, localsandbox.Options{
-			Runtime: rt, ID: runsc.ID("benchcpu", uint64(i+1)), Dir: filepath.Join(dir, fmt.Sprintf("sandbox%d", i)),
+			Runtime: rt, ID: ids[i], Dir: filepath.Join(dir, fmt.Sprintf("sandbox%d", i)),
 			SandboxBinary: o.SandboxBinary,
 			Bundle: runsc.BundleSpec{EtcDir: etc, MemoryLimitBytes: 1 << 30, CPUQuota: s.quota, CPUShares: s.share,
 				WorkspaceSizeBytes: 512 << 20, TmpSizeBytes: 128 << 20, ProcessLimit: 512, PidsLimit: 4*512 + 1024},
@@ -110,6 +120,12 @@ func CPULimits(ctx context.Context, o CPULimitsOptions) (*CPULimitsResult, error
 	all := make([][]float64, len(settings))
 	r := &CPULimitsResult{Rounds: o.Rounds, RunsPerRound: o.RunsPerRound, Client: "defaults", RunscVersion: o.Runsc}
 	r.Figures = make([]CPULimitFigure, len(settings))
+	before := make([]cpuStat, len(settings))
+	for i := range settings {
+		if before[i], err = readCPUStat(ids[i]); err != nil {
+			return nil, err
+		}
+	}
 	for round := range o.Rounds {
 		o.Log.Info("round", "n", round+1, "of", o.Rounds)
 		for k := range settings {
@@ -132,9 +148,44 @@ func CPULimits(ctx context.Context, o CPULimitsOptions) (*CPULimitsResult, error
 		}
 	}
 	for i, s := range settings {
+		after, err := readCPUStat(ids[i])
+		if err != nil {
+			return nil, err
+		}
 		f := &r.Figures[i]
+		f.ThrottledPeriods = after.periods - before[i].periods
+		f.ThrottledMs = round(float64(after.ns-before[i].ns) / 1e6)
 		f.Setting, f.Runs, f.P50Ms, f.P99Ms = s.name, len(all[i]), pct(all[i], 50), pct(all[i], 99)
 		f.P99VsNone = round(f.P99Ms / pct(all[0], 99))
 	}
 	return r, nil
+}
+
+// cpuStat is the throttling a host cgroup's cpu.stat counts.
+type cpuStat struct{ periods, ns int64 }
+
+// readCPUStat reads the cpu.stat of container id's host cgroup: runsc puts each sandbox in
+// /<container id>, cgroup v1's cpu controller, or the unified hierarchy's (throttled_usec).
+func readCPUStat(id string) (cpuStat, error) {
+	for _, p := range []string{filepath.Join("/sys/fs/cgroup/cpu", id, "cpu.stat"), filepath.Join("/sys/fs/cgroup", id, "cpu.stat")} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var st cpuStat
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, " ")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "nr_throttled":
+				st.periods = n
+			case "throttled_time":
+				st.ns = n
+			case "throttled_usec":
+				st.ns = n * 1000
+			}
+		}
+		return st, nil
+	}
+	return cpuStat{}, fmt.Errorf("no cpu.stat for sandbox %s under /sys/fs/cgroup", id)
 }
