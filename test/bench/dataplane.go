@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -86,14 +87,25 @@ type DataplaneResult struct {
 	ReadTuned   Figure  `json:"read_tuned"`
 	// StreamWrite is WriteFileFrom of one large random file held in memory; StreamRead is
 	// ReadFileTo of it, compared as it arrives.
-	StreamWrite  Figure `json:"stream_write"`
-	StreamRead   Figure `json:"stream_read"`
-	RunscVersion string `json:"runsc"`
-	Platform     string `json:"platform"`
+	StreamWrite Figure `json:"stream_write"`
+	StreamRead  Figure `json:"stream_read"`
+	// StreamFloorIn and StreamFloorOut are the streaming floor: the same bytes over a raw host
+	// unix socket into and out of the sandbox (fusebox-floor -receive, -send), no TLS, HTTP/2
+	// or file; the ratios are the streams' throughput over the floor's.
+	StreamFloorIn      Figure  `json:"stream_floor_in"`
+	StreamFloorOut     Figure  `json:"stream_floor_out"`
+	StreamWriteVsFloor float64 `json:"stream_write_vs_floor"`
+	StreamReadVsFloor  float64 `json:"stream_read_vs_floor"`
+	RunscVersion       string  `json:"runsc"`
+	Platform           string  `json:"platform"`
 }
 
-// floorDir is where the floor helper's directory is bound in the benchmark's sandbox.
-const floorDir = "/opt/fusebox-floor"
+// floorDir is where the floor helper's directory is bound in the benchmark's sandbox, and
+// floorSockDir where the host directory holding the streaming floor's socket is.
+const (
+	floorDir     = "/opt/fusebox-floor"
+	floorSockDir = "/opt/fusebox-floor-sock"
+)
 
 const (
 	nFiles   = 3000
@@ -143,13 +155,18 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	if err := runsc.WriteSanitizedEtc(etc); err != nil {
 		return nil, fmt.Errorf("sanitised /etc: %w", err)
 	}
+	sockDir := filepath.Join(dir, "floorsock")
+	if err := os.Mkdir(sockDir, 0o755); err != nil {
+		return nil, err
+	}
 	o.Log.Info("starting sandbox under gVisor", "runsc", o.Runsc)
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime: rt, ID: runsc.ID("bench", 1), Dir: filepath.Join(dir, "sandbox"),
 		SandboxBinary: o.SandboxBinary,
 		Bundle: runsc.BundleSpec{EtcDir: etc, MemoryLimitBytes: 4 << 30,
 			// The floor helper's directory, read-only: the product sandbox binary has no floor.
-			Mounts: []runsc.Mount{{Source: filepath.Dir(floorBin), Destination: floorDir, ReadOnly: true}}},
+			Mounts: []runsc.Mount{{Source: filepath.Dir(floorBin), Destination: floorDir, ReadOnly: true},
+				{Source: sockDir, Destination: floorSockDir, ReadOnly: true}}},
 	})
 	if err != nil {
 		return nil, err
@@ -378,7 +395,92 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 		}
 	}
 	r.StreamWrite.MiBPerS, r.StreamRead.MiBPerS = round(pct(writes, 50)), round(pct(readSpeeds, 50))
+
+	o.Log.Info("streaming floor: raw unix socket in and out", "mib", o.StreamMiB)
+	in, out, err := streamFloor(ctx, c, floorDir+"/"+filepath.Base(floorBin), sockDir, big, streamRounds)
+	if err != nil {
+		return nil, err
+	}
+	r.StreamFloorIn = Figure{Files: 1, FileBytes: size, Data: "random", Client: "none", Rounds: streamRounds, MiBPerS: round(pct(in, 50))}
+	r.StreamFloorOut = r.StreamFloorIn
+	r.StreamFloorOut.MiBPerS = round(pct(out, 50))
+	r.StreamWriteVsFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorIn.MiBPerS)
+	r.StreamReadVsFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOut.MiBPerS)
 	return r, nil
+}
+
+// streamFloor measures raw unix-socket throughput between this host and the sandbox, rounds
+// times each way: the host listens in sockDir (bound at floorSockDir) and the floor helper,
+// run in the sandbox as a command, connects and reads data to EOF, or writes as many bytes
+// back. It returns the MiB/s of each round, as the helper timed them.
+func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string, data []byte, rounds int) (in, out []float64, err error) {
+	path := filepath.Join(sockDir, "floor.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("streaming floor: %w", err)
+	}
+	defer ln.Close()
+	// The helper runs as the commands' user: it may connect, nothing else.
+	if err := os.Chmod(path, 0o666); err != nil {
+		return nil, nil, err
+	}
+	sandboxPath := floorSockDir + "/floor.sock"
+	run := func(serve func(net.Conn) error, args ...string) (float64, error) {
+		errc := make(chan error, 1)
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer conn.Close()
+			errc <- serve(conn)
+		}()
+		res, err := c.Run(ctx, append([]string{helper}, args...)...)
+		if err != nil {
+			ln.Close() // ends the Accept, should the helper never have connected
+			return 0, fmt.Errorf("streaming floor: %w", err)
+		}
+		if res.ExitCode != 0 {
+			ln.Close()
+			return 0, fmt.Errorf("streaming floor exited %d: %s", res.ExitCode, res.Stderr)
+		}
+		if err := <-errc; err != nil {
+			return 0, fmt.Errorf("streaming floor, host side: %w", err)
+		}
+		var secs float64
+		var n int64
+		if _, err := fmt.Sscan(string(res.Stdout), &secs, &n); err != nil || n != int64(len(data)) {
+			return 0, fmt.Errorf("streaming floor printed %q, want seconds and %d bytes", res.Stdout, len(data))
+		}
+		return float64(n) / (1 << 20) / secs, nil
+	}
+	for range rounds {
+		v, err := run(func(conn net.Conn) error {
+			_, err := conn.Write(data)
+			return err
+		}, "-receive", sandboxPath)
+		if err != nil {
+			return nil, nil, err
+		}
+		in = append(in, v)
+		v, err = run(func(conn net.Conn) error {
+			n, err := io.CopyBuffer(io.Discard, conn, make([]byte, 2<<20))
+			if err != nil {
+				return err
+			}
+			if n != int64(len(data)) {
+				return fmt.Errorf("read %d bytes, want %d", n, len(data))
+			}
+			_, err = conn.Write([]byte{1})
+			return err
+		}, "-send", sandboxPath, "-bytes", strconv.Itoa(len(data)))
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, v)
+	}
+	return in, out, nil
 }
 
 // comparer is a writer that checks what it is given against want, in order.

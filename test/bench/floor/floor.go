@@ -4,13 +4,16 @@
 // are judged against them; fusebox-bench dataplane runs them there as the fusebox-floor
 // helper. The benchmark and the floor share the workload defined here: the same paths (Dirs
 // directories) and the same random contents (Content), so that both verify the same bytes.
+// ReceiveStream and SendStream are the streaming floor: raw bytes over a host unix socket.
 package floor
 
 import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -75,6 +78,50 @@ func ReadFiles(dir string, n, size int) (time.Duration, error) {
 		if !bytes.Equal(got, want[i]) {
 			return 0, fmt.Errorf("%s: contents differ from what was written", Path(dir, i))
 		}
+	}
+	return time.Since(start), nil
+}
+
+// streamBuf is the floor's socket buffer: as large as the client's stream chunk.
+const streamBuf = 2 << 20
+
+// ReceiveStream connects to the unix socket at path and reads from it until EOF, discarding
+// the bytes: the raw throughput of a host unix socket into the sandbox, with no TLS, HTTP/2
+// or file behind it. It returns the bytes read and the time from the connection to EOF.
+func ReceiveStream(path string) (int64, time.Duration, error) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	start := time.Now()
+	n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, streamBuf))
+	return n, time.Since(start), err
+}
+
+// SendStream connects to the unix socket at path and writes n bytes of random data to it
+// (made before the clock starts), then closes: the raw throughput out of the sandbox.
+func SendStream(path string, n int64) (time.Duration, error) {
+	buf := Content(0, streamBuf)
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	start := time.Now()
+	for left := n; left > 0; {
+		k := min(left, int64(len(buf)))
+		if _, err := c.Write(buf[:k]); err != nil {
+			return 0, err
+		}
+		left -= k
+	}
+	if err := c.(*net.UnixConn).CloseWrite(); err != nil {
+		return 0, err
+	}
+	// The host answers one byte once it has read everything: the time covers the delivery.
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		return 0, fmt.Errorf("waiting for the receiver: %w", err)
 	}
 	return time.Since(start), nil
 }

@@ -2,6 +2,8 @@ package floor
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,5 +56,45 @@ func TestContentIsRandomAndDistinct(t *testing.T) {
 	}
 	if got := Path("/w", 123); got != filepath.Join("/w", "d23", "f00123.txt") {
 		t.Fatalf("Path = %s", got)
+	}
+}
+
+func TestStreams(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const size = 5<<20 + 123
+	go func() { // the host side of ReceiveStream: size bytes, then EOF
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Write(make([]byte, size))
+		c.Close()
+	}()
+	n, _, err := ReceiveStream(path)
+	if err != nil || n != size {
+		t.Fatalf("ReceiveStream = %d, %v; want %d bytes", n, err, size)
+	}
+	got := make(chan int64, 1)
+	go func() { // the host side of SendStream: read to EOF, answer one byte
+		c, err := ln.Accept()
+		if err != nil {
+			got <- -1
+			return
+		}
+		defer c.Close()
+		n, _ := io.Copy(io.Discard, c)
+		c.Write([]byte{1})
+		got <- n
+	}()
+	if _, err := SendStream(path, size); err != nil {
+		t.Fatalf("SendStream: %v", err)
+	}
+	if n := <-got; n != size {
+		t.Fatalf("the host read %d bytes, want %d", n, size)
 	}
 }
