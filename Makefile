@@ -138,6 +138,7 @@ bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json
 	$(BIN)/fusebox-bench allocate --runsc $(RUNSC) --json
 	$(BIN)/fusebox-bench manager --json
+	$(BIN)/fusebox-bench cpu-limits --runsc $(RUNSC) --json
 
 # The sandbox image make run gives its sandboxes as their root (fusebox image build writes one
 # OCI image layout per image under $(BIN)/images). It is built the first time, and again when

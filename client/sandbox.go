@@ -18,9 +18,23 @@ import (
 // default 4 MiB message limit minus room for framing and metadata.
 const DefaultBatchBytes = 3.5 * (1 << 20)
 
-// Options tune a Sandbox connection. The zero value is good.
+// Options tune a Sandbox connection. The zero value is good, and it is what fusebox-bench
+// dataplane's published figures use: Dial and Allocate (Manager.Allocate) make the same gRPC
+// transport from it (HTTP/2 windows of 8 MiB per stream and 16 MiB per connection, 32 KiB
+// read and write buffers, messages up to a batch plus 1 MiB), so a client with default
+// options sees the benchmark's figures for the same workload. Allocate differs only in how
+// the connection starts: the TLS handshake rides on the allocation and a local manager hands
+// over a connection it opened ahead, which saves the first call a round trip and changes
+// nothing after it.
+//
+// The benchmark also reports figures labelled "tuned" with Concurrency 8. On the 2-core
+// machine the figures are taken on, they were not consistently faster than the defaults
+// (docs/performance.md, "Data-plane workloads"): more batches in flight only help when the
+// sandbox has more CPUs to write them with.
 type Options struct {
-	// BatchBytes caps one batch (default DefaultBatchBytes).
+	// BatchBytes caps one batch (default DefaultBatchBytes, which fits gRPC's default 4 MiB
+	// message limit with room for framing). Larger batches mean fewer RPCs but a longer wait
+	// before the sandbox starts writing; smaller ones the opposite.
 	BatchBytes int
 	// Concurrency bounds the batches and streams in flight for one call (default 4).
 	Concurrency int

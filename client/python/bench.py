@@ -115,8 +115,8 @@ def go_figures(binary: Path, runsc: str, addr: str, exec_runs: int, alloc_runs: 
                                     "--baseline-runs", "5", "--shell-files", "30", "--stream-mib", "16", "--json"],
                                    check=True, capture_output=True, env=env).stdout)
     return {"exec_roundtrip_p50_ms": dp["exec_roundtrip_p50_ms"], "exec_roundtrip_p99_ms": dp["exec_roundtrip_p99_ms"],
-            "materialize_3000x4k_s": dp["materialize_3000x4k_seconds"], "materialize_3000x4k_rpcs": dp["materialize_3000x4k_rpcs"],
-            "read_plan_3000x4k_s": dp["read_plan_3000x4k_seconds"],
+            "materialize_3000x4k_s": dp["materialize"]["seconds"], "materialize_3000x4k_rpcs": dp["materialize"]["rpcs"],
+            "read_plan_3000x4k_s": dp["read"]["seconds"],
             "allocate_p50_ms": alloc["allocate_p50_ms"], "allocate_p99_ms": alloc["allocate_p99_ms"], "allocate_runs": alloc["runs"]}
 
 

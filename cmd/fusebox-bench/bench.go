@@ -22,11 +22,17 @@ func benchDataplaneCmd() *cobra.Command {
 		Use:   "dataplane",
 		Short: "Exec round trips, file materialisation and streaming against one gVisor sandbox",
 		Long: `Starts one sandbox under the pinned runsc, binds it through sFuse and measures:
-exec round trip and overhead of 'true' (against 'runsc exec' of the same), materialising
-3,000 files of 4 KiB (against the in-sandbox floor and a shell-per-file baseline), reading
-them back through a plan, and streaming one large file. The floor is a plain loop of
-open, write, close run inside the sandbox by the static fusebox-floor helper (--floor-binary),
-whose directory is bound read-only into the benchmark's sandbox. Needs root.`,
+exec round trip and overhead of 'true' (against 'runsc exec' of the same), writing 3,000
+files of 4 KiB of random bytes in 50 directories (against the in-sandbox floor and a
+shell-per-file baseline), reading them back with every byte compared (against an in-sandbox
+read floor), and streaming one large random file in and out, compared as it comes back,
+against the streaming floor: the same bytes over a raw host unix socket into and out of the
+sandbox (fusebox-floor -receive and -send).
+Every main figure goes through the public client package with its default options, as an
+SDK user's code would; the figures labelled "tuned" use --tuned-concurrency. The floors are
+plain loops of open, write, close (and open, read, compare, close) run inside the sandbox by
+the static fusebox-floor helper (--floor-binary), whose directory is bound read-only into the
+benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := os.Stat(o.Runsc); err != nil {
 				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
@@ -50,11 +56,37 @@ whose directory is bound read-only into the benchmark's sandbox. Needs root.`,
 			fmt.Fprintf(w, "  process run time inside (p50)\t%.3f ms\n", r.ExecProcessP50Ms)
 			fmt.Fprintf(w, "  fusebox overhead (p50/p99)\t%.3f / %.3f ms\n", r.ExecOverheadP50Ms, r.ExecOverheadP99Ms)
 			fmt.Fprintf(w, "  runsc exec of true (p50)\t%.3f ms (%.1fx slower)\n", r.RunscExecRoundtripP50Ms, r.RoundtripSpeedupVsRunsc)
-			fmt.Fprintf(w, "materialise 3000 x 4 KiB\t%.3f s in %d RPCs\n", r.Materialize3000x4kS, r.Materialize3000x4kRPCs)
-			fmt.Fprintf(w, "  in-sandbox floor\t%.3f s (%.2fx)\n", r.MaterializeFloor3000x4kS, r.MaterializeVsFloor)
+			fig := func(name string, f bench.Figure) {
+				what := fmt.Sprintf("%d x %d B, %s, %d dirs", f.Files, f.FileBytes, f.Data, f.Dirs)
+				if f.Files == 1 {
+					what = fmt.Sprintf("one %d MiB file, %s", f.FileBytes>>20, f.Data)
+				}
+				if f.Verified {
+					what += ", every byte verified"
+				}
+				val := fmt.Sprintf("%.3f s", f.Seconds)
+				if f.MiBPerS > 0 {
+					val = fmt.Sprintf("%.0f MiB/s", f.MiBPerS)
+				}
+				if f.RPCs > 0 {
+					val += fmt.Sprintf(" in %d RPCs", f.RPCs)
+				}
+				fmt.Fprintf(w, "%s\t%s\t(%s; client %s; median of %d)\n", name, val, what, f.Client, f.Rounds)
+			}
+			fig("write small files", r.Materialize)
+			fig("  in-sandbox write floor", r.MaterializeFloor)
+			fmt.Fprintf(w, "  against the floor\t%.2fx\n", r.MaterializeVsFloor)
+			fig("  tuned", r.MaterializeTuned)
 			fmt.Fprintf(w, "  shell per file\t%.3f s (%.0fx slower)\n", r.ShellPerFile3000x4kS, r.MaterializeSpeedupShell)
-			fmt.Fprintf(w, "read 3000 x 4 KiB via plan\t%.3f s in %d RPCs\n", r.ReadPlan3000x4kS, r.ReadPlan3000x4kRPCs)
-			fmt.Fprintf(w, "stream one %d MiB file\t%.0f MiB/s\n", r.StreamWriteMiB, r.StreamWriteMiBPerS)
+			fig("read them back", r.Read)
+			fig("  in-sandbox read floor", r.ReadFloor)
+			fmt.Fprintf(w, "  against the floor\t%.2fx\n", r.ReadVsFloor)
+			fig("  tuned", r.ReadTuned)
+			fig("stream one file in", r.StreamWrite)
+			fig("stream it out", r.StreamRead)
+			fig("  raw unix socket in (floor)", r.StreamFloorIn)
+			fig("  raw unix socket out (floor)", r.StreamFloorOut)
+			fmt.Fprintf(w, "  streams against the floor\tin %.2fx, out %.2fx\n", r.StreamWriteVsFloor, r.StreamReadVsFloor)
 			return w.Flush()
 		},
 	}
@@ -66,6 +98,51 @@ whose directory is bound read-only into the benchmark's sandbox. Needs root.`,
 	f.IntVar(&o.BaselineRuns, "baseline-runs", 50, "runs of runsc exec true")
 	f.IntVar(&o.ShellFiles, "shell-files", 300, "files timed for the shell-per-file baseline (scaled to 3000)")
 	f.IntVar(&o.StreamMiB, "stream-mib", 256, "size of the streamed file in MiB")
+	f.IntVar(&o.Tuned.Concurrency, "tuned-concurrency", bench.DefaultTuned.Concurrency, "client.Options.Concurrency of the figures labelled tuned")
+	f.IntVar(&o.Tuned.BatchBytes, "tuned-batch-bytes", 0, "client.Options.BatchBytes of the figures labelled tuned (0: the client's default)")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}
+
+func benchCPULimitsCmd() *cobra.Command {
+	var o bench.CPULimitsOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "cpu-limits",
+		Short: "Exec round trips of 'true' under no CPU limit, a CFS quota of one CPU, and cpu shares",
+		Long: `Starts three gVisor sandboxes alike but for their CPU setting (none; a CFS quota of one
+CPU; cpu.shares 1024, one CPU's weight), each with 1 GiB and 512 tasks, and times exec
+round trips of 'true' through the client's defaults, the sandboxes taking turns in
+interleaved rounds, and reads the CFS periods each sandbox's host cgroup was throttled in. The p99 against the unlimited sandbox's is what the default CPU setting
+of fusebox local up (--sandbox-cpus) was chosen from. Needs root.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(o.Runsc); err != nil {
+				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+			}
+			if _, err := os.Stat(o.SandboxBinary); err != nil {
+				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
+			}
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.CPULimits(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "cpu setting\ttrue p50 / p99\tp99 vs none\tthrottled periods (ms)\tper-round p99\n")
+			for _, f := range r.Figures {
+				fmt.Fprintf(w, "%s\t%.3f / %.3f ms\t%.2fx\t%d (%.1f)\t%v\n", f.Setting, f.P50Ms, f.P99Ms, f.P99VsNone, f.ThrottledPeriods, f.ThrottledMs, f.RoundP99Ms)
+			}
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
+	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.IntVar(&o.Rounds, "rounds", 6, "interleaved rounds")
+	f.IntVar(&o.RunsPerRound, "runs", 100, "round trips of true per sandbox per round")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

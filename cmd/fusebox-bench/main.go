@@ -1,6 +1,6 @@
 // Command fusebox-bench measures fusebox against real gVisor sandboxes and prints its figures
-// (as JSON with --json): fusebox-bench dataplane, allocate and manager. make bench runs the
-// three. It is the only binary that links the benchmark harness (test/bench); the product
+// (as JSON with --json): fusebox-bench dataplane, allocate, manager and cpu-limits. make bench
+// runs the four. It is the only binary that links the benchmark harness (test/bench); the product
 // binaries (fusebox, fusebox-manager, fusebox-sandbox) link none of it.
 package main
 
@@ -23,7 +23,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd())
+	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "fusebox-bench:", err)
 		os.Exit(1)

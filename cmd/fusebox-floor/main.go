@@ -1,9 +1,17 @@
 // Command fusebox-floor is the benchmark's in-sandbox floor: fusebox-bench dataplane runs it
-// inside its sandbox to time a plain loop of open, write, close (package
-// github.com/fusebox-dev/fusebox/test/bench/floor) and prints the seconds it took. It is a
+// inside its sandbox to time a plain loop of open, write, close, or with -read of open, read,
+// compare, close over the tree a write left (package
+// github.com/fusebox-dev/fusebox/test/bench/floor), and prints the seconds it took. It is a
 // static binary (CGO_ENABLED=0), so that it runs on any root the sandbox has.
 //
 //	fusebox-floor -dir /workspace/floor0 -files 3000 -size 4096
+//	fusebox-floor -read -dir /workspace/floor0 -files 3000 -size 4096
+//	fusebox-floor -receive /opt/fusebox-floor-sock/floor.sock
+//	fusebox-floor -send /opt/fusebox-floor-sock/floor.sock -bytes 268435456
+//
+// With -receive or -send it is the streaming floor instead: it connects to a host unix socket
+// and reads until EOF, or writes -bytes, and prints the seconds that took (and, receiving, the
+// bytes).
 package main
 
 import (
@@ -15,15 +23,41 @@ import (
 )
 
 func main() {
-	dir := flag.String("dir", "", "directory to write into (created)")
+	dir := flag.String("dir", "", "directory to write into (created), or to read back with -read")
 	n := flag.Int("files", 3000, "number of files")
 	size := flag.Int("size", 4096, "bytes per file")
+	read := flag.Bool("read", false, "read back and verify the files a write to -dir left, instead of writing")
+	receive := flag.String("receive", "", "unix socket to read from until EOF (the streaming floor in)")
+	send := flag.String("send", "", "unix socket to write -bytes to (the streaming floor out)")
+	nbytes := flag.Int64("bytes", 256<<20, "bytes to write with -send")
 	flag.Parse()
+	switch {
+	case *receive != "":
+		n, d, err := floor.ReceiveStream(*receive)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("%.6f %d\n", d.Seconds(), n)
+		return
+	case *send != "":
+		d, err := floor.SendStream(*send, *nbytes)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("%.6f %d\n", d.Seconds(), *nbytes)
+		return
+	}
 	if *dir == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: fusebox-floor -dir DIR [-files N] [-size BYTES]")
+		fmt.Fprintln(os.Stderr, "usage: fusebox-floor [-read] -dir DIR [-files N] [-size BYTES] | -receive SOCKET | -send SOCKET [-bytes N]")
 		os.Exit(2)
 	}
-	d, err := floor.WriteFiles(*dir, *n, *size)
+	run := floor.WriteFiles
+	if *read {
+		run = floor.ReadFiles
+	}
+	d, err := run(*dir, *n, *size)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
 		os.Exit(1)

@@ -35,6 +35,7 @@ release or lease expiry. Sandboxes bound when the manager stops keep serving the
 are adopted by the next 'fusebox local up' on the same state directory. Needs root.`,
 		Example: `  sudo fusebox local up --pool-size 4
   sudo fusebox local up --image bin/images/sandbox
+  sudo fusebox local up --sandbox-memory 4Gi --sandbox-workspace 2Gi --sandbox-pids 2048 --sandbox-cpus 2
   sudo fusebox local up --estimator ewma --pool-size 2 --pool-max 32 --metrics-listen 127.0.0.1:9464`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lvl := slog.LevelInfo

@@ -140,6 +140,12 @@ type BundleSpec struct {
 	MemoryLimitBytes int64
 	CPUQuota         float64
 	PidsLimit        int64
+	// CPUShares is linux.resources.cpu.shares (cgroup v1 cpu.shares, 1024 for
+	// one core's weight; 2 to 262144, 0 means the cgroup's default of 1024):
+	// a weight, not a cap. It only matters when the host's CPUs are all busy,
+	// then sandboxes get CPU time in proportion to their shares; an idle host
+	// CPU is always theirs to use, so a short command is never throttled.
+	CPUShares int64
 	// ProcessLimit is RLIMIT_NPROC (soft and hard) of the init process,
 	// inherited by its children, and enforced by gVisor inside the sandbox:
 	// once a user's processes have created that many tasks (threads count),
@@ -237,6 +243,9 @@ func (spec *BundleSpec) validate() error {
 		if err := isDir(spec.WorkspaceHostDir); err != nil {
 			return bad("WorkspaceHostDir: %v", err)
 		}
+	}
+	if spec.CPUShares != 0 && (spec.CPUShares < 2 || spec.CPUShares > 262144) {
+		return bad("CPUShares %d is outside 2 to 262144", spec.CPUShares)
 	}
 	if spec.MemoryLimitBytes < 0 || spec.CPUQuota < 0 || spec.PidsLimit < 0 || spec.ProcessLimit < 0 ||
 		spec.WorkspaceSizeBytes < 0 || spec.TmpSizeBytes < 0 {
@@ -468,7 +477,7 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	}
 
 	var res *specs.LinuxResources
-	if spec.MemoryLimitBytes > 0 || spec.CPUQuota > 0 || spec.PidsLimit > 0 {
+	if spec.MemoryLimitBytes > 0 || spec.CPUQuota > 0 || spec.CPUShares > 0 || spec.PidsLimit > 0 {
 		res = &specs.LinuxResources{}
 		if spec.MemoryLimitBytes > 0 {
 			res.Memory = &specs.LinuxMemory{Limit: &spec.MemoryLimitBytes}
@@ -476,6 +485,13 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 		if spec.CPUQuota > 0 {
 			quota, period := int64(spec.CPUQuota*float64(cpuPeriod)), cpuPeriod
 			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+		}
+		if spec.CPUShares > 0 {
+			if res.CPU == nil {
+				res.CPU = &specs.LinuxCPU{}
+			}
+			shares := uint64(spec.CPUShares)
+			res.CPU.Shares = &shares
 		}
 		if spec.PidsLimit > 0 {
 			res.Pids = &specs.LinuxPids{Limit: spec.PidsLimit}

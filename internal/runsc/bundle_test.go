@@ -47,6 +47,7 @@ func TestWriteBundleHostRoot(t *testing.T) {
 		Mounts:           []runsc.Mount{{Source: sock, Destination: "/run/fusebox"}, {Source: "/usr/bin", Destination: "/opt/fusebox", ReadOnly: true}},
 		MemoryLimitBytes: 256 << 20,
 		CPUQuota:         1.5,
+		CPUShares:        512,
 		PidsLimit:        128,
 		TmpSizeBytes:     64 << 20,
 	})
@@ -84,6 +85,9 @@ func TestWriteBundleHostRoot(t *testing.T) {
 	r := s.Linux.Resources
 	if r == nil || r.Memory == nil || *r.Memory.Limit != 256<<20 {
 		t.Errorf("memory limit missing: %+v", r)
+	}
+	if r.CPU == nil || r.CPU.Shares == nil || *r.CPU.Shares != 512 {
+		t.Errorf("cpu = %+v, want 512 shares", r.CPU)
 	}
 	if r.CPU == nil || *r.CPU.Quota != 150_000 || *r.CPU.Period != 100_000 {
 		t.Errorf("cpu = %+v, want quota 150000 per 100000", r.CPU)
@@ -282,6 +286,8 @@ func TestWriteBundleInvalid(t *testing.T) {
 		{"duplicate destination", runsc.BundleSpec{Args: args, EtcDir: etc, Mounts: []runsc.Mount{{Source: etc, Destination: "/workspace"}}}, "reserved"},
 		{"negative limit", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: -1}, "negative"},
 		{"tiny cpu quota", runsc.BundleSpec{Args: args, EtcDir: etc, CPUQuota: 0.001}, "below 1 ms"},
+		{"cpu shares below 2", runsc.BundleSpec{Args: args, EtcDir: etc, CPUShares: 1}, "outside 2 to 262144"},
+		{"cpu shares too many", runsc.BundleSpec{Args: args, EtcDir: etc, CPUShares: 300000}, "outside 2 to 262144"},
 		{"negative process limit", runsc.BundleSpec{Args: args, EtcDir: etc, ProcessLimit: -1}, "negative"},
 		{"filesystems fill the memory", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: 1 << 30, WorkspaceSizeBytes: 1 << 30}, "below MemoryLimitBytes"},
 		{"filesystems reach the memory", runsc.BundleSpec{Args: args, EtcDir: etc, MemoryLimitBytes: 1 << 30, WorkspaceSizeBytes: 768 << 20, TmpSizeBytes: 256 << 20}, "below MemoryLimitBytes"},

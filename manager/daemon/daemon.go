@@ -51,6 +51,8 @@ type Config struct {
 	PoolPing time.Duration
 	// KeepSandboxesAwake is runscalloc.Options.KeepAwake (runsc allocator only).
 	KeepSandboxesAwake bool
+	// Limits are the runsc allocator's sandbox limits (zero fields: runscalloc.DefaultLimits).
+	Limits runscalloc.Limits
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
 	// allocator only; empty: a root assembled from the host).
 	Image string
@@ -109,8 +111,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		defer a.Shutdown()
 		alloc, isLeader = a, leader
 	case "runsc":
+		tmpl, err := c.Limits.Template()
+		if err != nil {
+			return err
+		}
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, Logger: log})
+			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, Logger: log,
+			Templates: map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
 		if err != nil {
 			return err
 		}

@@ -54,12 +54,15 @@ type Template struct {
 	Entrypoint []string
 }
 
-// DefaultTemplate is 1 CPU, 1 GiB (a 512 MiB workspace and a 128 MiB /tmp in it), 512
-// tasks for the commands, the host's /usr as a read-only root.
+// DefaultTemplate is DefaultLimits' template: a weight of 1 CPU with no quota, 1 GiB (a
+// 512 MiB workspace and a 128 MiB /tmp in it), 512 tasks for the commands, the host's /usr
+// as a read-only root.
 func DefaultTemplate() Template {
-	return Template{Bundle: runsc.BundleSpec{MemoryLimitBytes: 1 << 30, CPUQuota: 1,
-		WorkspaceSizeBytes: 512 << 20, TmpSizeBytes: 128 << 20,
-		ProcessLimit: DefaultProcessLimit, PidsLimit: HostPidsBackstop(DefaultProcessLimit)}}
+	t, err := DefaultLimits.Template()
+	if err != nil {
+		panic(err) // DefaultLimits are valid: TestDefaultTemplate
+	}
+	return t
 }
 
 // DefaultProcessLimit is how many tasks (processes and threads) the commands of a sandbox may

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +21,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/test/bench/floor"
 )
 
 // DataplaneOptions configure the data-plane benchmark.
@@ -30,43 +33,89 @@ type DataplaneOptions struct {
 	BaselineRuns  int    // `runsc exec true` runs
 	ShellFiles    int    // files timed for the shell-per-file baseline (scaled to 3,000)
 	StreamMiB     int    // size of the streamed file
-	Log           *slog.Logger
+	// Tuned are the client options of the "tuned" figures (zero: DefaultTuned); the main
+	// figures always use the client's defaults.
+	Tuned client.Options
+	Log   *slog.Logger
+}
+
+// Figure is one measured workload, described with what it measured: a published figure must
+// be what a user's client sees, so each says its file count, sizes, directories, data,
+// whether every byte read back was compared, and the client options.
+type Figure struct {
+	Files     int    `json:"files"`
+	FileBytes int64  `json:"file_bytes"`
+	Dirs      int    `json:"dirs"`
+	Data      string `json:"data"`     // "random": incompressible, distinct per file (floor.Content)
+	Verified  bool   `json:"verified"` // every byte read back was compared with what was written
+	// Client is "defaults" (client.Dial with no Options, what an SDK user gets),
+	// "tuned: ..." with the options, or "none" for an in-sandbox floor.
+	Client  string  `json:"client"`
+	Rounds  int     `json:"rounds"`              // the figure is the median of this many
+	Seconds float64 `json:"seconds,omitempty"`   // median time of one round
+	MiBPerS float64 `json:"mib_per_s,omitempty"` // median throughput of one round
+	RPCs    int     `json:"rpcs,omitempty"`      // RPCs one round took
 }
 
 // DataplaneResult is the JSON `fusebox-bench dataplane --json` prints.
 type DataplaneResult struct {
-	ExecRuns                 int     `json:"exec_runs"`
-	ExecRoundtripP50Ms       float64 `json:"exec_roundtrip_p50_ms"`
-	ExecRoundtripP99Ms       float64 `json:"exec_roundtrip_p99_ms"`
-	ExecProcessP50Ms         float64 `json:"exec_process_p50_ms"`
-	ExecOverheadP50Ms        float64 `json:"exec_overhead_p50_ms"`
-	ExecOverheadP99Ms        float64 `json:"exec_overhead_p99_ms"`
-	RunscExecRoundtripP50Ms  float64 `json:"runsc_exec_roundtrip_p50_ms"`
-	RoundtripSpeedupVsRunsc  float64 `json:"roundtrip_speedup_vs_runsc_exec"`
-	Materialize3000x4kS      float64 `json:"materialize_3000x4k_seconds"`
-	Materialize3000x4kRPCs   int     `json:"materialize_3000x4k_rpcs"`
-	MaterializeFloor3000x4kS float64 `json:"materialize_floor_3000x4k_seconds"`
-	MaterializeVsFloor       float64 `json:"materialize_vs_floor"`
-	ShellPerFile3000x4kS     float64 `json:"shell_per_file_3000x4k_seconds"`
-	ShellPerFileTimedFiles   int     `json:"shell_per_file_timed_files"`
-	ShellPerFileScaled       bool    `json:"shell_per_file_scaled_to_3000"`
-	MaterializeSpeedupShell  float64 `json:"materialize_speedup_vs_shell_per_file"`
-	StreamWriteMiBPerS       float64 `json:"stream_write_mib_per_s"`
-	StreamWriteMiB           int     `json:"stream_write_mib"`
-	ReadPlan3000x4kS         float64 `json:"read_plan_3000x4k_seconds"`
-	ReadPlan3000x4kRPCs      int     `json:"read_plan_3000x4k_rpcs"`
-	RunscVersion             string  `json:"runsc"`
-	Platform                 string  `json:"platform"`
+	ExecRuns                int     `json:"exec_runs"`
+	ExecClient              string  `json:"exec_client"`
+	ExecRoundtripP50Ms      float64 `json:"exec_roundtrip_p50_ms"`
+	ExecRoundtripP99Ms      float64 `json:"exec_roundtrip_p99_ms"`
+	ExecProcessP50Ms        float64 `json:"exec_process_p50_ms"`
+	ExecOverheadP50Ms       float64 `json:"exec_overhead_p50_ms"`
+	ExecOverheadP99Ms       float64 `json:"exec_overhead_p99_ms"`
+	RunscExecRoundtripP50Ms float64 `json:"runsc_exec_roundtrip_p50_ms"`
+	RoundtripSpeedupVsRunsc float64 `json:"roundtrip_speedup_vs_runsc_exec"`
+	// Materialize is WriteFiles of the small-file workload; MaterializeFloor the same files
+	// written by a plain loop inside the sandbox (fusebox-floor).
+	Materialize        Figure  `json:"materialize"`
+	MaterializeFloor   Figure  `json:"materialize_floor"`
+	MaterializeVsFloor float64 `json:"materialize_vs_floor"`
+	// MaterializeTuned is the same workload with DataplaneOptions.Tuned.
+	MaterializeTuned        Figure  `json:"materialize_tuned"`
+	ShellPerFile3000x4kS    float64 `json:"shell_per_file_3000x4k_seconds"`
+	ShellPerFileTimedFiles  int     `json:"shell_per_file_timed_files"`
+	ShellPerFileScaled      bool    `json:"shell_per_file_scaled_to_3000"`
+	MaterializeSpeedupShell float64 `json:"materialize_speedup_vs_shell_per_file"`
+	// Read is ReadFiles of a materialised tree, every byte compared; ReadFloor a plain
+	// read-and-compare loop over the floor's tree inside the sandbox.
+	Read        Figure  `json:"read"`
+	ReadFloor   Figure  `json:"read_floor"`
+	ReadVsFloor float64 `json:"read_vs_floor"`
+	ReadTuned   Figure  `json:"read_tuned"`
+	// StreamWrite is WriteFileFrom of one large random file held in memory; StreamRead is
+	// ReadFileTo of it, compared as it arrives.
+	StreamWrite Figure `json:"stream_write"`
+	StreamRead  Figure `json:"stream_read"`
+	// StreamFloorIn and StreamFloorOut are the streaming floor: the same bytes over a raw host
+	// unix socket into and out of the sandbox (fusebox-floor -receive, -send), no TLS, HTTP/2
+	// or file; the ratios are the streams' throughput over the floor's.
+	StreamFloorIn      Figure  `json:"stream_floor_in"`
+	StreamFloorOut     Figure  `json:"stream_floor_out"`
+	StreamWriteVsFloor float64 `json:"stream_write_vs_floor"`
+	StreamReadVsFloor  float64 `json:"stream_read_vs_floor"`
+	RunscVersion       string  `json:"runsc"`
+	Platform           string  `json:"platform"`
 }
 
-// floorDir is where the floor helper's directory is bound in the benchmark's sandbox.
-const floorDir = "/opt/fusebox-floor"
+// floorDir is where the floor helper's directory is bound in the benchmark's sandbox, and
+// floorSockDir where the host directory holding the streaming floor's socket is.
+const (
+	floorDir     = "/opt/fusebox-floor"
+	floorSockDir = "/opt/fusebox-floor-sock"
+)
 
 const (
 	nFiles   = 3000
 	fileSize = 4096
 	rounds   = 5 // materialisation rounds; the median is reported
 )
+
+// DefaultTuned are the tuned figures' client options when DataplaneOptions.Tuned is zero: more
+// batches in flight than the default 4.
+var DefaultTuned = client.Options{Concurrency: 8}
 
 // Dataplane starts one sandbox, binds it through sFuse and measures the data plane.
 func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error) {
@@ -84,6 +133,9 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Tuned == (client.Options{}) {
+		o.Tuned = DefaultTuned
 	}
 	if o.FloorBinary == "" {
 		return nil, fmt.Errorf("dataplane benchmark: FloorBinary (a static fusebox-floor) is required")
@@ -103,13 +155,18 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	if err := runsc.WriteSanitizedEtc(etc); err != nil {
 		return nil, fmt.Errorf("sanitised /etc: %w", err)
 	}
+	sockDir := filepath.Join(dir, "floorsock")
+	if err := os.Mkdir(sockDir, 0o755); err != nil {
+		return nil, err
+	}
 	o.Log.Info("starting sandbox under gVisor", "runsc", o.Runsc)
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime: rt, ID: runsc.ID("bench", 1), Dir: filepath.Join(dir, "sandbox"),
 		SandboxBinary: o.SandboxBinary,
 		Bundle: runsc.BundleSpec{EtcDir: etc, MemoryLimitBytes: 4 << 30,
 			// The floor helper's directory, read-only: the product sandbox binary has no floor.
-			Mounts: []runsc.Mount{{Source: filepath.Dir(floorBin), Destination: floorDir, ReadOnly: true}}},
+			Mounts: []runsc.Mount{{Source: filepath.Dir(floorBin), Destination: floorDir, ReadOnly: true},
+				{Source: sockDir, Destination: floorSockDir, ReadOnly: true}}},
 	})
 	if err != nil {
 		return nil, err
@@ -129,7 +186,13 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	}
 	defer c.Close()
 
-	r := &DataplaneResult{ExecRuns: o.ExecRuns, StreamWriteMiB: o.StreamMiB, Platform: "systrap", RunscVersion: o.Runsc}
+	tuned, err := client.Dial(sb.DataAddr, pub.SandboxKey, key, o.Tuned)
+	if err != nil {
+		return nil, err
+	}
+	defer tuned.Close()
+
+	r := &DataplaneResult{ExecRuns: o.ExecRuns, ExecClient: "defaults", Platform: "systrap", RunscVersion: o.Runsc}
 
 	// Exec round trips of `true`.
 	o.Log.Info("exec round trips", "runs", o.ExecRuns)
@@ -170,52 +233,112 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	r.RunscExecRoundtripP50Ms = pct(base, 50)
 	r.RoundtripSpeedupVsRunsc = round(r.RunscExecRoundtripP50Ms / r.ExecRoundtripP50Ms)
 
-	// Materialising 3,000 files of 4 KiB.
-	data := bytes.Repeat([]byte("fusebox!"), fileSize/8)
-	mkFiles := func(root string) []client.File {
-		fs := make([]client.File, nFiles)
-		for i := range fs {
-			fs[i] = client.File{Path: fmt.Sprintf("%s/d%02d/f%05d.txt", root, i%10, i), Data: data}
-		}
-		return fs
+	// The small-file workload: 3,000 files of 4 KiB of random bytes in 50 directories.
+	data := floor.Contents(nFiles, fileSize)
+	small := func(clientDesc string) Figure {
+		return Figure{Files: nFiles, FileBytes: fileSize, Dirs: floor.Dirs, Data: "random", Client: clientDesc, Rounds: rounds}
 	}
-	o.Log.Info("materialising 3000 x 4 KiB", "rounds", rounds)
-	var mats []float64
-	for i := range rounds {
-		files := mkFiles(fmt.Sprintf("mat%d", i))
+	tunedDesc := fmt.Sprintf("tuned: concurrency %d, batch bytes %d", o.Tuned.Concurrency, o.Tuned.BatchBytes)
+	if o.Tuned.BatchBytes == 0 {
+		tunedDesc = fmt.Sprintf("tuned: concurrency %d", o.Tuned.Concurrency)
+	}
+	materialize := func(sbx *client.Sandbox, root string) (float64, int, error) {
+		files := make([]client.File, nFiles)
+		for i := range files {
+			files[i] = client.File{Path: floor.Path(root, i), Data: data[i]}
+		}
 		t0 := time.Now()
-		st, err := c.WriteFiles(ctx, files, nil, nil)
+		st, err := sbx.WriteFiles(ctx, files, nil, nil)
 		d := time.Since(t0)
 		if err != nil {
-			return nil, fmt.Errorf("materialising: %w", err)
+			return 0, 0, fmt.Errorf("materialising: %w", err)
 		}
 		if st.Files != nFiles {
-			return nil, fmt.Errorf("materialised %d files, want %d", st.Files, nFiles)
+			return 0, 0, fmt.Errorf("materialised %d files, want %d", st.Files, nFiles)
 		}
-		mats = append(mats, d.Seconds())
-		r.Materialize3000x4kRPCs = st.Batches + st.Streamed
+		return d.Seconds(), st.Batches + st.Streamed, nil
 	}
-	r.Materialize3000x4kS = pct(mats, 50)
-
-	o.Log.Info("in-sandbox floor", "rounds", rounds)
-	var floors []float64
-	for i := range rounds {
-		res, err := c.Run(ctx, floorDir+"/"+filepath.Base(floorBin),
-			"-dir", fmt.Sprintf("%s/floor%d", localsandbox.WorkspaceDir, i), "-files", strconv.Itoa(nFiles), "-size", strconv.Itoa(fileSize))
+	readBack := func(sbx *client.Sandbox, root string) (float64, int, error) {
+		t0 := time.Now()
+		got, st, err := sbx.ReadFiles(ctx, root+"/**")
 		if err != nil {
-			return nil, fmt.Errorf("floor program: %w", err)
+			return 0, 0, err
+		}
+		if len(got) != nFiles {
+			return 0, 0, fmt.Errorf("read %d files, want %d", len(got), nFiles)
+		}
+		for i := range nFiles {
+			if !bytes.Equal(got[floor.Path(root, i)], data[i]) {
+				return 0, 0, fmt.Errorf("read back %s: contents differ from what was written", floor.Path(root, i))
+			}
+		}
+		return time.Since(t0).Seconds(), 1 + st.Batches + st.Streamed, nil
+	}
+	// Default and tuned clients alternate round by round, so that the machine's load falls
+	// on both alike.
+	o.Log.Info("materialising and reading back 3000 x 4 KiB", "rounds", rounds)
+	r.Materialize, r.MaterializeTuned = small("defaults"), small(tunedDesc)
+	r.Read, r.ReadTuned = small("defaults"), small(tunedDesc)
+	r.Read.Verified, r.ReadTuned.Verified = true, true
+	var mats, matsTuned, reads, readsTuned []float64
+	for i := range rounds {
+		for _, v := range []struct {
+			sbx        *client.Sandbox
+			root       string
+			mat, read  *[]float64
+			mfig, rfig *Figure
+		}{
+			{c, fmt.Sprintf("mat%d", i), &mats, &reads, &r.Materialize, &r.Read},
+			{tuned, fmt.Sprintf("tuned%d", i), &matsTuned, &readsTuned, &r.MaterializeTuned, &r.ReadTuned},
+		} {
+			s, n, err := materialize(v.sbx, v.root)
+			if err != nil {
+				return nil, err
+			}
+			*v.mat, v.mfig.RPCs = append(*v.mat, s), n
+			if s, n, err = readBack(v.sbx, v.root); err != nil {
+				return nil, err
+			}
+			*v.read, v.rfig.RPCs = append(*v.read, s), n
+		}
+	}
+	r.Materialize.Seconds, r.MaterializeTuned.Seconds = pct(mats, 50), pct(matsTuned, 50)
+	r.Read.Seconds, r.ReadTuned.Seconds = pct(reads, 50), pct(readsTuned, 50)
+
+	o.Log.Info("in-sandbox floors", "rounds", rounds)
+	floorRun := func(args ...string) (float64, error) {
+		args = append(args, "-files", strconv.Itoa(nFiles), "-size", strconv.Itoa(fileSize))
+		res, err := c.Run(ctx, append([]string{floorDir + "/" + filepath.Base(floorBin)}, args...)...)
+		if err != nil {
+			return 0, fmt.Errorf("floor program: %w", err)
 		}
 		if res.ExitCode != 0 {
-			return nil, fmt.Errorf("floor program exited %d: %s", res.ExitCode, res.Stderr)
+			return 0, fmt.Errorf("floor program exited %d: %s", res.ExitCode, res.Stderr)
 		}
 		s, err := strconv.ParseFloat(strings.TrimSpace(string(res.Stdout)), 64)
 		if err != nil {
-			return nil, fmt.Errorf("floor program printed %q", res.Stdout)
+			return 0, fmt.Errorf("floor program printed %q", res.Stdout)
+		}
+		return s, nil
+	}
+	var floors, readFloors []float64
+	for i := range rounds {
+		d := fmt.Sprintf("%s/floor%d", localsandbox.WorkspaceDir, i)
+		s, err := floorRun("-dir", d)
+		if err != nil {
+			return nil, err
 		}
 		floors = append(floors, s)
+		if s, err = floorRun("-read", "-dir", d); err != nil {
+			return nil, err
+		}
+		readFloors = append(readFloors, s)
 	}
-	r.MaterializeFloor3000x4kS = pct(floors, 50)
-	r.MaterializeVsFloor = round(r.Materialize3000x4kS / r.MaterializeFloor3000x4kS)
+	r.MaterializeFloor, r.ReadFloor = small("none"), small("none")
+	r.ReadFloor.Verified = true
+	r.MaterializeFloor.Seconds, r.ReadFloor.Seconds = pct(floors, 50), pct(readFloors, 50)
+	r.MaterializeVsFloor = round(r.Materialize.Seconds / r.MaterializeFloor.Seconds)
+	r.ReadVsFloor = round(r.Read.Seconds / r.ReadFloor.Seconds)
 
 	o.Log.Info("shell-per-file baseline", "files", o.ShellFiles)
 	if _, err := c.Run(ctx, "mkdir", "-p", "shell/d"); err != nil {
@@ -223,7 +346,7 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	}
 	t0 := time.Now()
 	for i := range o.ShellFiles {
-		res, err := c.Exec(ctx, client.Command{Argv: []string{"sh", "-c", fmt.Sprintf("cat > shell/d/f%05d.txt", i)}, Stdin: data})
+		res, err := c.Exec(ctx, client.Command{Argv: []string{"sh", "-c", fmt.Sprintf("cat > shell/d/f%05d.txt", i)}, Stdin: data[i%nFiles]})
 		if err != nil || res.ExitCode != 0 {
 			return nil, fmt.Errorf("shell write: %v", err)
 		}
@@ -232,32 +355,23 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	r.ShellPerFile3000x4kS = round(per * nFiles)
 	r.ShellPerFileTimedFiles = o.ShellFiles
 	r.ShellPerFileScaled = o.ShellFiles != nFiles
-	r.MaterializeSpeedupShell = round(r.ShellPerFile3000x4kS / r.Materialize3000x4kS)
+	r.MaterializeSpeedupShell = round(r.ShellPerFile3000x4kS / r.Materialize.Seconds)
 
-	// Reading the materialised tree back through a plan.
-	o.Log.Info("read plan 3000 x 4 KiB")
-	var reads []float64
-	for i := range rounds {
-		t0 := time.Now()
-		got, st, err := c.ReadFiles(ctx, fmt.Sprintf("mat%d/**", i))
-		d := time.Since(t0)
-		if err != nil {
-			return nil, err
-		}
-		if len(got) != nFiles {
-			return nil, fmt.Errorf("read %d files, want %d", len(got), nFiles)
-		}
-		reads = append(reads, d.Seconds())
-		r.ReadPlan3000x4kRPCs = 1 + st.Batches + st.Streamed
-	}
-	r.ReadPlan3000x4kS = pct(reads, 50)
-
-	o.Log.Info("streaming one file", "mib", o.StreamMiB)
+	// One large file of random bytes, held in memory so that only the transfer is timed;
+	// read back into a writer that compares each byte as it arrives.
+	o.Log.Info("streaming one file in and out", "mib", o.StreamMiB)
 	size := int64(o.StreamMiB) << 20
-	var speeds []float64
-	for i := range 3 {
+	big := make([]byte, size)
+	rand.NewChaCha8([32]byte{'f', 'u', 's', 'e'}).Read(big)
+	const streamRounds = 3
+	r.StreamWrite = Figure{Files: 1, FileBytes: size, Data: "random", Client: "defaults", Rounds: streamRounds, RPCs: 1}
+	r.StreamRead = r.StreamWrite
+	r.StreamRead.Verified = true
+	var writes, readSpeeds []float64
+	for i := range streamRounds {
+		name := fmt.Sprintf("big%d.bin", i)
 		t0 := time.Now()
-		n, err := c.WriteFileFrom(ctx, fmt.Sprintf("big%d.bin", i), 0o644, io.LimitReader(pattern{}, size), size)
+		n, err := c.WriteFileFrom(ctx, name, 0o644, bytes.NewReader(big), size)
 		d := time.Since(t0)
 		if err != nil {
 			return nil, fmt.Errorf("streaming: %w", err)
@@ -265,22 +379,121 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 		if n != size {
 			return nil, fmt.Errorf("streamed %d bytes, want %d", n, size)
 		}
-		speeds = append(speeds, float64(o.StreamMiB)/d.Seconds())
-		if err := c.Remove(ctx, fmt.Sprintf("big%d.bin", i), false); err != nil {
+		writes = append(writes, float64(o.StreamMiB)/d.Seconds())
+		cmp := &comparer{want: big}
+		t0 = time.Now()
+		if err := c.ReadFileTo(ctx, name, cmp); err != nil {
+			return nil, fmt.Errorf("streaming %s back: %w", name, err)
+		}
+		d = time.Since(t0)
+		if cmp.off != len(big) {
+			return nil, fmt.Errorf("streamed back %d bytes of %s, want %d", cmp.off, name, len(big))
+		}
+		readSpeeds = append(readSpeeds, float64(o.StreamMiB)/d.Seconds())
+		if err := c.Remove(ctx, name, false); err != nil {
 			return nil, err
 		}
 	}
-	r.StreamWriteMiBPerS = round(pct(speeds, 50))
+	r.StreamWrite.MiBPerS, r.StreamRead.MiBPerS = round(pct(writes, 50)), round(pct(readSpeeds, 50))
+
+	o.Log.Info("streaming floor: raw unix socket in and out", "mib", o.StreamMiB)
+	in, out, err := streamFloor(ctx, c, floorDir+"/"+filepath.Base(floorBin), sockDir, big, streamRounds)
+	if err != nil {
+		return nil, err
+	}
+	r.StreamFloorIn = Figure{Files: 1, FileBytes: size, Data: "random", Client: "none", Rounds: streamRounds, MiBPerS: round(pct(in, 50))}
+	r.StreamFloorOut = r.StreamFloorIn
+	r.StreamFloorOut.MiBPerS = round(pct(out, 50))
+	r.StreamWriteVsFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorIn.MiBPerS)
+	r.StreamReadVsFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOut.MiBPerS)
 	return r, nil
 }
 
-// pattern is an endless reader of non-zero bytes.
-type pattern struct{}
-
-func (pattern) Read(p []byte) (int, error) {
-	for i := range p {
-		p[i] = byte(i*7 + 1)
+// streamFloor measures raw unix-socket throughput between this host and the sandbox, rounds
+// times each way: the host listens in sockDir (bound at floorSockDir) and the floor helper,
+// run in the sandbox as a command, connects and reads data to EOF, or writes as many bytes
+// back. It returns the MiB/s of each round, as the helper timed them.
+func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string, data []byte, rounds int) (in, out []float64, err error) {
+	path := filepath.Join(sockDir, "floor.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("streaming floor: %w", err)
 	}
+	defer ln.Close()
+	// The helper runs as the commands' user: it may connect, nothing else.
+	if err := os.Chmod(path, 0o666); err != nil {
+		return nil, nil, err
+	}
+	sandboxPath := floorSockDir + "/floor.sock"
+	run := func(serve func(net.Conn) error, args ...string) (float64, error) {
+		errc := make(chan error, 1)
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer conn.Close()
+			errc <- serve(conn)
+		}()
+		res, err := c.Run(ctx, append([]string{helper}, args...)...)
+		if err != nil {
+			ln.Close() // ends the Accept, should the helper never have connected
+			return 0, fmt.Errorf("streaming floor: %w", err)
+		}
+		if res.ExitCode != 0 {
+			ln.Close()
+			return 0, fmt.Errorf("streaming floor exited %d: %s", res.ExitCode, res.Stderr)
+		}
+		if err := <-errc; err != nil {
+			return 0, fmt.Errorf("streaming floor, host side: %w", err)
+		}
+		var secs float64
+		var n int64
+		if _, err := fmt.Sscan(string(res.Stdout), &secs, &n); err != nil || n != int64(len(data)) {
+			return 0, fmt.Errorf("streaming floor printed %q, want seconds and %d bytes", res.Stdout, len(data))
+		}
+		return float64(n) / (1 << 20) / secs, nil
+	}
+	for range rounds {
+		v, err := run(func(conn net.Conn) error {
+			_, err := conn.Write(data)
+			return err
+		}, "-receive", sandboxPath)
+		if err != nil {
+			return nil, nil, err
+		}
+		in = append(in, v)
+		v, err = run(func(conn net.Conn) error {
+			n, err := io.CopyBuffer(io.Discard, conn, make([]byte, 2<<20))
+			if err != nil {
+				return err
+			}
+			if n != int64(len(data)) {
+				return fmt.Errorf("read %d bytes, want %d", n, len(data))
+			}
+			_, err = conn.Write([]byte{1})
+			return err
+		}, "-send", sandboxPath, "-bytes", strconv.Itoa(len(data)))
+		if err != nil {
+			return nil, nil, err
+		}
+		out = append(out, v)
+	}
+	return in, out, nil
+}
+
+// comparer is a writer that checks what it is given against want, in order.
+type comparer struct {
+	want []byte
+	off  int
+}
+
+func (c *comparer) Write(p []byte) (int, error) {
+	if len(p) > len(c.want)-c.off || !bytes.Equal(p, c.want[c.off:c.off+len(p)]) {
+		return 0, fmt.Errorf("contents differ from what was written, at or after byte %d", c.off)
+	}
+	c.off += len(p)
 	return len(p), nil
 }
 

@@ -5,6 +5,7 @@
 package daemoncmd
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,9 +13,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 )
 
 // DefaultManager is where `fusebox local up` listens and where fusebox run and status look first.
@@ -65,7 +68,45 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
+	LimitFlags(f, &c.Limits)
 }
+
+// LimitFlags registers the sandbox limit flags (runsc allocator) on f, filling l with
+// runscalloc.DefaultLimits as the defaults. A malformed value is refused by the flag's own
+// parser, naming the flag; a value out of bounds by runscalloc.Limits.Template when the
+// manager starts, naming it too.
+func LimitFlags(f *pflag.FlagSet, l *runscalloc.Limits) {
+	d := runscalloc.DefaultLimits
+	*l = d
+	f.Float64Var(&l.CPUs, "sandbox-cpus", d.CPUs, "each sandbox's CPU weight in cores (cpu.shares = 1024 x this): not a cap, a sandbox uses any idle CPU and gets this share when all are busy (runsc allocator)")
+	f.Float64Var(&l.CPUQuota, "sandbox-cpu-quota", d.CPUQuota, "hard CPU cap per sandbox in cores, a CFS quota (0: none; a quota throttles short commands' tail latency: docs/performance.md) (runsc allocator)")
+	f.Var((*bytesValue)(&l.MemoryBytes), "sandbox-memory", "each sandbox's memory limit (e.g. 1Gi, 768Mi): gVisor's kernel, the commands, /workspace and /tmp count in it; reaching it kills the sandbox (runsc allocator)")
+	f.Int64Var(&l.Processes, "sandbox-pids", d.Processes, "tasks (processes and threads) the commands of a sandbox may have at once; a fork beyond fails with EAGAIN inside (runsc allocator)")
+	f.Var((*bytesValue)(&l.WorkspaceBytes), "sandbox-workspace", "size of each sandbox's /workspace, in its memory (e.g. 512Mi); a write beyond fails with ENOSPC inside (runsc allocator)")
+}
+
+// bytesValue is a pflag.Value of a byte count written as a Kubernetes quantity (1Gi, 512Mi,
+// 1G, 1048576).
+type bytesValue int64
+
+func (b *bytesValue) String() string {
+	return resource.NewQuantity(int64(*b), resource.BinarySI).String()
+}
+
+func (b *bytesValue) Set(s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return fmt.Errorf("want a size such as 1Gi or 512Mi: %w", err)
+	}
+	v, ok := q.AsInt64()
+	if !ok || v <= 0 {
+		return fmt.Errorf("want a positive whole number of bytes such as 1Gi or 512Mi, not %s", s)
+	}
+	*b = bytesValue(v)
+	return nil
+}
+
+func (b *bytesValue) Type() string { return "bytes" }
 
 // ServiceCommand returns the command that runs the manager as a service, named use:
 // fusebox-manager's root command, and fusebox manager in the CLI.

@@ -1,11 +1,14 @@
 package daemoncmd
 
 import (
+	"io"
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
 
 	"github.com/fusebox-dev/fusebox/manager/daemon"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 )
 
 // TestFlagDefaults: fusebox local up and fusebox-manager take the same daemon flags and
@@ -61,5 +64,52 @@ func TestServiceFlags(t *testing.T) {
 	}
 	if err := ServiceCommand("fusebox-manager").Args(cmd, []string{"manager"}); err == nil {
 		t.Error("fusebox-manager accepted a positional argument (a subcommand name): want an error")
+	}
+}
+
+// TestLimitFlags: the sandbox limit flags fill Config.Limits, default to
+// runscalloc.DefaultLimits, and a malformed value is refused naming its flag.
+func TestLimitFlags(t *testing.T) {
+	parse := func(args ...string) (daemon.Config, error) {
+		f := pflag.NewFlagSet("local up", pflag.ContinueOnError)
+		f.SetOutput(io.Discard)
+		var c daemon.Config
+		Flags(f, &c, Local)
+		return c, f.Parse(args)
+	}
+	c, err := parse()
+	if err != nil || c.Limits != runscalloc.DefaultLimits {
+		t.Fatalf("defaults: %+v, %v; want %+v", c.Limits, err, runscalloc.DefaultLimits)
+	}
+	if _, err := c.Limits.Template(); err != nil {
+		t.Fatalf("the default flags' limits are refused: %v", err)
+	}
+	c, err = parse("--sandbox-cpus=2", "--sandbox-cpu-quota=1.5", "--sandbox-memory=2Gi", "--sandbox-pids=1000", "--sandbox-workspace=768Mi")
+	want := runscalloc.Limits{CPUs: 2, CPUQuota: 1.5, MemoryBytes: 2 << 30, Processes: 1000, WorkspaceBytes: 768 << 20}
+	if err != nil || c.Limits != want {
+		t.Fatalf("parsed %+v, %v; want %+v", c.Limits, err, want)
+	}
+	for _, tc := range []struct{ arg, flag string }{
+		{"--sandbox-memory=lots", "sandbox-memory"},
+		{"--sandbox-memory=-1Gi", "sandbox-memory"},
+		{"--sandbox-memory=0.5", "sandbox-memory"},
+		{"--sandbox-workspace=12parsecs", "sandbox-workspace"},
+		{"--sandbox-cpus=many", "sandbox-cpus"},
+		{"--sandbox-pids=1.5", "sandbox-pids"},
+	} {
+		if _, err := parse(tc.arg); err == nil || !strings.Contains(err.Error(), "--"+tc.flag) {
+			t.Errorf("%s: %v, want an error naming --%s", tc.arg, err, tc.flag)
+		}
+	}
+	// Well-formed but out of bounds: refused when the manager builds the template, naming the flag.
+	c, err = parse("--sandbox-memory=1Gi", "--sandbox-workspace=1Gi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Limits.Template(); err == nil || !strings.Contains(err.Error(), "--sandbox-workspace") {
+		t.Errorf("a workspace as large as the memory: %v, want an error naming --sandbox-workspace", err)
+	}
+	if f := ServiceCommand("fusebox-manager").Flags().Lookup("sandbox-memory"); f == nil || f.DefValue != "1Gi" {
+		t.Errorf("fusebox-manager's --sandbox-memory: %+v, want the flag with default 1Gi", f)
 	}
 }

@@ -1,34 +1,127 @@
-// Package floor measures the physical floor of materialising files inside a sandbox: a plain
-// loop of open, write, close in the sandbox itself, with no RPC, no atomic rename and no
-// validation. The data plane's WriteFiles figure is judged against it; fusebox-bench
-// dataplane runs it there as the fusebox-floor helper.
+// Package floor measures the physical floors of moving small files inside a sandbox: a plain
+// loop of open, write, close (or open, read, compare, close) in the sandbox itself, with no
+// RPC, no atomic rename and no validation. The data plane's WriteFiles and ReadFiles figures
+// are judged against them; fusebox-bench dataplane runs them there as the fusebox-floor
+// helper. The benchmark and the floor share the workload defined here: the same paths (Dirs
+// directories) and the same random contents (Content), so that both verify the same bytes.
+// ReceiveStream and SendStream are the streaming floor: raw bytes over a host unix socket.
 package floor
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
 )
 
-// WriteFiles writes n files of size bytes under dir (10 subdirectories, as a source tree
-// would have) and returns the time the writes took, directory creation included.
-func WriteFiles(dir string, n, size int) (time.Duration, error) {
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte('a' + i%26)
+// Dirs is how many directories the workload's files are spread over, as a source tree's would be.
+const Dirs = 50
+
+// Path is file i's path under root: Dirs directories, files dealt round them.
+func Path(root string, i int) string {
+	return fmt.Sprintf("%s/d%02d/f%05d.txt", root, i%Dirs, i)
+}
+
+// Content is file i's contents: size random bytes (ChaCha8 seeded by i), incompressible and
+// distinct per file, the same in the benchmark and in the floor.
+func Content(i, size int) []byte {
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], uint64(i))
+	b := make([]byte, size)
+	rand.NewChaCha8(seed).Read(b)
+	return b
+}
+
+// Contents returns Content(i, size) for i in [0, n).
+func Contents(n, size int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = Content(i, size)
 	}
+	return out
+}
+
+// WriteFiles writes n files of size bytes under dir (Path, Content) and returns the time the
+// writes took, directory creation included; the contents are made before the clock starts.
+func WriteFiles(dir string, n, size int) (time.Duration, error) {
+	data := Contents(n, size)
 	start := time.Now()
-	for d := range 10 {
+	for d := range min(n, Dirs) {
 		if err := os.MkdirAll(filepath.Join(dir, fmt.Sprintf("d%02d", d)), 0o755); err != nil {
 			return 0, err
 		}
 	}
 	for i := range n {
-		p := filepath.Join(dir, fmt.Sprintf("d%02d/f%05d.txt", i%10, i))
-		if err := os.WriteFile(p, data, 0o644); err != nil {
+		if err := os.WriteFile(Path(dir, i), data[i], 0o644); err != nil {
 			return 0, err
 		}
+	}
+	return time.Since(start), nil
+}
+
+// ReadFiles reads back the n files of size bytes WriteFiles wrote under dir, compares every
+// byte with what it wrote, and returns the time that took; the expected contents are made
+// before the clock starts.
+func ReadFiles(dir string, n, size int) (time.Duration, error) {
+	want := Contents(n, size)
+	start := time.Now()
+	for i := range n {
+		got, err := os.ReadFile(Path(dir, i))
+		if err != nil {
+			return 0, err
+		}
+		if !bytes.Equal(got, want[i]) {
+			return 0, fmt.Errorf("%s: contents differ from what was written", Path(dir, i))
+		}
+	}
+	return time.Since(start), nil
+}
+
+// streamBuf is the floor's socket buffer: as large as the client's stream chunk.
+const streamBuf = 2 << 20
+
+// ReceiveStream connects to the unix socket at path and reads from it until EOF, discarding
+// the bytes: the raw throughput of a host unix socket into the sandbox, with no TLS, HTTP/2
+// or file behind it. It returns the bytes read and the time from the connection to EOF.
+func ReceiveStream(path string) (int64, time.Duration, error) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	start := time.Now()
+	n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, streamBuf))
+	return n, time.Since(start), err
+}
+
+// SendStream connects to the unix socket at path and writes n bytes of random data to it
+// (made before the clock starts), then closes: the raw throughput out of the sandbox.
+func SendStream(path string, n int64) (time.Duration, error) {
+	buf := Content(0, streamBuf)
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	start := time.Now()
+	for left := n; left > 0; {
+		k := min(left, int64(len(buf)))
+		if _, err := c.Write(buf[:k]); err != nil {
+			return 0, err
+		}
+		left -= k
+	}
+	if err := c.(*net.UnixConn).CloseWrite(); err != nil {
+		return 0, err
+	}
+	// The host answers one byte once it has read everything: the time covers the delivery.
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		return 0, fmt.Errorf("waiting for the receiver: %w", err)
 	}
 	return time.Since(start), nil
 }
