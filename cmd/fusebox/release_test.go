@@ -232,6 +232,19 @@ func TestRelease(t *testing.T) {
 	if strings.Contains(string(after), target+"/") {
 		t.Errorf("eks-prod names the dev registry %s:\n%s", target, after)
 	}
+
+	// A registry that is down: the release fails naming it, and writes no stack file.
+	before = readStacks(t, repo)
+	reg.Stop()
+	_, err = run(t, releaseCmd(), "--repo", repo, "--registry", reg.Host+"/other", "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", layouts)
+	if err == nil || !strings.Contains(err.Error(), reg.Host) || !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "no stack file written") {
+		t.Errorf("release to a stopped registry: %v, want an error naming %s as unreachable", err, reg.Host)
+	}
+	for f, b := range readStacks(t, repo) {
+		if b != before[f] {
+			t.Errorf("%s was written by a release to a stopped registry", f)
+		}
+	}
 }
 
 // stackImages returns the fusebox:images map of a stack file.
