@@ -136,11 +136,12 @@ func buildImages(t *testing.T) map[string]built {
 		cli := os.Getenv("FUSEBOX_BIN")
 		if cli == "" {
 			cli = filepath.Join(buildOut, "fusebox")
-			cmd := exec.Command("go", "build", "-o", cli, "./cmd/fusebox")
+			// make build's flags, so that its build cache serves this build.
+			cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", cli, "./cmd/fusebox")
 			cmd.Dir = moduleDir()
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build ./cmd/fusebox: %v\n%s", err, out)
+				buildErr = fmt.Errorf("go build -trimpath ./cmd/fusebox: %v\n%s", err, out)
 				return
 			}
 		}
