@@ -165,6 +165,8 @@ func benchAllocateCmd() *cobra.Command {
 		Long: `Runs a manager with the runsc allocator in this process and measures, through the
 real gRPC API and client SDK: warm allocations (Allocate with a ready sandbox waiting, sFuse and
 the first data-plane call included), cold starts (empty pool), and the pool refill rate. Needs root.
+The sandboxes' root is assembled from this host, or with --image it is the sandbox image, as
+fusebox local up --image gives it (unpacked once into the benchmark's state directory).
 The process takes the manager daemon's garbage-collection target (GOGC 400 unless GOGC is set,
 daemon.GCPercent), as fusebox local up does; the agent in it shares it.
 
@@ -212,6 +214,7 @@ machine shows as other fusebox processes).`,
 		Example: `  fusebox-bench allocate --json --runs 100
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
   fusebox-bench allocate --runs 100 --sched
+  fusebox-bench allocate --runs 100 --image bin/images/sandbox
   fusebox-bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -219,8 +222,8 @@ machine shows as other fusebox processes).`,
 				return fmt.Errorf("--sched-csv needs --sched")
 			}
 			if remote != "" {
-				if o.Trace || cmd.Flags().Changed("allocator") {
-					return fmt.Errorf("--manager measures a running manager: --trace and --allocator do not apply")
+				if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
+					return fmt.Errorf("--manager measures a running manager: --trace, --allocator and --image do not apply (start it with fusebox local up --image)")
 				}
 				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
 				if err != nil {
@@ -240,6 +243,9 @@ machine shows as other fusebox processes).`,
 				return fmt.Errorf("--real-node needs --allocator kube")
 			}
 			if allocator == "kube" {
+				if o.Image != "" {
+					return fmt.Errorf("--image needs --allocator runsc (the kube benchmark's pods run no sandbox)")
+				}
 				if o.Trace || o.Sched {
 					return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
 				}
@@ -314,6 +320,7 @@ machine shows as other fusebox processes).`,
 	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
 	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
 	f.IntVar(&o.Runs, "runs", 50, "warm allocations")
+	f.StringVar(&o.Image, "image", "", "sandbox image as the sandboxes' root, as fusebox local up --image: an OCI image layout directory (fusebox image build writes bin/images/sandbox) or a registry reference; empty: a root assembled from this host")
 	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
 	f.IntVar(&o.YoungRuns, "young-runs", 20, "allocations of units younger than their warm-up")
 	f.DurationVar(&o.PoolPing, "pool-ping", daemoncmd.DefaultPoolPing, "the manager's liveness ping of the pool's next sandbox (0: none), as fusebox local up --pool-ping")

@@ -174,7 +174,7 @@ func printBuilt(cmd *cobra.Command, built []image.Built) {
 	for _, b := range built {
 		fmt.Fprintf(out, "%-17s %s  %s\n", b.Name, b.Digest, b.Dir)
 		if b.Tar != "" {
-			fmt.Fprintf(out, "%-17s archive %s\n", "", b.Tar)
+			fmt.Fprintf(out, "%-17s archive %s (ctr images import names it %s)\n", "", b.Tar, image.RefName(b.Name))
 		}
 	}
 }

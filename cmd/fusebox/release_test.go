@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,17 +12,18 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/fusebox-dev/fusebox/internal/image"
 	"github.com/fusebox-dev/fusebox/internal/image/registry/registrytest"
 )
 
-// scratchRepo copies what release reads (infra/Pulumi.yaml, the stack files) into a
+// scratchRepo copies what release reads (go.mod, infra/Pulumi.yaml, the stack files) into a
 // temporary repository root.
 func scratchRepo(t *testing.T) string {
 	t.Helper()
 	repo := t.TempDir()
-	for _, rel := range []string{"infra/Pulumi.yaml", "stacks/Pulumi.local.yaml", "stacks/Pulumi.aks-dev.yaml", "stacks/Pulumi.eks-dev.yaml", "stacks/Pulumi.eks-prod.yaml"} {
+	for _, rel := range []string{"go.mod", "infra/Pulumi.yaml", "stacks/Pulumi.local.yaml", "stacks/Pulumi.aks-dev.yaml", "stacks/Pulumi.eks-dev.yaml", "stacks/Pulumi.eks-prod.yaml"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", rel))
 		if err != nil {
 			t.Fatal(err)
@@ -97,6 +99,19 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("release: %v\n%s", err, out)
 	}
 	stacks := readStacks(t, repo)
+	// Exactly the pushed digests, nothing else, under fusebox:images.
+	for file, names := range map[string][]string{
+		"Pulumi.local.yaml":   {"manager", "sandbox"},
+		"Pulumi.aks-dev.yaml": {"manager", "sandbox"},
+	} {
+		want := map[string]string{}
+		for _, n := range names {
+			want[n] = target + "/" + n + "@" + digests[n]
+		}
+		if got := stackImages(t, stacks[file]); !maps.Equal(got, want) {
+			t.Errorf("%s: fusebox:images %v, want exactly %v", file, got, want)
+		}
+	}
 	for file, want := range map[string][]string{
 		"Pulumi.local.yaml": {
 			"fusebox:registry: " + target,
@@ -135,26 +150,33 @@ func TestRelease(t *testing.T) {
 	registrytest.WriteDockerConfig(t, wrongCreds, reg.Host, registrytest.User, "wrong")
 	notLayout := t.TempDir()
 	os.MkdirAll(filepath.Join(notLayout, "manager"), 0o755)
+	noTools := t.TempDir()
 	for _, tc := range []struct {
 		name   string
 		docker string
+		path   string
 		args   []string
 		want   []string
 	}{
-		{"push fails: wrong credentials", wrongCreds, []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", layouts},
+		{"push fails: wrong credentials", wrongCreds, "", []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", layouts},
 			[]string{reg.Host, "HTTP 401", "no stack file written"}},
-		{"unknown stack", "", []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-staging", "--layout", layouts},
+		{"unknown stack", "", "", []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-staging", "--layout", layouts},
 			[]string{`unknown stack "eks-staging"`, "eks-dev"}},
-		{"registry without a repository path", "", []string{"--registry", reg.Host, "--stack", "eks-dev", "--layout", layouts},
+		{"registry without a repository path", "", "", []string{"--registry", reg.Host, "--stack", "eks-dev", "--layout", layouts},
 			[]string{"no repository path", "HOST[:PORT]/PATH"}},
-		{"not an OCI layout", "", []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", notLayout},
+		{"not an OCI layout", "", "", []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", notLayout},
 			[]string{"not an OCI image layout", "fusebox image build"}},
-		{"insecure non-loopback", "", []string{"--registry", "registry.invalid/fusebox", "--insecure", "--stack", "eks-dev", "--layout", layouts},
+		{"mmdebstrap missing", "", noTools, []string{"--registry", target, "--ca-file", reg.CAFile, "--stack", "eks-dev", "--out", t.TempDir(), "--cache", t.TempDir()},
+			[]string{"mmdebstrap missing", "install the Debian package mmdebstrap"}},
+		{"insecure non-loopback", "", "", []string{"--registry", "registry.invalid/fusebox", "--insecure", "--stack", "eks-dev", "--layout", layouts},
 			[]string{"loopback registry only"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.docker != "" {
 				t.Setenv("DOCKER_CONFIG", tc.docker)
+			}
+			if tc.path != "" {
+				t.Setenv("PATH", tc.path)
 			}
 			out, err := run(t, releaseCmd(), append([]string{"--repo", repo}, tc.args...)...)
 			if err == nil {
@@ -189,6 +211,88 @@ func TestRelease(t *testing.T) {
 	if after, _ := os.ReadFile(prod); !bytes.Equal(after, b) {
 		t.Error("refused promotion wrote eks-prod")
 	}
+
+	// Once the digests are mirrored there, promote --verify passes and eks-prod pulls the
+	// promoted digests from its own registry, never from the dev one.
+	mirror := reg.Host + "/prod-mirror"
+	if out, err := run(t, imagePushCmd(), "--registry", mirror, "--ca-file", reg.CAFile, "--layout", layouts, "--image", "manager,sandbox"); err != nil {
+		t.Fatalf("mirroring into %s: %v\n%s", mirror, err, out)
+	}
+	if out, err := run(t, promoteCmd(), "--repo", repo, "--from", "eks-dev", "--to", "eks-prod", "--verify", "--ca-file", reg.CAFile); err != nil {
+		t.Fatalf("promote --verify into the mirror: %v\n%s", err, out)
+	}
+	after, _ := os.ReadFile(prod)
+	if !strings.Contains(string(after), "fusebox:registry: "+mirror+"\n") {
+		t.Errorf("eks-prod lost its registry %s:\n%s", mirror, after)
+	}
+	want := map[string]string{"manager": mirror + "/manager@" + digests["manager"], "sandbox": mirror + "/sandbox@" + digests["sandbox"]}
+	if got := stackImages(t, string(after)); !maps.Equal(got, want) {
+		t.Errorf("eks-prod's fusebox:images %v, want %v", got, want)
+	}
+	if strings.Contains(string(after), target+"/") {
+		t.Errorf("eks-prod names the dev registry %s:\n%s", target, after)
+	}
+
+	// A registry that is down: the release fails naming it, and writes no stack file.
+	before = readStacks(t, repo)
+	reg.Stop()
+	_, err = run(t, releaseCmd(), "--repo", repo, "--registry", reg.Host+"/other", "--ca-file", reg.CAFile, "--stack", "eks-dev", "--layout", layouts)
+	if err == nil || !strings.Contains(err.Error(), reg.Host) || !strings.Contains(err.Error(), "unreachable") || !strings.Contains(err.Error(), "no stack file written") {
+		t.Errorf("release to a stopped registry: %v, want an error naming %s as unreachable", err, reg.Host)
+	}
+	for f, b := range readStacks(t, repo) {
+		if b != before[f] {
+			t.Errorf("%s was written by a release to a stopped registry", f)
+		}
+	}
+}
+
+// stackImages returns the fusebox:images map of a stack file.
+func stackImages(t *testing.T, file string) map[string]string {
+	t.Helper()
+	var f struct {
+		Config struct {
+			Images map[string]string `json:"fusebox:images"`
+		} `json:"config"`
+	}
+	if err := yaml.Unmarshal([]byte(file), &f); err != nil {
+		t.Fatalf("stack file: %v", err)
+	}
+	return f.Config.Images
+}
+
+// TestImagePushBadInput checks push's refusals before any registry is asked.
+func TestImagePushBadInput(t *testing.T) {
+	layouts, _ := testLayouts(t)
+	notLayout := t.TempDir()
+	os.MkdirAll(filepath.Join(notLayout, "sandbox"), 0o755)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"no registry", []string{"--layout", layouts}, []string{"--registry HOST[:PORT]/PATH is required"}},
+		{"registry without a repository path", []string{"--registry", "127.0.0.1:5000", "--layout", layouts},
+			[]string{`"127.0.0.1:5000": no repository path`, "127.0.0.1:5000/fusebox"}},
+		{"unknown image", []string{"--registry", "127.0.0.1:5000/fusebox", "--layout", layouts, "--image", "runner"},
+			[]string{`unknown image "runner"`, "manager, sandbox, gvisor-installer"}},
+		{"not an OCI layout", []string{"--registry", "127.0.0.1:5000/fusebox", "--layout", notLayout, "--image", "sandbox"},
+			[]string{"not an OCI image layout", filepath.Join(notLayout, "sandbox"), "fusebox image build"}},
+		{"no layout directory", []string{"--registry", "127.0.0.1:5000/fusebox", "--layout", filepath.Join(notLayout, "nope")},
+			[]string{"not an OCI image layout", "fusebox image build --out"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, imagePushCmd(), tc.args...)
+			if err == nil {
+				t.Fatalf("push succeeded:\n%s", out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
 }
 
 func TestImageBuildBadInput(t *testing.T) {
@@ -198,6 +302,7 @@ func TestImageBuildBadInput(t *testing.T) {
 	}{
 		{[]string{"--image", "runner"}, `unknown image "runner"`},
 		{[]string{"--config", "/nonexistent/images.yaml"}, "image config"},
+		{[]string{"--image", "sandbox", "--packages", "jq;true"}, `Debian package name "jq;true"`},
 	} {
 		_, err := run(t, imageBuildCmd(), append([]string{"--repo", filepath.Join("..", "..")}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

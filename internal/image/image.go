@@ -181,6 +181,12 @@ func Build(o BuildOptions) ([]Built, error) {
 	if (slices.Contains(names, Sandbox) || slices.Contains(names, GVisorInstaller)) && o.CacheDir == "" {
 		return nil, errors.New("image build: a cache directory for the Debian userlands is required")
 	}
+	if slices.Contains(names, Sandbox) || slices.Contains(names, GVisorInstaller) {
+		// Before anything is built: a missing mmdebstrap fails the build at once.
+		if _, _, err := mmdebstrapVersion(); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the output directory: %w", err)
 	}

@@ -198,6 +198,17 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("mmdebstrap missing: %v", err)
 		}
 	})
+	t.Run("mmdebstrap missing, before anything is built", func(t *testing.T) {
+		t.Setenv("PATH", t.TempDir()) // no go either: the manager's build would fail otherwise
+		out := t.TempDir()
+		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: out, CacheDir: t.TempDir(), Runsc: "/r", Shim: "/s"})
+		if !errors.Is(err, ErrMmdebstrap) || !strings.Contains(err.Error(), "install the Debian package mmdebstrap") {
+			t.Fatalf("mmdebstrap missing: %v", err)
+		}
+		if entries, _ := os.ReadDir(out); len(entries) != 0 {
+			t.Errorf("the failed build wrote %v", entries)
+		}
+	})
 	t.Run("bad package name", func(t *testing.T) {
 		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Sandbox}, ExtraPackages: []string{"jq; rm -rf /"}})
 		if err == nil || !strings.Contains(err.Error(), "Debian package name") {
