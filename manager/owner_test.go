@@ -2,14 +2,23 @@ package manager_test
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -252,5 +261,111 @@ func TestSharedPoolListShowsTheCallerItsOwn(t *testing.T) {
 	}
 	if got := ids(l); !slices.Equal(got, []string{mine.ID}) {
 		t.Fatalf("agents/coder sees %v through the other replica, want [%s]", got, mine.ID)
+	}
+}
+
+// uidHelperEnv names the socket a TestUIDHelper child calls.
+const uidHelperEnv = "FUSEBOX_UID_HELPER_SOCK"
+
+// TestUIDHelper is not a test: run as a child process under another user by
+// TestUnixSocketCallersSeeTheirOwnSandboxes, it allocates once through the socket and prints
+// its sandbox's id and the ids List shows it.
+func TestUIDHelper(t *testing.T) {
+	sock := os.Getenv(uidHelperEnv)
+	if sock == "" {
+		t.Skip("a helper process, not a test")
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := managerv1.NewManagerClient(conn)
+	k, _ := client.NewKey()
+	r, err := c.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: k.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.List(context.Background(), &managerv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("HELPER %s %s\n", r.SandboxId, strings.Join(ids(l), ","))
+}
+
+// TestUnixSocketCallersSeeTheirOwnSandboxes: over the real socket, with the callers' user ids
+// from SO_PEERCRED, a process of another user sees only the sandbox it allocated; root sees
+// every one.
+func TestUnixSocketCallersSeeTheirOwnSandboxes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run a client as another user")
+	}
+	e := newEnv(t, 2, nil)
+	e.start(t)
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	// The test binary, where the other user can run it.
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "helper.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "manager.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(sock, 0o666) // as --listen-group would share it
+	authn := auth.NewAuthenticator(auth.AuthenticatorOptions{})
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(auth.PeerCredentials())}, authn.ServerOptions()...)...)
+	managerv1.RegisterManagerServer(srv, &manager.Service{M: e.m})
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := managerv1.NewManagerClient(conn)
+	ctx := context.Background()
+	eventually(t, "ready", func() bool { return e.ready() >= 1 })
+	mine, err := c.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ready", func() bool { return e.ready() >= 1 })
+	cmd := exec.Command(bin, "-test.run=^TestUIDHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), uidHelperEnv+"="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper as uid 65534: %v\n%s", err, out)
+	}
+	var theirs, seen string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "HELPER" {
+			theirs = f[1]
+			if len(f) > 2 {
+				seen = f[2]
+			}
+		}
+	}
+	if theirs == "" || seen != theirs {
+		t.Fatalf("uid 65534 allocated %q and sees %q, want only its own\n%s", theirs, seen, out)
+	}
+	u, _ := e.m.States().Get(theirs)
+	if u.Lease == nil || u.Lease.Owner != "uid:65534" {
+		t.Fatalf("owner of %s: %+v", theirs, u.Lease)
+	}
+	l, err := c.List(ctx, &managerv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(l); !slices.Contains(got, theirs) || !slices.Contains(got, mine.SandboxId) {
+		t.Fatalf("root sees %v, want both %s and %s", got, mine.SandboxId, theirs)
 	}
 }
