@@ -38,4 +38,5 @@ func daemonFlags(f *pflag.FlagSet, c *daemon.Config, d daemonDefaults) {
 	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", defaultKeepAwake, keepAwakeHelp+" (runsc allocator)")
+	daemon.AuthFlags(f, &c.Auth)
 }
