@@ -49,4 +49,3 @@ func (u *uidList) Set(v string) error {
 }
 
 func (*uidList) Type() string { return "uids" }
-
