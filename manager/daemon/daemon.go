@@ -245,7 +245,11 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	log.Info("manager serving", "listen", addr.String(), "allocator", alloc.Name(), "estimator", est.Name(),
 		"pool_size", c.PoolSize, "auth", api.describe)
 	if c.Ready != nil {
-		c.Ready(addr.String())
+		served := addr
+		if addr.Network == "tcp" {
+			served.Address = ln.Addr().String() // the port a ":0" listener got
+		}
+		c.Ready(served.String())
 	}
 	select {
 	case <-ctx.Done():
