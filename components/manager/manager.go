@@ -552,3 +552,26 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 		},
 	}
 }
+
+// Where an agent pod mounts its manager token (see AgentTokenVolume).
+const (
+	AgentTokenVolumeName = "fusebox-token"
+	AgentTokenMountPath  = "/var/run/secrets/fusebox"
+	AgentTokenPath       = AgentTokenMountPath + "/token"
+	agentTokenSeconds    = 3600
+)
+
+// AgentTokenVolume is the projected ServiceAccount token volume an agent pod mounts at
+// AgentTokenMountPath to call the manager: the pod's ServiceAccount token with the manager's
+// audience, rotated by the kubelet (the SDK reads it again when it changes). Point
+// $FUSEBOX_TOKEN_FILE at AgentTokenPath.
+func AgentTokenVolume(audience string) corev1.VolumeArgs {
+	return corev1.VolumeArgs{
+		Name: pulumi.String(AgentTokenVolumeName),
+		Projected: corev1.ProjectedVolumeSourceArgs{Sources: corev1.VolumeProjectionArray{corev1.VolumeProjectionArgs{
+			ServiceAccountToken: corev1.ServiceAccountTokenProjectionArgs{
+				Audience: pulumi.String(or(audience, DefaultTokenAudience)), ExpirationSeconds: pulumi.Int(agentTokenSeconds), Path: pulumi.String("token"),
+			},
+		}}},
+	}
+}
