@@ -303,6 +303,8 @@ func TestUnixSocketCallersSeeTheirOwnSandboxes(t *testing.T) {
 	e := newEnv(t, 2, nil)
 	e.start(t)
 	dir := t.TempDir()
+	// The other user must reach the binary and the socket: t.TempDir's parent is 0700 too.
+	os.Chmod(filepath.Dir(dir), 0o755)
 	os.Chmod(dir, 0o755)
 	// The test binary, where the other user can run it.
 	self, err := os.ReadFile(os.Args[0])
