@@ -4,7 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
@@ -41,5 +46,53 @@ func TestSecureAPIRefusesIncompleteConfig(t *testing.T) {
 	}
 	if a, err := secureAPI(context.Background(), unix, Config{}, log); err != nil || a.group != -1 {
 		t.Fatalf("plain unix socket: %+v, %v", a, err)
+	}
+}
+
+// TestShareSocketGivesItToTheGroup: a unix listener stays its owner's alone (0600, as
+// endpoint.Listen makes it) unless --listen-group names a group, which then gets the socket
+// (0660); a TCP listener has nothing to share.
+func TestShareSocketGivesItToTheGroup(t *testing.T) {
+	own := strconv.Itoa(os.Getegid())
+	// Root may give the socket to any group: one it is not in shows the chown happened.
+	g, err := user.LookupGroup("nogroup")
+	if err != nil || os.Geteuid() != 0 {
+		if g, err = user.LookupGroupId(own); err != nil {
+			t.Skipf("this process's group has no name: %v", err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, c := range []struct {
+		name, group, gid string
+		mode             os.FileMode
+	}{{"owner only", "", own, 0o600}, {"shared with " + g.Name, g.Name, g.Gid, 0o660}} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, err := endpoint.Parse("unix://" + filepath.Join(t.TempDir(), "manager.sock"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := endpoint.Listen(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			a, err := secureAPI(context.Background(), addr, Config{Auth: AuthConfig{ListenGroup: c.group}}, log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.shareSocket(addr); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(addr.Address)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != c.mode {
+				t.Errorf("socket mode %v, want %v", fi.Mode().Perm(), c.mode)
+			}
+			if gid := fi.Sys().(*syscall.Stat_t).Gid; strconv.Itoa(int(gid)) != c.gid {
+				t.Errorf("socket group %d, want %s", gid, c.gid)
+			}
+		})
 	}
 }
