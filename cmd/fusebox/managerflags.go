@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"github.com/spf13/pflag"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -23,10 +25,11 @@ func (m *managerFlags) options() []client.ManagerOption {
 	return []client.ManagerOption{client.WithTokenFile(m.tokenFile), client.WithCAFile(m.caFile), client.WithServerName(m.serverName)}
 }
 
-// hint is what to check when the manager cannot be reached.
+// hint is what to check when the manager cannot be reached: a local one is started by
+// fusebox local up; a tcp:// one must be reachable and trusted.
 func (m *managerFlags) hint() string {
-	if m.addr == defaultManager {
-		return "is `fusebox local up` running?"
+	if strings.HasPrefix(m.addr, "unix://") {
+		return "is `fusebox local up` running? --manager " + m.addr
 	}
-	return "--manager " + m.addr
+	return "is the manager at --manager " + m.addr + " reachable, with its CA in --ca-file?"
 }
