@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
@@ -33,9 +32,12 @@ type AllocateOptions struct {
 	Labels   map[string]string
 	// Key is the agent key; nil generates a fresh one.
 	Key *Key
-	// ManagerCredentials secure the connection to the manager; nil means none, which is right
-	// for the local manager's unix socket only.
+	// ManagerCredentials secure the connection to the manager, replacing CAFile and
+	// ServerName; nil: none on a unix socket, TLS with CAFile on tcp://.
 	ManagerCredentials credentials.TransportCredentials
+	// TokenFile, CAFile and ServerName: see WithTokenFile, WithCAFile and WithServerName. A
+	// tcp:// manager needs CAFile (or ManagerCredentials) and TokenFile.
+	TokenFile, CAFile, ServerName string
 	// Sandbox tunes the data-plane connection.
 	Sandbox Options
 	// Trace, if set, receives when the allocation's steps on this side happened.
@@ -155,11 +157,16 @@ func (m *Manager) drop() {
 	}
 }
 
-// NewManager connects to the manager at addr (unix:///path or tcp://host:port). creds secure
-// the connection; nil means none, which is right for the local manager's unix socket only.
+// NewManager connects to the manager at addr (unix:///path or tcp://host:port). creds, if
+// set, secure the connection; otherwise a unix socket needs none (file permissions guard it)
+// and a tcp:// manager is reached by TLS with WithCAFile, authenticated WithTokenFile:
+//
+//	m, err := client.NewManager("tcp://fusebox-manager.fusebox.svc:9090", nil,
+//		client.WithCAFile("/etc/fusebox/ca/ca.crt"), client.WithTokenFile("/var/run/secrets/fusebox/token"))
+//
 // The connection is made at once, in the background.
-func NewManager(addr string, creds credentials.TransportCredentials) (*Manager, error) {
-	m, err := newManager(addr, creds)
+func NewManager(addr string, creds credentials.TransportCredentials, opts ...ManagerOption) (*Manager, error) {
+	m, err := newManager(addr, creds, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -168,15 +175,20 @@ func NewManager(addr string, creds credentials.TransportCredentials) (*Manager, 
 	return m, nil
 }
 
-func newManager(addr string, creds credentials.TransportCredentials) (*Manager, error) {
+func newManager(addr string, creds credentials.TransportCredentials, opts ...ManagerOption) (*Manager, error) {
 	a, err := endpoint.Parse(addr)
 	if err != nil {
 		return nil, fmt.Errorf("manager address: %w", err)
 	}
-	if creds == nil {
-		creds = insecure.NewCredentials()
+	var c managerConfig
+	for _, o := range opts {
+		o(&c)
 	}
-	conn, err := grpc.NewClient(a.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	dial, err := c.dialOptions(a, creds)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(a.GRPCTarget(), dial...)
 	if err != nil {
 		return nil, fmt.Errorf("dialing manager %s: %w", a, err)
 	}
@@ -197,7 +209,7 @@ func (m *Manager) Close() error {
 // It connects to the manager for this one allocation (o.ManagerCredentials secure that
 // connection); an agent that allocates repeatedly should keep a Manager instead.
 func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
-	m, err := newManager(managerAddr, o.ManagerCredentials)
+	m, err := newManager(managerAddr, o.ManagerCredentials, WithTokenFile(o.TokenFile), WithCAFile(o.CAFile), WithServerName(o.ServerName))
 	if err != nil {
 		return nil, err
 	}
@@ -211,8 +223,8 @@ func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allo
 }
 
 // Allocate asks the manager for a sandbox, dials it directly with pinned keys, and renews its
-// lease in the background until the allocation's Close. o.ManagerCredentials is not used: the
-// Manager's connection is.
+// lease in the background until the allocation's Close. o.ManagerCredentials, TokenFile,
+// CAFile and ServerName are not used: the Manager's connection is.
 func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation, error) {
 	// The data plane's TLS handshake is begun before the call (made ahead when the agent
 	// brings no key): its first round trip rides on the allocation (see internal/tlsflight).

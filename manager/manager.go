@@ -403,6 +403,7 @@ const (
 	annTTL       = "fusebox.dev/lease-ttl"
 	annTokenHash = "fusebox.dev/lease-token-sha256"
 	annEgress    = "fusebox.dev/egress"
+	annOwner     = "fusebox.dev/owner"
 	annLabel     = "fusebox.dev/label."
 )
 
@@ -413,6 +414,7 @@ func leaseAnnotations(l *Lease) map[string]string {
 		annTTL:       l.TTL.String(),
 		annTokenHash: hex.EncodeToString(l.TokenHash[:]),
 		annEgress:    strings.Join(l.Egress, ","),
+		annOwner:     l.Owner,
 	}
 	for k, v := range l.Labels {
 		a[annLabel+k] = v
@@ -436,7 +438,7 @@ func leaseFromAnnotations(a map[string]string) (*Lease, error) {
 	if err != nil || len(h) != sha256.Size {
 		return nil, errors.New("lease token hash")
 	}
-	l := &Lease{Expires: exp, TTL: ttl, Labels: map[string]string{}}
+	l := &Lease{Owner: a[annOwner], Expires: exp, TTL: ttl, Labels: map[string]string{}}
 	copy(l.TokenHash[:], h)
 	if e := a[annEgress]; e != "" {
 		l.Egress = strings.Split(e, ",")
@@ -508,6 +510,12 @@ type AllocateRequest struct {
 	Labels         map[string]string
 	// TLSClientHello, optional, is relayed to the sandbox in sFuse (see internal/tlsflight).
 	TLSClientHello []byte
+	// Owner is the caller, stored with the lease (see Lease.Owner).
+	Owner string
+	// Authorize, if set, is asked whether the caller may have a unit of template with the
+	// allowlist (after both are checked, before a unit is taken); its error ends the
+	// allocation as it is.
+	Authorize func(template string, allow egress.Allowlist) error
 }
 
 // Allocation is the result of Allocate.
@@ -551,6 +559,11 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	allow, err := egress.ParseAllowlist(req.Egress)
 	if err != nil {
 		return Allocation{}, fmt.Errorf("%w: egress: %v", ErrInvalid, err)
+	}
+	if req.Authorize != nil {
+		if err := req.Authorize(tmpl, allow); err != nil {
+			return Allocation{}, err
+		}
 	}
 	ttl, err := m.leaseTTL(req.LeaseTTL, m.o.DefaultLeaseTTL)
 	if err != nil {
@@ -726,7 +739,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		return fail("init", err)
 	}
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
-	lease := &Lease{TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
+	lease := &Lease{Owner: req.Owner, TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
 		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
 	// The egress policy is bound and the lease persisted while sFuse runs: all three must
 	// succeed before the agent hears of the unit (nothing in it runs agent code before the

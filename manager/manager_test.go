@@ -38,7 +38,7 @@ type env struct {
 	m     *manager.Manager
 	alloc *memalloc.Allocator
 	clock *fakeClock
-	svc   *manager.Service
+	svc   *asCaller
 	met   *manager.Metrics
 	key   []byte
 }
@@ -59,7 +59,7 @@ func newEnv(t *testing.T, pool int, mutate func(*manager.Options)) *env {
 		t.Fatal(err)
 	}
 	k, _ := client.NewKey()
-	return &env{m: m, alloc: a, clock: c, svc: &manager.Service{M: m}, met: met, key: k.PublicKey()}
+	return &env{m: m, alloc: a, clock: c, svc: rootService(m), met: met, key: k.PublicKey()}
 }
 
 func (e *env) start(t *testing.T) {

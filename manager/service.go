@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/manager/egress"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
@@ -27,10 +29,26 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}
 }
 
-// Service serves the Manager gRPC API on a Manager.
+// Service serves the Manager gRPC API on a Manager. Allocate and List need the caller's
+// identity in the context (auth.Authenticator's interceptors put it there; a call without one
+// is refused): the caller is recorded as the owner of what it allocates, ServiceAccount callers
+// are held to Policy, and List shows a caller its own sandboxes only, unless it is an operator.
+// Renew and Release need the lease token, whoever calls.
 type Service struct {
 	managerv1.UnimplementedManagerServer
 	M *Manager
+	// Policy authorises ServiceAccount callers' allocations; nil allows them nothing. Local
+	// callers (the unix socket) are not held to it.
+	Policy *auth.Policy
+}
+
+// caller returns the identity the interceptors put in ctx.
+func caller(ctx context.Context) (auth.Identity, error) {
+	id, ok := auth.FromContext(ctx)
+	if !ok {
+		return auth.Identity{}, fmt.Errorf("%w: the call carries no caller identity", auth.ErrUnauthenticated)
+	}
+	return id, nil
 }
 
 // toStatus is the one place where manager errors become gRPC status codes.
@@ -61,6 +79,12 @@ func toStatus(err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, ErrAllocator):
 		code = codes.Unavailable
+	case errors.Is(err, auth.ErrDenied):
+		code = codes.PermissionDenied
+	case errors.Is(err, auth.ErrUnauthenticated):
+		code = codes.Unauthenticated
+	case errors.Is(err, auth.ErrUnavailable):
+		code = codes.Unavailable
 	}
 	return status.Error(code, err.Error())
 }
@@ -79,12 +103,17 @@ func leaseTTL(d *durationpb.Duration) (time.Duration, error) {
 }
 
 func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 	ttl, err := leaseTTL(req.GetLeaseTtl())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
-		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), TLSClientHello: req.GetTlsClientHello()})
+		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), TLSClientHello: req.GetTlsClientHello(),
+		Owner: id.Owner, Authorize: func(template string, allow egress.Allowlist) error { return s.Policy.Authorize(id, template, allow) }})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -119,9 +148,18 @@ var protoStates = map[State]managerv1.UnitState{
 	Failed: managerv1.UnitState_UNIT_STATE_FAILED,
 }
 
+// List shows the caller the sandboxes it allocated; an operator sees every unit, the warm pool
+// included.
 func (s *Service) List(ctx context.Context, _ *managerv1.ListRequest) (*managerv1.ListResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 	var out managerv1.ListResponse
 	for _, u := range s.M.List() {
+		if !id.Operator && (u.Lease == nil || u.Lease.Owner != id.Owner) {
+			continue
+		}
 		sb := &managerv1.Sandbox{SandboxId: u.Info.ID, State: protoStates[u.State], Template: u.Info.Template,
 			Endpoint: u.Info.DataAddr, Error: u.Err}
 		if !u.Info.Created.IsZero() {

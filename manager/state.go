@@ -47,6 +47,9 @@ var transitions = map[State][]State{
 
 // Lease is a bound unit's lease. Only a hash of the token is kept.
 type Lease struct {
+	// Owner is the caller that allocated the unit (auth.Identity.Owner); List shows the unit
+	// to it alone (and to operators).
+	Owner     string
 	TokenHash [32]byte
 	Expires   time.Time
 	TTL       time.Duration

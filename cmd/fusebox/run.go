@@ -20,7 +20,7 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 
 func runCmd() *cobra.Command {
 	var (
-		mgr     string
+		mgr     managerFlags
 		egress  []string
 		upload  string
 		timeout time.Duration
@@ -35,7 +35,8 @@ runs the command there streaming its output, releases the sandbox (it is destroy
 reused) and exits with the command's exit code.`,
 		Example: `  fusebox run -- uname -a
   fusebox run --upload ./repo -- sh -c 'cd repo && make test'
-  fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests`,
+  fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests
+  fusebox run --manager tcp://fusebox-manager.fusebox.svc:9090 --ca-file ca.crt --token-file /var/run/secrets/fusebox/token -- uname -a`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -45,10 +46,10 @@ reused) and exits with the command's exit code.`,
 					fmt.Fprintf(os.Stderr, "fusebox: "+format+"\n", a...)
 				}
 			}
-			alloc, err := client.Allocate(ctx, mgr, client.AllocateOptions{Egress: egress,
-				Labels: map[string]string{"via": "fusebox run"}})
+			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress,
+				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.tokenFile, CAFile: mgr.caFile, ServerName: mgr.serverName})
 			if err != nil {
-				return fmt.Errorf("%w (is `fusebox local up` running? --manager %s)", err, mgr)
+				return fmt.Errorf("%w (%s)", err, mgr.hint())
 			}
 			defer alloc.Close()
 			status("sandbox %s ready in %v", alloc.ID, time.Since(start).Round(time.Millisecond))
@@ -91,7 +92,7 @@ reused) and exits with the command's exit code.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&mgr, "manager", envOr("FUSEBOX_MANAGER", defaultManager), "manager address")
+	mgr.register(f)
 	f.StringSliceVar(&egress, "egress", nil, "allowed destinations, HOST:PORT (HOST may be *.domain), comma-separated")
 	f.StringVar(&upload, "upload", "", "local directory to copy into the workspace first")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command (and everything it started) after this long")

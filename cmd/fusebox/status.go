@@ -9,24 +9,22 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
 func statusCmd() *cobra.Command {
-	var mgr string
+	var mgr managerFlags
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the warm pool and the sandboxes the manager holds",
+		Long: `Shows the pool's counts and the sandboxes the caller allocated: a caller sees its own
+sandboxes only (on the local socket, those of its user id; in a cluster, those of its
+ServiceAccount). Root, the manager's own user and the policy's operators see every sandbox,
+the warm pool included.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			addr, err := endpoint.Parse(mgr)
-			if err != nil {
-				return err
-			}
-			conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := client.DialManager(mgr.addr, mgr.options()...)
 			if err != nil {
 				return err
 			}
@@ -34,7 +32,7 @@ func statusCmd() *cobra.Command {
 			c := managerv1.NewManagerClient(conn)
 			ps, err := c.PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
 			if err != nil {
-				return fmt.Errorf("asking %s: %w (is `fusebox local up` running?)", mgr, err)
+				return fmt.Errorf("asking %s: %w (%s)", mgr.addr, err, mgr.hint())
 			}
 			list, err := c.List(cmd.Context(), &managerv1.ListRequest{})
 			if err != nil {
@@ -81,6 +79,6 @@ func statusCmd() *cobra.Command {
 			return w.Flush()
 		},
 	}
-	cmd.Flags().StringVar(&mgr, "manager", envOr("FUSEBOX_MANAGER", defaultManager), "manager address")
+	mgr.register(cmd.Flags())
 	return cmd
 }

@@ -1,6 +1,8 @@
 // Package manager provides the components that run fusebox's container manager in a cluster:
 // Namespaces (the manager's and the sandboxes') and Manager (ServiceAccount, least-privilege
-// RBAC, the sandbox pod template as a ConfigMap, a Deployment of at least two replicas with
+// RBAC, the sandbox pod template and the authorisation policy as ConfigMaps, TLS from a
+// Secret the manager creates (or the user's) with its CA published for agents, TokenReview for
+// agents' projected tokens, a Deployment of at least two replicas with
 // anti-affinity, gRPC health probes and a restricted security context, a Service and a
 // PodDisruptionBudget). Images are referenced by digest only.
 package manager
@@ -10,12 +12,14 @@ import (
 	"fmt"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
 	policyv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/policy/v1"
 	rbacv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/rbac/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	"sigs.k8s.io/yaml"
 )
 
 // Type is the Manager component's type token.
@@ -66,6 +70,31 @@ type ManagerArgs struct {
 	// After lists resources the Deployment waits for: the sandbox namespace's network and
 	// admission policies, so that no sandbox pod exists before they do.
 	After []pulumi.Resource `pulumi:"-"`
+	// TokenAudience is the audience agents' projected ServiceAccount tokens must carry
+	// (default DefaultTokenAudience).
+	TokenAudience string `pulumi:"tokenAudience"`
+	// TLSSecret names a TLS Secret in the manager namespace that the user provides (tls.crt,
+	// tls.key, ca.crt: cert-manager compatible). Empty: the manager creates TLSSecretName with
+	// a self-signed CA at its first start (no key is in the Pulumi state) and publishes the CA.
+	TLSSecret string `pulumi:"tlsSecret"`
+	// Access is the authorisation policy: who may allocate, which templates, which egress
+	// ceiling (see manager/auth.PolicyFile). Empty: no agent may allocate.
+	Access []AccessRule `pulumi:"access"`
+	// Operators are ServiceAccounts ("namespace/name") that see every tenant's sandboxes.
+	Operators []string `pulumi:"operators"`
+}
+
+// AccessRule is one rule of the manager's authorisation policy (manager/auth.RuleFile).
+type AccessRule struct {
+	// Namespaces whose every ServiceAccount the rule names, and single ServiceAccounts
+	// ("namespace/name").
+	Namespaces      []string `pulumi:"namespaces"`
+	ServiceAccounts []string `pulumi:"serviceAccounts"`
+	// Templates the callers may use; empty: all.
+	Templates []string `pulumi:"templates"`
+	// Egress is the ceiling of the callers' allowlists ("host:port", "*.domain:port",
+	// addresses and CIDR blocks with a port); empty: no egress.
+	Egress []string `pulumi:"egress"`
 }
 
 // Manager is the deployed manager.
@@ -78,6 +107,11 @@ type Manager struct {
 	ServiceAccount pulumi.StringOutput `pulumi:"serviceAccount"`
 	// Replicas is the Deployment's replica count.
 	Replicas pulumi.IntOutput `pulumi:"replicas"`
+	// TokenAudience is the audience agents' tokens must carry.
+	TokenAudience pulumi.StringOutput `pulumi:"tokenAudience"`
+	// CAConfigMap is the ConfigMap in the manager namespace holding the CA (key ca.crt) that
+	// agents verify the manager with; any authenticated user may read it.
+	CAConfigMap pulumi.StringOutput `pulumi:"caConfigMap"`
 }
 
 // Errors for refused arguments.
@@ -92,6 +126,20 @@ const (
 	TemplateCMName   = "fusebox-sandbox-template"
 	sandboxRoleName  = "fusebox-manager-sandboxes"
 	electionRoleName = "fusebox-manager-leader-election"
+	tlsRoleName      = "fusebox-manager-tls"
+	caReaderRoleName = "fusebox-manager-ca-reader"
+	// TokenReviewRoleName is the one cluster-wide role: checking agents' tokens.
+	TokenReviewRoleName = "fusebox-manager-tokenreview"
+	// TLSSecretName is the TLS Secret the manager creates when the user provides none.
+	TLSSecretName = "fusebox-manager-tls"
+	// CAConfigMapName is where the manager publishes its CA (key ca.crt).
+	CAConfigMapName = "fusebox-manager-ca"
+	// PolicyCMName holds the authorisation policy (key PolicyKey).
+	PolicyCMName    = "fusebox-manager-policy"
+	PolicyKey       = "policy.yaml"
+	policyMountPath = "/etc/fusebox/policy"
+	// DefaultTokenAudience is the default audience of agents' tokens.
+	DefaultTokenAudience = "fusebox-manager"
 )
 
 // managerVerbs are the verbs the manager has on its sandbox pods and their network policies.
@@ -112,6 +160,10 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 	tmpl, err := a.Sandbox.YAML()
 	if err != nil {
 		return nil, fmt.Errorf("manager %s: %w", name, err)
+	}
+	policy, err := a.policyYAML()
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: access: %w", name, err)
 	}
 	c := &Manager{}
 	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
@@ -154,6 +206,15 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 		{"election-role", electionRoleName, a.Namespace, rbacv1.PolicyRuleArray{
 			rule("coordination.k8s.io", "leases", leaseVerbs),
 		}},
+		// The TLS Secret: read and watched (list and watch with a name field selector are
+		// authorised by resourceNames), created when absent (create cannot be limited by
+		// name); the CA ConfigMap likewise, and updated as the Secret rotates.
+		{"tls-role", tlsRoleName, a.Namespace, rbacv1.PolicyRuleArray{
+			namedRule("", "secrets", []string{"get", "list", "watch"}, a.tlsSecret()),
+			rule("", "secrets", []string{"create"}),
+			namedRule("", "configmaps", []string{"get", "update"}, CAConfigMapName),
+			rule("", "configmaps", []string{"create"}),
+		}},
 	}
 	var rbac []pulumi.Resource
 	for _, r := range roles {
@@ -176,6 +237,55 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 		rbac = append(rbac, role, rb)
 	}
 
+	// Checking agents' tokens (TokenReview) is cluster-scoped: the one ClusterRole.
+	crole, err := rbacv1.NewClusterRole(ctx, name+"-tokenreview-role", &rbacv1.ClusterRoleArgs{
+		Metadata: metav1.ObjectMetaArgs{Name: pulumi.String(TokenReviewRoleName), Labels: labels, Annotations: annotations},
+		Rules:    rbacv1.PolicyRuleArray{rule("authentication.k8s.io", "tokenreviews", []string{"create"})},
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: cluster role %s: %w", name, TokenReviewRoleName, err)
+	}
+	crb, err := rbacv1.NewClusterRoleBinding(ctx, name+"-tokenreview-binding", &rbacv1.ClusterRoleBindingArgs{
+		Metadata: metav1.ObjectMetaArgs{Name: pulumi.String(TokenReviewRoleName), Labels: labels, Annotations: annotations},
+		RoleRef: rbacv1.RoleRefArgs{
+			ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("ClusterRole"), Name: pulumi.String(TokenReviewRoleName),
+		},
+		Subjects: subjects,
+	}, parent, pulumi.DependsOn([]pulumi.Resource{crole, sa}))
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: cluster role binding %s: %w", name, TokenReviewRoleName, err)
+	}
+	rbac = append(rbac, crole, crb)
+
+	// Agents read the CA from the manager namespace: a CA certificate is public, so any
+	// authenticated user may get that one ConfigMap.
+	caRole, err := rbacv1.NewRole(ctx, name+"-ca-reader-role", &rbacv1.RoleArgs{
+		Metadata: meta(caReaderRoleName, a.Namespace),
+		Rules:    rbacv1.PolicyRuleArray{namedRule("", "configmaps", []string{"get"}, CAConfigMapName)},
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: role %s: %w", name, caReaderRoleName, err)
+	}
+	if _, err := rbacv1.NewRoleBinding(ctx, name+"-ca-reader-role-binding", &rbacv1.RoleBindingArgs{
+		Metadata: meta(caReaderRoleName, a.Namespace),
+		RoleRef: rbacv1.RoleRefArgs{
+			ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("Role"), Name: pulumi.String(caReaderRoleName),
+		},
+		Subjects: rbacv1.SubjectArray{rbacv1.SubjectArgs{
+			Kind: pulumi.String("Group"), ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Name: pulumi.String("system:authenticated"),
+		}},
+	}, parent, pulumi.DependsOn([]pulumi.Resource{caRole})); err != nil {
+		return nil, fmt.Errorf("manager %s: role binding %s: %w", name, caReaderRoleName, err)
+	}
+
+	policyCM, err := corev1.NewConfigMap(ctx, name+"-policy", &corev1.ConfigMapArgs{
+		Metadata: meta(PolicyCMName, a.Namespace),
+		Data:     pulumi.StringMap{PolicyKey: pulumi.String(policy)},
+	}, parent)
+	if err != nil {
+		return nil, fmt.Errorf("manager %s: authorisation policy: %w", name, err)
+	}
+
 	cm, err := corev1.NewConfigMap(ctx, name+"-sandbox-template", &corev1.ConfigMapArgs{
 		Metadata: meta(TemplateCMName, a.Namespace),
 		Data:     pulumi.StringMap{SandboxTemplateKey: pulumi.String(tmpl)},
@@ -184,7 +294,7 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 		return nil, fmt.Errorf("manager %s: sandbox template: %w", name, err)
 	}
 
-	deps := append(append([]pulumi.Resource{cm}, rbac...), a.After...)
+	deps := append(append([]pulumi.Resource{cm, policyCM}, rbac...), a.After...)
 	if _, err := appsv1.NewDeployment(ctx, name+"-deployment", &appsv1.DeploymentArgs{
 		Metadata: meta(ObjectName, a.Namespace),
 		Spec:     a.deploymentSpec(labels),
@@ -220,10 +330,14 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 	c.Endpoint = pulumi.Sprintf("%s.%s.svc:%d", svc.Metadata.Name().Elem(), a.Namespace, a.GRPCPort)
 	c.ServiceAccount = sa.Metadata.Name().Elem()
 	c.Replicas = pulumi.Int(a.Replicas).ToIntOutput()
+	c.TokenAudience = pulumi.String(a.TokenAudience).ToStringOutput()
+	c.CAConfigMap = pulumi.String(CAConfigMapName).ToStringOutput()
 	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
 		"endpoint":       c.Endpoint,
 		"serviceAccount": c.ServiceAccount,
 		"replicas":       c.Replicas,
+		"tokenAudience":  c.TokenAudience,
+		"caConfigMap":    c.CAConfigMap,
 	}); err != nil {
 		return nil, err
 	}
@@ -273,7 +387,30 @@ func (a *ManagerArgs) defaults() error {
 	}
 	a.CPU = or(a.CPU, "250m")
 	a.Memory = or(a.Memory, "256Mi")
+	a.TokenAudience = or(a.TokenAudience, DefaultTokenAudience)
 	return nil
+}
+
+// tlsSecret is the TLS Secret's name: the user's, or the one the manager creates.
+func (a *ManagerArgs) tlsSecret() string { return or(a.TLSSecret, TLSSecretName) }
+
+// policyYAML renders and checks the authorisation policy (errors name the key at fault).
+func (a *ManagerArgs) policyYAML() (string, error) {
+	f := auth.PolicyFile{Rules: []auth.RuleFile{}, Operators: a.Operators}
+	for _, r := range a.Access {
+		f.Rules = append(f.Rules, auth.RuleFile{Namespaces: r.Namespaces, ServiceAccounts: r.ServiceAccounts, Templates: r.Templates, Egress: r.Egress})
+	}
+	if _, err := auth.NewPolicy(f); err != nil {
+		return "", err
+	}
+	out, err := yaml.Marshal(f)
+	return string(out), err
+}
+
+func namedRule(group, resource string, verbs []string, names ...string) rbacv1.PolicyRuleArgs {
+	r := rule(group, resource, verbs)
+	r.ResourceNames = pulumi.ToStringArray(names)
+	return r
 }
 
 func selectorLabels() pulumi.StringMap {
@@ -351,6 +488,15 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						pulumi.Sprintf("--estimator=%s", a.Estimator),
 						pulumi.Sprintf("--pool-size=%d", a.PoolSize),
 						pulumi.Sprintf("--pool-max=%d", a.PoolMax),
+						// The API: TLS with the Secret's certificate for the Service's names,
+						// agents' tokens checked for the audience, the authorisation policy.
+						pulumi.String("--tls-secret=" + a.tlsSecret()),
+						pulumi.Sprintf("--tls-secret-create=%t", a.TLSSecret == ""),
+						pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local", ObjectName, ObjectName, a.Namespace,
+							ObjectName, a.Namespace, ObjectName, a.Namespace),
+						pulumi.String("--ca-configmap=" + CAConfigMapName),
+						pulumi.String("--token-audience=" + a.TokenAudience),
+						pulumi.String("--auth-policy=" + policyMountPath + "/" + PolicyKey),
 					},
 					Env: corev1.EnvVarArray{corev1.EnvVarArgs{
 						Name: pulumi.String("POD_NAMESPACE"),
@@ -384,6 +530,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 					},
 					VolumeMounts: corev1.VolumeMountArray{
 						corev1.VolumeMountArgs{Name: pulumi.String("sandbox-template"), MountPath: pulumi.String(templateMountPath), ReadOnly: yes},
+						corev1.VolumeMountArgs{Name: pulumi.String("policy"), MountPath: pulumi.String(policyMountPath), ReadOnly: yes},
 						corev1.VolumeMountArgs{Name: pulumi.String("tmp"), MountPath: pulumi.String("/tmp")},
 					},
 				}},
@@ -393,11 +540,38 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						ConfigMap: corev1.ConfigMapVolumeSourceArgs{Name: pulumi.String(TemplateCMName)},
 					},
 					corev1.VolumeArgs{
+						Name:      pulumi.String("policy"),
+						ConfigMap: corev1.ConfigMapVolumeSourceArgs{Name: pulumi.String(PolicyCMName)},
+					},
+					corev1.VolumeArgs{
 						Name:     pulumi.String("tmp"),
 						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("64Mi")},
 					},
 				},
 			},
 		},
+	}
+}
+
+// Where an agent pod mounts its manager token (see AgentTokenVolume).
+const (
+	AgentTokenVolumeName = "fusebox-token"
+	AgentTokenMountPath  = "/var/run/secrets/fusebox"
+	AgentTokenPath       = AgentTokenMountPath + "/token"
+	agentTokenSeconds    = 3600
+)
+
+// AgentTokenVolume is the projected ServiceAccount token volume an agent pod mounts at
+// AgentTokenMountPath to call the manager: the pod's ServiceAccount token with the manager's
+// audience, rotated by the kubelet (the SDK reads it again when it changes). Point
+// $FUSEBOX_TOKEN_FILE at AgentTokenPath.
+func AgentTokenVolume(audience string) corev1.VolumeArgs {
+	return corev1.VolumeArgs{
+		Name: pulumi.String(AgentTokenVolumeName),
+		Projected: corev1.ProjectedVolumeSourceArgs{Sources: corev1.VolumeProjectionArray{corev1.VolumeProjectionArgs{
+			ServiceAccountToken: corev1.ServiceAccountTokenProjectionArgs{
+				Audience: pulumi.String(or(audience, DefaultTokenAudience)), ExpirationSeconds: pulumi.Int(agentTokenSeconds), Path: pulumi.String("token"),
+			},
+		}}},
 	}
 }

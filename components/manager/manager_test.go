@@ -8,18 +8,20 @@ import (
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
 const (
-	digest      = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
-	mgrImage    = "registry.example.com/fusebox/manager@sha256:" + digest
-	sbxImage    = "registry.example.com/fusebox/sandbox@sha256:" + digest
-	deployType  = "kubernetes:apps/v1:Deployment"
-	roleType    = "kubernetes:rbac.authorization.k8s.io/v1:Role"
-	bindingType = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+	digest          = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+	mgrImage        = "registry.example.com/fusebox/manager@sha256:" + digest
+	sbxImage        = "registry.example.com/fusebox/sandbox@sha256:" + digest
+	deployType      = "kubernetes:apps/v1:Deployment"
+	roleType        = "kubernetes:rbac.authorization.k8s.io/v1:Role"
+	bindingType     = "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"
+	clusterRoleType = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
 )
 
 func args() *ManagerArgs {
@@ -57,17 +59,12 @@ func strs(v any) []string {
 
 func TestRBACIsLeastPrivilege(t *testing.T) {
 	m, _ := run(t, args())
-	for _, r := range m.All() {
-		if strings.Contains(r.Type, "ClusterRole") {
-			t.Errorf("cluster-wide RBAC: %s %s", r.Type, r.Name)
-		}
-	}
-	type rule struct{ ns, group, resource string }
+	type rule struct{ ns, role, group, resource, names string }
 	got := map[rule][]string{}
-	for _, r := range m.ByType(roleType) {
+	collect := func(kind string, r mocktest.Resource) {
 		p := r.Props()
 		ns := mocktest.Str(p, "metadata", "namespace")
-		if ns == "" {
+		if kind == roleType && ns == "" {
 			t.Errorf("role %s is not namespaced", r.Name)
 		}
 		rules, _ := mocktest.Dig(p, "rules").([]any)
@@ -82,14 +79,30 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 					t.Errorf("wildcard in %v", ru)
 				}
 			}
-			got[rule{ns, groups[0], res[0]}] = verbs
+			got[rule{ns, mocktest.Str(p, "metadata", "name"), groups[0], res[0], strings.Join(strs(mocktest.Dig(ru, "resourceNames")), ",")}] = verbs
 		}
 	}
+	for _, r := range m.ByType(roleType) {
+		collect(roleType, r)
+	}
+	// The one cluster-wide permission: checking agents' tokens.
+	crs := m.ByType(clusterRoleType)
+	if len(crs) != 1 || mocktest.Str(crs[0].Props(), "metadata", "name") != TokenReviewRoleName {
+		t.Fatalf("cluster roles %v, want only %s", crs, TokenReviewRoleName)
+	}
+	collect(clusterRoleType, crs[0])
 	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 	want := map[rule][]string{
-		{"sbx", "", "pods"}:                           all,
-		{"sbx", "cilium.io", "ciliumnetworkpolicies"}: all,
-		{"mgr", "coordination.k8s.io", "leases"}:      {"get", "create", "update"},
+		{"sbx", sandboxRoleName, "", "pods", ""}:                               all,
+		{"sbx", sandboxRoleName, "cilium.io", "ciliumnetworkpolicies", ""}:     all,
+		{"mgr", electionRoleName, "coordination.k8s.io", "leases", ""}:         {"get", "create", "update"},
+		{"mgr", tlsRoleName, "", "secrets", TLSSecretName}:                     {"get", "list", "watch"},
+		{"mgr", tlsRoleName, "", "secrets", ""}:                                {"create"},
+		{"mgr", tlsRoleName, "", "configmaps", CAConfigMapName}:                {"get", "update"},
+		{"mgr", tlsRoleName, "", "configmaps", ""}:                             {"create"},
+		{"", TokenReviewRoleName, "authentication.k8s.io", "tokenreviews", ""}: {"create"},
+		// Any authenticated user may get the CA ConfigMap, nothing else.
+		{"mgr", caReaderRoleName, "", "configmaps", CAConfigMapName}: {"get"},
 	}
 	if len(got) != len(want) {
 		t.Errorf("rules %v, want %v", got, want)
@@ -101,10 +114,66 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	}
 	for _, b := range m.ByType(bindingType) {
 		p := b.Props()
+		if mocktest.Str(p, "metadata", "name") == caReaderRoleName {
+			if mocktest.Str(p, "subjects", 0, "kind") != "Group" || mocktest.Str(p, "subjects", 0, "name") != "system:authenticated" {
+				t.Errorf("CA reader binding %v", p)
+			}
+			continue
+		}
 		if mocktest.Str(p, "roleRef", "kind") != "Role" || mocktest.Str(p, "subjects", 0, "name") != ObjectName ||
 			mocktest.Str(p, "subjects", 0, "namespace") != "mgr" || mocktest.Str(p, "metadata", "namespace") == "" {
 			t.Errorf("binding %s: %v", b.Name, p)
 		}
+	}
+	crb := m.One(t, "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").Props()
+	if mocktest.Str(crb, "roleRef", "name") != TokenReviewRoleName || mocktest.Str(crb, "subjects", 0, "name") != ObjectName {
+		t.Errorf("token review binding %v", crb)
+	}
+}
+
+func TestAPISecurityArgs(t *testing.T) {
+	a := args()
+	a.Access = []AccessRule{{Namespaces: []string{"agents"}, Egress: []string{"pypi.org:443"}}}
+	a.Operators = []string{"mgr/ops"}
+	m, _ := run(t, a)
+	c := mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec", "containers", 0)
+	argv := strs(mocktest.Dig(c, "args"))
+	for _, want := range []string{"--listen=tcp://0.0.0.0:9090", "--tls-secret=" + TLSSecretName, "--tls-secret-create=true",
+		"--tls-dns-names=fusebox-manager,fusebox-manager.mgr,fusebox-manager.mgr.svc,fusebox-manager.mgr.svc.cluster.local",
+		"--ca-configmap=" + CAConfigMapName, "--token-audience=" + DefaultTokenAudience, "--auth-policy=/etc/fusebox/policy/policy.yaml"} {
+		if !slices.Contains(argv, want) {
+			t.Errorf("args %v lack %s", argv, want)
+		}
+	}
+	var policy string
+	for _, cm := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		if mocktest.Str(cm.Props(), "metadata", "name") == PolicyCMName {
+			policy = mocktest.Str(cm.Props(), "data", PolicyKey)
+		}
+	}
+	p, err := auth.ParsePolicy([]byte(policy))
+	if err != nil {
+		t.Fatalf("rendered policy %q: %v", policy, err)
+	}
+	if ops := p.Operators(); !slices.Equal(ops, []string{"mgr/ops"}) {
+		t.Errorf("operators %v", ops)
+	}
+	// A user-provided (cert-manager) Secret is read, never created.
+	a = args()
+	a.TLSSecret = "my-cert"
+	m, _ = run(t, a)
+	argv = strs(mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec", "containers", 0, "args"))
+	if !slices.Contains(argv, "--tls-secret=my-cert") || !slices.Contains(argv, "--tls-secret-create=false") {
+		t.Errorf("args %v", argv)
+	}
+}
+
+func TestRefusesABadPolicy(t *testing.T) {
+	a := args()
+	a.Access = []AccessRule{{Namespaces: []string{"agents"}, Egress: []string{"pypi.org"}}}
+	_, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewManager(ctx, "fb", a); return err })
+	if err == nil || !strings.Contains(err.Error(), `rules[0].egress: malformed egress allowlist entry "pypi.org"`) {
+		t.Fatalf("NewManager with a bad policy = %v", err)
 	}
 }
 
@@ -171,9 +240,14 @@ func TestRequiredAntiAffinity(t *testing.T) {
 
 func TestSandboxTemplateConfigMap(t *testing.T) {
 	m, _ := run(t, args())
-	cm := m.One(t, "kubernetes:core/v1:ConfigMap").Props()
-	if mocktest.Str(cm, "metadata", "name") != TemplateCMName {
-		t.Errorf("configmap %v", mocktest.Dig(cm, "metadata"))
+	var cm map[string]any
+	for _, r := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		if mocktest.Str(r.Props(), "metadata", "name") == TemplateCMName {
+			cm = r.Props()
+		}
+	}
+	if cm == nil {
+		t.Fatalf("no ConfigMap %s", TemplateCMName)
 	}
 	var pod corev1.Pod
 	if err := yaml.UnmarshalStrict([]byte(mocktest.Str(cm, "data", SandboxTemplateKey)), &pod); err != nil {

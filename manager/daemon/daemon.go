@@ -28,6 +28,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/processalloc"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
+	"github.com/fusebox-dev/fusebox/manager/transport"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
@@ -58,6 +59,8 @@ type Config struct {
 	Image string
 	// Kube configures --allocator kube.
 	Kube KubeConfig
+	// Auth secures the API: TLS and tokens on a TCP listener, the socket's group on a unix one.
+	Auth AuthConfig
 	// Ready, if set, is called once the manager serves, with the address it listens on.
 	Ready func(addr string)
 }
@@ -84,6 +87,34 @@ type KubeConfig struct {
 	NodeName string
 }
 
+// AuthConfig secures the manager API (see manager/auth and manager/transport). A unix
+// listener is guarded by its file permissions and identifies callers by their user id; a TCP
+// listener serves TLS only and authenticates callers by ServiceAccount tokens.
+type AuthConfig struct {
+	// ListenGroup, for a unix listener, is the group that may use the socket besides its
+	// owner (mode 0660); empty: the owner only (0600).
+	ListenGroup string
+	// OperatorUIDs are local users who see every tenant's sandboxes (root and the manager's
+	// own user always do).
+	OperatorUIDs []uint32
+	// TLSCertFile and TLSKeyFile serve the TCP listener's certificate (reloaded on change)...
+	TLSCertFile, TLSKeyFile string
+	// ...or TLSSecret, a Kubernetes TLS Secret in the manager namespace (watched), made by the
+	// manager when absent if TLSSecretCreate, for TLSDNSNames.
+	TLSSecret       string
+	TLSSecretCreate bool
+	TLSDNSNames     []string
+	// CAConfigMap is where the Secret's CA is published for agents (manager namespace).
+	CAConfigMap string
+	// TokenAudience is the audience agents' tokens must carry. Required with TCP.
+	TokenAudience string
+	// TokenCacheTTL bounds how long an accepted token is trusted without a new TokenReview.
+	TokenCacheTTL time.Duration
+	// PolicyFile is the authorisation policy (auth.PolicyFile); empty: no ServiceAccount may
+	// allocate.
+	PolicyFile string
+}
+
 // Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	// One manager per state directory: a second one would adopt (destroy) the first one's
@@ -99,6 +130,14 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		return fmt.Errorf("state directory %s is in use by another manager (%v)", c.StateDir, err)
+	}
+	addr, err := endpoint.Parse(c.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	api, err := secureAPI(ctx, addr, c, log)
+	if err != nil {
+		return err
 	}
 	var alloc manager.Allocator
 	var isLeader func() bool
@@ -160,10 +199,6 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	addr, err := endpoint.Parse(c.Listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
 	if addr.Network == "unix" {
 		if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
 			return err
@@ -174,6 +209,9 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		return err
 	}
 	defer ln.Close()
+	if err := api.shareSocket(addr); err != nil {
+		return err
+	}
 	if err := m.Start(ctx); err != nil {
 		return err
 	}
@@ -185,13 +223,21 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		}
 	}()
 
-	srv := grpc.NewServer(manager.ServerOptions()...)
-	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
+	srv := grpc.NewServer(append(manager.ServerOptions(), api.serverOptions()...)...)
+	managerv1.RegisterManagerServer(srv, &manager.Service{M: m, Policy: api.policy})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	if addr.Network == "tcp" {
+		// TLS handshakes to srv; plaintext callers are told to use TLS (and probes get health).
+		tlsLn, plainLn := transport.Split(ln)
+		plain := transport.PlaintextServer(hs)
+		defer plain.Stop()
+		go func() { errc <- plain.Serve(plainLn) }()
+		ln = tlsLn
+	}
 	go func() { errc <- srv.Serve(ln) }()
 	var metrics *http.Server
 	if c.MetricsListen != "" {
@@ -207,9 +253,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		log.Info("serving metrics", "addr", "http://"+mln.Addr().String()+"/metrics")
 	}
 	log.Info("manager serving", "listen", addr.String(), "allocator", alloc.Name(), "estimator", est.Name(),
-		"pool_size", c.PoolSize)
+		"pool_size", c.PoolSize, "auth", api.describe)
 	if c.Ready != nil {
-		c.Ready(addr.String())
+		served := addr
+		if addr.Network == "tcp" {
+			served.Address = ln.Addr().String() // the port a ":0" listener got
+		}
+		c.Ready(served.String())
 	}
 	select {
 	case <-ctx.Done():

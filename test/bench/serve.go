@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
@@ -18,7 +19,9 @@ func ServeManager(m *manager.Manager, dir string) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	srv := grpc.NewServer(manager.ServerOptions()...)
+	// Callers are identified as the manager daemon identifies them on its socket.
+	opts := append(manager.ServerOptions(), grpc.Creds(auth.PeerCredentials()))
+	srv := grpc.NewServer(append(opts, auth.NewAuthenticator(auth.AuthenticatorOptions{}).ServerOptions()...)...)
 	managerv1.RegisterManagerServer(srv, &manager.Service{M: m})
 	go srv.Serve(ln)
 	return "unix://" + path, srv.Stop, nil

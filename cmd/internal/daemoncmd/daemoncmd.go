@@ -69,6 +69,7 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
 	LimitFlags(f, &c.Limits)
+	daemon.AuthFlags(f, &c.Auth)
 }
 
 // LimitFlags registers the sandbox limit flags (runsc allocator) on f, filling l with
@@ -120,10 +121,17 @@ func ServiceCommand(use string) *cobra.Command {
 keeps a warm pool of gVisor sandbox pods in --sandbox-namespace, shared by every replica:
 each replica serves Allocate, Renew and Release, and the replica holding the leader-election
 Lease sizes the pool and expires leases. It refuses to start when the sandbox namespace lacks
-the default-deny CiliumNetworkPolicy. It logs JSON to standard error.`,
+the default-deny CiliumNetworkPolicy. It logs JSON to standard error.
+
+A tcp:// --listen serves TLS only (--tls-secret, or --tls-cert-file and --tls-key-file) and
+authenticates agents by projected ServiceAccount tokens with --token-audience, checked by
+TokenReview; --auth-policy says which ServiceAccounts or namespaces may allocate, which
+templates they may use and their egress ceiling. A plaintext caller is told to use TLS.`,
 		Example: `  ` + use + ` --sandbox-namespace fusebox-sandboxes --manager-namespace fusebox \
     --sandbox-image registry.example.com/fusebox/sandbox@sha256:... \
-    --agent-selector app=agent --manager-selector app.kubernetes.io/name=fusebox-manager`,
+    --agent-selector app=agent --manager-selector app.kubernetes.io/name=fusebox-manager \
+    --tls-secret fusebox-manager-tls --tls-secret-create --tls-dns-names fusebox-manager.fusebox.svc \
+    --ca-configmap fusebox-manager-ca --token-audience fusebox-manager --auth-policy /etc/fusebox/policy/policy.yaml`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 )
@@ -28,6 +29,19 @@ func TestFlagDefaults(t *testing.T) {
 		{"pool-ping", DefaultPoolPing.String(), DefaultPoolPing.String()},
 		{"keep-sandboxes-awake", "true", "true"},
 		{"insecure-process-runtime", "false", "false"},
+		// The API's security: the same flags, unset, in both (a TCP listener refuses to start
+		// without a certificate and an audience; see manager/daemon).
+		{"listen-group", "", ""},
+		{"operator-uids", "", ""},
+		{"tls-cert-file", "", ""},
+		{"tls-key-file", "", ""},
+		{"tls-secret", "", ""},
+		{"tls-secret-create", "false", "false"},
+		{"tls-dns-names", "[]", "[]"},
+		{"ca-configmap", "", ""},
+		{"token-audience", "", ""},
+		{"token-cache-ttl", auth.DefaultCacheTTL.String(), auth.DefaultCacheTTL.String()},
+		{"auth-policy", "", ""},
 	} {
 		l, s := local.Lookup(c.flag), service.Lookup(c.flag)
 		if l == nil || s == nil {
@@ -54,6 +68,10 @@ func TestServiceFlags(t *testing.T) {
 		"--kubeconfig=/k", "--kube-api-qps=50", "--kube-api-burst=100", "--insecure-process-runtime=false",
 		"--state-dir=/var/lib/fusebox", "--runsc=/r", "--sandbox-binary=/s", "--lease-ttl=10m",
 		"--max-lease-ttl=24h", "--pool-ping=1s", "--keep-sandboxes-awake=true", "-v",
+		"--tls-secret=fusebox-manager-tls", "--tls-secret-create=true",
+		"--tls-dns-names=fusebox-manager,fusebox-manager.fusebox,fusebox-manager.fusebox.svc,fusebox-manager.fusebox.svc.cluster.local",
+		"--ca-configmap=fusebox-manager-ca", "--token-audience=fusebox-manager",
+		"--auth-policy=/etc/fusebox/policy/policy.yaml",
 	}
 	cmd := ServiceCommand("fusebox-manager")
 	if err := cmd.ParseFlags(args); err != nil {
@@ -111,5 +129,45 @@ func TestLimitFlags(t *testing.T) {
 	}
 	if f := ServiceCommand("fusebox-manager").Flags().Lookup("sandbox-memory"); f == nil || f.DefValue != "1Gi" {
 		t.Errorf("fusebox-manager's --sandbox-memory: %+v, want the flag with default 1Gi", f)
+	}
+}
+
+// TestAuthFlags: the API's security flags fill daemon.AuthConfig, in fusebox local up and
+// fusebox-manager alike, and a bad --operator-uids value is refused naming it.
+func TestAuthFlags(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		f    func(*daemon.Config) *pflag.FlagSet
+	}{
+		{"local up", func(cfg *daemon.Config) *pflag.FlagSet {
+			f := pflag.NewFlagSet("local up", pflag.ContinueOnError)
+			Flags(f, cfg, Local)
+			return f
+		}},
+		{"fusebox-manager", func(cfg *daemon.Config) *pflag.FlagSet {
+			f := pflag.NewFlagSet("fusebox-manager", pflag.ContinueOnError)
+			Flags(f, cfg, Service)
+			return f
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var cfg daemon.Config
+			f := c.f(&cfg)
+			err := f.Parse([]string{"--listen-group=fusebox", "--operator-uids=1000, 1001", "--tls-cert-file=/c", "--tls-key-file=/k",
+				"--tls-dns-names=a,b", "--ca-configmap=ca", "--token-audience=aud", "--token-cache-ttl=30s", "--auth-policy=/p"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := cfg.Auth
+			if a.ListenGroup != "fusebox" || len(a.OperatorUIDs) != 2 || a.OperatorUIDs[0] != 1000 || a.OperatorUIDs[1] != 1001 ||
+				a.TLSCertFile != "/c" || a.TLSKeyFile != "/k" || len(a.TLSDNSNames) != 2 || a.CAConfigMap != "ca" ||
+				a.TokenAudience != "aud" || a.TokenCacheTTL.String() != "30s" || a.PolicyFile != "/p" {
+				t.Errorf("AuthConfig = %+v", a)
+			}
+			err = c.f(&daemon.Config{}).Parse([]string{"--operator-uids=1000,alice"})
+			if err == nil || !strings.Contains(err.Error(), "operator-uids") || !strings.Contains(err.Error(), `"alice" is not a user id`) {
+				t.Errorf("--operator-uids=1000,alice: %v; want an error naming the flag and the value", err)
+			}
+		})
 	}
 }

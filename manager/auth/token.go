@@ -1,0 +1,235 @@
+package auth
+
+import (
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Review is what a TokenReview says of a token.
+type Review struct {
+	Authenticated bool
+	// Username is the token's user ("system:serviceaccount:<namespace>:<name>").
+	Username string
+	// Audiences are the requested audiences the token is valid for.
+	Audiences []string
+	// Error is the API server's reason for refusing the token.
+	Error string
+}
+
+// TokenReviewer checks token for audiences with the Kubernetes API (KubeTokenReviewer) and
+// returns the review; an error means the review could not be made, not that the token is bad.
+type TokenReviewer func(ctx context.Context, token string, audiences []string) (Review, error)
+
+// Defaults of TokenOptions.
+const (
+	DefaultCacheTTL  = 30 * time.Second
+	DefaultCacheSize = 4096
+)
+
+// TokenOptions configure Tokens.
+type TokenOptions struct {
+	// Review checks tokens. Required.
+	Review TokenReviewer
+	// Audience is the manager's audience: a token must carry it. Required.
+	Audience string
+	// CacheTTL bounds how long an accepted token is trusted without a new review (default
+	// DefaultCacheTTL; never past the token's own expiry). It is how long a deleted
+	// ServiceAccount's token may still be accepted.
+	CacheTTL time.Duration
+	// CacheSize bounds the accepted tokens remembered (least recently used go first; default
+	// DefaultCacheSize).
+	CacheSize int
+	// Now tells the time (nil: time.Now).
+	Now func() time.Time
+}
+
+// Tokens authenticates bearer tokens: Kubernetes ServiceAccount tokens with the manager's
+// audience, checked by TokenReview. Accepted tokens are remembered by their SHA-256 (never the
+// token itself), for a bounded time and in a bounded number. It is safe for concurrent use.
+type Tokens struct {
+	o TokenOptions
+
+	mu    sync.Mutex // guards lru and byKey
+	lru   *list.List // of *cached, most recently used first
+	byKey map[[32]byte]*list.Element
+}
+
+type cached struct {
+	key   [32]byte
+	id    Identity
+	until time.Time
+}
+
+// NewTokens returns a token authenticator; it refuses a missing reviewer or audience.
+func NewTokens(o TokenOptions) (*Tokens, error) {
+	switch {
+	case o.Review == nil:
+		return nil, errors.New("auth: a token reviewer is required")
+	case o.Audience == "":
+		return nil, errors.New("auth: the manager's token audience is required")
+	}
+	if o.CacheTTL <= 0 {
+		o.CacheTTL = DefaultCacheTTL
+	}
+	if o.CacheSize <= 0 {
+		o.CacheSize = DefaultCacheSize
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Tokens{o: o, lru: list.New(), byKey: map[[32]byte]*list.Element{}}, nil
+}
+
+// claims are the parts of a JWT's payload read before the review, only to refuse early with
+// a precise reason and to bound the cache: the review alone decides that a token is good.
+type claims struct {
+	Exp int64           `json:"exp"`
+	Aud json.RawMessage `json:"aud"`
+}
+
+func (c claims) audiences() []string {
+	var one string
+	if json.Unmarshal(c.Aud, &one) == nil {
+		return []string{one}
+	}
+	var many []string
+	json.Unmarshal(c.Aud, &many)
+	return many
+}
+
+// peek decodes token's payload without verifying it; ok is false for a token that is not a
+// JWT.
+func peek(token string) (claims, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return claims{}, false
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return claims{}, false
+	}
+	var c claims
+	if json.Unmarshal(raw, &c) != nil {
+		return claims{}, false
+	}
+	return c, true
+}
+
+// Authenticate returns the ServiceAccount token belongs to.
+func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, error) {
+	aud := t.o.Audience
+	if token == "" {
+		return Identity{}, fmt.Errorf("%w: no bearer token: this manager authenticates callers by a Kubernetes ServiceAccount token with audience %q "+
+			"(fusebox --token-file or $FUSEBOX_TOKEN_FILE; in a pod, a projected serviceAccountToken volume with that audience)", ErrUnauthenticated, aud)
+	}
+	now := t.o.Now()
+	c, jwt := peek(token)
+	if jwt {
+		if auds := c.audiences(); !slices.Contains(auds, aud) {
+			return Identity{}, fmt.Errorf("%w: the token's audience %q is not the manager's audience %q: project the token with audience %q",
+				ErrUnauthenticated, auds, aud, aud)
+		}
+		if c.Exp != 0 && !now.Before(time.Unix(c.Exp, 0)) {
+			return Identity{}, fmt.Errorf("%w: the token expired at %s: projected tokens are renewed by the kubelet; read the token file again (the SDK does on every call)",
+				ErrUnauthenticated, time.Unix(c.Exp, 0).UTC().Format(time.RFC3339))
+		}
+	}
+	key := sha256.Sum256([]byte(token))
+	if id, ok := t.lookup(key, now); ok {
+		return id, nil
+	}
+	r, err := t.o.Review(ctx, token, []string{aud})
+	if err != nil {
+		return Identity{}, fmt.Errorf("%w: checking the token with the Kubernetes API (TokenReview): %v", ErrUnavailable, err)
+	}
+	if !r.Authenticated {
+		reason := r.Error
+		if reason == "" {
+			reason = "not authenticated"
+		}
+		return Identity{}, fmt.Errorf("%w: the Kubernetes API refused the token for audience %q: %s", ErrUnauthenticated, aud, reason)
+	}
+	if !slices.Contains(r.Audiences, aud) {
+		return Identity{}, fmt.Errorf("%w: the token is not valid for the manager's audience %q (valid for %q)", ErrUnauthenticated, aud, r.Audiences)
+	}
+	ns, name, ok := parseServiceAccountUser(r.Username)
+	if !ok {
+		return Identity{}, fmt.Errorf("%w: the token's user %q is not a ServiceAccount: the manager accepts ServiceAccount tokens only", ErrUnauthenticated, r.Username)
+	}
+	id := ServiceAccountIdentity(ns, name)
+	until := now.Add(t.o.CacheTTL)
+	if jwt && c.Exp != 0 {
+		until = minTime(until, time.Unix(c.Exp, 0))
+	}
+	t.store(key, id, until)
+	return id, nil
+}
+
+// parseServiceAccountUser splits "system:serviceaccount:<namespace>:<name>".
+func parseServiceAccountUser(u string) (namespace, name string, ok bool) {
+	rest, ok := strings.CutPrefix(u, "system:serviceaccount:")
+	if !ok {
+		return "", "", false
+	}
+	namespace, name, ok = strings.Cut(rest, ":")
+	if !ok || namespace == "" || name == "" || strings.Contains(name, ":") {
+		return "", "", false
+	}
+	return namespace, name, true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func (t *Tokens) lookup(key [32]byte, now time.Time) (Identity, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	el, ok := t.byKey[key]
+	if !ok {
+		return Identity{}, false
+	}
+	c := el.Value.(*cached)
+	if !now.Before(c.until) {
+		t.lru.Remove(el)
+		delete(t.byKey, key)
+		return Identity{}, false
+	}
+	t.lru.MoveToFront(el)
+	return c.id, true
+}
+
+func (t *Tokens) store(key [32]byte, id Identity, until time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if el, ok := t.byKey[key]; ok {
+		el.Value = &cached{key: key, id: id, until: until}
+		t.lru.MoveToFront(el)
+		return
+	}
+	t.byKey[key] = t.lru.PushFront(&cached{key: key, id: id, until: until})
+	for t.lru.Len() > t.o.CacheSize {
+		old := t.lru.Back()
+		t.lru.Remove(old)
+		delete(t.byKey, old.Value.(*cached).key)
+	}
+}
+
+// cacheLen is the number of remembered tokens (tests).
+func (t *Tokens) cacheLen() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lru.Len()
+}
