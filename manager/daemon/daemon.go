@@ -78,7 +78,7 @@ type KubeConfig struct {
 	NetworkPolicy string
 	// ImagePullSecrets are given to every sandbox pod.
 	ImagePullSecrets []string
-	LeaderElect     bool
+	LeaderElect      bool
 	// QPS and Burst limit this replica's API requests (0: kubealloc.DefaultQPS, DefaultBurst).
 	QPS   float32
 	Burst int

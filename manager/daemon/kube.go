@@ -87,7 +87,7 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: k.SandboxNamespace, Identity: k.Identity,
 		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: tmpl},
-		Flavour: flavour, ImagePullSecrets: k.ImagePullSecrets,
+		Flavour:   flavour, ImagePullSecrets: k.ImagePullSecrets,
 		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, AgentNamespaces: k.AgentNamespaces, AgentCIDRs: k.AgentCIDRs,
 			Manager: k.ManagerSelector, ManagerNamespace: managerNS}, NodeName: k.NodeName,
 		Logger: log})

@@ -143,9 +143,9 @@ type Allocator struct {
 }
 
 var (
-	_ manager.Allocator    = (*Allocator)(nil)
-	_ manager.Annotator    = (*Allocator)(nil)
-	_ manager.EgressBinder = (*Allocator)(nil)
+	_ manager.Allocator     = (*Allocator)(nil)
+	_ manager.Annotator     = (*Allocator)(nil)
+	_ manager.EgressBinder  = (*Allocator)(nil)
 	_ manager.EgressChecker = (*Allocator)(nil)
 )
 

@@ -67,7 +67,7 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate("registry.example/fusebox-sandbox:bench")},
 		Selectors: kubealloc.PolicySelectors{Agents: map[string]string{"app": "agent"}, AgentNamespaces: []string{"agents"},
 			Manager: map[string]string{"app": "fusebox-manager"}, ManagerNamespace: "fusebox-system"},
-		NodeName:  kubetest.NodeName, Endpoints: func(p *corev1.Pod) (string, string, error) { return "unix:///nonexistent", "unix:///nonexistent", nil }})
+		NodeName: kubetest.NodeName, Endpoints: func(p *corev1.Pod) (string, string, error) { return "unix:///nonexistent", "unix:///nonexistent", nil }})
 	if err != nil {
 		return nil, err
 	}

@@ -26,7 +26,7 @@ func daemonConfig(t *testing.T, ns string) daemon.Config {
 		Kube: daemon.KubeConfig{Kubeconfig: filepath.Join(env.Dir, "kubeconfig"), SandboxNamespace: ns, ManagerNamespace: env.Namespace(t),
 			Identity: "manager-0", SandboxImage: image, AgentSelector: selectors.Agents, ManagerSelector: selectors.Manager,
 			AgentNamespaces: selectors.AgentNamespaces,
-			LeaderElect: true, NodeName: kubetest.NodeName},
+			LeaderElect:     true, NodeName: kubetest.NodeName},
 	}
 }
 
