@@ -25,7 +25,7 @@ const (
 func args() *ManagerArgs {
 	return &ManagerArgs{
 		Namespace: pulumi.String("mgr"), SandboxNamespace: pulumi.String("sbx"),
-		Image: mgrImage, Sandbox: SandboxTemplate{Image: sbxImage},
+		Image: mgrImage, Sandbox: SandboxTemplate{Image: sbxImage}, AgentNamespaces: []string{"agents"},
 	}
 }
 
