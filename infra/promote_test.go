@@ -131,10 +131,10 @@ func TestPromoteStackFiles(t *testing.T) {
 			want: []Change{{"fusebox:gvisor.version", "20250120", "20250310"}},
 		},
 		{
-			name:    "aks-only key into eks",
+			name:    "eks and aks key into gke",
 			src:     stackYAML("aks", "dev", digestA, digestC, "20250120", "    installerImage: r.example.com/i@"+digestA+"\n"),
-			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
-			wantErr: []string{"fusebox:gvisor.installerImage", "specific to aks"},
+			dst:     strings.Replace(stackYAML("gke", "prod", digestA, digestC, "20250120", ""), "    version: \"20250120\"\n", "", 1),
+			wantErr: []string{"fusebox:gvisor.installerImage", "specific to eks and aks"},
 		},
 		{
 			name:    "target without cloud",
