@@ -281,7 +281,7 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 			return nil, fail("registry", fmt.Errorf("%q: want HOST[:PORT]/PATH (the repository path the images are under)", r))
 		}
 	}
-	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", ctx.Stack())
+	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", stack)
 
 	objects := []struct {
 		key      string
