@@ -125,7 +125,7 @@ func TestGVisorPerCloud(t *testing.T) {
 				t.Errorf("outputs: source %q name %q", source, rcName)
 			}
 			rcs := m.ByType(runtimeClassType)
-			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[tc.cloud == components.AKS] {
+			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[tc.cloud == components.AKS || tc.cloud == components.EKS] {
 				t.Errorf("%s: %d node-installer DaemonSets", tc.cloud, n)
 			}
 			if !tc.wantRC {
