@@ -383,7 +383,8 @@ func TestBindEgressOnePolicyPerSandbox(t *testing.T) {
 	want := fmt.Sprint([]any{
 		map[string]any{"toEndpoints": []any{map[string]any{"matchLabels": map[string]any{"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}}},
 			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "53", "protocol": "UDP"}, map[string]any{"port": "53", "protocol": "TCP"}},
-				"rules": map[string]any{"dns": []any{map[string]any{"matchPattern": "*"}}}}}},
+				// Only the allowlisted names can be looked up.
+				"rules": map[string]any{"dns": []any{map[string]any{"matchName": "api.github.com"}, map[string]any{"matchPattern": "*.pypi.org"}}}}}},
 		map[string]any{"toFQDNs": []any{map[string]any{"matchName": "api.github.com"}, map[string]any{"matchPattern": "*.pypi.org"}},
 			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "443", "protocol": "TCP"}}}}},
 		map[string]any{"toCIDR": []any{"2001:db8::1/128"},
