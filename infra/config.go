@@ -6,15 +6,21 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/cilium"
 	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
+	"github.com/fusebox-dev/fusebox/infra/preflight"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
 )
 
 // Namespace is the configuration namespace of every key: "fusebox:cloud", "fusebox:images", ...
@@ -43,8 +49,18 @@ type Config struct {
 	GVisor GVisorConfig `json:"gvisor"`
 	// Cilium (required): install it or use the cluster's own.
 	Cilium CiliumConfig `json:"cilium"`
-	// Egress (optional): egress defaults and data-port clients of the sandbox namespace.
+	// Egress (required): where the agents run (their pods reach their sandboxes' data port).
 	Egress EgressConfig `json:"egress"`
+	// NetworkPolicy (optional) is the cluster's network policy flavour: cilium (default on
+	// eks and aks), gke (default and only choice on gke: NetworkPolicy + FQDNNetworkPolicy) or
+	// kubernetes (default on local: plain NetworkPolicy; egress allowlists take IPs only).
+	NetworkPolicy sandboxnet.Flavour `json:"-"`
+	// InVPC (optional): no rendered object may name a host outside PrivateHosts.
+	InVPC        bool     `json:"-"`
+	PrivateHosts []string `json:"-"`
+	// ImagePullSecrets (optional) name Secrets that must exist in the manager and sandbox
+	// namespaces (and kube-system, for the node installer) before `fusebox up`.
+	ImagePullSecrets []string `json:"-"`
 }
 
 // Images are the digest-pinned images of an installation.
@@ -57,7 +73,13 @@ type Images struct {
 type Namespaces struct {
 	Manager string `json:"manager"`
 	Sandbox string `json:"sandbox"`
+	// Create (default true) makes the stack create both namespaces; false uses existing ones
+	// (made beforehand, e.g. to hold the image pull secrets).
+	Create *bool `json:"create"`
 }
+
+// CreateNamespaces reports whether the stack creates the namespaces.
+func (n Namespaces) CreateNamespaces() bool { return n.Create == nil || *n.Create }
 
 // ManagerConfig configures the manager Deployment.
 type ManagerConfig struct {
@@ -98,6 +120,7 @@ type NodePoolConfig struct {
 type EC2Config struct {
 	Role                      string            `json:"role"`
 	AMIAlias                  string            `json:"amiAlias"`
+	AMIID                     string            `json:"amiID"`
 	SubnetSelectorTags        map[string]string `json:"subnetSelectorTags"`
 	SecurityGroupSelectorTags map[string]string `json:"securityGroupSelectorTags"`
 	VolumeSize                string            `json:"volumeSize"`
@@ -142,6 +165,8 @@ var gvisorVersion = regexp.MustCompile(`^[0-9]{8}(\.[0-9]+)?$`)
 type CiliumConfig struct {
 	Install bool        `json:"install"`
 	Chart   ChartConfig `json:"chart"`
+	// Images override the chart's images (by digest), e.g. with an in-VPC mirror's copies.
+	Images cilium.Images `json:"images"`
 }
 
 // ChartConfig is a chart repository with a pinned version, or a local chart path.
@@ -152,13 +177,16 @@ type ChartConfig struct {
 	Path    string `json:"path"`
 }
 
-// EgressConfig are the sandbox namespace's egress defaults (none by default) and the clients
-// allowed to reach the data port.
+// EgressConfig says who reaches the sandboxes' data port: the agents' pods (labelled
+// AgentLabels, default fusebox.dev/agent=true) in DataClientNamespaces, and DataClientCIDRs.
+// A sandbox's egress is its allocation's allowlist only: there are no installation-wide
+// egress defaults (AllowCIDRs and AllowFQDNs are refused).
 type EgressConfig struct {
-	AllowCIDRs           []string `json:"allowCIDRs"`
-	AllowFQDNs           []string `json:"allowFQDNs"`
-	DataClientNamespaces []string `json:"dataClientNamespaces"`
-	DataClientCIDRs      []string `json:"dataClientCIDRs"`
+	AllowCIDRs           []string          `json:"allowCIDRs"`
+	AllowFQDNs           []string          `json:"allowFQDNs"`
+	DataClientNamespaces []string          `json:"dataClientNamespaces"`
+	DataClientCIDRs      []string          `json:"dataClientCIDRs"`
+	AgentLabels          map[string]string `json:"agentLabels"`
 }
 
 // ErrConfig is wrapped by every configuration error.
@@ -167,11 +195,76 @@ var ErrConfig = errors.New("stack configuration")
 // LoadConfig reads and validates the stack's configuration. Errors name the key and the stack
 // file (stacks/Pulumi.<stack>.yaml).
 func LoadConfig(ctx *pulumi.Context) (*Config, error) {
-	file := fmt.Sprintf("stacks/Pulumi.%s.yaml", ctx.Stack())
+	return loadConfig(config.New(ctx, Namespace), ctx.Stack())
+}
+
+// configReader is the part of Pulumi's config.Config LoadConfig reads through: Try returns a
+// key's value (objects as JSON) or an error when it is not set.
+type configReader interface {
+	Try(key string) (string, error)
+}
+
+// fileConfig is a stack file's fusebox: keys, as the Pulumi engine hands them to a program.
+type fileConfig map[string]string
+
+func (f fileConfig) Try(key string) (string, error) {
+	v, ok := f[Namespace+":"+key]
+	if !ok {
+		return "", fmt.Errorf("missing required configuration variable '%s:%s'", Namespace, key)
+	}
+	return v, nil
+}
+
+// LoadStackFile reads and validates a stack file (stacks/Pulumi.<stack>.yaml) the way
+// LoadConfig reads the same configuration inside a Pulumi program: strings as they are, other
+// scalars printed, lists and objects as JSON.
+func LoadStackFile(path, stack string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading stack file: %w", err)
+	}
+	var f struct {
+		Config map[string]any `json:"config"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	cfg := fileConfig{}
+	for k, v := range f.Config {
+		switch v := v.(type) {
+		case string:
+			cfg[k] = v
+		case bool, float64:
+			cfg[k] = fmt.Sprint(v)
+		default:
+			j, err := json.Marshal(v)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", path, k, err)
+			}
+			cfg[k] = string(j)
+		}
+	}
+	return loadConfig(cfg, stack)
+}
+
+// Preflight is what preflight.Check needs to know of this configuration.
+func (c *Config) Preflight(stack string) preflight.Stack {
+	s := preflight.Stack{
+		Name: stack, Cloud: c.Cloud, Flavour: c.NetworkPolicy, CiliumInstall: c.Cilium.Install,
+		ManagerNamespace: c.Namespaces.Manager, SandboxNamespace: c.Namespaces.Sandbox,
+		CreateNamespaces: c.Namespaces.CreateNamespaces(), ImagePullSecrets: c.ImagePullSecrets,
+	}
+	if c.Cloud == components.EKS || c.Cloud == components.AKS {
+		s.InstallerNamespace = gvisor.DefaultInstallerNamespace
+	}
+	return s
+}
+
+func loadConfig(cfg configReader, stack string) (*Config, error) {
+	file := fmt.Sprintf("stacks/Pulumi.%s.yaml", stack)
 	fail := func(key string, err error) error {
 		return fmt.Errorf("%w: %s:%s in %s: %v", ErrConfig, Namespace, key, file, err)
 	}
-	cfg := config.New(ctx, Namespace)
 	var c Config
 
 	cloud, err := cfg.Try("cloud")
@@ -188,7 +281,7 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 			return nil, fail("registry", fmt.Errorf("%q: want HOST[:PORT]/PATH (the repository path the images are under)", r))
 		}
 	}
-	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", ctx.Stack())
+	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", stack)
 
 	objects := []struct {
 		key      string
@@ -202,7 +295,9 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		{"manager", false, &c.Manager},
 		{"nodePool", c.Cloud == components.EKS || c.Cloud == components.AKS, &c.NodePool},
 		{"gvisor", false, &c.GVisor},
-		{"egress", false, &c.Egress},
+		{"egress", true, &c.Egress},
+		{"privateHosts", false, &c.PrivateHosts},
+		{"imagePullSecrets", false, &c.ImagePullSecrets},
 	}
 	for _, o := range objects {
 		raw, err := cfg.Try(o.key)
@@ -218,8 +313,15 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 		dec := json.NewDecoder(bytes.NewReader([]byte(raw)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(o.into); err != nil {
-			return nil, fail(o.key, fmt.Errorf("want an object: %v", err))
+			want := "an object"
+			if _, list := o.into.(*[]string); list {
+				want = "a list of strings"
+			}
+			return nil, fail(o.key, fmt.Errorf("want %s: %v", want, err))
 		}
+	}
+	if err := c.loadPolicy(cfg, fail); err != nil {
+		return nil, err
 	}
 
 	for _, img := range []struct{ key, ref string }{{"images.manager", c.Images.Manager}, {"images.sandbox", c.Images.Sandbox}} {
@@ -254,6 +356,15 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 	if c.GVisor.Version != "" && !gvisorVersion.MatchString(c.GVisor.Version) {
 		return nil, fail("gvisor.version", fmt.Errorf("%q: want a release such as \"20250120\" (quoted)", c.GVisor.Version))
 	}
+	if c.Cloud == components.EKS && c.GVisor.InstallerImage == "" {
+		// The verify-only node installer removes the startup taint once runsc is registered.
+		return nil, fail("gvisor.installerImage", errors.New("required on eks (the node installer's image, by digest: it removes a node's startup taint once the userData's runsc is registered with containerd)"))
+	}
+	if c.Cloud == components.EKS {
+		if err := karpenter.ValidateAMI(c.NodePool.EC2.AMIAlias, c.NodePool.EC2.AMIID); err != nil {
+			return nil, fail("nodePool.ec2.amiAlias", err)
+		}
+	}
 	if c.Cloud == components.AKS {
 		// AKS nodes install gVisor with the node-installer DaemonSet, which needs an image and
 		// the digests to check the downloads against.
@@ -280,5 +391,62 @@ func LoadConfig(ctx *pulumi.Context) (*Config, error) {
 			return nil, fail("gvisor.installerImage", err)
 		}
 	}
+	if c.InVPC {
+		if len(c.PrivateHosts) == 0 {
+			return nil, fail("privateHosts", errors.New("required with inVPC: true (the registry, mirror and chart hosts inside the VPC, e.g. registry.internal or *.corp.example)"))
+		}
+		if err := c.CheckInVPC(); err != nil {
+			return nil, fail(err.key, err.err)
+		}
+	}
 	return &c, nil
+}
+
+// loadPolicy reads and checks the network policy flavour, the agents, the in-VPC switch and
+// the image pull secrets.
+func (c *Config) loadPolicy(cfg configReader, fail func(string, error) error) error {
+	defaults := map[components.Cloud]sandboxnet.Flavour{
+		components.EKS: sandboxnet.Cilium, components.AKS: sandboxnet.Cilium,
+		components.GKE: sandboxnet.GKE, components.Local: sandboxnet.Kubernetes,
+	}
+	c.NetworkPolicy = defaults[c.Cloud]
+	if v, err := cfg.Try("networkPolicy"); err == nil {
+		f, err := sandboxnet.ParseFlavour(v)
+		if err != nil {
+			return fail("networkPolicy", err)
+		}
+		c.NetworkPolicy = f
+	}
+	switch {
+	case c.Cloud == components.GKE && c.NetworkPolicy != sandboxnet.GKE:
+		return fail("networkPolicy", fmt.Errorf("%s on gke: GKE Dataplane V2 serves no namespaced CiliumNetworkPolicy; use gke (NetworkPolicy + FQDNNetworkPolicy)", c.NetworkPolicy))
+	case c.Cloud != components.GKE && c.NetworkPolicy == sandboxnet.GKE:
+		return fail("networkPolicy", fmt.Errorf("gke on %s: FQDNNetworkPolicy exists on GKE only", c.Cloud))
+	}
+	if v, err := cfg.Try("inVPC"); err == nil {
+		switch v {
+		case "true":
+			c.InVPC = true
+		case "false":
+		default:
+			return fail("inVPC", fmt.Errorf("%q: want true or false", v))
+		}
+	}
+	if len(c.Egress.AllowCIDRs) > 0 || len(c.Egress.AllowFQDNs) > 0 {
+		return fail("egress.allowFQDNs", errors.New("installation-wide egress defaults are gone: a warm sandbox reaches nothing and a bound one exactly its allocation's allowlist; pass destinations with each allocation (and remove egress.allowFQDNs and egress.allowCIDRs)"))
+	}
+	if len(c.Egress.DataClientNamespaces) == 0 && len(c.Egress.DataClientCIDRs) == 0 {
+		return fail("egress.dataClientNamespaces", errors.New("required: the namespaces where agents run (their pods labelled fusebox.dev/agent=true reach their sandboxes' data port), or dataClientCIDRs"))
+	}
+	for _, ns := range c.Egress.DataClientNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fail("egress.dataClientNamespaces", fmt.Errorf("%q: %s", ns, strings.Join(errs, "; ")))
+		}
+	}
+	for _, s := range c.ImagePullSecrets {
+		if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {
+			return fail("imagePullSecrets", fmt.Errorf("%q: %s", s, strings.Join(errs, "; ")))
+		}
+	}
+	return nil
 }

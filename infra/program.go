@@ -17,13 +17,14 @@ import (
 	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
 	"github.com/fusebox-dev/fusebox/components/manager"
-	"github.com/fusebox-dev/fusebox/policies"
+	"github.com/fusebox-dev/fusebox/components/netpolicy"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
 // Program installs fusebox as the stack's configuration says and exports:
 // managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, gvisorNodeInstaller, nodePool,
-// nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicies, admissionPolicy.
+// nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicy, networkPolicies, admissionPolicy.
 func Program(ctx *pulumi.Context) error {
 	c, err := LoadConfig(ctx)
 	if err != nil {
@@ -37,18 +38,25 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	karpenterCloud := c.Cloud == components.EKS || c.Cloud == components.AKS
 
 	ns, err := manager.NewNamespaces(ctx, "fusebox", &manager.NamespacesArgs{
-		Manager: c.Namespaces.Manager, Sandbox: c.Namespaces.Sandbox,
+		Manager: c.Namespaces.Manager, Sandbox: c.Namespaces.Sandbox, Existing: !c.Namespaces.CreateNamespaces(),
 	})
 	if err != nil {
 		return err
 	}
 
 	gargs := &gvisor.GVisorArgs{Cloud: c.Cloud, ScheduleOnSandboxNodes: karpenterCloud}
-	if c.Cloud == components.AKS {
+	switch c.Cloud {
+	case components.AKS:
 		gargs.NodeInstaller = &gvisor.NodeInstallerArgs{
-			Image:         c.GVisor.InstallerImage,
-			BinaryBaseURL: c.GVisor.baseURL(),
-			SHA256:        c.GVisor.SHA256,
+			Image:            c.GVisor.InstallerImage,
+			BinaryBaseURL:    c.GVisor.baseURL(),
+			SHA256:           c.GVisor.SHA256,
+			ImagePullSecrets: c.ImagePullSecrets,
+		}
+	case components.EKS:
+		// The userData installs runsc; the installer only checks it and removes the taint.
+		gargs.NodeInstaller = &gvisor.NodeInstallerArgs{
+			Image: c.GVisor.InstallerImage, VerifyOnly: true, ImagePullSecrets: c.ImagePullSecrets,
 		}
 	}
 	gv, err := gvisor.NewGVisor(ctx, "fusebox", gargs)
@@ -66,20 +74,29 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	}
 
 	cil, err := cilium.NewCilium(ctx, "fusebox", &cilium.CiliumArgs{
-		Install:         c.Cilium.Install,
-		Chart:           cilium.ChartSource(c.Cilium.Chart),
-		PolicyNamespace: ns.Sandbox,
-		Network: policies.SandboxNetwork{
-			SandboxNamespace:     c.Namespaces.Sandbox,
-			ManagerNamespace:     c.Namespaces.Manager,
-			InitPort:             components.InitPort,
-			DataPort:             components.DataPort,
-			ManagerLabels:        map[string]string{"app.kubernetes.io/name": components.ManagerAppLabel},
-			DataClientNamespaces: c.Egress.DataClientNamespaces,
-			DataClientCIDRs:      c.Egress.DataClientCIDRs,
-			EgressCIDRs:          c.Egress.AllowCIDRs,
-			EgressFQDNs:          c.Egress.AllowFQDNs,
-		},
+		Install: c.Cilium.Install,
+		Chart:   cilium.ChartSource(c.Cilium.Chart),
+		Images:  c.Cilium.Images,
+	})
+	if err != nil {
+		return err
+	}
+	network := sandboxnet.Network{
+		SandboxNamespace: c.Namespaces.Sandbox,
+		ManagerNamespace: c.Namespaces.Manager,
+		ManagerLabels:    map[string]string{"app.kubernetes.io/name": components.ManagerAppLabel},
+		AgentNamespaces:  c.Egress.DataClientNamespaces,
+		AgentLabels:      agentLabels(c),
+		AgentCIDRs:       c.Egress.DataClientCIDRs,
+		InitPort:         components.InitPort,
+		DataPort:         components.DataPort,
+	}
+	var policyAfter []pulumi.Resource
+	if cil.Release != nil {
+		policyAfter = append(policyAfter, cil.Release)
+	}
+	pols, err := netpolicy.NewSandboxPolicies(ctx, "fusebox", &netpolicy.SandboxPoliciesArgs{
+		Flavour: c.NetworkPolicy, Namespace: ns.Sandbox, Network: network, After: policyAfter,
 	})
 	if err != nil {
 		return err
@@ -94,19 +111,27 @@ func Install(ctx *pulumi.Context, c *Config) error {
 
 	// The manager creates sandbox pods as soon as it runs: it waits for every policy that
 	// protects them and for the runtime.
-	after := []pulumi.Resource{adm.Policy, adm.Binding, gv}
-	for _, p := range cil.Policies {
-		after = append(after, p)
+	after := append([]pulumi.Resource{adm.Policy, adm.Binding, gv}, pols.Policies...)
+	var placement *manager.Placement
+	if c.Cloud == components.GKE {
+		p := manager.GKESandboxPlacement()
+		placement = &p
 	}
 	mgr, err := manager.NewManager(ctx, "fusebox", &manager.ManagerArgs{
 		Namespace:        ns.Manager,
 		SandboxNamespace: ns.Sandbox,
 		Image:            c.Images.Manager,
 		Sandbox: manager.SandboxTemplate{
-			Image:  c.Images.Sandbox,
-			CPU:    c.Pool.SandboxCPU,
-			Memory: c.Pool.SandboxMemory,
+			Image:     c.Images.Sandbox,
+			CPU:       c.Pool.SandboxCPU,
+			Memory:    c.Pool.SandboxMemory,
+			Placement: placement,
 		},
+		NetworkPolicy:        string(c.NetworkPolicy),
+		AgentNamespaces:      c.Egress.DataClientNamespaces,
+		AgentCIDRs:           c.Egress.DataClientCIDRs,
+		AgentLabels:          agentLabels(c),
+		ImagePullSecrets:     c.ImagePullSecrets,
 		Replicas:             c.Manager.Replicas,
 		SkipAwait:            c.Manager.SkipAwait,
 		RequiredAntiAffinity: c.Manager.RequiredAntiAffinity,
@@ -132,7 +157,8 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	ctx.Export("nodeClassKind", kp.NodeClassKind)
 	ctx.Export("gkeNodePool", kp.GKENodePool)
 	ctx.Export("ciliumInstalled", cil.Installed)
-	ctx.Export("networkPolicies", cil.PolicyNames)
+	ctx.Export("networkPolicy", pulumi.String(string(c.NetworkPolicy)))
+	ctx.Export("networkPolicies", pols.PolicyNames)
 	ctx.Export("admissionPolicy", adm.PolicyName)
 	return nil
 }
@@ -161,6 +187,7 @@ func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {
 		a.EC2 = &karpenter.EC2Args{
 			Role:                      e.Role,
 			AMIAlias:                  e.AMIAlias,
+			AMIID:                     e.AMIID,
 			SubnetSelectorTags:        e.SubnetSelectorTags,
 			SecurityGroupSelectorTags: e.SecurityGroupSelectorTags,
 			UserData:                  ud,
@@ -175,6 +202,14 @@ func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {
 		}
 	}
 	return a, nil
+}
+
+// agentLabels are the labels of the agents' pods (default fusebox.dev/agent=true).
+func agentLabels(c *Config) map[string]string {
+	if len(c.Egress.AgentLabels) > 0 {
+		return c.Egress.AgentLabels
+	}
+	return map[string]string{manager.DefaultAgentLabelKey: manager.DefaultAgentLabelValue}
 }
 
 func orDefault(v, d string) string {

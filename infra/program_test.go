@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
@@ -20,6 +24,7 @@ const (
 	ec2Type          = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 	aksType          = "kubernetes:karpenter.azure.com/v1beta1:AKSNodeClass"
 	cnpType          = "kubernetes:cilium.io/v2:CiliumNetworkPolicy"
+	npType           = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 	vapType          = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
 	vapBindingType   = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
 	deploymentType   = "kubernetes:apps/v1:Deployment"
@@ -101,12 +106,13 @@ func TestStacks(t *testing.T) {
 		runtimeClass, nodePool bool
 		nodeClass              string
 		userDataURL            string
+		flavour                sandboxnet.Flavour
 	}{
-		"eks-dev":  {true, true, ec2Type, "https://storage.googleapis.com/gvisor/releases/release/20250120"},
-		"eks-prod": {true, true, ec2Type, "https://mirror.example.com/gvisor/releases/release/20250120"},
-		"gke-dev":  {false, false, "", ""},
-		"aks-dev":  {true, true, aksType, ""},
-		"local":    {true, false, "", ""},
+		"eks-dev":  {true, true, ec2Type, "https://storage.googleapis.com/gvisor/releases/release/20250120", sandboxnet.Cilium},
+		"eks-prod": {true, true, ec2Type, "https://mirror.example.com/gvisor/releases/release/20250120", sandboxnet.Cilium},
+		"gke-dev":  {false, false, "", "", sandboxnet.GKE},
+		"aks-dev":  {true, true, aksType, "", sandboxnet.Cilium},
+		"local":    {true, false, "", "", sandboxnet.Kubernetes},
 	}
 	for _, path := range stacks {
 		stack := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "Pulumi."), ".yaml")
@@ -143,16 +149,33 @@ func TestStacks(t *testing.T) {
 				}
 			}
 			if w.nodeClass == ec2Type {
-				ud := mocktest.Str(m.One(t, ec2Type).Props(), "spec", "userData")
-				for _, f := range []string{`plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`, "base='" + w.userDataURL + "'"} {
+				p := m.One(t, ec2Type).Props()
+				ud := mocktest.Str(p, "spec", "userData")
+				for _, f := range []string{`plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`, `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`,
+					"containerd --version", "systemd-cgroup", "base='" + w.userDataURL + "'"} {
 					if !strings.Contains(ud, f) {
 						t.Errorf("userData lacks %q", f)
 					}
 				}
+				if alias := mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias"); !strings.HasPrefix(alias, "al2023@v") {
+					t.Errorf("AMI alias %q is not pinned", alias)
+				}
 			}
-			// The gVisor node installer runs on AKS only (EKS installs through userData).
-			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[w.nodeClass == aksType] {
+			// Sandbox nodes carry the startup taint until the node installer removes it.
+			if w.nodePool {
+				if k := mocktest.Str(m.One(t, nodePoolType).Props(), "spec", "template", "spec", "startupTaints", 0, "key"); k != "fusebox.dev/gvisor-not-ready" {
+					t.Errorf("NodePool startup taint %q", k)
+				}
+			}
+			// The gVisor node installer runs on AKS (installing) and EKS (verifying).
+			if n := len(m.ByType(daemonSetType)); n != map[bool]int{true: 1}[w.nodeClass != ""] {
 				t.Errorf("%d node-installer DaemonSets", n)
+			}
+			if w.nodeClass == ec2Type {
+				c := mocktest.Dig(m.One(t, daemonSetType).Props(), "spec", "template", "spec", "containers", 0)
+				if !strings.Contains(fmt.Sprint(mocktest.Dig(c, "env")), "verify") {
+					t.Errorf("EKS installer env %v: want MODE=verify", mocktest.Dig(c, "env"))
+				}
 			}
 			if w.nodeClass == aksType {
 				c := mocktest.Dig(m.One(t, daemonSetType).Props(), "spec", "template", "spec", "containers", 0)
@@ -179,8 +202,31 @@ func TestStacks(t *testing.T) {
 			if ns := mocktest.Str(m.One(t, vapBindingType).Props(), "spec", "matchResources", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name"); ns != "fusebox-sandboxes" {
 				t.Errorf("admission binding namespace %q", ns)
 			}
-			if n := len(m.ByType(cnpType)); n < 5 {
-				t.Errorf("%d network policies", n)
+			// The network policies are sandboxnet's, in the stack's flavour, and their default
+			// deny is the one the manager checks for.
+			typ := map[sandboxnet.Flavour]string{sandboxnet.Cilium: cnpType, sandboxnet.GKE: npType, sandboxnet.Kubernetes: npType}[w.flavour]
+			other := map[string]string{cnpType: npType, npType: cnpType}[typ]
+			if n := len(m.ByType(other)); n != 0 {
+				t.Errorf("%d %s on a %s stack", n, other, w.flavour)
+			}
+			var dd map[string]any
+			for _, r := range m.ByType(typ) {
+				if mocktest.Str(r.Props(), "metadata", "name") == kubealloc.DefaultDenyName {
+					dd = r.Props()
+				}
+			}
+			want, err := kubealloc.DefaultDenyPolicy(w.flavour, "fusebox-sandboxes")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dd == nil || !reflect.DeepEqual(dd["spec"], want.Object["spec"]) || mocktest.Str(dd, "metadata", "namespace") != "fusebox-sandboxes" {
+				t.Errorf("the program's default deny %v is not the manager's %s %v", dd, want.GetKind(), want.Object["spec"])
+			}
+			argv := fmt.Sprint(mocktest.Dig(m.One(t, deploymentType).Props(), "spec", "template", "spec", "containers", 0, "args"))
+			for _, a := range []string{"--network-policy=" + string(w.flavour), "--agent-namespaces=", "--state-dir="} {
+				if !strings.Contains(argv, a) {
+					t.Errorf("manager args %s lack %s", argv, a)
+				}
 			}
 			if n := len(m.ByType(releaseType)); n != 0 {
 				t.Errorf("%d Cilium releases with install: false", n)
@@ -193,7 +239,7 @@ func TestStacks(t *testing.T) {
 			var waitsForBinding, waitsForDeny bool
 			for _, dep := range d.Deps {
 				waitsForBinding = waitsForBinding || strings.HasSuffix(dep, "::fusebox-binding")
-				waitsForDeny = waitsForDeny || strings.HasSuffix(dep, "::fusebox-fusebox-default-deny")
+				waitsForDeny = waitsForDeny || strings.HasSuffix(dep, "::fusebox-fusebox-sandbox-default-deny")
 			}
 			if !waitsForBinding || !waitsForDeny {
 				t.Errorf("manager Deployment does not wait for the sandbox policies: %v", d.Deps)
@@ -222,6 +268,23 @@ func TestBadConfig(t *testing.T) {
 		"unpinned chart": {func(c map[string]string) {
 			c["fusebox:cilium"] = `{"install":true,"chart":{"repo":"https://helm.cilium.io"}}`
 		}, "fusebox:cilium.chart"},
+		"egress defaults": {func(c map[string]string) {
+			c["fusebox:egress"] = `{"dataClientNamespaces":["a"],"allowFQDNs":["pypi.org"]}`
+		}, "fusebox:egress.allowFQDNs"},
+		"no agents":       {func(c map[string]string) { c["fusebox:egress"] = `{}` }, "fusebox:egress.dataClientNamespaces"},
+		"no egress":       {func(c map[string]string) { delete(c, "fusebox:egress") }, "fusebox:egress"},
+		"gke flavour":     {func(c map[string]string) { c["fusebox:networkPolicy"] = "gke" }, "fusebox:networkPolicy"},
+		"unknown flavour": {func(c map[string]string) { c["fusebox:networkPolicy"] = "calico" }, "fusebox:networkPolicy"},
+		"latest AMI": {func(c map[string]string) {
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251110`, `al2023@latest`, 1)
+		}, "fusebox:nodePool.ec2.amiAlias"},
+		"no installer":     {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
+		"bad pull secret":  {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},
+		"in VPC, no hosts": {func(c map[string]string) { c["fusebox:inVPC"] = "true" }, "fusebox:privateHosts"},
+		"in VPC, public gVisor": {func(c map[string]string) {
+			c["fusebox:inVPC"] = "true"
+			c["fusebox:privateHosts"] = `["registry.example.com"]`
+		}, "fusebox:gvisor.binaryBaseURL"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := base()
@@ -278,6 +341,118 @@ func TestUnreleasedStacksAreRefused(t *testing.T) {
 				t.Errorf("%d resources registered", n)
 			}
 		})
+	}
+}
+
+// TestGKEPlacement: on GKE the sandbox pods select and tolerate GKE Sandbox's own label and
+// taint (sandbox.gke.io/runtime=gvisor), not fusebox's pool, and the program creates no
+// RuntimeClass (GKE Sandbox's "gvisor" is used).
+func TestGKEPlacement(t *testing.T) {
+	m, err := runStack("gke-dev", stackConfig(t, "gke-dev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tmpl string
+	for _, r := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		tmpl += mocktest.Str(r.Props(), "data", "pod.yaml")
+	}
+	for _, want := range []string{"sandbox.gke.io/runtime: gvisor", "key: sandbox.gke.io/runtime", "runtimeClassName: gvisor"} {
+		if !strings.Contains(tmpl, want) {
+			t.Errorf("GKE sandbox template lacks %q:\n%s", want, tmpl)
+		}
+	}
+	if strings.Contains(tmpl, "fusebox.dev/pool") {
+		t.Errorf("GKE sandbox template selects fusebox's own pool:\n%s", tmpl)
+	}
+}
+
+// TestInVPC: with inVPC, every host the program renders into any object is a private one, and
+// the configuration check finds any that is not before anything is registered.
+func TestInVPC(t *testing.T) {
+	cfg := stackConfig(t, "eks-prod")
+	cfg["fusebox:inVPC"] = "true"
+	cfg["fusebox:privateHosts"] = `["127.0.0.1", "registry.example.com", "*.example.com"]`
+	m, err := runStack("eks-prod", cfg)
+	if err != nil {
+		t.Fatalf("in-VPC eks-prod: %v", err)
+	}
+	// Scan every recorded input for hosts: in URLs and in image references.
+	urlRe := regexp.MustCompile(`https?://([a-zA-Z0-9.-]+)`)
+	imageRe := regexp.MustCompile(`(?:^|[\s'"=])([a-z0-9.-]+\.[a-z0-9]+)(?::[0-9]+)?/[^\s'"]*@sha256:[0-9a-f]{64}`)
+	found := 0
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for _, x := range v {
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		case string:
+			for _, re := range []*regexp.Regexp{urlRe, imageRe} {
+				for _, mm := range re.FindAllStringSubmatch(v, -1) {
+					found++
+					if h := mm[1]; h != "127.0.0.1" && h != "registry.example.com" && !strings.HasSuffix(h, ".example.com") {
+						t.Errorf("a rendered object names public host %s: %.160q", h, v)
+					}
+				}
+			}
+		}
+	}
+	for _, r := range m.All() {
+		walk(r.Props())
+	}
+	if found < 3 {
+		t.Fatalf("%d hosts found in the rendered objects: the scan is broken", found)
+	}
+	// The same stack naming a public mirror is refused, naming the key.
+	cfg["fusebox:gvisor"] = strings.Replace(cfg["fusebox:gvisor"], "https://mirror.example.com", "https://storage.googleapis.com", 1)
+	m, err = runStack("eks-prod", cfg)
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "fusebox:gvisor.binaryBaseURL") || !strings.Contains(err.Error(), "storage.googleapis.com") {
+		t.Fatalf("public gVisor download with inVPC: %v", err)
+	}
+	if len(m.All()) != 0 {
+		t.Errorf("%d resources registered", len(m.All()))
+	}
+}
+
+// TestImagePullSecrets reach the manager's and the sandboxes' pods and the node installer's.
+func TestImagePullSecrets(t *testing.T) {
+	cfg := stackConfig(t, "eks-dev")
+	cfg["fusebox:imagePullSecrets"] = `["regcred"]`
+	m, err := runStack("eks-dev", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{deploymentType, daemonSetType} {
+		if s := mocktest.Str(m.One(t, typ).Props(), "spec", "template", "spec", "imagePullSecrets", 0, "name"); s != "regcred" {
+			t.Errorf("%s imagePullSecrets %q", typ, s)
+		}
+	}
+	var tmpl string
+	for _, r := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		tmpl += mocktest.Str(r.Props(), "data", "pod.yaml")
+	}
+	if !strings.Contains(tmpl, "imagePullSecrets:\n  - name: regcred") {
+		t.Errorf("sandbox template lacks the pull secret:\n%s", tmpl)
+	}
+}
+
+// TestLoadStackFileMatchesProgram: the CLI's preflight reads the same configuration the
+// program does.
+func TestLoadStackFileMatchesProgram(t *testing.T) {
+	for _, stack := range []string{"eks-dev", "gke-dev", "aks-dev", "local"} {
+		c, err := LoadStackFile(releasedCopy(t, filepath.Join("..", "stacks", "Pulumi."+stack+".yaml")), stack)
+		if err != nil {
+			t.Fatalf("%s: %v", stack, err)
+		}
+		p := c.Preflight(stack)
+		if p.Name != stack || p.Flavour == "" || p.SandboxNamespace != "fusebox-sandboxes" {
+			t.Errorf("%s: preflight stack %+v", stack, p)
+		}
 	}
 }
 

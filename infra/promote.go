@@ -53,7 +53,7 @@ type releaseKey struct {
 
 var releaseKeys = []releaseKey{
 	{path: []string{"fusebox:images"}, subtree: true, kind: kindImage},
-	{path: []string{"fusebox:gvisor", "installerImage"}, kind: kindImage, clouds: []components.Cloud{components.AKS}},
+	{path: []string{"fusebox:gvisor", "installerImage"}, kind: kindImage, clouds: []components.Cloud{components.EKS, components.AKS}},
 	{path: []string{"fusebox:gvisor", "version"}, kind: kindVersion, clouds: []components.Cloud{components.EKS, components.AKS}},
 	{path: []string{"fusebox:gvisor", "sha256"}, subtree: true, kind: kindSHA256, clouds: []components.Cloud{components.EKS, components.AKS}},
 }

@@ -126,15 +126,15 @@ func TestPromoteStackFiles(t *testing.T) {
 		},
 		{
 			name: "eks version into aks (both use it)",
-			src:  stackYAML("eks", "dev", digestA, digestC, "20250310", ""),
+			src:  stackYAML("eks", "dev", digestA, digestC, "20250310", "    installerImage: r.example.com/i@"+digestA+"\n"),
 			dst:  stackYAML("aks", "prod", digestA, digestC, "20250120", "    installerImage: r.example.com/i@"+digestA+"\n"),
 			want: []Change{{"fusebox:gvisor.version", "20250120", "20250310"}},
 		},
 		{
-			name:    "aks-only key into eks",
+			name:    "eks and aks key into gke",
 			src:     stackYAML("aks", "dev", digestA, digestC, "20250120", "    installerImage: r.example.com/i@"+digestA+"\n"),
-			dst:     stackYAML("eks", "prod", digestA, digestC, "20250120", ""),
-			wantErr: []string{"fusebox:gvisor.installerImage", "specific to aks"},
+			dst:     strings.Replace(stackYAML("gke", "prod", digestA, digestC, "20250120", ""), "    version: \"20250120\"\n", "", 1),
+			wantErr: []string{"specific to eks and aks", "different clouds (aks → gke"},
 		},
 		{
 			name:    "target without cloud",
@@ -241,8 +241,8 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changes) != 3 {
-		t.Fatalf("dry run: %d changes, want 3 (two images, gVisor version): %v", len(changes), changes)
+	if len(changes) != 4 {
+		t.Fatalf("dry run: %d changes, want 4 (two images, the node installer's image, gVisor version): %v", len(changes), changes)
 	}
 	if b, _ := os.ReadFile(prodPath); string(b) != string(prodBefore) {
 		t.Fatal("dry run wrote the target")
@@ -257,6 +257,7 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 	for _, want := range []string{
 		"manager: 127.0.0.1:5001/prod-mirror/manager@" + digestA,
 		"sandbox: 127.0.0.1:5001/prod-mirror/sandbox@" + digestB,
+		"installerImage: 127.0.0.1:5001/prod-mirror/gvisor-installer@" + digestA,
 		"fusebox:registry: 127.0.0.1:5001/prod-mirror",
 	} {
 		if !strings.Contains(string(prodAfter), want) {
@@ -312,7 +313,9 @@ func TestPromoteRepositoryStacks(t *testing.T) {
 // release writes a release with the given digests into a stack file, as fusebox release does.
 func release(t *testing.T, dir, stack, registry, manager, sandbox string) {
 	t.Helper()
-	imgs := ReleaseImages{ReleaseManager: registry + "/manager@" + manager, ReleaseSandbox: registry + "/sandbox@" + sandbox}
+	// The node installer (eks and aks) carries the manager's digest.
+	imgs := ReleaseImages{ReleaseManager: registry + "/manager@" + manager, ReleaseSandbox: registry + "/sandbox@" + sandbox,
+		ReleaseGVisorInstaller: registry + "/gvisor-installer@" + manager}
 	if _, err := WriteRelease(dir, []string{stack}, registry, imgs); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 //	  manager: HOST[:PORT]/PATH/manager@sha256:...
 //	  sandbox: HOST[:PORT]/PATH/sandbox@sha256:...
 //	fusebox:gvisor:
-//	  installerImage: HOST[:PORT]/PATH/gvisor-installer@sha256:...   (aks only)
+//	  installerImage: HOST[:PORT]/PATH/gvisor-installer@sha256:...   (eks and aks)
 //
 // The file is edited as a YAML node tree (comments and key order stay); missing keys are
 // added. Promotion later carries the digests and keeps each stack's own registry.
@@ -88,7 +88,9 @@ func listStacks(dir string) []string {
 // NeededImages are the images a stack of cloud runs: manager and sandbox, and on AKS the
 // gVisor node installer.
 func NeededImages(cloud components.Cloud) []string {
-	if cloud == components.AKS {
+	if cloud == components.AKS || cloud == components.EKS {
+		// The node installer: installing on AKS, verify-only on EKS (it removes the startup
+		// taint once the userData's runsc is registered).
 		return []string{ReleaseManager, ReleaseSandbox, ReleaseGVisorInstaller}
 	}
 	return []string{ReleaseManager, ReleaseSandbox}

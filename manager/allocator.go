@@ -87,6 +87,15 @@ type EgressBinder interface {
 	BindEgress(ctx context.Context, id string, allow []string) error
 }
 
+// EgressChecker is implemented by egress binders that cannot enforce every allowlist (a
+// cluster whose network policies take IP addresses only): the manager asks before it spends
+// a unit on an allocation.
+type EgressChecker interface {
+	// CheckEgress returns an error wrapping ErrInvalid, naming the entry, if BindEgress
+	// would refuse allow.
+	CheckEgress(allow []string) error
+}
+
 // Handoffer is implemented by allocators that open a unit's data connection ahead of time
 // and hold it for the agent to collect (see internal/handoff; Capabilities.Handoff): an agent on the same machine
 // then skips the sandbox's accept, the slowest step of a first connection into gVisor.

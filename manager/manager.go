@@ -565,6 +565,11 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 			return Allocation{}, err
 		}
 	}
+	if c, ok := m.alloc.(EgressChecker); ok {
+		if err := c.CheckEgress(allow.Entries()); err != nil {
+			return Allocation{}, fmt.Errorf("egress: %w", err)
+		}
+	}
 	ttl, err := m.leaseTTL(req.LeaseTTL, m.o.DefaultLeaseTTL)
 	if err != nil {
 		return Allocation{}, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -905,5 +906,49 @@ func TestAllocateRelaysSandboxCertificate(t *testing.T) {
 	}
 	if !bytes.Equal(resp.GetSandboxCertificate(), cert) {
 		t.Fatalf("sandbox_certificate = %q, want %q", resp.GetSandboxCertificate(), cert)
+	}
+}
+
+// ipOnly is an allocator whose egress binding takes IP addresses only (a plain-NetworkPolicy
+// cluster): it refuses names through manager.EgressChecker.
+type ipOnly struct {
+	*memalloc.Allocator
+	bound atomic.Int32
+}
+
+func (a *ipOnly) CheckEgress(allow []string) error {
+	for _, e := range allow {
+		if h := e[:strings.LastIndexByte(e, ':')]; net.ParseIP(strings.Trim(h, "[]")) == nil {
+			return fmt.Errorf("%w: %q names a host; this cluster takes IP addresses only", manager.ErrInvalid, e)
+		}
+	}
+	return nil
+}
+
+func (a *ipOnly) BindEgress(context.Context, string, []string) error { a.bound.Add(1); return nil }
+
+// TestEgressCheckerRefusesBeforeSpendingAUnit: an allowlist the allocator cannot enforce is
+// refused with InvalidArgument, naming the entry, and no unit is claimed or initialised.
+func TestEgressCheckerRefusesBeforeSpendingAUnit(t *testing.T) {
+	var inits atomic.Int32
+	a := &ipOnly{Allocator: memalloc.New()}
+	e := newEnv(t, 1, func(o *manager.Options) {
+		o.Allocator = a
+		o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
+			inits.Add(1)
+			return memalloc.Initializer(ctx, addr, req)
+		}
+	})
+	e.start(t)
+	eventually(t, "a ready unit", func() bool { return e.m.States().Counts("")[manager.Ready] == 1 })
+	_, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"192.0.2.1:443", "pypi.org:443"}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "pypi.org:443") {
+		t.Fatalf("Allocate = %v, want InvalidArgument naming pypi.org:443", err)
+	}
+	if inits.Load() != 0 || a.bound.Load() != 0 || e.m.States().Counts("")[manager.Ready] != 1 {
+		t.Errorf("a unit was spent on the refused allowlist: %d inits, %d binds", inits.Load(), a.bound.Load())
+	}
+	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"192.0.2.1:443"}}); err != nil {
+		t.Fatalf("IP-only allowlist: %v", err)
 	}
 }

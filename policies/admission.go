@@ -1,3 +1,7 @@
+// Package policies holds fusebox's ValidatingAdmissionPolicies as data: CEL rules with which
+// the API server itself refuses sandbox pods that would weaken isolation. Components turn these
+// values into Kubernetes objects. The network policies are policies/sandboxnet's, which has no
+// Pulumi dependency so that the manager shares it.
 package policies
 
 import (

@@ -59,7 +59,13 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 
 Preview needs no cluster: with an unreachable or missing kubeconfig the Kubernetes provider
 skips its cluster checks and shows what would be created. up --render-dir DIR writes the
-objects as YAML manifests under DIR instead (the provider's renderYamlToDirectory mode).`,
+objects as YAML manifests under DIR instead (the provider's renderYamlToDirectory mode).
+
+Before it changes anything, up checks the cluster (infra/preflight) and refuses, naming the
+setting: gVisor missing (GKE Sandbox's RuntimeClass on gke), no FQDN support for the network
+policy flavour (GKE FQDNNetworkPolicy; Cilium's DNS proxy, off in AWS-CNI chaining mode and on
+AKS without Advanced Container Networking Services), Cilium's socketLB.hostNamespaceOnly not
+set, an image pull secret that does not exist. See docs/network-policy.md.`,
 			Example: "  fusebox " + string(op.op) + " --stack eks-dev",
 			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {

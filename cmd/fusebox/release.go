@@ -29,7 +29,7 @@ writes into each stacks/Pulumi.<stack>.yaml:
 
   fusebox:registry: HOST[:PORT]/PATH
   fusebox:images: {manager: HOST[:PORT]/PATH/manager@sha256:..., sandbox: ...}
-  fusebox:gvisor.installerImage: HOST[:PORT]/PATH/gvisor-installer@sha256:...  (aks stacks)
+  fusebox:gvisor.installerImage: HOST[:PORT]/PATH/gvisor-installer@sha256:...  (eks and aks stacks)
 
 Each file is edited as a YAML node tree (its comments and key order stay) and replaced
 atomically. Nothing is written when a stack is unknown, a build or push fails, or a digest is

@@ -215,7 +215,7 @@ func TestRelease(t *testing.T) {
 	// Once the digests are mirrored there, promote --verify passes and eks-prod pulls the
 	// promoted digests from its own registry, never from the dev one.
 	mirror := reg.Host + "/prod-mirror"
-	if out, err := run(t, imagePushCmd(), "--registry", mirror, "--ca-file", reg.CAFile, "--layout", layouts, "--image", "manager,sandbox"); err != nil {
+	if out, err := run(t, imagePushCmd(), "--registry", mirror, "--ca-file", reg.CAFile, "--layout", layouts, "--image", "manager,sandbox,gvisor-installer"); err != nil {
 		t.Fatalf("mirroring into %s: %v\n%s", mirror, err, out)
 	}
 	if out, err := run(t, promoteCmd(), "--repo", repo, "--from", "eks-dev", "--to", "eks-prod", "--verify", "--ca-file", reg.CAFile); err != nil {

@@ -1,7 +1,7 @@
 // Package cilium provides the Cilium component: optionally Cilium itself, installed with Helm
 // from a configurable chart source (a repository, or a local chart path for in-VPC mirrors) with
-// the values gVisor needs, and always the default-deny CiliumNetworkPolicies of the sandbox
-// namespace (policies.SandboxNetworkPolicies).
+// the values gVisor needs and, for in-VPC installs, every image the chart runs taken from a
+// mirror. The sandbox namespace's policies are components/netpolicy's.
 //
 // gVisor sandboxes have their own network stack, so Cilium's socket-level load balancing must
 // stay in the host namespace (socketLB.hostNamespaceOnly=true) or service traffic from sandboxes
@@ -12,11 +12,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/internal/customresource"
-	"github.com/fusebox-dev/fusebox/policies"
-	"github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apiextensions"
 	helmv3 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/helm/v3"
-	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
@@ -32,25 +30,35 @@ type ChartSource struct {
 	Path    string `pulumi:"path"`
 }
 
+// Images override the images the chart runs (each repository@sha256:..., e.g. an in-VPC
+// mirror's copy); empty ones keep the chart's defaults, which name public registries.
+type Images struct {
+	Agent    string `pulumi:"agent" json:"agent"`
+	Operator string `pulumi:"operator" json:"operator"`
+	Envoy    string `pulumi:"envoy" json:"envoy"`
+}
+
 // CiliumArgs configure the Cilium component.
 type CiliumArgs struct {
 	// Install installs Cilium with Helm; false uses the cluster's existing Cilium (which must
-	// already have socketLB.hostNamespaceOnly=true).
+	// already have socketLB.hostNamespaceOnly=true: `fusebox up` checks it).
 	Install bool `pulumi:"install"`
 	// Chart is required when Install is set.
 	Chart ChartSource `pulumi:"chart"`
+	// Images, when set, replace the chart's images (Install only).
+	Images Images `pulumi:"images"`
 	// ReleaseNamespace is where Cilium is installed (default kube-system).
 	ReleaseNamespace string `pulumi:"releaseNamespace"`
-	// PolicyNamespace is the namespace the policies are created in: pass the sandbox
-	// Namespace's output so they wait for it. It must name Network.SandboxNamespace.
-	PolicyNamespace pulumi.StringInput `pulumi:"policyNamespace"`
-	// Network parameterises the sandbox namespace's policies.
-	Network policies.SandboxNetwork `pulumi:"-"`
 }
 
 // HelmValues are the chart values fusebox sets.
 type HelmValues struct {
 	SocketLB SocketLB `json:"socketLB"`
+	// Image, Operator and Envoy override the chart's images ("override" takes a whole
+	// reference, digest included).
+	Image    *ImageValue     `json:"image,omitempty"`
+	Operator *OperatorValues `json:"operator,omitempty"`
+	Envoy    *EnvoyValues    `json:"envoy,omitempty"`
 }
 
 // SocketLB holds Cilium's socket load-balancing values.
@@ -58,33 +66,44 @@ type SocketLB struct {
 	HostNamespaceOnly bool `json:"hostNamespaceOnly"`
 }
 
-// Cilium is the installed (or reused) Cilium with the sandbox policies.
+// ImageValue is a chart image value.
+type ImageValue struct {
+	Override  string `json:"override"`
+	UseDigest bool   `json:"useDigest"`
+}
+
+// OperatorValues hold the operator's image.
+type OperatorValues struct {
+	Image ImageValue `json:"image"`
+}
+
+// EnvoyValues hold the Envoy DaemonSet's image.
+type EnvoyValues struct {
+	Image ImageValue `json:"image"`
+}
+
+// Cilium is the installed (or reused) Cilium.
 type Cilium struct {
 	pulumi.ResourceState
 
 	// Installed reports whether this stack installed Cilium.
 	Installed pulumi.BoolOutput `pulumi:"installed"`
-	// PolicyNames are the CiliumNetworkPolicies created in the sandbox namespace.
-	PolicyNames pulumi.StringArrayOutput `pulumi:"policyNames"`
-	// Policies are the created policy objects, for dependencies.
-	Policies []*apiextensions.CustomResource `pulumi:"-"`
+	// Release is the Helm release (nil when Install is off), for dependencies.
+	Release pulumi.Resource `pulumi:"-"`
 }
 
 // ErrNoChart is returned when Install is set without a usable chart source.
 var ErrNoChart = errors.New("cilium chart source: set path, or repo with a pinned version")
 
-// NewCilium registers the component, the Helm release if Install, and the policies.
+// NewCilium registers the component and, if Install, the Helm release.
 func NewCilium(ctx *pulumi.Context, name string, args *CiliumArgs, opts ...pulumi.ResourceOption) (*Cilium, error) {
 	if args == nil {
 		return nil, fmt.Errorf("cilium %s: args are required", name)
 	}
-	if args.PolicyNamespace == nil {
-		return nil, fmt.Errorf("cilium %s: policy namespace is required", name)
-	}
 	if args.Install && args.Chart.Path == "" && (args.Chart.Repo == "" || args.Chart.Version == "") {
 		return nil, fmt.Errorf("cilium %s: %w", name, ErrNoChart)
 	}
-	nps, err := policies.SandboxNetworkPolicies(args.Network)
+	values, err := args.values()
 	if err != nil {
 		return nil, fmt.Errorf("cilium %s: %w", name, err)
 	}
@@ -92,47 +111,47 @@ func NewCilium(ctx *pulumi.Context, name string, args *CiliumArgs, opts ...pulum
 	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
 		return nil, err
 	}
-
-	var after []pulumi.Resource
 	if args.Install {
-		rel, err := newRelease(ctx, name, args, c)
+		rel, err := newRelease(ctx, name, args, values, c)
 		if err != nil {
 			return nil, fmt.Errorf("cilium %s: helm release: %w", name, err)
 		}
-		after = append(after, rel)
+		c.Release = rel
 	}
-
-	var names pulumi.StringArray
-	for _, np := range nps {
-		cr, err := customresource.Args(policies.CiliumAPIVersion, policies.CiliumPolicyKind, metav1.ObjectMetaArgs{
-			Name:      pulumi.String(np.Name),
-			Namespace: args.PolicyNamespace,
-			Labels:    pulumi.StringMap{"app.kubernetes.io/part-of": pulumi.String("fusebox")},
-		}, np.Spec)
-		if err != nil {
-			return nil, fmt.Errorf("cilium %s: %w", name, err)
-		}
-		res, err := apiextensions.NewCustomResource(ctx, name+"-"+np.Name, cr, pulumi.Parent(c), pulumi.DependsOn(after))
-		if err != nil {
-			return nil, fmt.Errorf("cilium %s: policy %s: %w", name, np.Name, err)
-		}
-		c.Policies = append(c.Policies, res)
-		names = append(names, pulumi.String(np.Name))
-	}
-
 	c.Installed = pulumi.Bool(args.Install).ToBoolOutput()
-	c.PolicyNames = names.ToStringArrayOutput()
-	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
-		"installed":   c.Installed,
-		"policyNames": c.PolicyNames,
-	}); err != nil {
+	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{"installed": c.Installed}); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func newRelease(ctx *pulumi.Context, name string, args *CiliumArgs, parent pulumi.Resource) (*helmv3.Release, error) {
-	values, err := customresource.ToMap(HelmValues{SocketLB: SocketLB{HostNamespaceOnly: true}})
+// values returns the chart values, refusing image overrides not pinned by digest.
+func (a *CiliumArgs) values() (HelmValues, error) {
+	v := HelmValues{SocketLB: SocketLB{HostNamespaceOnly: true}}
+	for _, im := range []struct {
+		key, ref string
+		set      func(ImageValue)
+	}{
+		{"agent", a.Images.Agent, func(i ImageValue) { v.Image = &i }},
+		{"operator", a.Images.Operator, func(i ImageValue) { v.Operator = &OperatorValues{Image: i} }},
+		{"envoy", a.Images.Envoy, func(i ImageValue) { v.Envoy = &EnvoyValues{Image: i} }},
+	} {
+		if im.ref == "" {
+			continue
+		}
+		if !a.Install {
+			return v, fmt.Errorf("images.%s is set but install is off (the cluster's own Cilium keeps its images)", im.key)
+		}
+		if err := components.ValidateImage(im.ref); err != nil {
+			return v, fmt.Errorf("images.%s: %w", im.key, err)
+		}
+		im.set(ImageValue{Override: im.ref, UseDigest: true})
+	}
+	return v, nil
+}
+
+func newRelease(ctx *pulumi.Context, name string, args *CiliumArgs, v HelmValues, parent pulumi.Resource) (*helmv3.Release, error) {
+	values, err := customresource.ToMap(v)
 	if err != nil {
 		return nil, err
 	}

@@ -2,27 +2,14 @@ package cilium
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components/mocktest"
-	"github.com/fusebox-dev/fusebox/policies"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
-const (
-	cnpType     = "kubernetes:cilium.io/v2:CiliumNetworkPolicy"
-	releaseType = "kubernetes:helm.sh/v3:Release"
-)
-
-func args(install bool, chart ChartSource) *CiliumArgs {
-	return &CiliumArgs{
-		Install: install, Chart: chart, PolicyNamespace: pulumi.String("sbx"),
-		Network: policies.SandboxNetwork{
-			SandboxNamespace: "sbx", ManagerNamespace: "mgr", InitPort: 7070, DataPort: 7071,
-			ManagerLabels: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
-		},
-	}
-}
+const releaseType = "kubernetes:helm.sh/v3:Release"
 
 func run(t *testing.T, a *CiliumArgs) *mocktest.Mocks {
 	t.Helper()
@@ -35,39 +22,15 @@ func run(t *testing.T, a *CiliumArgs) *mocktest.Mocks {
 	return m
 }
 
-func TestPoliciesWithExistingCilium(t *testing.T) {
-	m := run(t, args(false, ChartSource{}))
-	if n := len(m.ByType(releaseType)); n != 0 {
-		t.Fatalf("existing Cilium: %d releases", n)
-	}
-	names := map[string]bool{}
-	for _, r := range m.ByType(cnpType) {
-		p := r.Props()
-		if mocktest.Str(p, "metadata", "namespace") != "sbx" {
-			t.Errorf("%s in namespace %v", r.Name, mocktest.Dig(p, "metadata", "namespace"))
-		}
-		names[mocktest.Str(p, "metadata", "name")] = true
-		if r.Name != "fb-"+mocktest.Str(p, "metadata", "name") {
-			t.Errorf("logical name %s", r.Name)
-		}
-		if mocktest.Dig(p, "spec", "endpointSelector") == nil {
-			t.Errorf("%s has no endpointSelector", r.Name)
-		}
-		if mocktest.Str(p, "metadata", "name") == policies.PolicyDefaultDeny {
-			if mocktest.Dig(p, "spec", "enableDefaultDeny", "egress") != true || mocktest.Dig(p, "spec", "enableDefaultDeny", "ingress") != true {
-				t.Errorf("default deny spec %v", mocktest.Dig(p, "spec"))
-			}
-		}
-	}
-	for _, want := range []string{policies.PolicyDefaultDeny, policies.PolicyDenyMetadata, policies.PolicyAllowDNS, policies.PolicyAllowInit, policies.PolicyAllowData} {
-		if !names[want] {
-			t.Errorf("missing policy %s (have %v)", want, names)
-		}
+func TestExistingCiliumInstallsNothing(t *testing.T) {
+	m := run(t, &CiliumArgs{})
+	if n := len(m.All()); n != 1 {
+		t.Fatalf("existing Cilium: %d resources, want only the component", n)
 	}
 }
 
 func TestInstallFromRepository(t *testing.T) {
-	m := run(t, args(true, ChartSource{Repo: "https://helm.cilium.io", Version: "1.18.4"}))
+	m := run(t, &CiliumArgs{Install: true, Chart: ChartSource{Repo: "https://helm.cilium.io", Version: "1.18.4"}})
 	p := m.One(t, releaseType).Props()
 	if mocktest.Str(p, "chart") != "cilium" || mocktest.Str(p, "version") != "1.18.4" ||
 		mocktest.Str(p, "repositoryOpts", "repo") != "https://helm.cilium.io" || mocktest.Str(p, "namespace") != "kube-system" {
@@ -76,25 +39,53 @@ func TestInstallFromRepository(t *testing.T) {
 	if mocktest.Dig(p, "values", "socketLB", "hostNamespaceOnly") != true {
 		t.Errorf("values %v", mocktest.Dig(p, "values"))
 	}
-	if len(m.ByType(cnpType)) == 0 {
-		t.Error("no policies")
+	if mocktest.Dig(p, "values", "image") != nil {
+		t.Errorf("image overridden without images: %v", mocktest.Dig(p, "values"))
 	}
 }
 
-func TestInstallFromLocalPath(t *testing.T) {
-	m := run(t, args(true, ChartSource{Path: "/mirror/charts/cilium-1.18.4.tgz"}))
+func TestInstallFromLocalPathWithMirroredImages(t *testing.T) {
+	ref := func(n string) string { return "mirror.internal/cilium/" + n + "@sha256:" + strings.Repeat("a", 64) }
+	m := run(t, &CiliumArgs{Install: true, Chart: ChartSource{Path: "/mirror/charts/cilium-1.18.4.tgz"},
+		Images: Images{Agent: ref("cilium"), Operator: ref("operator-generic"), Envoy: ref("cilium-envoy")}})
 	p := m.One(t, releaseType).Props()
 	if mocktest.Str(p, "chart") != "/mirror/charts/cilium-1.18.4.tgz" || mocktest.Dig(p, "repositoryOpts") != nil {
 		t.Errorf("release %v", p)
 	}
+	for path, want := range map[string]string{"image": ref("cilium"), "operator.image": ref("operator-generic"), "envoy.image": ref("cilium-envoy")} {
+		var keys []any
+		for _, k := range strings.Split(path, ".") {
+			keys = append(keys, k)
+		}
+		if got := mocktest.Str(p["values"], append(keys, "override")...); got != want {
+			t.Errorf("values.%s.override = %q, want %q", path, got, want)
+		}
+		if mocktest.Dig(p["values"], append(keys, "useDigest")...) != true {
+			t.Errorf("values.%s.useDigest not set", path)
+		}
+	}
 }
 
-func TestInstallNeedsPinnedChart(t *testing.T) {
-	_, err := mocktest.Run(func(ctx *pulumi.Context) error {
-		_, err := NewCilium(ctx, "fb", args(true, ChartSource{Repo: "https://helm.cilium.io"}))
-		return err
-	})
-	if !errors.Is(err, ErrNoChart) {
-		t.Fatalf("want ErrNoChart, got %v", err)
+func TestRefused(t *testing.T) {
+	for name, tc := range map[string]struct {
+		args CiliumArgs
+		want string
+	}{
+		"unpinned chart":    {CiliumArgs{Install: true, Chart: ChartSource{Repo: "https://helm.cilium.io"}}, "pinned version"},
+		"image by tag":      {CiliumArgs{Install: true, Chart: ChartSource{Path: "/c"}, Images: Images{Agent: "mirror.internal/cilium:v1.18"}}, "images.agent"},
+		"image, no install": {CiliumArgs{Images: Images{Envoy: "mirror.internal/envoy@sha256:" + strings.Repeat("b", 64)}}, "install is off"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := mocktest.Run(func(ctx *pulumi.Context) error {
+				_, err := NewCilium(ctx, "fb", &tc.args)
+				return err
+			})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error naming %q, got %v", tc.want, err)
+			}
+			if name == "unpinned chart" && !errors.Is(err, ErrNoChart) {
+				t.Errorf("not ErrNoChart: %v", err)
+			}
+		})
 	}
 }

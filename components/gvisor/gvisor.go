@@ -3,8 +3,9 @@
 //
 // Per cloud: on GKE, GKE Sandbox (node pools with sandboxConfig type gvisor) provides runsc and
 // its own RuntimeClass "gvisor", so the component creates nothing. On EKS it creates the
-// RuntimeClass, and the nodes install runsc from their EC2NodeClass userData (EKSUserData, passed
-// to the karpenter component). On AKS, whose AKSNodeClass takes no userData, it creates the
+// RuntimeClass, the nodes install runsc from their EC2NodeClass userData (EKSUserData, passed
+// to the karpenter component), and the node installer runs in verify-only mode: it removes the
+// node's startup taint once runsc is registered with containerd. On AKS, whose AKSNodeClass takes no userData, it creates the
 // RuntimeClass and a node-installer DaemonSet in kube-system that runs only on the sandbox pool
 // (node-installer.sh: verified download, containerd runtime entry, containerd restart, removal
 // of the node's startup taint, node label fusebox.dev/gvisor=ready). The startup taint
@@ -68,10 +69,12 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 	}
 	var base string
 	switch {
-	case args.Cloud == components.AKS && args.NodeInstaller == nil:
-		return nil, fmt.Errorf("gvisor %s: %w: required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
-	case args.Cloud != components.AKS && args.NodeInstaller != nil:
-		return nil, fmt.Errorf("gvisor %s: %w: only used on aks, not on %s", name, ErrBadInstaller, args.Cloud)
+	case args.Cloud == components.AKS && (args.NodeInstaller == nil || args.NodeInstaller.VerifyOnly):
+		return nil, fmt.Errorf("gvisor %s: %w: an installing one is required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
+	case args.Cloud == components.EKS && (args.NodeInstaller == nil || !args.NodeInstaller.VerifyOnly):
+		return nil, fmt.Errorf("gvisor %s: %w: a verify-only one is required on eks (it removes the startup taint once the userData's runsc is registered)", name, ErrBadInstaller)
+	case args.Cloud != components.AKS && args.Cloud != components.EKS && args.NodeInstaller != nil:
+		return nil, fmt.Errorf("gvisor %s: %w: only used on aks and eks, not on %s", name, ErrBadInstaller, args.Cloud)
 	case args.NodeInstaller != nil:
 		var err error
 		if base, err = args.NodeInstaller.validate(); err != nil {

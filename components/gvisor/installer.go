@@ -19,12 +19,14 @@ import (
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
-// InstallerScript is the node installer the AKS DaemonSet runs with bash (see
-// node-installer.sh): download and verify runsc and its shim, register the runtime with
-// containerd (config version 2 or 3; a drop-in where the config imports a conf.d directory),
-// restart containerd through nsenter, remove the node's startup taint
-// (karpenter.StartupTaintKey), label the node, then wait. A failed step leaves the taint, so no
-// sandbox pod is scheduled on a node without a working runsc.
+// InstallerScript is the node installer the DaemonSet runs with bash (see node-installer.sh).
+// On AKS (MODE=install): download and verify runsc and its shim, register the runtime with
+// containerd (config version 2 or 3; a drop-in where the config imports a conf.d directory;
+// systemd-cgroup where the kubelet uses the systemd cgroup driver), restart containerd through
+// nsenter. On EKS (MODE=verify), where the userData installed it: check that runsc and its
+// shim are there and registered in containerd's running configuration. Then, on both: remove
+// the node's startup taint (karpenter.StartupTaintKey), label the node, and wait. A failed
+// step leaves the taint, so no sandbox pod is scheduled on a node without a working runsc.
 //
 //go:embed node-installer.sh
 var InstallerScript string
@@ -72,6 +74,13 @@ type NodeInstallerArgs struct {
 	SHA256 map[string]BinarySHA256 `pulumi:"sha256"`
 	// Namespace is where the DaemonSet runs (default kube-system).
 	Namespace string `pulumi:"namespace"`
+	// VerifyOnly (EKS, whose userData installs gVisor before the kubelet starts) downloads
+	// nothing: the installer checks that runsc and its shim are on the node and registered in
+	// containerd's running configuration, then removes the startup taint. BinaryBaseURL and
+	// SHA256 are then not used (and refused).
+	VerifyOnly bool `pulumi:"verifyOnly"`
+	// ImagePullSecrets name Secrets in Namespace for pulling Image from a private registry.
+	ImagePullSecrets []string `pulumi:"imagePullSecrets"`
 }
 
 // ErrBadInstaller is wrapped by NewGVisor's errors for unusable NodeInstallerArgs.
@@ -105,6 +114,12 @@ func validateBaseURL(raw string) (string, error) {
 func (a *NodeInstallerArgs) validate() (string, error) {
 	if err := components.ValidateImage(a.Image); err != nil {
 		return "", fmt.Errorf("%w: image: %w", ErrBadInstaller, err)
+	}
+	if a.VerifyOnly {
+		if a.BinaryBaseURL != "" || len(a.SHA256) > 0 {
+			return "", fmt.Errorf("%w: a verify-only installer downloads nothing (no binaryBaseURL or sha256)", ErrBadInstaller)
+		}
+		return "", nil
 	}
 	base, err := validateBaseURL(a.BinaryBaseURL)
 	if err != nil {
@@ -181,7 +196,12 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 		return nil, fmt.Errorf("installer ClusterRoleBinding: %w", err)
 	}
 
+	mode := "install"
+	if a.VerifyOnly {
+		mode = "verify"
+	}
 	env := corev1.EnvVarArray{
+		corev1.EnvVarArgs{Name: pulumi.String("MODE"), Value: pulumi.String(mode)},
 		corev1.EnvVarArgs{Name: pulumi.String("BINARY_BASE_URL"), Value: pulumi.String(base)},
 		corev1.EnvVarArgs{Name: pulumi.String("HOST_ROOT"), Value: pulumi.String(hostRoot)},
 		corev1.EnvVarArgs{Name: pulumi.String("READY_FILE"), Value: pulumi.String(readyFile)},
@@ -200,6 +220,13 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 		)
 		nodeArchs = append(nodeArchs, pulumi.String(archs[arch]))
 	}
+	if a.VerifyOnly {
+		nodeArchs = pulumi.StringArray{pulumi.String("amd64"), pulumi.String("arm64")}
+	}
+	var pull corev1.LocalObjectReferenceArray
+	for _, n := range a.ImagePullSecrets {
+		pull = append(pull, corev1.LocalObjectReferenceArgs{Name: pulumi.String(n)})
+	}
 
 	privileged := true
 	ds, err := appsv1.NewDaemonSet(ctx, name+"-installer", &appsv1.DaemonSetArgs{
@@ -213,6 +240,7 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 				Metadata: metav1.ObjectMetaArgs{Labels: labels},
 				Spec: corev1.PodSpecArgs{
 					ServiceAccountName: sa.Metadata.Name().Elem(),
+					ImagePullSecrets:   pull,
 					// Host PID namespace: nsenter into PID 1 to restart containerd.
 					HostPID:                       pulumi.Bool(true),
 					PriorityClassName:             pulumi.String("system-node-critical"),

@@ -134,8 +134,8 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 	}
 }
 
-func TestNodeInstallerOnlyOnAKS(t *testing.T) {
-	for _, cloud := range []components.Cloud{components.EKS, components.GKE, components.Local} {
+func TestNodeInstallerPerCloud(t *testing.T) {
+	for _, cloud := range []components.Cloud{components.GKE, components.Local} {
 		t.Run(string(cloud), func(t *testing.T) {
 			m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
 				_, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: cloud})
@@ -154,6 +154,33 @@ func TestNodeInstallerOnlyOnAKS(t *testing.T) {
 				t.Errorf("node installer on %s: want ErrBadInstaller, got %v", cloud, err)
 			}
 		})
+	}
+	// EKS: only a verify-only installer (the userData installs); it downloads nothing and
+	// carries the pull secrets.
+	for name, ni := range map[string]*NodeInstallerArgs{
+		"none": nil, "installing": testInstaller(),
+		"verify with downloads": {Image: testInstaller().Image, VerifyOnly: true, BinaryBaseURL: "https://m.example.com/g"},
+	} {
+		_, err := mocktest.Run(func(ctx *pulumi.Context) error {
+			_, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: components.EKS, NodeInstaller: ni})
+			return err
+		})
+		if !errors.Is(err, ErrBadInstaller) {
+			t.Errorf("eks, %s installer: want ErrBadInstaller, got %v", name, err)
+		}
+	}
+	m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+		_, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: components.EKS, ScheduleOnSandboxNodes: true,
+			NodeInstaller: &NodeInstallerArgs{Image: testInstaller().Image, VerifyOnly: true, ImagePullSecrets: []string{"regcred"}}})
+		return err
+	})
+	pod := mocktest.Dig(m.One(t, daemonSetType).Props(), "spec", "template", "spec")
+	env := map[string]string{}
+	for _, e := range mocktest.Dig(pod, "containers", 0, "env").([]any) {
+		env[mocktest.Str(e, "name")] = mocktest.Str(e, "value")
+	}
+	if env["MODE"] != "verify" || env["BINARY_BASE_URL"] != "" || mocktest.Str(pod, "imagePullSecrets", 0, "name") != "regcred" {
+		t.Errorf("EKS installer env %v, pull secrets %v", env, mocktest.Dig(pod, "imagePullSecrets"))
 	}
 }
 
@@ -689,5 +716,66 @@ func TestStartupTaintIndex(t *testing.T) {
 				t.Errorf("index %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestVerifyAndSystemdCgroup: the EKS (verify-only) mode passes only when runsc and its shim
+// are installed and containerd's running configuration has the runsc runtime; runsc's flags
+// say systemd-cgroup where the kubelet uses the systemd cgroup driver.
+func TestVerifyAndSystemdCgroup(t *testing.T) {
+	script := writeScript(t)
+	dir := t.TempDir()
+	root, stubs := filepath.Join(dir, "host"), filepath.Join(dir, "bin")
+	write := func(p, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// nsenter stands in for the host's containerd: it prints $FAKE_DUMP for `config dump`.
+	write(filepath.Join(stubs, "nsenter"), "#!/bin/bash\n[[ \" $* \" == *' config dump '* ]] && cat \"$FAKE_DUMP\"\nexit 0\n")
+	dump := filepath.Join(dir, "dump.toml")
+	run := func(fn string) (string, error) {
+		cmd := exec.Command("bash", "-c", `source "$1" && `+fn, "bash", script)
+		cmd.Env = append(os.Environ(), "FUSEBOX_INSTALLER_LIB=1", "HOST_ROOT="+root, "PATH="+stubs+":"+os.Getenv("PATH"), "FAKE_DUMP="+dump)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	write(dump, "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n")
+	if out, err := run("verify_installed"); err == nil || !strings.Contains(out, "runsc is not installed") {
+		t.Errorf("verify without binaries: %v %s", err, out)
+	}
+	write(filepath.Join(root, "usr/local/bin/runsc"), "x")
+	write(filepath.Join(root, "usr/local/bin/containerd-shim-runsc-v1"), "x")
+	if out, err := run("verify_installed"); err == nil || !strings.Contains(out, "no runsc runtime") {
+		t.Errorf("verify without the runtime registered: %v %s", err, out)
+	}
+	write(dump, "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]\n  runtime_type = 'io.containerd.runsc.v1'\n")
+	if out, err := run("verify_installed"); err != nil {
+		t.Errorf("verify with runsc registered: %v %s", err, out)
+	}
+
+	for _, tc := range []struct {
+		kubelet, want string
+	}{
+		{"", "false"},
+		{"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n", "true"},
+		{"apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n", "false"},
+	} {
+		os.Remove(filepath.Join(root, "var/lib/kubelet/config.yaml"))
+		os.Remove(filepath.Join(root, "etc/containerd/runsc.toml"))
+		if tc.kubelet != "" {
+			write(filepath.Join(root, "var/lib/kubelet/config.yaml"), tc.kubelet)
+		}
+		if out, err := run("runsc_config"); err != nil || strings.TrimSpace(out) != "changed" {
+			t.Fatalf("runsc_config: %v %s", err, out)
+		}
+		b, _ := os.ReadFile(filepath.Join(root, "etc/containerd/runsc.toml"))
+		if !strings.Contains(string(b), `systemd-cgroup = "`+tc.want+`"`) || !strings.Contains(string(b), "[runsc_config]") {
+			t.Errorf("kubelet %q: runsc.toml\n%s", tc.kubelet, b)
+		}
 	}
 }

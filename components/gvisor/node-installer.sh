@@ -9,7 +9,13 @@
 # taint stays and no sandbox pod is scheduled there. Every step is idempotent: a restarted pod
 # re-checks and changes nothing that is in place.
 #
+# With MODE=verify (EKS, where the EC2NodeClass userData installed gVisor before the kubelet
+# started) nothing is downloaded or changed on the host: the script checks that runsc and the
+# shim are installed and that containerd's running configuration has the runsc runtime, and
+# only then removes the taint and labels the node.
+#
 # Environment (set by the DaemonSet):
+#   MODE                install (default) or verify
 #   BINARY_BASE_URL     <base>/<arch>/runsc and <base>/<arch>/containerd-shim-runsc-v1
 #   SHA256_RUNSC_<ARCH>, SHA256_SHIM_<ARCH>   expected SHA-256 of each binary (ARCH X86_64 or AARCH64)
 #   NODE_NAME           the node to untaint and label (downward API)
@@ -51,6 +57,43 @@ imports_dir() {
   echo "$dir"
 }
 
+# systemd_cgroup prints "true" when the kubelet uses the systemd cgroup driver (read from the
+# kubelet's configuration, else from runc's SystemdCgroup in containerd's config), else
+# "false". runsc must then be told so (gVisor issue 10371), or its pods fail to start.
+systemd_cgroup() {
+  local f
+  for f in "$HOST_ROOT/var/lib/kubelet/config.yaml" "$HOST_ROOT/etc/kubernetes/kubelet/config.json" "$HOST_ROOT/etc/default/kubelet"; do
+    if [[ -f $f ]] && grep -Eq '"?cgroupDriver"?[[:space:]]*[:=][[:space:]]*"?systemd' "$f"; then
+      echo true
+      return 0
+    fi
+    if [[ -f $f ]] && grep -Eq -- '--cgroup-driver[= ]systemd' "$f"; then
+      echo true
+      return 0
+    fi
+  done
+  if grep -Eq '^[[:space:]]*SystemdCgroup[[:space:]]*=[[:space:]]*true' "$HOST_ROOT/etc/containerd/config.toml" 2>/dev/null; then
+    echo true
+    return 0
+  fi
+  echo false
+}
+
+# runsc_config writes runsc's own configuration (its flags, read by the shim) and prints
+# "changed" or "unchanged".
+runsc_config() {
+  local path="$HOST_ROOT/etc/containerd/runsc.toml" want
+  want="$(printf '# Added by fusebox: runsc flags for containerd-shim-runsc-v1.\n[runsc_config]\n  systemd-cgroup = "%s"' "$(systemd_cgroup)")"
+  if [[ -f $path && "$(cat "$path")" == "$want" ]]; then
+    echo unchanged
+    return 0
+  fi
+  mkdir -p "$(dirname "$path")"
+  printf '%s\n' "$want" >"$path.tmp"
+  mv -f "$path.tmp" "$path"
+  echo changed
+}
+
 # configure_containerd adds the runsc runtime to the host's containerd config and prints
 # "changed" or "unchanged". With an imports directory it writes a drop-in there; otherwise it
 # appends the runtime table to config.toml once.
@@ -63,7 +106,7 @@ configure_containerd() {
   table="$(runtime_table "$config")"
   version=2
   [[ $table == *'"io.containerd.cri.v1.runtime"'* ]] && version=3
-  body="$(printf '[%s]\n  runtime_type = "%s"' "$table" "$RUNTIME_TYPE")"
+  body="$(printf '[%s]\n  runtime_type = "%s"\n[%s.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n  ConfigPath = "/etc/containerd/runsc.toml"' "$table" "$RUNTIME_TYPE" "$table")"
   if grep -Fq "[$table]" "$config"; then
     echo unchanged
     return 0
@@ -207,13 +250,35 @@ label_node() {
     "{\"metadata\":{\"labels\":{\"$READY_LABEL\":\"ready\"}}}" >/dev/null
 }
 
+# verify_installed checks, without changing anything, that runsc and its shim are installed
+# and that containerd's running configuration has the runsc runtime.
+verify_installed() {
+  local bin
+  for bin in runsc containerd-shim-runsc-v1; do
+    if [[ ! -x $HOST_ROOT$BIN_DIR/$bin ]]; then
+      log "$BIN_DIR/$bin is not installed on this node"
+      return 1
+    fi
+  done
+  if ! nsenter --target 1 --mount --uts --ipc --net --pid -- containerd config dump 2>/dev/null | grep -Eq 'containerd\.runtimes\.(runsc|'"'"'runsc'"'"')\]'; then
+    log "containerd's configuration has no runsc runtime"
+    return 1
+  fi
+}
+
 main() {
-  : "${BINARY_BASE_URL:?}" "${NODE_NAME:?}"
-  local bins cfg
-  bins="$(install_binaries)"
-  cfg="$(configure_containerd)"
-  if [[ $bins == changed || $cfg == changed ]]; then
-    restart_containerd
+  : "${NODE_NAME:?}"
+  local bins=unchanged cfg=unchanged rcfg=unchanged
+  if [[ ${MODE:-install} == verify ]]; then
+    verify_installed
+  else
+    : "${BINARY_BASE_URL:?}"
+    bins="$(install_binaries)"
+    rcfg="$(runsc_config)"
+    cfg="$(configure_containerd)"
+    if [[ $bins == changed || $cfg == changed || $rcfg == changed ]]; then
+      restart_containerd
+    fi
   fi
   # Only now that runsc works: sandbox pods may be scheduled here once the taint is gone.
   remove_startup_taint

@@ -6,9 +6,13 @@ import (
 	"strings"
 )
 
-// ContainerdRuntimePath is where the runsc runtime goes in containerd's config version 3, which
-// AL2023's nodeadm writes (the version 2 path "io.containerd.grpc.v1.cri" is ignored there).
-const ContainerdRuntimePath = `plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`
+// Where the runsc runtime goes in containerd's config: version 3 (containerd 2.x) moved the
+// CRI runtimes to "io.containerd.cri.v1.runtime"; version 2 (containerd 1.x) has them under
+// "io.containerd.grpc.v1.cri". The userData detects which one the node's containerd reads.
+const (
+	ContainerdRuntimePathV3 = `plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`
+	ContainerdRuntimePathV2 = `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`
+)
 
 // ReleasesURL is the root of gVisor's published releases: <ReleasesURL>/<version>/<arch>/runsc.
 const ReleasesURL = "https://storage.googleapis.com/gvisor/releases/release"
@@ -31,10 +35,16 @@ type UserDataOptions struct {
 var ErrBadBinaryURL = errors.New("bad gVisor binary base URL")
 
 // EKSUserData returns the Karpenter EC2NodeClass userData for AL2023 sandbox nodes: a MIME
-// multipart document with a nodeadm NodeConfig that registers the runsc runtime with containerd
-// (config version 3) and a shell script that downloads and verifies runsc and
-// containerd-shim-runsc-v1. cloud-init runs the script before nodeadm starts containerd, and
-// Karpenter merges its own NodeConfig (cluster details) into this document.
+// multipart document with one shell script, which cloud-init runs after nodeadm has read its
+// configuration and before nodeadm starts containerd and the kubelet. The script downloads
+// runsc and containerd-shim-runsc-v1 and checks their published SHA-512 sums; detects the
+// containerd config version from the installed containerd (2.x reads version 3, 1.x version 2)
+// and the kubelet's cgroup driver (systemd on AL2023; gVisor issue 10371: runsc must then run
+// with systemd-cgroup); and registers the runtime in a drop-in under /etc/containerd/config.d,
+// which nodeadm's containerd config imports, with runsc's own flags in
+// /etc/containerd/runsc.toml. Karpenter merges its own NodeConfig (cluster details) into the
+// document. The node's startup taint stays until the verify-only node installer has seen runsc
+// registered in containerd's running configuration.
 func EKSUserData(o UserDataOptions) (string, error) {
 	base, err := validateBaseURL(o.BinaryBaseURL)
 	if err != nil {
@@ -46,31 +56,17 @@ func EKSUserData(o UserDataOptions) (string, error) {
 	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=%q\n\n", mimeBoundary)
 
 	fmt.Fprintf(&b, "--%s\n", mimeBoundary)
-	b.WriteString("Content-Type: application/node.eks.aws\n\n")
-	b.WriteString(nodeConfig)
-
-	fmt.Fprintf(&b, "\n--%s\n", mimeBoundary)
 	b.WriteString("Content-Type: text/x-shellscript; charset=\"us-ascii\"\n\n")
-	b.WriteString(strings.ReplaceAll(installScript, "@BASE@", base))
+	r := strings.NewReplacer("@BASE@", base, "@PATHV3@", ContainerdRuntimePathV3, "@PATHV2@", ContainerdRuntimePathV2)
+	b.WriteString(r.Replace(installScript))
 
 	fmt.Fprintf(&b, "\n--%s--\n", mimeBoundary)
 	return b.String(), nil
 }
 
-// nodeConfig adds the runsc runtime to the containerd config nodeadm writes. No cluster
-// details: Karpenter supplies them in its own NodeConfig part.
-const nodeConfig = `---
-apiVersion: node.eks.aws/v1alpha1
-kind: NodeConfig
-spec:
-  containerd:
-    config: |
-      [` + ContainerdRuntimePath + `]
-        runtime_type = "io.containerd.runsc.v1"
-`
-
-// installScript downloads runsc and its containerd shim, checks their published SHA-512 sums
-// and installs them where containerd finds the shim (PATH).
+// installScript downloads runsc and its containerd shim, checks their published SHA-512 sums,
+// installs them where containerd finds the shim (PATH) and registers the runtime for the
+// node's containerd config version and cgroup driver.
 const installScript = `#!/bin/bash
 # fusebox: install gVisor (runsc, containerd-shim-runsc-v1) before containerd starts.
 set -euo pipefail
@@ -88,4 +84,35 @@ for bin in runsc containerd-shim-runsc-v1; do
   (cd "$tmp" && sha512sum -c "$bin.sha512")
   install -m 0755 "$tmp/$bin" "/usr/local/bin/$bin"
 done
+# containerd 2.x reads config version 3, 1.x version 2: the runtime's table differs.
+ver="$(containerd --version 2>/dev/null | grep -Eo ' v?[0-9]+\.[0-9]+' | head -n 1 | tr -d ' v')"
+case "${ver%%.*}" in
+  1) version=2; table='@PATHV2@' ;;
+  2|3) version=3; table='@PATHV3@' ;;
+  *) echo "fusebox: cannot tell containerd's version (${ver:-none})" >&2; exit 1 ;;
+esac
+# AL2023's nodeadm runs the kubelet and containerd with the systemd cgroup driver (on cgroup
+# v2); a kubelet configuration saying cgroupfs wins.
+cgroup=true
+for f in /etc/kubernetes/kubelet/config.json /etc/kubernetes/kubelet/config.json.d/*.conf; do
+  if [[ -f $f ]] && grep -Eq '"cgroupDriver"[[:space:]]*:[[:space:]]*"cgroupfs"' "$f"; then cgroup=false; fi
+done
+if [[ ! -d /run/systemd/system ]]; then cgroup=false; fi
+mkdir -p /etc/containerd/config.d
+cat >/etc/containerd/runsc.toml <<RUNSC
+# Added by fusebox: runsc flags for containerd-shim-runsc-v1.
+[runsc_config]
+  systemd-cgroup = "$cgroup"
+RUNSC
+cat >/etc/containerd/config.d/fusebox-runsc.toml <<DROPIN
+version = $version
+
+# Added by fusebox: the gVisor runtime.
+[$table]
+  runtime_type = "io.containerd.runsc.v1"
+[$table.options]
+  TypeUrl = "io.containerd.runsc.v1.options"
+  ConfigPath = "/etc/containerd/runsc.toml"
+DROPIN
+echo "fusebox: runsc registered for containerd $ver (config version $version, systemd-cgroup $cgroup)" >&2
 `

@@ -3,23 +3,30 @@
 // a disruption budget) and the cloud's node class: an EC2NodeClass on EKS (with the gVisor
 // install as userData) or an AKSNodeClass on AKS.
 //
-// On AKS the NodePool also gives new nodes the startup taint StartupTaintKey: there runsc is
-// installed by a DaemonSet after the node has joined (components/gvisor's node installer), and
-// the taint keeps sandbox pods off the node until that DaemonSet has installed it and removed
-// the taint. Karpenter still launches nodes for pending pods that do not tolerate a startup
-// taint. On EKS the userData installs runsc before the kubelet starts, so no taint is needed.
+// The NodePool also gives new nodes the startup taint StartupTaintKey, which keeps sandbox pods
+// off a node until components/gvisor's node installer DaemonSet has seen runsc work there and
+// removed it: on AKS the DaemonSet installs runsc after the node has joined; on EKS the userData
+// installs it before the kubelet starts and the DaemonSet (verify-only) checks that containerd
+// has it registered. Karpenter still launches nodes for pending pods that do not tolerate a
+// startup taint.
 //
-// On GKE Karpenter is not used: sandbox nodes are a GKE node pool created with the cluster,
-// e.g. `gcloud container node-pools create fusebox-sandbox --sandbox type=gvisor
-// --node-labels=fusebox.dev/pool=sandbox --node-taints=fusebox.dev/sandbox=true:NoSchedule`
-// (node pool config sandboxConfig.type: GVISOR). GKE adds its own sandbox.gke.io/runtime taint,
-// which its "gvisor" RuntimeClass tolerates. The component then creates nothing and reports
-// this placement in its GKENodePool output. On local clusters it creates nothing.
+// The EC2NodeClass's AMI is pinned (an alias with a version, "al2023@v20250505", or an AMI ID):
+// "al2023@latest" would change the node image, and with it containerd and its config, under a
+// running installation.
+//
+// On GKE Karpenter is not used: sandbox nodes are a GKE Sandbox node pool created with the
+// cluster (`gcloud container node-pools create fusebox-sandbox --sandbox type=gvisor`; node pool
+// config sandboxConfig.type GVISOR). GKE labels and taints its nodes sandbox.gke.io/runtime=gvisor
+// and its RuntimeClass "gvisor" gives every pod that names it the matching node selector and
+// toleration, so sandbox pods land there without fusebox's own pool label and taint. The
+// component then creates nothing and reports this placement in its GKENodePool output. On
+// local clusters it creates nothing.
 package karpenter
 
 import (
 	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/internal/customresource"
@@ -41,7 +48,7 @@ const (
 	AKSNodeClassKind       = "AKSNodeClass"
 )
 
-// StartupTaintKey:StartupTaintEffect is the startup taint of AKS sandbox nodes. The gVisor node
+// StartupTaintKey:StartupTaintEffect is the startup taint of EKS and AKS sandbox nodes. The gVisor node
 // installer tolerates it and removes it from its node once runsc works there; a node whose
 // install fails keeps it, so no sandbox pod is scheduled there. The installer's script removes
 // the taint of this key with effect NoSchedule only: change both together.
@@ -77,8 +84,12 @@ type KarpenterArgs struct {
 
 // EC2Args configure the EC2NodeClass.
 type EC2Args struct {
-	Role                      string            `pulumi:"role"`
-	AMIAlias                  string            `pulumi:"amiAlias"` // default al2023@latest
+	Role string `pulumi:"role"`
+	// AMIAlias pins the AMI: "al2023@v<YYYYMMDD>" (Karpenter's alias with a version). Unless
+	// AMIID is set, required; "@latest" is refused.
+	AMIAlias string `pulumi:"amiAlias"`
+	// AMIID selects one AMI by ID instead ("ami-..."), e.g. a hardened copy.
+	AMIID                     string            `pulumi:"amiID"`
 	SubnetSelectorTags        map[string]string `pulumi:"subnetSelectorTags"`
 	SecurityGroupSelectorTags map[string]string `pulumi:"securityGroupSelectorTags"`
 	// UserData installs gVisor; build it with gvisor.EKSUserData.
@@ -154,9 +165,7 @@ func NewKarpenter(ctx *pulumi.Context, name string, args *KarpenterArgs, opts ..
 		if pool == "" {
 			pool = "fusebox-sandbox"
 		}
-		gke = fmt.Sprintf("GKE node pool %q with sandboxConfig type gvisor, label %s=%s and taint %s=%s:%s (created with the cluster, not by this stack)",
-			pool, components.SandboxPoolLabelKey, components.SandboxPoolLabelValue,
-			components.SandboxTaintKey, components.SandboxTaintValue, components.SandboxTaintEffect)
+		gke = fmt.Sprintf("GKE Sandbox node pool %q (sandboxConfig type gvisor; its nodes are labelled and tainted sandbox.gke.io/runtime=gvisor; created with the cluster, not by this stack)", pool)
 	}
 
 	c.NodePoolName = pulumi.String(poolName).ToStringOutput()
@@ -190,6 +199,35 @@ func (a *KarpenterArgs) validate() error {
 		case a.EC2.UserData == "":
 			return fmt.Errorf("%w: ec2 userData (the gVisor install)", ErrMissingSetting)
 		}
+		if err := ValidateAMI(a.EC2.AMIAlias, a.EC2.AMIID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ErrUnpinnedAMI is returned for an EC2NodeClass AMI that is not pinned.
+var ErrUnpinnedAMI = errors.New("EC2 AMI not pinned")
+
+var (
+	amiAlias = regexp.MustCompile(`^al2023@v[0-9]{8}$`)
+	amiID    = regexp.MustCompile(`^ami-[0-9a-f]{8,17}$`)
+)
+
+// ValidateAMI accepts exactly one of a versioned AL2023 alias ("al2023@v20250505") and an AMI
+// ID ("ami-0123456789abcdef0"). The node userData is written for AL2023 (nodeadm).
+func ValidateAMI(alias, id string) error {
+	switch {
+	case alias != "" && id != "":
+		return fmt.Errorf("%w: set amiAlias or amiID, not both", ErrUnpinnedAMI)
+	case id != "":
+		if !amiID.MatchString(id) {
+			return fmt.Errorf("%w: amiID %q: want ami-<hex>", ErrUnpinnedAMI, id)
+		}
+	case alias == "":
+		return fmt.Errorf("%w: set amiAlias to a versioned AL2023 release (al2023@vYYYYMMDD) or amiID", ErrUnpinnedAMI)
+	case !amiAlias.MatchString(alias):
+		return fmt.Errorf("%w: amiAlias %q: want al2023@vYYYYMMDD (a pinned release; @latest would change containerd under a running installation)", ErrUnpinnedAMI, alias)
 	}
 	return nil
 }
@@ -204,10 +242,13 @@ func (a *KarpenterArgs) meta() metav1.ObjectMetaArgs {
 func (a *KarpenterArgs) nodeClass() (*apiextensions.CustomResourceArgs, string, error) {
 	if a.Cloud == components.EKS {
 		e := a.EC2
-		alias := orDefault(e.AMIAlias, "al2023@latest")
+		term := AMISelectorTerm{Alias: e.AMIAlias}
+		if e.AMIID != "" {
+			term = AMISelectorTerm{ID: e.AMIID}
+		}
 		spec := EC2NodeClassSpec{
 			Role:                       e.Role,
-			AMISelectorTerms:           []AMISelectorTerm{{Alias: alias}},
+			AMISelectorTerms:           []AMISelectorTerm{term},
 			SubnetSelectorTerms:        []SelectorTerm{{Tags: e.SubnetSelectorTags}},
 			SecurityGroupSelectorTerms: []SelectorTerm{{Tags: e.SecurityGroupSelectorTags}},
 			UserData:                   e.UserData,
@@ -252,10 +293,7 @@ func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
 			{Key: "karpenter.sh/capacity-type", Operator: "In", Values: []string{"on-demand"}},
 		}
 	}
-	var startup []Taint
-	if a.Cloud == components.AKS {
-		startup = []Taint{{Key: StartupTaintKey, Effect: StartupTaintEffect}}
-	}
+	startup := []Taint{{Key: StartupTaintKey, Effect: StartupTaintEffect}}
 	return NodePoolSpec{
 		Template: NodeClaimTemplate{
 			Metadata: TemplateMetadata{Labels: map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue}},

@@ -21,6 +21,7 @@ func eksArgs() *KarpenterArgs {
 		Cloud: components.EKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
 		EC2: &EC2Args{
 			Role:                      "KarpenterNodeRole-x",
+			AMIAlias:                  "al2023@v20251110",
 			SubnetSelectorTags:        map[string]string{"karpenter.sh/discovery": "x"},
 			SecurityGroupSelectorTags: map[string]string{"karpenter.sh/discovery": "x"},
 			UserData:                  "MIME-Version: 1.0\n...io.containerd.cri.v1.runtime...",
@@ -101,8 +102,9 @@ func checkNodePool(t *testing.T, m *mocktest.Mocks, group, kind string) {
 func TestEKS(t *testing.T) {
 	m, out := run(t, eksArgs())
 	checkNodePool(t, m, "karpenter.k8s.aws", "EC2NodeClass")
-	// The userData installs runsc before the kubelet starts: nothing to wait for.
-	checkStartupTaints(t, m, false)
+	// The userData installs runsc before the kubelet starts; the verify-only installer removes
+	// the startup taint once containerd has it registered.
+	checkStartupTaints(t, m, true)
 	if len(m.ByType(aksType)) != 0 {
 		t.Error("AKSNodeClass on EKS")
 	}
@@ -114,7 +116,7 @@ func TestEKS(t *testing.T) {
 	if ud := mocktest.Str(p, "spec", "userData"); !strings.Contains(ud, "io.containerd.cri.v1.runtime") {
 		t.Errorf("userData %q", ud)
 	}
-	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@latest" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
+	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@v20251110" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
 		t.Errorf("spec %v", mocktest.Dig(p, "spec"))
 	}
 	if hop := mocktest.Dig(p, "spec", "metadataOptions", "httpPutResponseHopLimit"); hop != 1.0 ||
@@ -179,5 +181,27 @@ func TestRefusesIncompleteSettings(t *testing.T) {
 				t.Fatalf("want ErrMissingSetting, got %v", err)
 			}
 		})
+	}
+}
+
+func TestEKSRefusesUnpinnedAMI(t *testing.T) {
+	for name, tc := range map[string]struct{ alias, id string }{
+		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251110", "ami-0123456789abcdef0"},
+		"not al2023": {"bottlerocket@v1.2.3", ""}, "bad id": {"", "ami-xyz"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := eksArgs()
+			a.EC2.AMIAlias, a.EC2.AMIID = tc.alias, tc.id
+			_, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewKarpenter(ctx, "fb", a); return err })
+			if !errors.Is(err, ErrUnpinnedAMI) {
+				t.Fatalf("want ErrUnpinnedAMI, got %v", err)
+			}
+		})
+	}
+	a := eksArgs()
+	a.EC2.AMIAlias, a.EC2.AMIID = "", "ami-0123456789abcdef0"
+	m, _ := run(t, a)
+	if id := mocktest.Str(m.One(t, ec2Type).Props(), "spec", "amiSelectorTerms", 0, "id"); id != "ami-0123456789abcdef0" {
+		t.Errorf("AMI id %q", id)
 	}
 }

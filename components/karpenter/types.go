@@ -80,9 +80,10 @@ type EC2NodeClassSpec struct {
 	Tags                       map[string]string    `json:"tags,omitempty"`
 }
 
-// AMISelectorTerm selects the AMI; fusebox uses an alias such as "al2023@latest".
+// AMISelectorTerm selects the AMI: a pinned alias such as "al2023@v20250505", or an ID.
 type AMISelectorTerm struct {
 	Alias string `json:"alias,omitempty"`
+	ID    string `json:"id,omitempty"`
 }
 
 // SelectorTerm selects subnets or security groups by tags or ID.

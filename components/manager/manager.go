@@ -10,9 +10,13 @@ package manager
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
@@ -30,6 +34,9 @@ const (
 	DefaultGRPCPort    = 9090
 	DefaultMetricsPort = 9464
 	templateMountPath  = "/etc/fusebox/sandbox"
+	// StateDir is the manager's --state-dir (its lock file): a writable emptyDir, since the
+	// root filesystem is read-only. Replicas coordinate through the API server, not through it.
+	StateDir = "/var/lib/fusebox"
 	// SandboxTemplatePath is where the manager reads the sandbox pod template: the
 	// ConfigMap's SandboxTemplateKey, mounted at templateMountPath.
 	SandboxTemplatePath = templateMountPath + "/" + SandboxTemplateKey
@@ -82,6 +89,18 @@ type ManagerArgs struct {
 	Access []AccessRule `pulumi:"access"`
 	// Operators are ServiceAccounts ("namespace/name") that see every tenant's sandboxes.
 	Operators []string `pulumi:"operators"`
+	// NetworkPolicy is the cluster's policy flavour (sandboxnet: cilium, gke or kubernetes;
+	// default cilium): which per-sandbox policies the manager writes.
+	NetworkPolicy string `pulumi:"networkPolicy"`
+	// AgentNamespaces are where the agents run: their pods labelled AgentLabels (default
+	// fusebox.dev/agent=true) reach their bound sandboxes' data port. AgentCIDRs reach it from
+	// outside the cluster. At least one of the two is required.
+	AgentNamespaces []string          `pulumi:"agentNamespaces"`
+	AgentCIDRs      []string          `pulumi:"agentCIDRs"`
+	AgentLabels     map[string]string `pulumi:"agentLabels"`
+	// ImagePullSecrets name Secrets (in both namespaces) for pulling the manager and sandbox
+	// images from a private registry.
+	ImagePullSecrets []string `pulumi:"imagePullSecrets"`
 }
 
 // AccessRule is one rule of the manager's authorisation policy (manager/auth.RuleFile).
@@ -118,6 +137,13 @@ type Manager struct {
 var (
 	ErrTooFewReplicas = errors.New("manager needs at least 2 replicas")
 	ErrNoNamespace    = errors.New("manager and sandbox namespaces are required")
+	ErrNoAgents       = errors.New("agent namespaces (or agent CIDRs) are required: without them no agent can reach its sandbox")
+)
+
+// The label agents' pods carry unless AgentLabels says otherwise.
+const (
+	DefaultAgentLabelKey   = "fusebox.dev/agent"
+	DefaultAgentLabelValue = "true"
 )
 
 // Names of the Kubernetes objects (fixed, so the manager and operators can find them).
@@ -141,6 +167,14 @@ const (
 	// DefaultTokenAudience is the default audience of agents' tokens.
 	DefaultTokenAudience = "fusebox-manager"
 )
+
+// policyResources are the API group and resource of each policy kind the manager writes per
+// sandbox, by flavour.
+var policyResources = map[sandboxnet.Flavour][][2]string{
+	sandboxnet.Cilium:     {{"cilium.io", "ciliumnetworkpolicies"}},
+	sandboxnet.GKE:        {{"networking.k8s.io", "networkpolicies"}, {"networking.gke.io", "fqdnnetworkpolicies"}},
+	sandboxnet.Kubernetes: {{"networking.k8s.io", "networkpolicies"}},
+}
 
 // managerVerbs are the verbs the manager has on its sandbox pods and their network policies.
 var managerVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
@@ -199,10 +233,7 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 		ns           pulumi.StringInput
 		rules        rbacv1.PolicyRuleArray
 	}{
-		{"sandbox-role", sandboxRoleName, a.SandboxNamespace, rbacv1.PolicyRuleArray{
-			rule("", "pods", managerVerbs),
-			rule("cilium.io", "ciliumnetworkpolicies", managerVerbs),
-		}},
+		{"sandbox-role", sandboxRoleName, a.SandboxNamespace, sandboxRules(sandboxnet.Flavour(a.NetworkPolicy))},
 		{"election-role", electionRoleName, a.Namespace, rbacv1.PolicyRuleArray{
 			rule("coordination.k8s.io", "leases", leaseVerbs),
 		}},
@@ -388,6 +419,22 @@ func (a *ManagerArgs) defaults() error {
 	a.CPU = or(a.CPU, "250m")
 	a.Memory = or(a.Memory, "256Mi")
 	a.TokenAudience = or(a.TokenAudience, DefaultTokenAudience)
+	a.NetworkPolicy = or(a.NetworkPolicy, string(sandboxnet.Cilium))
+	if _, err := sandboxnet.ParseFlavour(a.NetworkPolicy); err != nil {
+		return err
+	}
+	if len(a.AgentNamespaces) == 0 && len(a.AgentCIDRs) == 0 {
+		return ErrNoAgents
+	}
+	if len(a.AgentLabels) == 0 {
+		a.AgentLabels = map[string]string{DefaultAgentLabelKey: DefaultAgentLabelValue}
+	}
+	for _, s := range a.ImagePullSecrets {
+		if s == "" {
+			return errors.New("empty image pull secret name")
+		}
+	}
+	a.Sandbox.ImagePullSecrets = a.ImagePullSecrets
 	return nil
 }
 
@@ -413,6 +460,17 @@ func namedRule(group, resource string, verbs []string, names ...string) rbacv1.P
 	return r
 }
 
+// sandboxRules are the manager's rights in the sandbox namespace: its pods, and the policy
+// kinds of the flavour (deleting the namespace-wide policies is among them: least privilege
+// here is per namespace and kind, not per object).
+func sandboxRules(f sandboxnet.Flavour) rbacv1.PolicyRuleArray {
+	rules := rbacv1.PolicyRuleArray{rule("", "pods", managerVerbs)}
+	for _, r := range policyResources[f] {
+		rules = append(rules, rule(r[0], r[1], managerVerbs))
+	}
+	return rules
+}
+
 func selectorLabels() pulumi.StringMap {
 	return pulumi.StringMap{"app.kubernetes.io/name": pulumi.String(components.ManagerAppLabel)}
 }
@@ -423,6 +481,37 @@ func rule(group, resource string, verbs []string) rbacv1.PolicyRuleArgs {
 		Resources: pulumi.StringArray{pulumi.String(resource)},
 		Verbs:     pulumi.ToStringArray(verbs),
 	}
+}
+
+// listArgs are the manager's list-valued flags that are set.
+func (a *ManagerArgs) listArgs() pulumi.StringArray {
+	var out pulumi.StringArray
+	for _, f := range []struct {
+		flag string
+		vals []string
+	}{{"--agent-namespaces", a.AgentNamespaces}, {"--agent-cidrs", a.AgentCIDRs}, {"--image-pull-secrets", a.ImagePullSecrets}} {
+		if len(f.vals) > 0 {
+			out = append(out, pulumi.String(f.flag+"="+strings.Join(f.vals, ",")))
+		}
+	}
+	return out
+}
+
+// labelList renders labels as the manager's key=value,key=value flags (sorted).
+func labelList(m map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func pullSecrets(names []string) corev1.LocalObjectReferenceArray {
+	var out corev1.LocalObjectReferenceArray
+	for _, n := range names {
+		out = append(out, corev1.LocalObjectReferenceArgs{Name: pulumi.String(n)})
+	}
+	return out
 }
 
 func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentSpecArgs {
@@ -470,7 +559,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 				Containers: corev1.ContainerArray{corev1.ContainerArgs{
 					Name:  pulumi.String("manager"),
 					Image: pulumi.String(a.Image),
-					Args: pulumi.StringArray{
+					Args: append(pulumi.StringArray{
 						pulumi.Sprintf("--listen=tcp://0.0.0.0:%d", a.GRPCPort),
 						pulumi.Sprintf("--metrics-listen=0.0.0.0:%d", a.MetricsPort),
 						// The flags of fusebox-manager, the image's entrypoint (cmd/internal/daemoncmd); Kubernetes
@@ -482,8 +571,10 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						pulumi.String("--identity=$(POD_NAME)"),
 						pulumi.String("--sandbox-image=" + a.Sandbox.Image),
 						pulumi.String("--sandbox-template=" + SandboxTemplatePath),
-						pulumi.String("--agent-selector=fusebox.dev/agent=true"),
+						pulumi.String("--agent-selector=" + labelList(a.AgentLabels)),
 						pulumi.String("--manager-selector=app.kubernetes.io/name=" + components.ManagerAppLabel),
+						pulumi.String("--network-policy=" + a.NetworkPolicy),
+						pulumi.String("--state-dir=" + StateDir),
 						pulumi.String("--leader-elect=true"),
 						pulumi.Sprintf("--estimator=%s", a.Estimator),
 						pulumi.Sprintf("--pool-size=%d", a.PoolSize),
@@ -497,7 +588,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						pulumi.String("--ca-configmap=" + CAConfigMapName),
 						pulumi.String("--token-audience=" + a.TokenAudience),
 						pulumi.String("--auth-policy=" + policyMountPath + "/" + PolicyKey),
-					},
+					}, a.listArgs()...),
 					Env: corev1.EnvVarArray{corev1.EnvVarArgs{
 						Name: pulumi.String("POD_NAMESPACE"),
 						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
@@ -532,6 +623,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						corev1.VolumeMountArgs{Name: pulumi.String("sandbox-template"), MountPath: pulumi.String(templateMountPath), ReadOnly: yes},
 						corev1.VolumeMountArgs{Name: pulumi.String("policy"), MountPath: pulumi.String(policyMountPath), ReadOnly: yes},
 						corev1.VolumeMountArgs{Name: pulumi.String("tmp"), MountPath: pulumi.String("/tmp")},
+						corev1.VolumeMountArgs{Name: pulumi.String("state"), MountPath: pulumi.String(StateDir)},
 					},
 				}},
 				Volumes: corev1.VolumeArray{
@@ -547,7 +639,12 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						Name:     pulumi.String("tmp"),
 						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("64Mi")},
 					},
+					corev1.VolumeArgs{
+						Name:     pulumi.String("state"),
+						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("16Mi")},
+					},
 				},
+				ImagePullSecrets: pullSecrets(a.ImagePullSecrets),
 			},
 		},
 	}

@@ -27,7 +27,7 @@ const (
 func args() *ManagerArgs {
 	return &ManagerArgs{
 		Namespace: pulumi.String("mgr"), SandboxNamespace: pulumi.String("sbx"),
-		Image: mgrImage, Sandbox: SandboxTemplate{Image: sbxImage},
+		Image: mgrImage, Sandbox: SandboxTemplate{Image: sbxImage}, AgentNamespaces: []string{"agents"},
 	}
 }
 
@@ -328,5 +328,86 @@ func TestNamespaces(t *testing.T) {
 		return err
 	}); !errors.Is(err, ErrSameNamespace) {
 		t.Errorf("want ErrSameNamespace, got %v", err)
+	}
+}
+
+// TestStateDirIsWritable: the root filesystem is read-only, so the manager's --state-dir (its
+// lock file) is a writable emptyDir of its own.
+func TestStateDirIsWritable(t *testing.T) {
+	m, _ := run(t, args())
+	pod := mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec")
+	c := mocktest.Dig(pod, "containers", 0)
+	var dir string
+	for _, a := range strs(mocktest.Dig(c, "args")) {
+		if v, ok := strings.CutPrefix(a, "--state-dir="); ok {
+			dir = v
+		}
+	}
+	if dir == "" {
+		t.Fatalf("no --state-dir in %v", mocktest.Dig(c, "args"))
+	}
+	var volume string
+	for _, vm := range mocktest.Dig(c, "volumeMounts").([]any) {
+		if mocktest.Str(vm, "mountPath") == dir && mocktest.Dig(vm, "readOnly") != true {
+			volume = mocktest.Str(vm, "name")
+		}
+	}
+	found := false
+	for _, v := range mocktest.Dig(pod, "volumes").([]any) {
+		if mocktest.Str(v, "name") == volume && mocktest.Dig(v, "emptyDir") != nil {
+			found = true
+		}
+	}
+	if volume == "" || !found {
+		t.Errorf("--state-dir=%s is not a writable emptyDir mount: %v / %v", dir, mocktest.Dig(c, "volumeMounts"), mocktest.Dig(pod, "volumes"))
+	}
+}
+
+// TestPolicyFlavourReachesTheManager: the manager is told the flavour and the agents'
+// namespaces, and may write exactly the flavour's policy kinds.
+func TestPolicyFlavourReachesTheManager(t *testing.T) {
+	for _, tc := range []struct {
+		flavour string
+		kinds   []string
+	}{
+		{"cilium", []string{"cilium.io/ciliumnetworkpolicies"}},
+		{"gke", []string{"networking.k8s.io/networkpolicies", "networking.gke.io/fqdnnetworkpolicies"}},
+		{"kubernetes", []string{"networking.k8s.io/networkpolicies"}},
+	} {
+		t.Run(tc.flavour, func(t *testing.T) {
+			a := args()
+			a.NetworkPolicy = tc.flavour
+			a.AgentNamespaces = []string{"agents", "ci"}
+			a.ImagePullSecrets = []string{"regcred"}
+			m, _ := run(t, a)
+			pod := mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec")
+			argv := strs(mocktest.Dig(pod, "containers", 0, "args"))
+			for _, want := range []string{"--network-policy=" + tc.flavour, "--agent-namespaces=agents,ci", "--manager-namespace=$(POD_NAMESPACE)", "--image-pull-secrets=regcred"} {
+				if !slices.Contains(argv, want) {
+					t.Errorf("args %v lack %s", argv, want)
+				}
+			}
+			if mocktest.Str(pod, "imagePullSecrets", 0, "name") != "regcred" {
+				t.Errorf("manager pod imagePullSecrets %v", mocktest.Dig(pod, "imagePullSecrets"))
+			}
+			var kinds []string
+			for _, r := range m.ByType(roleType) {
+				rules, _ := mocktest.Dig(r.Props(), "rules").([]any)
+				for _, ru := range rules {
+					g, res := strs(mocktest.Dig(ru, "apiGroups")), strs(mocktest.Dig(ru, "resources"))
+					if g[0] != "" && g[0] != "coordination.k8s.io" {
+						kinds = append(kinds, g[0]+"/"+res[0])
+					}
+				}
+			}
+			if !slices.Equal(kinds, tc.kinds) {
+				t.Errorf("policy RBAC %v, want %v", kinds, tc.kinds)
+			}
+		})
+	}
+	a := args()
+	a.NetworkPolicy = "calico"
+	if _, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewManager(ctx, "fb", a); return err }); err == nil {
+		t.Error("unknown flavour accepted")
 	}
 }

@@ -16,6 +16,9 @@ const NamespacesType = "fusebox:components:Namespaces"
 type NamespacesArgs struct {
 	Manager string `pulumi:"manager"`
 	Sandbox string `pulumi:"sandbox"`
+	// Existing uses namespaces made beforehand (for example to hold image pull secrets)
+	// instead of creating them; their Pod Security labels are then the operator's.
+	Existing bool `pulumi:"existing"`
 }
 
 // Namespaces are the two namespaces of an installation. They are a component of their own so
@@ -49,6 +52,9 @@ func NewNamespaces(ctx *pulumi.Context, name string, args *NamespacesArgs, opts 
 		return nil, err
 	}
 	mk := func(suffix, ns, pss string) (pulumi.StringOutput, error) {
+		if args.Existing {
+			return pulumi.String(ns).ToStringOutput(), nil
+		}
 		n, err := corev1.NewNamespace(ctx, name+"-"+suffix, &corev1.NamespaceArgs{
 			Metadata: metav1.ObjectMetaArgs{
 				Name: pulumi.String(ns),

@@ -24,7 +24,46 @@ type SandboxTemplate struct {
 	CPU, Memory string
 	// EphemeralStorage caps the workspace (default "10Gi").
 	EphemeralStorage string
+	// Placement puts sandbox pods on their nodes; nil is the fusebox sandbox pool (its label
+	// and taint, which Karpenter's NodePool sets).
+	Placement *Placement
+	// ImagePullSecrets name Secrets in the sandbox namespace for the sandbox image.
+	ImagePullSecrets []string
 }
+
+// Placement is a node selector and the tolerations that go with it.
+type Placement struct {
+	NodeSelector map[string]string
+	Tolerations  []corev1.Toleration
+}
+
+// SandboxPoolPlacement is the fusebox sandbox node pool: its label, and a toleration of its
+// taint.
+func SandboxPoolPlacement() Placement {
+	return Placement{
+		NodeSelector: map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue},
+		Tolerations: []corev1.Toleration{{
+			Key: components.SandboxTaintKey, Operator: corev1.TolerationOpEqual, Value: components.SandboxTaintValue,
+			Effect: corev1.TaintEffect(components.SandboxTaintEffect),
+		}},
+	}
+}
+
+// GKESandboxPlacement is a GKE Sandbox node pool (sandboxConfig type gvisor): GKE labels its
+// nodes sandbox.gke.io/runtime=gvisor and taints them sandbox.gke.io/runtime=gvisor:NoSchedule,
+// and its own RuntimeClass "gvisor" adds the same selector and toleration to every pod that
+// names it; the template states them so that it says where its pods go.
+func GKESandboxPlacement() Placement {
+	return Placement{
+		NodeSelector: map[string]string{GKESandboxLabel: "gvisor"},
+		Tolerations: []corev1.Toleration{{
+			Key: GKESandboxLabel, Operator: corev1.TolerationOpEqual, Value: "gvisor", Effect: corev1.TaintEffectNoSchedule,
+		}},
+	}
+}
+
+// GKESandboxLabel is the label and taint key of GKE Sandbox nodes.
+const GKESandboxLabel = "sandbox.gke.io/runtime"
 
 // Pod returns the sandbox pod template. It satisfies the sandbox admission policy: gVisor, no
 // service-account token, nothing privileged, no host access, no added capabilities; it runs
@@ -49,6 +88,14 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 		res[k] = q
 	}
 	no, yes := false, true
+	place := SandboxPoolPlacement()
+	if t.Placement != nil {
+		place = *t.Placement
+	}
+	var pull []corev1.LocalObjectReference
+	for _, n := range t.ImagePullSecrets {
+		pull = append(pull, corev1.LocalObjectReference{Name: n})
+	}
 	return &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{
@@ -60,11 +107,9 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
 			RestartPolicy:                corev1.RestartPolicyNever,
-			NodeSelector:                 map[string]string{components.SandboxPoolLabelKey: components.SandboxPoolLabelValue},
-			Tolerations: []corev1.Toleration{{
-				Key: components.SandboxTaintKey, Operator: corev1.TolerationOpEqual, Value: components.SandboxTaintValue,
-				Effect: corev1.TaintEffect(components.SandboxTaintEffect),
-			}},
+			NodeSelector:                 place.NodeSelector,
+			Tolerations:                  place.Tolerations,
+			ImagePullSecrets:             pull,
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot:   &yes,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},

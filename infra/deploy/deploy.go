@@ -23,6 +23,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusebox-dev/fusebox/infra"
+	"github.com/fusebox-dev/fusebox/infra/preflight"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // CLIVersion is the Pulumi CLI fusebox pins (make tools builds it).
@@ -59,6 +62,9 @@ type Options struct {
 	// (a temporary backend, whatever Backend says), so the stack's real state never records
 	// objects that were only rendered. Stacks that install Cilium with Helm cannot be rendered.
 	RenderDir string
+	// Cluster is read by Up's preflight checks (preflight.Check) before anything changes;
+	// nil reads the cluster of $KUBECONFIG (Env's, else the process's).
+	Cluster *preflight.Cluster
 }
 
 // Result is what a run changed and, for up, the stack's outputs.
@@ -83,6 +89,26 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	// Inline programs have no main, and the CLI reads the stack file from the (temporary)
 	// project directory: a copy of the reviewed file in stacks/, never written back.
 	proj.Main, proj.StackConfigDir = "", ""
+	if op == Up && o.RenderDir == "" {
+		// Before the CLI or the provider touch anything: refuse a cluster that cannot take
+		// the stack, naming the setting.
+		c, err := infra.LoadStackFile(stackFile, o.Stack)
+		if err != nil {
+			return Result{}, err
+		}
+		cl := o.Cluster
+		if cl == nil {
+			cs, err := kubeClient(o.Env["KUBECONFIG"])
+			if err != nil {
+				return Result{}, fmt.Errorf("preflight of %s: %w", o.Stack, err)
+			}
+			fc := preflight.FromClients(cs)
+			cl = &fc
+		}
+		if err := preflight.Check(ctx, c.Preflight(o.Stack), *cl); err != nil {
+			return Result{}, fmt.Errorf("up of %s: %w", o.Stack, err)
+		}
+	}
 	cmd, err := auto.NewPulumiCommand(&auto.PulumiCommandOptions{Root: o.Tools, Version: semver.MustParse(CLIVersion)})
 	if err != nil {
 		return Result{}, fmt.Errorf("pulumi CLI in %s (run make tools): %w", o.Tools, err)
@@ -197,6 +223,20 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("deploy: unknown operation %q", op)
 	}
 	return res, nil
+}
+
+// kubeClient is a client of the cluster of kubeconfig (a path list as in $KUBECONFIG; empty:
+// the process's $KUBECONFIG, else ~/.kube/config), in its current context.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.Precedence = filepath.SplitList(kubeconfig)
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading the kubeconfig of the target cluster: %w", err)
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 // fileBackendDir returns the directory of a file:// backend URL ("file:///abs", "file://~/dir",

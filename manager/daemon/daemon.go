@@ -78,7 +78,15 @@ type KubeConfig struct {
 	SandboxTemplate string
 	AgentSelector   map[string]string
 	ManagerSelector map[string]string
-	LeaderElect     bool
+	// AgentNamespaces are the namespaces whose pods (with AgentSelector's labels) may reach a
+	// bound sandbox's data port; AgentCIDRs may reach it from outside the cluster.
+	AgentNamespaces []string
+	AgentCIDRs      []string
+	// NetworkPolicy is the cluster's policy flavour: cilium (default), gke or kubernetes.
+	NetworkPolicy string
+	// ImagePullSecrets are given to every sandbox pod.
+	ImagePullSecrets []string
+	LeaderElect      bool
 	// QPS and Burst limit this replica's API requests (0: kubealloc.DefaultQPS, DefaultBurst).
 	QPS   float32
 	Burst int

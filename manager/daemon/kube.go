@@ -15,6 +15,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/leader"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 )
 
 // sandboxTemplate reads --sandbox-template, or makes the default template for
@@ -47,8 +48,21 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(k.AgentSelector) == 0 || len(k.ManagerSelector) == 0 {
-		return nil, nil, errors.New("--allocator kube needs --agent-selector and --manager-selector (who may reach the data and init ports)")
+	if len(k.ManagerSelector) == 0 {
+		return nil, nil, errors.New("--allocator kube needs --manager-selector (the manager's pods: the only ones that may reach the init port)")
+	}
+	if len(k.AgentNamespaces) == 0 && len(k.AgentCIDRs) == 0 {
+		return nil, nil, errors.New("--allocator kube needs --agent-namespaces (or --agent-cidrs): where the agents that may reach a bound sandbox's data port run")
+	}
+	flavour := sandboxnet.Cilium
+	if k.NetworkPolicy != "" {
+		if flavour, err = sandboxnet.ParseFlavour(k.NetworkPolicy); err != nil {
+			return nil, nil, fmt.Errorf("--network-policy: %w", err)
+		}
+	}
+	managerNS := k.ManagerNamespace
+	if managerNS == "" {
+		return nil, nil, errors.New("--allocator kube needs --manager-namespace (the manager's pods are admitted to the init port in it)")
 	}
 	var cfg *rest.Config
 	if k.Kubeconfig != "" {
@@ -68,12 +82,14 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := kubealloc.CheckDefaultDeny(ctx, dyn, k.SandboxNamespace); err != nil {
+	if err := kubealloc.CheckDefaultDeny(ctx, dyn, k.SandboxNamespace, flavour); err != nil {
 		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: k.SandboxNamespace, Identity: k.Identity,
 		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: tmpl},
-		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, Manager: k.ManagerSelector}, NodeName: k.NodeName,
+		Flavour:   flavour, ImagePullSecrets: k.ImagePullSecrets,
+		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, AgentNamespaces: k.AgentNamespaces, AgentCIDRs: k.AgentCIDRs,
+			Manager: k.ManagerSelector, ManagerNamespace: managerNS}, NodeName: k.NodeName,
 		Logger: log})
 	if err != nil {
 		return nil, nil, err

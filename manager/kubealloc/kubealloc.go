@@ -1,13 +1,17 @@
 // Package kubealloc is the Kubernetes Allocator: each unit is a gVisor pod (runtimeClassName
-// gvisor) in one sandbox namespace, made by BuildPod, with a per-sandbox CiliumNetworkPolicy
-// (SandboxPolicy) applied at bind time on top of the namespace's default-deny policy
-// (DefaultDenyPolicy, checked by CheckDefaultDeny).
+// gvisor) in one sandbox namespace, made by BuildPod, with its own network policies
+// (SandboxPolicies) applied at bind time on top of the namespace's default-deny policy
+// (DefaultDenyPolicy, checked by CheckDefaultDeny). The policies come from
+// policies/sandboxnet, the one source the Pulumi program uses too, in the cluster's flavour:
+// CiliumNetworkPolicy, NetworkPolicy plus GKE's FQDNNetworkPolicy, or plain NetworkPolicy
+// (whose egress allowlists take IP addresses only: ValidateEgress refuses names there).
 //
 // Everything the allocator reads comes from one shared pod informer (filtered to
 // app.kubernetes.io/name=fusebox-sandbox in the namespace): no polling, no GET or LIST per
 // request once the cache has synced. Writes per operation: Create 1 (plus 1 delete on
-// failure), Claim 1 per attempt (a Conflict moves to the next candidate), BindEgress 1
-// (server-side apply), Annotate 1, Destroy 2.
+// failure), Claim 1 per attempt (a Conflict moves to the next candidate), BindEgress 1 per
+// policy object (server-side apply; 2 on GKE when the allowlist names hosts), Annotate 1,
+// Destroy 1 plus 1 per policy kind of the flavour.
 //
 // Transient API errors (timeouts, 429 with its Retry-After, 500, 503, refused or reset
 // connections) are retried with Backoff wherever repeating the call is safe, which is every
@@ -43,6 +47,8 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/egress"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,10 +88,13 @@ func PodIPEndpoints(p *corev1.Pod) (string, string, error) {
 }
 
 // Options configure the allocator. Client, Dynamic, Namespace, Identity, Templates (each
-// with an Image) and both Selectors are required.
+// with an Image), Selectors.Manager with Selectors.ManagerNamespace, and
+// Selectors.AgentNamespaces or Selectors.AgentCIDRs are required.
 type Options struct {
 	Client  kubernetes.Interface
-	Dynamic dynamic.Interface // CiliumNetworkPolicies
+	Dynamic dynamic.Interface // the network policies
+	// Flavour is how the cluster enforces network policy (default sandboxnet.Cilium).
+	Flavour sandboxnet.Flavour
 	// Namespace holds the sandbox pods and their policies.
 	Namespace string
 	// Identity names this replica (pod name); it is recorded on the pods it claims.
@@ -93,6 +102,8 @@ type Options struct {
 	Templates map[string]Template
 	// Selectors say who may reach the data port (agents) and the init port (the manager).
 	Selectors PolicySelectors
+	// ImagePullSecrets are given to every sandbox pod (Secrets in Namespace).
+	ImagePullSecrets []string
 	// RuntimeClassName defaults to "gvisor".
 	RuntimeClassName string
 	// Pool defaults to DefaultNodePool.
@@ -132,9 +143,10 @@ type Allocator struct {
 }
 
 var (
-	_ manager.Allocator    = (*Allocator)(nil)
-	_ manager.Annotator    = (*Allocator)(nil)
-	_ manager.EgressBinder = (*Allocator)(nil)
+	_ manager.Allocator     = (*Allocator)(nil)
+	_ manager.Annotator     = (*Allocator)(nil)
+	_ manager.EgressBinder  = (*Allocator)(nil)
+	_ manager.EgressChecker = (*Allocator)(nil)
 )
 
 type waiter struct {
@@ -155,8 +167,17 @@ func New(o Options) (*Allocator, error) {
 		return nil, errors.New("kubealloc: Namespace and Identity are required")
 	case len(o.Templates) == 0:
 		return nil, errors.New("kubealloc: at least one template is required")
-	case len(o.Selectors.Agents) == 0 || len(o.Selectors.Manager) == 0:
-		return nil, errors.New("kubealloc: Selectors.Agents and Selectors.Manager are required (an empty selector would admit every pod)")
+	case len(o.Selectors.Manager) == 0:
+		return nil, errors.New("kubealloc: Selectors.Manager is required (an empty selector would admit every pod of the manager namespace)")
+	}
+	if o.Flavour == "" {
+		o.Flavour = sandboxnet.Cilium
+	}
+	if _, err := sandboxnet.ParseFlavour(string(o.Flavour)); err != nil {
+		return nil, fmt.Errorf("kubealloc: %w", err)
+	}
+	if err := o.Selectors.network(o.Namespace).Validate(); err != nil {
+		return nil, fmt.Errorf("kubealloc: Selectors: %w", err)
 	}
 	for name, t := range o.Templates {
 		if t.Image == "" {
@@ -323,6 +344,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (manager.Un
 	pod := BuildPod(PodSpec{
 		ID: id, Namespace: a.o.Namespace, TemplateName: template, Template: t,
 		RuntimeClassName: a.o.RuntimeClassName, Pool: *a.o.Pool, NodeName: a.o.NodeName,
+		ImagePullSecrets: a.o.ImagePullSecrets,
 	})
 	created, err := a.createPod(ctx, pod)
 	if err != nil {
@@ -445,22 +467,28 @@ func managerAnnotations(in map[string]string) map[string]string {
 	return out
 }
 
-// Destroy deletes pod id and its policy; either being gone already is success. The policy
-// also carries an owner reference to the pod, so the garbage collector removes it if this
-// second delete is lost.
+// Destroy deletes pod id and its policies (every kind of the flavour); anything being gone
+// already is success. The policies also carry an owner reference to the pod, so the garbage
+// collector removes them if a later delete is lost.
 func (a *Allocator) Destroy(ctx context.Context, id string) error {
-	// Both deletes are idempotent (NotFound is success), so transient errors are retried.
+	// The deletes are idempotent (NotFound is success), so transient errors are retried.
 	_, err := a.retry.do(ctx, func(ctx context.Context) error {
 		return a.o.Client.CoreV1().Pods(a.o.Namespace).Delete(ctx, id, metav1.DeleteOptions{})
 	})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: deleting pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
-	_, err = a.retry.do(ctx, func(ctx context.Context) error {
-		return a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Delete(ctx, PolicyName(id), metav1.DeleteOptions{})
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("%w: deleting CiliumNetworkPolicy %s/%s: %w", manager.ErrAllocator, a.o.Namespace, PolicyName(id), err)
+	for _, k := range sandboxnet.SandboxKinds(a.o.Flavour) {
+		res, err := gvr(k.Kind)
+		if err != nil {
+			return err
+		}
+		_, err = a.retry.do(ctx, func(ctx context.Context) error {
+			return a.o.Dynamic.Resource(res).Namespace(a.o.Namespace).Delete(ctx, PolicyName(id), metav1.DeleteOptions{})
+		})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%w: deleting %s %s/%s: %w", manager.ErrAllocator, k.Kind, a.o.Namespace, PolicyName(id), err)
+		}
 	}
 	return nil
 }
@@ -704,11 +732,29 @@ func (a *Allocator) annotated(ctx context.Context, id string, annotations map[st
 		maps.Equal(managerAnnotations(p.Annotations), want)
 }
 
-// BindEgress applies (server-side apply: create or update, one request) sandbox id's
-// CiliumNetworkPolicy for allow, owned by the pod. When it returns nil the policy object
-// exists with exactly that allowlist; Cilium enforces it asynchronously, which the default
-// deny covers until then. ErrUnitNotFound if the pod is not in the cache; a malformed entry
-// wraps manager.ErrInvalid.
+// CheckEgress reports whether allow could be bound under the allocator's flavour (a host
+// on a plain-NetworkPolicy cluster is refused, wrapping manager.ErrInvalid and
+// sandboxnet.ErrFQDNUnsupported; so is a metadata address): the manager asks before it
+// spends a warm sandbox on the allocation.
+func (a *Allocator) CheckEgress(allow []string) error {
+	al, err := egress.ParseAllowlist(allow)
+	if err != nil {
+		return fmt.Errorf("%w: %w", manager.ErrInvalid, err)
+	}
+	if err := sandboxnet.CheckAllowlist(a.o.Flavour, al.Entries()); err != nil {
+		return fmt.Errorf("%w: %w", manager.ErrInvalid, err)
+	}
+	if _, err := sandboxnet.SandboxPolicies(a.o.Flavour, a.o.Selectors.network(a.o.Namespace), "check", al.Entries()); err != nil {
+		return fmt.Errorf("%w: %w", manager.ErrInvalid, err)
+	}
+	return nil
+}
+
+// BindEgress applies (server-side apply: create or update, one request per object) sandbox
+// id's policies for allow under the allocator's flavour, owned by the pod. When it returns nil
+// the policy objects exist with exactly that allowlist; the network plugin enforces them
+// asynchronously, which the default deny covers until then. ErrUnitNotFound if the pod is not
+// in the cache; a malformed or unsupported entry wraps manager.ErrInvalid.
 func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {
 	if err := a.ready(); err != nil {
 		return err
@@ -719,22 +765,28 @@ func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) e
 	} else if err != nil {
 		return fmt.Errorf("reading pod %s from the informer's cache: %w", id, err)
 	}
-	pol, err := SandboxPolicy(a.o.Namespace, id, allow, a.o.Selectors)
+	pols, err := SandboxPolicies(a.o.Flavour, a.o.Namespace, id, allow, a.o.Selectors)
 	if err != nil {
 		return fmt.Errorf("%w: %w", manager.ErrInvalid, err)
 	}
 	yes := true
-	pol.SetOwnerReferences([]metav1.OwnerReference{{
-		APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, BlockOwnerDeletion: &yes,
-	}})
-	// Server-side apply of a whole object is idempotent: retried as is.
-	_, err = a.retry.do(ctx, func(ctx context.Context) error {
-		_, err := a.o.Dynamic.Resource(CiliumNetworkPolicyGVR).Namespace(a.o.Namespace).Apply(ctx, pol.GetName(), pol,
-			metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("%w: applying CiliumNetworkPolicy %s/%s for pod %s: %w", manager.ErrAllocator, a.o.Namespace, pol.GetName(), id, err)
+	for _, pol := range pols {
+		pol.SetOwnerReferences([]metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID, BlockOwnerDeletion: &yes,
+		}})
+		res, err := gvr(pol.GetKind())
+		if err != nil {
+			return err
+		}
+		// Server-side apply of a whole object is idempotent: retried as is.
+		_, err = a.retry.do(ctx, func(ctx context.Context) error {
+			_, err := a.o.Dynamic.Resource(res).Namespace(a.o.Namespace).Apply(ctx, pol.GetName(), pol,
+				metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("%w: applying %s %s/%s for pod %s: %w", manager.ErrAllocator, pol.GetKind(), a.o.Namespace, pol.GetName(), id, err)
+		}
 	}
 	return nil
 }

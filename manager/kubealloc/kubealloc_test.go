@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/manager/egress"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"k8s.io/apimachinery/pkg/runtime"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
@@ -17,8 +17,10 @@ import (
 )
 
 var testSelectors = PolicySelectors{
-	Agents:  map[string]string{"fusebox.dev/role": "agent"},
-	Manager: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+	Agents:           map[string]string{"fusebox.dev/role": "agent"},
+	AgentNamespaces:  []string{"agents"},
+	Manager:          map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+	ManagerNamespace: "fusebox-system",
 }
 
 func TestNewRefusesMissingOptions(t *testing.T) {
@@ -37,8 +39,10 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 		"no identity":         func(o *Options) { o.Identity = "" },
 		"no templates":        func(o *Options) { o.Templates = nil },
 		"no image":            func(o *Options) { o.Templates = map[string]Template{"default": {}} },
-		"no agent selector":   func(o *Options) { o.Selectors.Agents = nil },
+		"no agent namespaces": func(o *Options) { o.Selectors.AgentNamespaces = nil },
 		"no manager selector": func(o *Options) { o.Selectors.Manager = nil },
+		"no manager ns":       func(o *Options) { o.Selectors.ManagerNamespace = "" },
+		"unknown flavour":     func(o *Options) { o.Flavour = "calico" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := ok
@@ -50,66 +54,61 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 	}
 }
 
-func TestSandboxPolicy(t *testing.T) {
-	u, err := SandboxPolicy("ns", "sb-1", []string{"a.example.com:443", "*.pypi.org:443", "10.0.0.1:5432", "[2001:db8::1]:443", "a.example.com:443", "b.example.com:80"}, testSelectors)
-	if err != nil {
-		t.Fatal(err)
+func TestSandboxPolicies(t *testing.T) {
+	allow := []string{"a.example.com:443", "*.pypi.org:443", "10.0.0.1:5432", "[2001:db8::1]:443", "a.example.com:443", "b.example.com:80"}
+	for _, tc := range []struct {
+		f     sandboxnet.Flavour
+		kinds []string
+	}{
+		{sandboxnet.Cilium, []string{"CiliumNetworkPolicy"}},
+		{sandboxnet.GKE, []string{"NetworkPolicy", "FQDNNetworkPolicy"}},
+	} {
+		t.Run(string(tc.f), func(t *testing.T) {
+			us, err := SandboxPolicies(tc.f, "ns", "sb-1", allow, testSelectors)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, u := range us {
+				kinds = append(kinds, u.GetKind())
+				if u.GetName() != "fusebox-sandbox-sb-1" || u.GetNamespace() != "ns" || u.GetLabels()[LabelSandboxID] != "sb-1" {
+					t.Errorf("metadata %v", u.Object["metadata"])
+				}
+				js := fmt.Sprint(u.Object["spec"])
+				// The agents are matched in their own namespace (and the manager is not
+				// given the data port).
+				for _, want := range []string{"agents", "fusebox.dev/role", "sb-1"} {
+					if u.GetKind() != "FQDNNetworkPolicy" && !strings.Contains(js, want) {
+						t.Errorf("%s lacks %q: %s", u.GetKind(), want, js)
+					}
+				}
+			}
+			if fmt.Sprint(kinds) != fmt.Sprint(tc.kinds) {
+				t.Errorf("kinds %v, want %v", kinds, tc.kinds)
+			}
+		})
 	}
-	if u.GetName() != "fusebox-sandbox-sb-1" || u.GetNamespace() != "ns" || u.GetKind() != "CiliumNetworkPolicy" || u.GetAPIVersion() != "cilium.io/v2" {
-		t.Fatalf("metadata %v", u.Object)
-	}
-	egressRules, _, _ := unstructured.NestedSlice(u.Object, "spec", "egress")
-	got := fmt.Sprint(egressRules[1:])
-	want := fmt.Sprint([]any{
-		map[string]any{"toFQDNs": []any{map[string]any{"matchName": "a.example.com"}, map[string]any{"matchPattern": "*.pypi.org"}}, "toPorts": ports("443")},
-		map[string]any{"toCIDR": []any{"2001:db8::1/128"}, "toPorts": ports("443")},
-		map[string]any{"toCIDR": []any{"10.0.0.1/32"}, "toPorts": ports("5432")},
-		map[string]any{"toFQDNs": []any{map[string]any{"matchName": "b.example.com"}}, "toPorts": ports("80")},
-	})
-	if got != want {
-		t.Errorf("egress\n got %s\nwant %s", got, want)
-	}
-	dns := fmt.Sprint(egressRules[0])
-	for _, s := range []string{"kube-dns", "kube-system", "matchPattern:*", "port:53 protocol:UDP", "port:53 protocol:TCP"} {
-		if !strings.Contains(dns, s) {
-			t.Errorf("DNS rule %s lacks %q", dns, s)
-		}
-	}
-	ingress, _, _ := unstructured.NestedSlice(u.Object, "spec", "ingress")
-	if g := fmt.Sprint(ingress); g != fmt.Sprint([]any{
-		map[string]any{"fromEndpoints": []any{map[string]any{"matchLabels": map[string]any{"fusebox.dev/role": "agent"}}}, "toPorts": ports("7071")},
-		map[string]any{"fromEndpoints": []any{map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "fusebox-manager"}}}, "toPorts": ports("7070")},
-	}) {
-		t.Errorf("ingress %s", g)
-	}
-	sel, _, _ := unstructured.NestedStringMap(u.Object, "spec", "endpointSelector", "matchLabels")
-	if len(sel) != 1 || sel[LabelSandboxID] != "sb-1" {
-		t.Errorf("endpointSelector %v", sel)
-	}
-
-	empty, err := SandboxPolicy("ns", "sb-2", nil, testSelectors)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e, _, _ := unstructured.NestedSlice(empty.Object, "spec", "egress"); len(e) != 1 {
-		t.Errorf("empty allowlist: %d egress rules, want only DNS", len(e))
-	}
-	if _, err := SandboxPolicy("ns", "sb-3", []string{"*.com:443"}, testSelectors); !errors.Is(err, egress.ErrBadEntry) {
+	if _, err := SandboxPolicies(sandboxnet.Cilium, "ns", "sb-3", []string{"*.com:443"}, testSelectors); !errors.Is(err, egress.ErrBadEntry) {
 		t.Errorf("bad entry: %v", err)
 	}
-}
-
-func ports(p string) []any {
-	return []any{map[string]any{"ports": []any{map[string]any{"port": p, "protocol": "TCP"}}}}
+	if _, err := SandboxPolicies(sandboxnet.Kubernetes, "ns", "sb-3", []string{"pypi.org:443"}, testSelectors); !errors.Is(err, sandboxnet.ErrFQDNUnsupported) {
+		t.Errorf("a name under plain NetworkPolicy: %v", err)
+	}
 }
 
 func TestDefaultDenyPolicy(t *testing.T) {
-	u, err := DefaultDenyPolicy("ns")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g := fmt.Sprint(u.Object["spec"]); g != "map[egress:[map[]] endpointSelector:map[matchLabels:map[app.kubernetes.io/name:fusebox-sandbox]] ingress:[map[]]]" {
-		t.Errorf("spec %s", g)
+	for f, want := range map[sandboxnet.Flavour]string{
+		sandboxnet.Cilium:     "CiliumNetworkPolicy map[description:fusebox: sandboxes get no traffic but what other fusebox policies allow egress:[map[]] enableDefaultDeny:map[egress:true ingress:true] endpointSelector:map[] ingress:[map[]]]",
+		sandboxnet.GKE:        "NetworkPolicy map[podSelector:map[] policyTypes:[Ingress Egress]]",
+		sandboxnet.Kubernetes: "NetworkPolicy map[podSelector:map[] policyTypes:[Ingress Egress]]",
+	} {
+		u, err := DefaultDenyPolicy(f, "ns")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := u.GetKind() + " " + fmt.Sprint(u.Object["spec"]); g != want || u.GetName() != "fusebox-sandbox-default-deny" {
+			t.Errorf("%s: %s %s\nwant %s", f, u.GetName(), g, want)
+		}
 	}
 }
 

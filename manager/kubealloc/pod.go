@@ -63,6 +63,8 @@ type Template struct {
 	// Labels and Annotations are added to every pod; the allocator's own keys are set over
 	// them (TemplateFromPod refuses templates that set those).
 	Labels, Annotations map[string]string
+	// ImagePullSecrets name Secrets in the sandbox namespace for a private registry.
+	ImagePullSecrets []string
 }
 
 // DefaultTemplate is 250m/256Mi requested, 1 CPU/1Gi limit, a 512Mi workspace.
@@ -106,6 +108,9 @@ type PodSpec struct {
 	// NodeName binds the pod to a node directly (tests without a scheduler); empty in
 	// production.
 	NodeName string
+	// ImagePullSecrets name Secrets in Namespace for pulling the image from a private
+	// registry (the template's are added).
+	ImagePullSecrets []string
 }
 
 // BuildPod returns the sandbox pod: gVisor runtime class, no service-account token, non-root
@@ -150,6 +155,12 @@ func BuildPod(s PodSpec) *corev1.Pod {
 		LabelState:     StateReady,
 		LabelSandboxID: s.ID,
 	})
+	var pull []corev1.LocalObjectReference
+	for _, n := range append(slices.Clone(s.ImagePullSecrets), t.ImagePullSecrets...) {
+		if !slices.Contains(pull, corev1.LocalObjectReference{Name: n}) {
+			pull = append(pull, corev1.LocalObjectReference{Name: n})
+		}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        s.ID,
@@ -165,6 +176,7 @@ func BuildPod(s PodSpec) *corev1.Pod {
 			NodeName:                     s.NodeName,
 			NodeSelector:                 maps.Clone(pool.NodeSelector),
 			Tolerations:                  slices.Clone(pool.Tolerations),
+			ImagePullSecrets:             pull,
 			HostNetwork:                  false,
 			HostPID:                      false,
 			HostIPC:                      false,

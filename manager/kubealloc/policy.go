@@ -5,217 +5,147 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/fusebox-dev/fusebox/manager/egress"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
 
-// CiliumNetworkPolicyGVR is cilium.io/v2 ciliumnetworkpolicies.
-var CiliumNetworkPolicyGVR = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
+// The resources of the policies the allocator writes and checks.
+var (
+	// CiliumNetworkPolicyGVR is cilium.io/v2 ciliumnetworkpolicies.
+	CiliumNetworkPolicyGVR = schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
+	// NetworkPolicyGVR is networking.k8s.io/v1 networkpolicies.
+	NetworkPolicyGVR = schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "networkpolicies"}
+	// FQDNNetworkPolicyGVR is GKE's networking.gke.io/v1alpha1 fqdnnetworkpolicies.
+	FQDNNetworkPolicyGVR = schema.GroupVersionResource{Group: "networking.gke.io", Version: "v1alpha1", Resource: "fqdnnetworkpolicies"}
+)
 
-// DefaultDenyName is the namespace-wide default-deny policy CheckDefaultDeny looks for.
-const DefaultDenyName = "fusebox-sandbox-default-deny"
+// gvr returns the resource of a rendered policy's kind.
+func gvr(kind string) (schema.GroupVersionResource, error) {
+	switch kind {
+	case sandboxnet.CiliumKind:
+		return CiliumNetworkPolicyGVR, nil
+	case sandboxnet.NetworkPolicyKind:
+		return NetworkPolicyGVR, nil
+	case sandboxnet.FQDNKind:
+		return FQDNNetworkPolicyGVR, nil
+	}
+	return schema.GroupVersionResource{}, fmt.Errorf("unknown policy kind %q", kind)
+}
+
+// DefaultDenyName is the namespace-wide default-deny policy CheckDefaultDeny looks for: the
+// one the Pulumi program creates (sandboxnet is the one source of both).
+const DefaultDenyName = sandboxnet.DefaultDenyName
 
 // ErrNoDefaultDeny is returned by CheckDefaultDeny when the sandbox namespace lacks the
 // default-deny policy or holds a different one under its name.
-var ErrNoDefaultDeny = errors.New("sandbox namespace lacks the fusebox default-deny CiliumNetworkPolicy")
+var ErrNoDefaultDeny = errors.New("sandbox namespace lacks the fusebox default-deny network policy")
 
-// PolicyName is the name of sandbox id's CiliumNetworkPolicy.
-func PolicyName(id string) string { return "fusebox-sandbox-" + id }
+// PolicyName is the name of sandbox id's own policies (one per kind).
+func PolicyName(id string) string { return sandboxnet.SandboxPolicyName(id) }
 
-// The typed subset of Cilium's rule schema that fusebox writes (cilium.io/v2 field names),
-// converted to unstructured with runtime.DefaultUnstructuredConverter.
-type (
-	cnpSpec struct {
-		EndpointSelector selector     `json:"endpointSelector"`
-		Ingress          []ingress    `json:"ingress"`
-		Egress           []egressRule `json:"egress"`
-	}
-	selector struct {
-		MatchLabels map[string]string `json:"matchLabels,omitempty"`
-	}
-	ingress struct {
-		FromEndpoints []selector `json:"fromEndpoints,omitempty"`
-		ToPorts       []portRule `json:"toPorts,omitempty"`
-	}
-	egressRule struct {
-		ToEndpoints []selector `json:"toEndpoints,omitempty"`
-		ToFQDNs     []fqdn     `json:"toFQDNs,omitempty"`
-		ToCIDR      []string   `json:"toCIDR,omitempty"`
-		ToPorts     []portRule `json:"toPorts,omitempty"`
-	}
-	fqdn struct {
-		MatchName    string `json:"matchName,omitempty"`
-		MatchPattern string `json:"matchPattern,omitempty"`
-	}
-	portRule struct {
-		Ports []port   `json:"ports"`
-		Rules *l7Rules `json:"rules,omitempty"`
-	}
-	port struct {
-		Port     string `json:"port"`
-		Protocol string `json:"protocol"`
-	}
-	l7Rules struct {
-		DNS []fqdn `json:"dns,omitempty"`
-	}
-)
-
-// PolicySelectors say which pods may reach a sandbox. Both are Cilium endpoint label
-// selectors (matchLabels); for pods in another namespace add
-// "k8s:io.kubernetes.pod.namespace": "<ns>".
+// PolicySelectors say which pods may reach a sandbox.
 type PolicySelectors struct {
-	// Agents may reach the data port.
-	Agents map[string]string
-	// Manager may reach the init port (sFuse).
-	Manager map[string]string
+	// Agents are the labels of the agents' pods, which may reach a bound sandbox's data port
+	// from any of AgentNamespaces (empty: every pod of those namespaces). Without
+	// AgentNamespaces only AgentCIDRs reach it.
+	Agents          map[string]string
+	AgentNamespaces []string
+	// AgentCIDRs may reach the data port from outside the cluster.
+	AgentCIDRs []string
+	// Manager are the labels of the manager's pods in ManagerNamespace, which alone reach the
+	// init port (sFuse).
+	Manager          map[string]string
+	ManagerNamespace string
 }
 
-// dnsRule lets a sandbox ask kube-dns anything: toFQDNs only works when Cilium's DNS proxy
-// sees the lookups, which needs an L7 DNS rule (matchPattern "*": the names themselves are
-// limited by toFQDNs, not by what may be looked up).
-func dnsRule() egressRule {
-	return egressRule{
-		ToEndpoints: []selector{{MatchLabels: map[string]string{
-			"k8s:io.kubernetes.pod.namespace": "kube-system",
-			"k8s:k8s-app":                     "kube-dns",
-		}}},
-		ToPorts: []portRule{{
-			Ports: []port{{Port: "53", Protocol: "UDP"}, {Port: "53", Protocol: "TCP"}},
-			Rules: &l7Rules{DNS: []fqdn{{MatchPattern: "*"}}},
-		}},
+func (s PolicySelectors) network(sandboxNamespace string) sandboxnet.Network {
+	return sandboxnet.Network{
+		SandboxNamespace: sandboxNamespace, ManagerNamespace: s.ManagerNamespace,
+		ManagerLabels: maps.Clone(s.Manager), AgentLabels: maps.Clone(s.Agents),
+		AgentNamespaces: s.AgentNamespaces, AgentCIDRs: s.AgentCIDRs,
+		InitPort: int(InitPort), DataPort: int(DataPort),
 	}
 }
 
-// SandboxPolicy returns sandbox id's CiliumNetworkPolicy: it selects the pod by its
-// sandbox-id label; egress is the DNS rule plus, per port of the allowlist, the names
-// (toFQDNs: matchName, or matchPattern for "*." wildcards) and the IP literals (toCIDR /32 or
-// /128) allowed on it (TCP); ingress is the data port from Agents and the init port from
-// Manager, nothing else. The allowlist is parsed with egress.ParseAllowlist; its errors wrap
-// egress.ErrBadEntry. An empty allowlist leaves DNS as the only egress.
-func SandboxPolicy(namespace, id string, allow []string, sel PolicySelectors) (*unstructured.Unstructured, error) {
+// SandboxPolicies returns sandbox id's own policies under flavour f (sandboxnet.SandboxPolicies:
+// its agents reach its data port; it reaches exactly allow, plus DNS for the names in it),
+// labelled and named PolicyName(id). The allowlist is parsed with egress.ParseAllowlist first:
+// its errors wrap egress.ErrBadEntry; a host under a flavour without FQDN support wraps
+// sandboxnet.ErrFQDNUnsupported.
+func SandboxPolicies(f sandboxnet.Flavour, namespace, id string, allow []string, sel PolicySelectors) ([]*unstructured.Unstructured, error) {
 	al, err := egress.ParseAllowlist(allow)
 	if err != nil {
 		return nil, err
 	}
-	type group struct {
-		names []fqdn
-		cidrs []string
-	}
-	var ports []string
-	groups := map[string]*group{}
-	for _, e := range al.Entries() {
-		i := strings.LastIndexByte(e, ':')
-		host, p := e[:i], e[i+1:]
-		g := groups[p]
-		if g == nil {
-			g = &group{}
-			groups[p] = g
-			ports = append(ports, p)
-		}
-		switch {
-		case strings.HasPrefix(host, "["):
-			a := netip.MustParseAddr(strings.Trim(host, "[]"))
-			g.cidrs = append(g.cidrs, netip.PrefixFrom(a, a.BitLen()).String())
-		case strings.HasPrefix(host, "*."):
-			g.names = append(g.names, fqdn{MatchPattern: host})
-		default:
-			if a, err := netip.ParseAddr(host); err == nil {
-				g.cidrs = append(g.cidrs, netip.PrefixFrom(a, a.BitLen()).String())
-			} else {
-				g.names = append(g.names, fqdn{MatchName: host})
-			}
-		}
-	}
-	spec := cnpSpec{
-		EndpointSelector: selector{MatchLabels: map[string]string{LabelSandboxID: id}},
-		Ingress: []ingress{
-			{FromEndpoints: []selector{{MatchLabels: maps.Clone(sel.Agents)}}, ToPorts: tcp(DataPort)},
-			{FromEndpoints: []selector{{MatchLabels: maps.Clone(sel.Manager)}}, ToPorts: tcp(InitPort)},
-		},
-		Egress: []egressRule{dnsRule()},
-	}
-	for _, p := range ports {
-		g := groups[p]
-		tp := []portRule{{Ports: []port{{Port: p, Protocol: "TCP"}}}}
-		if len(g.names) > 0 {
-			spec.Egress = append(spec.Egress, egressRule{ToFQDNs: g.names, ToPorts: tp})
-		}
-		if len(g.cidrs) > 0 {
-			spec.Egress = append(spec.Egress, egressRule{ToCIDR: g.cidrs, ToPorts: tp})
-		}
-	}
-	return newPolicy(namespace, PolicyName(id), map[string]string{LabelApp: AppName, LabelSandboxID: id}, spec)
-}
-
-func tcp(p int32) []portRule {
-	return []portRule{{Ports: []port{{Port: strconv.Itoa(int(p)), Protocol: "TCP"}}}}
-}
-
-// DefaultDenyPolicy returns the namespace-wide default-deny policy for sandbox pods: it
-// selects every pod labelled app.kubernetes.io/name=fusebox-sandbox and has one empty ingress
-// and one empty egress rule, which in Cilium puts both directions into default deny while
-// allowing nothing. Deliberately no DNS: a sandbox that has no bound allowlist (a warm pod,
-// or one whose per-sandbox policy is missing) has no egress at all, not even lookups (DNS is
-// an exfiltration channel); the per-sandbox policy adds the DNS rule with the allowlist.
-func DefaultDenyPolicy(namespace string) (*unstructured.Unstructured, error) {
-	spec := cnpSpec{
-		EndpointSelector: selector{MatchLabels: map[string]string{LabelApp: AppName}},
-		Ingress:          []ingress{{}},
-		Egress:           []egressRule{{}},
-	}
-	return newPolicy(namespace, DefaultDenyName, map[string]string{LabelApp: AppName}, spec)
-}
-
-func newPolicy(namespace, name string, labels map[string]string, spec cnpSpec) (*unstructured.Unstructured, error) {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&spec)
+	objs, err := sandboxnet.SandboxPolicies(f, sel.network(namespace), id, al.Entries())
 	if err != nil {
-		return nil, fmt.Errorf("converting policy %s: %w", name, err)
+		return nil, err
 	}
-	u := &unstructured.Unstructured{Object: map[string]any{"spec": m}}
-	u.SetAPIVersion("cilium.io/v2")
-	u.SetKind("CiliumNetworkPolicy")
-	u.SetNamespace(namespace)
-	u.SetName(name)
-	u.SetLabels(labels)
-	return u, nil
+	out := make([]*unstructured.Unstructured, 0, len(objs))
+	for _, o := range objs {
+		m, err := o.Unstructured(namespace)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	return out, nil
 }
 
-// CheckDefaultDeny fails with ErrNoDefaultDeny unless namespace holds DefaultDenyPolicy's
-// spec under DefaultDenyName. Run it at manager start: sandboxes must never exist in a
-// namespace where an unbound pod could reach the network.
-func CheckDefaultDeny(ctx context.Context, dyn dynamic.Interface, namespace string) error {
-	return checkDefaultDeny(ctx, newRetrier(DefaultBackoff()), dyn, namespace)
+// DefaultDenyPolicy returns the namespace-wide default deny under flavour f
+// (sandboxnet.DefaultDeny: every pod of the namespace, nothing allowed either way), as the
+// Pulumi program creates it.
+func DefaultDenyPolicy(f sandboxnet.Flavour, namespace string) (*unstructured.Unstructured, error) {
+	o, err := sandboxnet.DefaultDeny(f)
+	if err != nil {
+		return nil, err
+	}
+	m, err := o.Unstructured(namespace)
+	if err != nil {
+		return nil, err
+	}
+	return &unstructured.Unstructured{Object: m}, nil
 }
 
-func checkDefaultDeny(ctx context.Context, r retrier, dyn dynamic.Interface, namespace string) error {
+// CheckDefaultDeny fails with ErrNoDefaultDeny unless namespace holds DefaultDenyPolicy(f)'s
+// spec under DefaultDenyName (a CiliumNetworkPolicy under Cilium, a NetworkPolicy otherwise).
+// Run it at manager start: sandboxes must never exist in a namespace where an unbound pod
+// could reach the network.
+func CheckDefaultDeny(ctx context.Context, dyn dynamic.Interface, namespace string, f sandboxnet.Flavour) error {
+	return checkDefaultDeny(ctx, newRetrier(DefaultBackoff()), dyn, namespace, f)
+}
+
+func checkDefaultDeny(ctx context.Context, r retrier, dyn dynamic.Interface, namespace string, f sandboxnet.Flavour) error {
+	want, err := DefaultDenyPolicy(f, namespace)
+	if err != nil {
+		return err
+	}
+	res, err := gvr(want.GetKind())
+	if err != nil {
+		return err
+	}
+	kind := want.GetKind()
 	var got *unstructured.Unstructured
-	_, err := r.do(ctx, func(ctx context.Context) error {
+	_, err = r.do(ctx, func(ctx context.Context) error {
 		var err error
-		got, err = dyn.Resource(CiliumNetworkPolicyGVR).Namespace(namespace).Get(ctx, DefaultDenyName, metav1.GetOptions{})
+		got, err = dyn.Resource(res).Namespace(namespace).Get(ctx, DefaultDenyName, metav1.GetOptions{})
 		return err
 	})
 	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("%w: CiliumNetworkPolicy %s/%s not found (install it with the infra module or kubealloc.DefaultDenyPolicy)", ErrNoDefaultDeny, namespace, DefaultDenyName)
+		return fmt.Errorf("%w: %s %s/%s not found (network policy flavour %s; install it with `fusebox up` or kubealloc.DefaultDenyPolicy)", ErrNoDefaultDeny, kind, namespace, DefaultDenyName, f)
 	}
 	if err != nil {
-		return fmt.Errorf("reading CiliumNetworkPolicy %s/%s: %w", namespace, DefaultDenyName, err)
-	}
-	want, err := DefaultDenyPolicy(namespace)
-	if err != nil {
-		return err
+		return fmt.Errorf("reading %s %s/%s: %w", kind, namespace, DefaultDenyName, err)
 	}
 	if !equality.Semantic.DeepEqual(got.Object["spec"], want.Object["spec"]) {
-		return fmt.Errorf("%w: CiliumNetworkPolicy %s/%s exists but its spec is not the default-deny spec", ErrNoDefaultDeny, namespace, DefaultDenyName)
+		return fmt.Errorf("%w: %s %s/%s exists but its spec is not the default-deny spec", ErrNoDefaultDeny, kind, namespace, DefaultDenyName)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,7 +86,7 @@ func newFixture(t *testing.T, mut func(*Options), pods ...runtime.Object) *fixtu
 	t.Helper()
 	f := &fixture{
 		cs:  fake.NewClientset(pods...),
-		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{CiliumNetworkPolicyGVR: "CiliumNetworkPolicyList"}),
+		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), policyListKinds),
 	}
 	o := Options{
 		Client: f.cs, Dynamic: f.dyn, Namespace: testNS, Identity: "replica-a",
@@ -436,14 +437,14 @@ func TestAnnotateRecognisesItsOwnLostWrite(t *testing.T) {
 }
 
 func TestCheckDefaultDenyRetries(t *testing.T) {
-	dd, err := DefaultDenyPolicy(testNS)
+	dd, err := DefaultDenyPolicy(sandboxnet.Cilium, testNS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{CiliumNetworkPolicyGVR: "CiliumNetworkPolicyList"}, dd)
 	calls := failFirst(&dyn.Fake, "get", "ciliumnetworkpolicies", 2, unavailable)
 	r := newRetrier(Backoff{Initial: time.Millisecond, Steps: 3})
-	if err := checkDefaultDeny(context.Background(), r, dyn, testNS); err != nil {
+	if err := checkDefaultDeny(context.Background(), r, dyn, testNS, sandboxnet.Cilium); err != nil {
 		t.Fatalf("after two 503s: %v", err)
 	}
 	if calls.Load() != 3 {
@@ -452,7 +453,7 @@ func TestCheckDefaultDenyRetries(t *testing.T) {
 	failFirst(&dyn.Fake, "get", "ciliumnetworkpolicies", 1, func() error {
 		return apierrors.NewForbidden(schema.GroupResource{Group: "cilium.io", Resource: "ciliumnetworkpolicies"}, DefaultDenyName, errors.New("rbac"))
 	})
-	if err := checkDefaultDeny(context.Background(), r, dyn, testNS); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "reading CiliumNetworkPolicy sandboxes/"+DefaultDenyName) {
+	if err := checkDefaultDeny(context.Background(), r, dyn, testNS, sandboxnet.Cilium); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "reading CiliumNetworkPolicy sandboxes/"+DefaultDenyName) {
 		t.Fatalf("403: %v", err)
 	}
 }

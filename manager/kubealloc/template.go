@@ -33,8 +33,8 @@ func ParseTemplate(data []byte) (Template, error) {
 }
 
 // TemplateFromPod takes from p what a sandbox template may decide: the image, the
-// container's resources and extra server args, nodeSelector and tolerations, labels and
-// annotations. BuildPod makes everything else and enforces the security settings
+// container's resources and extra server args, nodeSelector and tolerations, image pull
+// secrets, labels and annotations. BuildPod makes everything else and enforces the security settings
 // (runtimeClassName gvisor, no service-account token, non-root, every capability dropped,
 // no privilege escalation, seccomp RuntimeDefault, read-only root filesystem, no host
 // namespaces, ports init 7070 and data 7071). A template that states a different value
@@ -147,6 +147,12 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		Limits:      c.Resources.Limits,
 		Labels:      maps.Clone(p.Labels),
 		Annotations: maps.Clone(p.Annotations),
+	}
+	for i, r := range s.ImagePullSecrets {
+		if r.Name == "" {
+			return refuse(fmt.Sprintf("spec.imagePullSecrets[%d].name", i), "empty")
+		}
+		t.ImagePullSecrets = append(t.ImagePullSecrets, r.Name)
 	}
 	if len(s.NodeSelector) > 0 || len(s.Tolerations) > 0 {
 		t.Pool = &NodePool{NodeSelector: maps.Clone(s.NodeSelector), Tolerations: slices.Clone(s.Tolerations)}

@@ -65,8 +65,9 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: ns, Identity: "bench",
 		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate("registry.example/fusebox-sandbox:bench")},
-		Selectors: kubealloc.PolicySelectors{Agents: map[string]string{"app": "agent"}, Manager: map[string]string{"app": "fusebox-manager"}},
-		NodeName:  kubetest.NodeName, Endpoints: func(p *corev1.Pod) (string, string, error) { return "unix:///nonexistent", "unix:///nonexistent", nil }})
+		Selectors: kubealloc.PolicySelectors{Agents: map[string]string{"app": "agent"}, AgentNamespaces: []string{"agents"},
+			Manager: map[string]string{"app": "fusebox-manager"}, ManagerNamespace: "fusebox-system"},
+		NodeName: kubetest.NodeName, Endpoints: func(p *corev1.Pod) (string, string, error) { return "unix:///nonexistent", "unix:///nonexistent", nil }})
 	if err != nil {
 		return nil, err
 	}

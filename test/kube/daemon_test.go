@@ -23,9 +23,10 @@ func daemonConfig(t *testing.T, ns string) daemon.Config {
 	return daemon.Config{
 		Listen: "unix://" + filepath.Join(t.TempDir(), "manager.sock"), Allocator: "kube", StateDir: t.TempDir(),
 		Estimator: "fixed", PoolSize: 3, PoolMax: 3,
-		Kube: daemon.KubeConfig{Kubeconfig: filepath.Join(env.Dir, "kubeconfig"), SandboxNamespace: ns, ManagerNamespace: ns,
+		Kube: daemon.KubeConfig{Kubeconfig: filepath.Join(env.Dir, "kubeconfig"), SandboxNamespace: ns, ManagerNamespace: env.Namespace(t),
 			Identity: "manager-0", SandboxImage: image, AgentSelector: selectors.Agents, ManagerSelector: selectors.Manager,
-			LeaderElect: true, NodeName: kubetest.NodeName},
+			AgentNamespaces: selectors.AgentNamespaces,
+			LeaderElect:     true, NodeName: kubetest.NodeName},
 	}
 }
 

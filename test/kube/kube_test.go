@@ -16,11 +16,13 @@ import (
 
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -33,8 +35,23 @@ func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, &env)) }
 const image = "registry.example/fusebox-sandbox:test"
 
 var selectors = kubealloc.PolicySelectors{
-	Agents:  map[string]string{"fusebox.dev/role": "agent"},
-	Manager: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+	Agents:           map[string]string{"fusebox.dev/role": "agent"},
+	AgentNamespaces:  []string{"agents"},
+	Manager:          map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+	ManagerNamespace: "fusebox-system",
+}
+
+// ciliumPolicy is sandbox id's one CiliumNetworkPolicy.
+func ciliumPolicy(t *testing.T, ns, id string, allow []string) *unstructured.Unstructured {
+	t.Helper()
+	us, err := kubealloc.SandboxPolicies(sandboxnet.Cilium, ns, id, allow, selectors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(us) != 1 {
+		t.Fatalf("%d Cilium policies for one sandbox", len(us))
+	}
+	return us[0]
 }
 
 // endpoint is a loopback listener standing in for every pod's init and data ports.
@@ -146,7 +163,7 @@ func createPool(t *testing.T, a *kubealloc.Allocator, prefix string, n int, all 
 // createDefaultDeny creates the default-deny CiliumNetworkPolicy in ns.
 func createDefaultDeny(t *testing.T, ctx context.Context, ns string) {
 	t.Helper()
-	dd, err := kubealloc.DefaultDenyPolicy(ns)
+	dd, err := kubealloc.DefaultDenyPolicy(sandboxnet.Cilium, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,10 +366,7 @@ func TestBindEgressOnePolicyPerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := kubealloc.SandboxPolicy(ns, id, allow[id], selectors)
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := ciliumPolicy(t, ns, id, allow[id])
 		if !equality.Semantic.DeepEqual(got.Object["spec"], want.Object["spec"]) {
 			t.Errorf("policy %s spec\n got %v\nwant %v", id, got.Object["spec"], want.Object["spec"])
 		}
@@ -369,7 +383,8 @@ func TestBindEgressOnePolicyPerSandbox(t *testing.T) {
 	want := fmt.Sprint([]any{
 		map[string]any{"toEndpoints": []any{map[string]any{"matchLabels": map[string]any{"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}}},
 			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "53", "protocol": "UDP"}, map[string]any{"port": "53", "protocol": "TCP"}},
-				"rules": map[string]any{"dns": []any{map[string]any{"matchPattern": "*"}}}}}},
+				// Only the allowlisted names can be looked up.
+				"rules": map[string]any{"dns": []any{map[string]any{"matchName": "api.github.com"}, map[string]any{"matchPattern": "*.pypi.org"}}}}}},
 		map[string]any{"toFQDNs": []any{map[string]any{"matchName": "api.github.com"}, map[string]any{"matchPattern": "*.pypi.org"}},
 			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "443", "protocol": "TCP"}}}}},
 		map[string]any{"toCIDR": []any{"2001:db8::1/128"},
@@ -478,11 +493,11 @@ func TestNewReplicaListsExistingPods(t *testing.T) {
 func TestCheckDefaultDeny(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := ctxT(t)
-	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns); !errors.Is(err, kubealloc.ErrNoDefaultDeny) {
+	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns, sandboxnet.Cilium); !errors.Is(err, kubealloc.ErrNoDefaultDeny) {
 		t.Fatalf("without the policy: %v", err)
 	}
 	// A policy under the right name that does not deny is refused too.
-	weak, err := kubealloc.SandboxPolicy(ns, "x", []string{"example.com:443"}, selectors)
+	weak, err := ciliumPolicy(t, ns, "x", []string{"example.com:443"}), error(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,14 +505,14 @@ func TestCheckDefaultDeny(t *testing.T) {
 	if _, err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Create(ctx, weak, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns); !errors.Is(err, kubealloc.ErrNoDefaultDeny) {
+	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns, sandboxnet.Cilium); !errors.Is(err, kubealloc.ErrNoDefaultDeny) {
 		t.Fatalf("with a different policy: %v", err)
 	}
 	if err := env.Dynamic.Resource(kubealloc.CiliumNetworkPolicyGVR).Namespace(ns).Delete(ctx, kubealloc.DefaultDenyName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	createDefaultDeny(t, ctx, ns)
-	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns); err != nil {
+	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns, sandboxnet.Cilium); err != nil {
 		t.Fatalf("with the policy: %v", err)
 	}
 }

@@ -49,7 +49,11 @@ func TestManagersOverKube(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	key, _ := client.NewKey()
-	ctx := ctxT(t)
+	// 200 allocations, 160 of them waiting for pods the leader creates: what this checks is
+	// that no pod is bound twice, not how fast; on a loaded 2-core machine they have taken
+	// more than two minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
 	var mu sync.Mutex
 	bound := map[string]int{}
 	var first manager.Allocation

@@ -121,7 +121,10 @@ func ServiceCommand(use string) *cobra.Command {
 keeps a warm pool of gVisor sandbox pods in --sandbox-namespace, shared by every replica:
 each replica serves Allocate, Renew and Release, and the replica holding the leader-election
 Lease sizes the pool and expires leases. It refuses to start when the sandbox namespace lacks
-the default-deny CiliumNetworkPolicy. It logs JSON to standard error.
+the default-deny policy of its --network-policy flavour (fusebox-sandbox-default-deny: a
+CiliumNetworkPolicy with cilium, a NetworkPolicy with gke and kubernetes). With kubernetes,
+egress allowlists take IP addresses only: an allocation naming a host is refused. It logs
+JSON to standard error.
 
 A tcp:// --listen serves TLS only (--tls-secret, or --tls-cert-file and --tls-key-file) and
 authenticates agents by projected ServiceAccount tokens with --token-audience, checked by
@@ -129,7 +132,8 @@ TokenReview; --auth-policy says which ServiceAccounts or namespaces may allocate
 templates they may use and their egress ceiling. A plaintext caller is told to use TLS.`,
 		Example: `  ` + use + ` --sandbox-namespace fusebox-sandboxes --manager-namespace fusebox \
     --sandbox-image registry.example.com/fusebox/sandbox@sha256:... \
-    --agent-selector app=agent --manager-selector app.kubernetes.io/name=fusebox-manager \
+    --agent-namespaces agents --agent-selector fusebox.dev/agent=true \
+    --manager-selector app.kubernetes.io/name=fusebox-manager --network-policy cilium \
     --tls-secret fusebox-manager-tls --tls-secret-create --tls-dns-names fusebox-manager.fusebox.svc \
     --ca-configmap fusebox-manager-ca --token-audience fusebox-manager --auth-policy /etc/fusebox/policy/policy.yaml`,
 		Args:          cobra.NoArgs,
@@ -154,8 +158,12 @@ templates they may use and their egress ceiling. A plaintext caller is told to u
 	f.StringVar(&c.Kube.Identity, "identity", os.Getenv("POD_NAME"), "this replica's name (default $POD_NAME)")
 	f.StringVar(&c.Kube.SandboxImage, "sandbox-image", "", "sandbox image, repository@sha256:... (optional with --sandbox-template; must then match it)")
 	f.StringVar(&c.Kube.SandboxTemplate, "sandbox-template", "", "sandbox pod template (YAML v1 Pod, as the manager component mounts it): image, resources, placement, labels; security settings are enforced")
-	f.StringToStringVar(&c.Kube.AgentSelector, "agent-selector", nil, "labels of the pods that may reach sandboxes' data port")
+	f.StringToStringVar(&c.Kube.AgentSelector, "agent-selector", nil, "labels of the agents' pods in --agent-namespaces (default: every pod there)")
 	f.StringToStringVar(&c.Kube.ManagerSelector, "manager-selector", nil, "labels of the manager pods (the only ones that may reach the init port)")
+	f.StringSliceVar(&c.Kube.AgentNamespaces, "agent-namespaces", nil, "namespaces of the agents' pods (with --agent-selector's labels) that may reach a bound sandbox's data port")
+	f.StringSliceVar(&c.Kube.AgentCIDRs, "agent-cidrs", nil, "CIDRs outside the cluster that may reach a bound sandbox's data port")
+	f.StringVar(&c.Kube.NetworkPolicy, "network-policy", "cilium", "network policy flavour of the cluster: cilium, gke (NetworkPolicy + FQDNNetworkPolicy) or kubernetes (NetworkPolicy; allowlists take IP addresses only)")
+	f.StringSliceVar(&c.Kube.ImagePullSecrets, "image-pull-secrets", nil, "Secrets in the sandbox namespace for pulling the sandbox image")
 	f.BoolVar(&c.Kube.LeaderElect, "leader-elect", true, "elect one replica to size the pool and expire leases")
 	f.Float32Var(&c.Kube.QPS, "kube-api-qps", kubealloc.DefaultQPS, "API requests per second this replica may make (client-go's default of 5 would throttle allocations)")
 	f.IntVar(&c.Kube.Burst, "kube-api-burst", kubealloc.DefaultBurst, "API requests this replica may make in a burst")

@@ -1,0 +1,75 @@
+package netpolicy
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/components/mocktest"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+)
+
+func network() sandboxnet.Network {
+	return sandboxnet.Network{
+		SandboxNamespace: "sbx", ManagerNamespace: "mgr",
+		ManagerLabels:   map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+		AgentNamespaces: []string{"agents"}, InitPort: 7070, DataPort: 7071,
+	}
+}
+
+// TestPoliciesAreSandboxnets: what the program creates is exactly sandboxnet's rendering (the
+// specs the manager checks and extends), as typed NetworkPolicy or as CiliumNetworkPolicy per
+// flavour, in the sandbox namespace and parented to the component.
+func TestPoliciesAreSandboxnets(t *testing.T) {
+	for _, tc := range []struct {
+		f   sandboxnet.Flavour
+		typ string
+	}{
+		{sandboxnet.Cilium, "kubernetes:cilium.io/v2:CiliumNetworkPolicy"},
+		{sandboxnet.GKE, "kubernetes:networking.k8s.io/v1:NetworkPolicy"},
+		{sandboxnet.Kubernetes, "kubernetes:networking.k8s.io/v1:NetworkPolicy"},
+	} {
+		t.Run(string(tc.f), func(t *testing.T) {
+			m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+				_, err := NewSandboxPolicies(ctx, "fb", &SandboxPoliciesArgs{Flavour: tc.f, Namespace: pulumi.String("sbx"), Network: network()})
+				return err
+			})
+			m.One(t, Type)
+			m.AssertParented(t, Type)
+			want, err := sandboxnet.NamespacePolicies(tc.f, network())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := m.ByType(tc.typ)
+			if len(got) != len(want) || len(m.All()) != len(want)+1 {
+				t.Fatalf("%d %s of %d resources, want %d", len(got), tc.typ, len(m.All()), len(want))
+			}
+			for i, r := range got {
+				p := r.Props()
+				if mocktest.Str(p, "metadata", "name") != want[i].Name || mocktest.Str(p, "metadata", "namespace") != "sbx" ||
+					mocktest.Str(p, "metadata", "labels", "app.kubernetes.io/part-of") != "fusebox" {
+					t.Errorf("metadata %v", p["metadata"])
+				}
+				spec, err := want[i].SpecMap()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(p["spec"], spec) {
+					t.Errorf("%s spec\n got %#v\nwant %#v", want[i].Name, p["spec"], spec)
+				}
+			}
+		})
+	}
+}
+
+func TestRefusesBadNetwork(t *testing.T) {
+	n := network()
+	n.AgentNamespaces = nil
+	_, err := mocktest.Run(func(ctx *pulumi.Context) error {
+		_, err := NewSandboxPolicies(ctx, "fb", &SandboxPoliciesArgs{Flavour: sandboxnet.GKE, Namespace: pulumi.String("sbx"), Network: n})
+		return err
+	})
+	if err == nil {
+		t.Fatal("no agent namespaces accepted")
+	}
+}
