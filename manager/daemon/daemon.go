@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -51,6 +52,9 @@ type Config struct {
 	PoolPing time.Duration
 	// KeepSandboxesAwake is runscalloc.Options.KeepAwake (runsc allocator only).
 	KeepSandboxesAwake bool
+	// FastPath is runscalloc.Options.FastPath (runsc allocator only; nil: every
+	// accelerator).
+	FastPath *fastpath.Switches
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
 	// allocator only; empty: a root assembled from the host).
 	Image string
@@ -110,7 +114,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		alloc, isLeader = a, leader
 	case "runsc":
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, Logger: log})
+			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -32,12 +32,13 @@ func TestAllocateExecRelease(t *testing.T) {
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true})
 	ctx := testCtx(t, testDeadline)
 
-	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	var used fastUse
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	id := a.ID
-	if !a.Relayed {
+	if !used.relayed.Load() {
 		t.Error("the data connection made a full handshake: the one begun in the allocation was not continued")
 	}
 	if !slices.Contains(e.containers(t), id) || !slices.Contains(e.sandboxDirs(t), id) {
@@ -49,7 +50,7 @@ func TestAllocateExecRelease(t *testing.T) {
 	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
 	}
-	if !a.HandedOff() {
+	if !used.handedOff.Load() {
 		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
@@ -110,15 +111,16 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 	for i := range n {
 		var a *client.Allocation
 		var err error
+		var used fastUse
 		if i%2 == 1 {
-			a, err = mgr.Allocate(ctx, client.AllocateOptions{})
+			a, err = mgr.Allocate(ctx, client.AllocateOptions{Trace: used.trace()})
 		} else {
-			a, err = client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+			a, err = client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 		}
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
-		if !a.Relayed {
+		if !used.relayed.Load() {
 			t.Errorf("allocation %d: the relayed handshake was not continued", i)
 		}
 		if slices.Contains(ids, a.ID) {
@@ -135,7 +137,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
-		if !a.HandedOff() {
+		if !used.handedOff.Load() {
 			t.Errorf("allocation %d: the data connection opened ahead was not handed over", i)
 		}
 		before, after, _ := strings.Cut(out, "@@\n")
@@ -339,7 +341,8 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	var used fastUse
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 	if err != nil {
 		t.Fatalf("Allocate without the handoff socket: %v", err)
 	}
@@ -347,8 +350,8 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if out := sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
 		t.Errorf("exec on a dialed connection: %q", out)
 	}
-	if a.HandedOff() || !a.Relayed {
-		t.Errorf("HandedOff %v, Relayed %v: want a dialed connection continuing the relayed handshake", a.HandedOff(), a.Relayed)
+	if used.handedOff.Load() || !used.relayed.Load() {
+		t.Errorf("handed off %v, relayed %v: want a dialed connection continuing the relayed handshake", used.handedOff.Load(), used.relayed.Load())
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -505,4 +506,14 @@ func (e *env) serverEnv(t testing.TB, id string) []string {
 		t.Fatalf("parsing %s's bundle: %v", id, err)
 	}
 	return spec.Process.Env
+}
+
+// fastUse records, through an allocation's trace hooks, which accelerators it used.
+type fastUse struct{ relayed, handedOff atomic.Bool }
+
+func (u *fastUse) trace() *client.AllocateTrace {
+	return &client.AllocateTrace{
+		RelayedHandshake: func(time.Time) { u.relayed.Store(true) },
+		HandedOff:        func() { u.handedOff.Store(true) },
+	}
 }

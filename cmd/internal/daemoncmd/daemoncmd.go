@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 )
@@ -65,7 +66,15 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.DurationVar(&c.MaxLeaseTTL, "max-lease-ttl", 24*time.Hour, "longest lease")
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
+	fast := fastpath.All()
+	c.FastPath = &fast
+	f.Var(fastFlag{&fast}, "fast-path", fastpath.FlagHelp+"; none of them is part of the trust path (runsc allocator; keep-awake also needs --keep-sandboxes-awake)")
 }
+
+// fastFlag is --fast-path, a fastpath.Switches as a pflag.Value.
+type fastFlag struct{ *fastpath.Switches }
+
+func (fastFlag) Type() string { return "accelerators" }
 
 // ServiceCommand returns the command that runs the manager as a service, named use:
 // fusebox-manager's root command, and fusebox manager in the CLI.
