@@ -15,8 +15,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -397,4 +399,52 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 	}
 	defer b.Close()
 	sh(t, ctx, b.Sandbox, "true")
+}
+
+// With the accelerators switched off on both sides (--fast-path=none, FastPath.Off) an
+// allocation takes the plain path: no relayed handshake, no connection opened ahead, no
+// keep-awake; the pinning holds as on the fast path. A client that keeps its accelerators
+// on against that manager falls back to the plain path too.
+func TestPlainPath(t *testing.T) {
+	e := newEnv(t)
+	none := fastpath.Switches{}
+	e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true, FastPath: &none})
+	ctx := testCtx(t, testDeadline)
+	for _, o := range []client.FastPath{{Off: true}, {}} {
+		var used fastUse
+		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{FastPath: o, Trace: used.trace()})
+		if err != nil {
+			t.Fatalf("Allocate (client %+v): %v", o, err)
+		}
+		if out := sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
+			t.Errorf("exec on the plain path: %q", out)
+		}
+		if used.relayed.Load() || used.handedOff.Load() {
+			t.Errorf("client %+v: relayed %v, handed off %v; want neither on the plain path", o, used.relayed.Load(), used.handedOff.Load())
+		}
+		if env := e.serverEnv(t, a.ID); slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
+			t.Errorf("the server's environment is %q: keep-awake is on with --fast-path=none", env)
+		}
+		if err := a.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	// The pinning on the plain path: the pinned agent is served, another key is not, and
+	// the answer offers no connection opened ahead.
+	key := newKey(t)
+	resp, sb := rawAllocate(t, ctx, dialManager(t, e.Addr), key, time.Minute)
+	if resp.GetDataHandoff() != "" || len(resp.GetTlsServerFlight()) != 0 {
+		t.Errorf("the answer offers a handoff at %q and a %d-byte TLS flight, want neither", resp.GetDataHandoff(), len(resp.GetTlsServerFlight()))
+	}
+	if out := sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
+		t.Errorf("the pinned agent's exec: %q", out)
+	}
+	intruder, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), newKey(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close()
+	if _, err := intruder.Run(ctx, "true"); status.Code(errors.Unwrap(err)) != codes.Unavailable && status.Code(err) != codes.Unavailable {
+		t.Errorf("another agent's exec on the plain path: %v, want Unavailable", err)
+	}
 }
