@@ -61,7 +61,12 @@ type Options struct {
 	// Waiting, if set, keeps connections that reach the data listener before the fuse
 	// blows, unread; without it they are closed as soon as they are accepted.
 	Waiting Waitroom
-	Logger  *slog.Logger
+	// Drain, if set, delays draining the init server's remaining connections (the one that
+	// carried the answer, the manager's prepared one) until it is closed: work kept off the
+	// agent's first call. The init listener is closed when the fuse blows either way, and
+	// every call on those connections is refused. Nil: they drain at once.
+	Drain  <-chan struct{}
+	Logger *slog.Logger
 }
 
 // Fuse is one sandbox's one-shot init and data gate.
@@ -123,7 +128,15 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 	case <-f.done:
 		// The listener is closed already; the InitializeTLS response and the open
 		// connections drain in the background.
-		go srv.GracefulStop()
+		go func() {
+			if f.o.Drain != nil {
+				select {
+				case <-f.o.Drain:
+				case <-ctx.Done():
+				}
+			}
+			srv.GracefulStop()
+		}()
 		return nil
 	case <-ctx.Done():
 		err = ctx.Err()

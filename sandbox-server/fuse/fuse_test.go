@@ -36,6 +36,10 @@ type sandbox struct {
 }
 
 func startFuse(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sandboxv1.InitializeTLSRequest) error) *sandbox {
+	return startFuseDrain(t, ttl, w, refuse, nil)
+}
+
+func startFuseDrain(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sandboxv1.InitializeTLSRequest) error, drain <-chan struct{}) *sandbox {
 	t.Helper()
 	dir := t.TempDir()
 	sb := &sandbox{initPath: filepath.Join(dir, "init.sock"), dataPath: filepath.Join(dir, "data.sock"),
@@ -72,7 +76,7 @@ func startFuse(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sandbox
 		close(sb.started)
 		return nil, func(ln net.Listener) { srv.Serve(ln) }, nil
 	}
-	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start, Waiting: w})
+	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start, Waiting: w, Drain: drain})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,4 +404,32 @@ func TestWaitroomConnectionServedAfterBlow(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("call on the connection kept before the fuse blew: %v", err)
 	}
+}
+
+// With Drain, the init listener is still closed when the fuse blows; the connections made
+// before are refused every call until they drain.
+func TestDrainLater(t *testing.T) {
+	drain := make(chan struct{})
+	sb := startFuseDrain(t, time.Minute, nil, nil, drain)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr := "unix://" + sb.initPath
+	var conns sfuse.Conns
+	conns.Prepare(addr)
+	defer conns.Forget(addr)
+	if err := conns.Ping(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	_, der := newKey(t)
+	if _, err := sb.init(ctx, der); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sb.initPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
+	}
+	_, other := newKey(t)
+	if _, err := conns.Initialize(ctx, addr, sfuse.Request{AgentKey: other}); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
+		t.Fatalf("InitializeTLS on a connection made before, not yet drained: %v, want FailedPrecondition", err)
+	}
+	close(drain)
 }

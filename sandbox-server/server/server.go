@@ -32,6 +32,10 @@ import (
 // that this work does not delay it.
 const afterFirstCall = 2 * time.Millisecond
 
+// drainDelay bounds how long after the fuse blew the init server's connections wait to be
+// drained (fuse.Options.Drain) when the agent makes no call.
+const drainDelay = 250 * time.Millisecond
+
 // ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
 var ErrIdleTimeout = fuse.ErrIdleTimeout
 
@@ -99,6 +103,8 @@ type Server struct {
 	pending *tlsflight.Pending // the relayed handshake the agent's first connection continues
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
+	drain         chan struct{} // closed when the init server may drain (fuse.Options.Drain)
+	drainOnce     sync.Once
 	firstCallOnce sync.Once
 	timeline      timeline
 	dataErr       chan error
@@ -137,6 +143,7 @@ func New(opts Options) (*Server, error) {
 		log:       opts.Logger,
 		state:     envstate.New(opts.BaseEnv, opts.WorkspaceDir),
 		firstCall: make(chan struct{}),
+		drain:     make(chan struct{}),
 		dataErr:   make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
@@ -170,6 +177,12 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
 	if s.opts.FastPath.Handoff {
 		fo.Waiting = &fastpath.Latest{}
+	}
+	if s.opts.FastPath.Any() {
+		// The init server's connections drain once the agent's first call has been
+		// answered (or drainDelay after the fuse blew), not competing with the agent's
+		// handshake (start begins the wait).
+		fo.Drain = s.drain
 	}
 	f, err := fuse.New(dataLn, fo)
 	if err != nil {
@@ -261,6 +274,13 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 	s.mu.Unlock()
 	s.timeline.initReceived.Store(received)
 	mark(&s.timeline.initAnswered)
+	go func() {
+		select {
+		case <-s.firstCall:
+		case <-time.After(drainDelay):
+		}
+		s.drainOnce.Do(func() { close(s.drain) })
+	}()
 	return flight, func(ln net.Listener) { s.dataErr <- data.Serve(bufferedListener{ln}) }, nil
 }
 
