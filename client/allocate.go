@@ -40,30 +40,51 @@ type AllocateOptions struct {
 	TokenFile, CAFile, ServerName string
 	// Sandbox tunes the data-plane connection.
 	Sandbox Options
-	// Trace, if set, receives when the allocation's steps on this side happened.
+	// FastPath switches off this side of the latency accelerators; the zero value uses
+	// every one the manager offers.
+	FastPath FastPath
+	// Trace, if set, has its hooks called at the allocation's steps on this side.
 	Trace *AllocateTrace
 }
 
-// AllocateTrace records when an allocation's client-side steps happened, for finding where
-// its time goes (fusebox-bench allocate --trace puts them beside the manager's and the
-// sandbox's own).
-type AllocateTrace struct {
-	// Answered is when the manager's answer arrived.
-	Answered time.Time
-	// Finished is when the relayed TLS handshake was finished (zero without one): the data
-	// connection's first write, with the first request, follows.
-	Finished time.Time
-
-	hs *tlsflight.Client // the relayed handshake, for Sent
+// FastPath switches off the agent's side of an allocation's latency accelerators (the
+// manager has its own switch, fusebox local up --fast-path). None is part of the trust
+// path: the sandbox's key is pinned either way.
+type FastPath struct {
+	// Off switches every accelerator off: the data connection is dialed, and secured by
+	// credentials.NewTLS with the pinning configuration, nothing else.
+	Off bool
+	// NoRelay makes a full TLS handshake on the data connection instead of continuing the
+	// one whose first round trip rode on the allocation.
+	NoRelay bool
+	// NoHandoff dials the sandbox instead of collecting the connection the manager opened
+	// ahead.
+	NoHandoff bool
 }
 
-// Sent returns when the finished relayed handshake and the first request went to the sandbox
-// in one write (zero before the first call, or without a relayed handshake).
-func (t *AllocateTrace) Sent() time.Time {
-	if t.hs == nil {
-		return time.Time{}
-	}
-	return t.hs.Sent()
+func (f FastPath) relay() bool   { return !f.Off && !f.NoRelay }
+func (f FastPath) handoff() bool { return !f.Off && !f.NoHandoff }
+
+// AllocateTrace is a set of hooks called at an allocation's steps on the agent's side, in the
+// manner of net/http/httptrace: for finding where its time goes (fusebox-bench allocate
+// --trace puts them beside the manager's and the sandbox's own) and which accelerators it
+// used. Any hook may be nil. They are called on the goroutine that reaches the step and must
+// not block.
+type AllocateTrace struct {
+	// Answered is called when the manager's answer arrives.
+	Answered func(at time.Time)
+	// RelayedHandshake is called when the data connection continues the TLS handshake whose
+	// first round trip rode on the allocation (the relay accelerator), with when the agent
+	// finished it. Without it the connection makes a full handshake of its own (relay
+	// switched off, an older manager or sandbox, or a relayed handshake that could not be
+	// finished).
+	RelayedHandshake func(finished time.Time)
+	// FirstWrite is called when the finished relayed handshake and the first request went to
+	// the sandbox in one write.
+	FirstWrite func(at time.Time)
+	// HandedOff is called when the data connection is the one the manager opened ahead and
+	// handed to this agent (the handoff accelerator), rather than one it dialed.
+	HandedOff func()
 }
 
 // Allocation is a bound sandbox: the embedded Sandbox talks to it directly; Close releases it.
@@ -71,12 +92,6 @@ type Allocation struct {
 	*Sandbox
 	ID       string
 	Endpoint string
-	// Relayed reports whether the data connection continued the TLS handshake begun in the
-	// allocation (the fast path); false means it made a full handshake of its own (an older
-	// manager or sandbox, or a relayed handshake that could not be continued).
-	Relayed bool
-
-	handedOff atomic.Bool
 
 	mgr   managerv1.ManagerClient
 	owned *grpc.ClientConn // the manager connection, when this allocation made it (Allocate)
@@ -109,10 +124,19 @@ type handshake struct {
 	key *Key
 	pin *tlspin.Pin // the sandbox's key, set from the allocation's answer
 	cfg *tls.Config
-	hs  *tlsflight.Client
+	hs  *tlsflight.Client // nil without the relay
 }
 
-func newHandshake(ctx context.Context, key *Key) (*handshake, error) {
+// abort abandons the relayed handshake, if any.
+func (h *handshake) abort() {
+	if h.hs != nil {
+		h.hs.Abort()
+	}
+}
+
+// newHandshake begins the data-plane handshake for an allocation: its configuration, and
+// with relay its ClientHello (see internal/tlsflight).
+func newHandshake(ctx context.Context, key *Key, relay bool) (*handshake, error) {
 	if key == nil {
 		var err error
 		if key, err = NewKey(); err != nil {
@@ -122,6 +146,9 @@ func newHandshake(ctx context.Context, key *Key) (*handshake, error) {
 	go key.cert() // the certificate the handshake presents, made meanwhile
 	h := &handshake{key: key, pin: &tlspin.Pin{}}
 	h.cfg = tlspin.ClientConfigPin(key.cert, h.pin)
+	if !relay {
+		return h, nil
+	}
 	var err error
 	if h.hs, err = tlsflight.StartClient(ctx, h.cfg); err != nil {
 		return nil, fmt.Errorf("starting the data-plane handshake: %w", err)
@@ -136,7 +163,7 @@ func (m *Manager) prepare() {
 	}
 	go func() {
 		defer m.preparing.Store(false)
-		h, err := newHandshake(context.Background(), nil)
+		h, err := newHandshake(context.Background(), nil, true)
 		if err != nil {
 			return // the next Allocate makes its own and reports the error
 		}
@@ -231,7 +258,8 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	// The sandbox's key, pinned before the handshake goes on, comes with the answer.
 	var h *handshake
 	var next *firstCall
-	if o.Key == nil {
+	relay := o.FastPath.relay()
+	if o.Key == nil && relay {
 		h = m.next.Swap(nil)
 		// The next one is made once this allocation's first call has returned, not
 		// competing with it (made as soon as Allocate returned, it cost the first call a
@@ -241,7 +269,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	}
 	if h == nil {
 		var err error
-		if h, err = newHandshake(ctx, o.Key); err != nil {
+		if h, err = newHandshake(ctx, o.Key, relay); err != nil {
 			return nil, err
 		}
 	}
@@ -249,24 +277,33 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
 	}
-	req.TlsClientHello = h.hs.Hello()
+	if h.hs != nil {
+		req.TlsClientHello = h.hs.Hello()
+	}
 	resp, err := m.rpc.Allocate(ctx, req)
-	if o.Trace != nil {
-		o.Trace.Answered = time.Now()
+	trace := o.Trace
+	if trace == nil {
+		trace = &AllocateTrace{}
+	}
+	if trace.Answered != nil {
+		trace.Answered(time.Now())
 	}
 	if err != nil {
-		h.hs.Abort()
+		h.abort()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
 	}
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	sb, relayed, err := connect(ctx, resp, h, o.Sandbox, o.Trace, &a.handedOff, next.dialOptions()...)
+	if !o.FastPath.handoff() {
+		resp.DataHandoff, resp.DataHandoffToken = "", nil
+	}
+	sb, err := connect(ctx, resp, h, o.Sandbox, trace, next.dialOptions()...)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	a.Sandbox, a.Relayed = sb, relayed
+	a.Sandbox = sb
 	ttl := o.LeaseTTL
 	if ttl <= 0 {
 		ttl = time.Until(a.expires)
@@ -276,37 +313,43 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 }
 
 // connect connects to the sandbox resp describes: it finishes the relayed handshake h when
-// the sandbox answered it, and makes an ordinary one with h's configuration otherwise (an
-// older manager or sandbox, or a relayed handshake that could not be finished). A sandbox
-// presenting a key other than the one the manager returned is refused either way.
+// the sandbox answered it, and makes an ordinary one with h's configuration otherwise (relay
+// switched off, an older manager or sandbox, or a relayed handshake that could not be
+// finished). A sandbox presenting a key other than the one the manager returned is refused
+// either way.
 //
 // The first data connection is the one the manager opened ahead, when it offers one
 // (resp's data_handoff): collected as the allocation answers, it spares the sandbox an accept
-// on the critical path. handedOff is set when it was; when it cannot be collected, the
+// on the critical path (trace.HandedOff is called). When it cannot be collected, the
 // connection is dialed as usual.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, handedOff *atomic.Bool, extra ...grpc.DialOption) (sb *Sandbox, relayed bool, err error) {
-	hs := h.hs
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, extra ...grpc.DialOption) (sb *Sandbox, err error) {
+	relayed := false
 	defer func() {
 		if !relayed {
-			hs.Abort()
+			h.abort()
 		}
 	}()
 	a, err := endpoint.Parse(resp.GetEndpoint())
 	if err != nil {
-		return nil, false, fmt.Errorf("dialing sandbox: %w", err)
+		return nil, fmt.Errorf("dialing sandbox: %w", err)
 	}
 	sandboxKey, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey())
 	if err != nil {
-		return nil, false, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
+		return nil, fmt.Errorf("dialing sandbox: sandbox key: %w", err)
 	}
 	if err := h.pin.Set(sandboxKey); err != nil {
-		return nil, false, err
+		return nil, err
 	}
+	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
+	d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff)
 	flight := resp.GetTlsServerFlight()
-	if len(flight) == 0 {
-		sb, err := dial(a.GRPCTarget(), o, append(append(extra, unixNoFollow(a)...), grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
-		return sb, false, err
+	if len(flight) == 0 || h.hs == nil {
+		// The plain path (with the handoff, when the manager offers one).
+		return dial("passthrough:///"+a.String(), o, append(extra,
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
+			grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
 	}
+	hs := h.hs
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
 	// sent with the first request (see tlsflight.DialOptions).
 	first := make(chan *tlsflight.Client, 1)
@@ -316,31 +359,31 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	grpcReady := make(chan dialed, 1)
 	go func() {
-		// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
-		d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, handedOff)
 		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, d, h.cfg)...)...)
 		grpcReady <- dialed{sb, err}
 	}()
 	_, err = hs.Finish(ctx, flight)
-	if trace != nil && err == nil {
-		trace.Finished = time.Now()
-	}
+	finished := time.Now()
 	g := <-grpcReady
 	switch {
 	case g.err != nil:
-		return nil, false, g.err
+		return nil, g.err
 	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
 		g.sb.Close()
-		return nil, false, fmt.Errorf("dialing sandbox %s: %w", a, err)
+		return nil, fmt.Errorf("dialing sandbox %s: %w", a, err)
 	case err != nil:
 		first <- nil // the gRPC connection makes an ordinary handshake instead
-		return g.sb, false, nil
+		return g.sb, nil
 	}
-	if trace != nil {
-		trace.hs = hs
+	if trace.RelayedHandshake != nil {
+		trace.RelayedHandshake(finished)
 	}
+	if trace.FirstWrite != nil {
+		hs.OnSent(trace.FirstWrite)
+	}
+	relayed = true
 	first <- hs
-	return g.sb, true, nil
+	return g.sb, nil
 }
 
 // handoffTimeout bounds the collection of a connection the manager opened ahead; dialing
@@ -348,9 +391,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 const handoffTimeout = time.Second
 
 // handoffDialer returns a dial function whose first call collects the connection granted to
-// token at the handoff socket addr (see internal/handoff), setting handedOff, and which
-// otherwise, and on any failure to, calls dial. Without addr it is dial.
-func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Conn, error), handedOff *atomic.Bool) func(context.Context) (net.Conn, error) {
+// token at the handoff socket addr (see internal/handoff), calling handedOff (if set), and
+// which otherwise, and on any failure to, calls dial. Without addr it is dial.
+func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Conn, error), handedOff func()) func(context.Context) (net.Conn, error) {
 	a, err := endpoint.Parse(addr)
 	if addr == "" || err != nil || a.Network != "unix" {
 		return dial
@@ -362,18 +405,15 @@ func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Co
 			c, err := handoff.Take(hctx, a.Address, token)
 			cancel()
 			if err == nil {
-				handedOff.Store(true)
+				if handedOff != nil {
+					handedOff()
+				}
 				return c, nil
 			}
 		}
 		return dial(ctx)
 	}
 }
-
-// HandedOff reports whether the sandbox connection is the one the manager opened ahead and
-// handed to this agent (see AllocateResponse.data_handoff), rather than one it dialed. It is
-// known once the first call has been made.
-func (a *Allocation) HandedOff() bool { return a.handedOff.Load() }
 
 // prepareAfter is when the next handshake is made after an allocation that has made no
 // call yet (see firstCall).

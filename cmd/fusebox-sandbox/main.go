@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
@@ -53,7 +54,8 @@ func main() {
 	flag.DurationVar(&lim.DefaultTimeout, "exec-timeout", 10*time.Minute, "timeout of an exec that sets none")
 	flag.DurationVar(&lim.MaxTimeout, "max-exec-timeout", 24*time.Hour, "cap on any exec timeout")
 	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
-	flag.IntVar(&cfg.Server.PoolProcs, "pool-procs", 1, "GOMAXPROCS while waiting in the pool, until the agent's first call is answered (0: leave it; see server.Options.PoolProcs)")
+	cfg.Server.FastPath = fastpath.All()
+	flag.Var(&cfg.Server.FastPath, "fast-path", fastpath.FlagHelp+" (keep-awake is the host's GODEBUG, not this process's); default all")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")

@@ -174,9 +174,9 @@ func (c *Conns) Initialize(ctx context.Context, initAddr string, req Request) (R
 	if conn == nil {
 		return Initialize(ctx, initAddr, req)
 	}
-	// Closed a little later, off the allocation path: the sandbox closes its end once the
-	// agent's first call is answered, and a close now would be work for the sandbox during
-	// the agent's handshake.
+	// Closed a little later, off the allocation path: the sandbox drains its end as soon as
+	// it has answered (its init listener is closed by then), and a close from this side now
+	// would be more work for the sandbox during the agent's handshake.
 	defer time.AfterFunc(closeDelay, func() { conn.Close() })
 	return initialize(ctx, conn, initAddr, req)
 }

@@ -37,7 +37,7 @@ const clientPrefaceLen = 24
 // (see above). Reads come from one goroutine at a time, as do writes.
 type defaults struct {
 	net.Conn
-	injected bool // read side: emptySettings returned
+	injected int // read side: bytes of emptySettings returned
 
 	// Write side: the stream is parsed frame by frame until the acknowledgement is removed
 	// and the first HEADERS frame has passed.
@@ -58,12 +58,11 @@ func newDefaults(c net.Conn, request func()) *defaults {
 }
 
 func (d *defaults) Read(p []byte) (int, error) {
-	if !d.injected {
-		if len(p) < len(emptySettings) {
-			return d.Conn.Read(p) // grpc-go reads through a large buffer; never happens
-		}
-		d.injected = true
-		return copy(p, emptySettings), nil
+	if d.injected < len(emptySettings) {
+		// However small p is: the frame is returned in as many reads as it takes.
+		n := copy(p, emptySettings[d.injected:])
+		d.injected += n
+		return n, nil
 	}
 	return d.Conn.Read(p)
 }

@@ -26,7 +26,7 @@ func (r *recorder) Close() error                { return nil }
 // clientStream is what grpc-go's client writes first: the preface, its SETTINGS and a
 // WINDOW_UPDATE, then (after reading the server's first SETTINGS) the acknowledgement, a
 // request's HEADERS, and later the acknowledgement of the server's real SETTINGS.
-func clientStream(t *testing.T) (all, want []byte) {
+func clientStream(t testing.TB) (all, want []byte) {
 	t.Helper()
 	var b bytes.Buffer
 	fr := http2.NewFramer(&b, nil)

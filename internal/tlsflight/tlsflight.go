@@ -281,6 +281,14 @@ func (c *Client) Sent() time.Time {
 	return time.Time{}
 }
 
+// OnSent has f called, once, with the time of the write that sends the finished handshake
+// (see Sent). Call it before Connect.
+func (c *Client) OnSent(f func(time.Time)) {
+	c.hold.mu.Lock()
+	defer c.hold.mu.Unlock()
+	c.hold.onSent = f
+}
+
 // Connect joins a finished handshake to conn: it sends everything held in one write, and
 // from then on the connection reads and writes through conn, which it owns. Only the first
 // call joins; later ones return its result.
@@ -303,6 +311,8 @@ type held struct {
 	err   error
 	ready chan struct{} // closed once conn or err is set
 	sent  atomic.Int64  // Unix ns of the joining write, once it is done
+
+	onSent func(time.Time) // called after the joining write, if set
 }
 
 func newHeld() *held {
@@ -326,9 +336,13 @@ func (h *held) connect(c net.Conn) error {
 		close(h.ready)
 		return h.err
 	}
-	h.sent.Store(time.Now().UnixNano())
+	now := time.Now()
+	h.sent.Store(now.UnixNano())
 	h.buf, h.conn = nil, c
 	close(h.ready)
+	if h.onSent != nil {
+		h.onSent(now)
+	}
 	return nil
 }
 

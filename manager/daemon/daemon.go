@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -54,6 +55,9 @@ type Config struct {
 	KeepSandboxesAwake bool
 	// Limits are the runsc allocator's sandbox limits (zero fields: runscalloc.DefaultLimits).
 	Limits runscalloc.Limits
+	// FastPath is runscalloc.Options.FastPath (runsc allocator only; nil: every
+	// accelerator).
+	FastPath *fastpath.Switches
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
 	// allocator only; empty: a root assembled from the host).
 	Image string
@@ -163,7 +167,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 			return err
 		}
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, Logger: log,
+			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
 			Templates: map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
 		if err != nil {
 			return err

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
@@ -99,6 +100,21 @@ type Options struct {
 	// at about 2 % of one CPU per idle sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
+	// FastPath, if set, switches the latency accelerators (internal/fastpath): Relay and
+	// PoolProcs are passed to each sandbox server, Handoff opens units' data connections
+	// ahead, and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake as
+	// KeepAwake says.
+	FastPath *fastpath.Switches
+}
+
+// fastPath is the accelerators in effect.
+func (o Options) fastPath() fastpath.Switches {
+	s := fastpath.All()
+	if o.FastPath != nil {
+		s = *o.FastPath
+	}
+	s.KeepAwake = s.KeepAwake && o.KeepAwake
+	return s
 }
 
 // Allocator runs units as local gVisor sandboxes.
@@ -237,7 +253,7 @@ func (a *Allocator) Name() string { return "runsc" }
 // Capabilities: egress through the per-sandbox proxy, leases beside the bundles, and data
 // connections opened ahead.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, Handoff: true}
+	return manager.Capabilities{Egress: true, Adoption: true, Handoff: a.o.fastPath().Handoff}
 }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
@@ -297,14 +313,20 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if spec.RootFS == "" && spec.EtcDir == "" {
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
 	}
-	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
+	fast := a.o.fastPath()
+	// The sandbox's own accelerators (keep-awake is the host's setting, below).
+	inside := fastpath.Switches{Relay: fast.Relay, Handoff: fast.Handoff, PoolProcs: fast.PoolProcs}
+	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
+		"-fast-path="+inside.String())
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
-		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: a.o.KeepAwake})
+		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: fast.KeepAwake})
 	if err != nil {
 		return manager.UnitInfo{}, err
 	}
 	a.watch(id, sb.Pid)
-	a.connectAhead(ctx, id)
+	if fast.Handoff {
+		a.connectAhead(ctx, id)
+	}
 	return a.info(id, u), nil
 }
 

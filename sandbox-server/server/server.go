@@ -12,34 +12,32 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/fuse"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
-// initCloseDelay bounds how long the init listener outlives the fuse when the agent makes no
-// data-plane call (see Serve).
-const initCloseDelay = 250 * time.Millisecond
-
 // afterFirstCall is how long after the first data-plane call returns Serve waits before it
-// closes the init listener and restores GOMAXPROCS: long enough for the call's response to be
-// written (by another goroutine, after the call returns), so that this work does not delay it.
+// logs the allocation's timeline and restores GOMAXPROCS (FastPath.PoolProcs): long enough
+// for the call's response to be written (by another goroutine, after the call returns), so
+// that this work does not delay it.
 const afterFirstCall = 2 * time.Millisecond
 
-// ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
-var ErrIdleTimeout = errors.New("not initialised within the idle TTL")
+// drainDelay bounds how long after the fuse blew the init server's connections wait to be
+// drained (fuse.Options.Drain) when the agent makes no call.
+const drainDelay = 250 * time.Millisecond
 
-var errAlreadyInitialised = errors.New("sandbox already initialised: the init fuse is blown")
+// ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
+var ErrIdleTimeout = fuse.ErrIdleTimeout
 
 // Limits bound what one request may cost.
 type Limits struct {
@@ -75,15 +73,17 @@ type Options struct {
 	StartEgress func(allow []string) (map[string]string, error)
 	Limits      Limits
 	Logger      *slog.Logger
-	// PoolProcs, if positive, is the process's GOMAXPROCS from Serve until the agent's first
-	// data-plane call has been answered; the previous value is restored then. Under gVisor a
-	// goroutine hand-off between threads is a futex system call through the sentry on each
-	// side, and an allocation is a chain of such hand-offs (request, TLS, handler, response)
-	// in a sandbox that was idle: with one P they stay on one thread (the allocation's
-	// sandbox-side steps measured 0.5 ms shorter, fusebox-bench allocate). The agent's bulk
-	// work after that gets every P. It is process-wide: set it only in a process that serves
-	// one sandbox.
-	PoolProcs int
+	// FastPath says which latency accelerators the server takes part in (see
+	// internal/fastpath): Relay answers a ClientHello relayed in InitializeTLS (without it a
+	// relayed ClientHello is ignored and the agent makes a full handshake); Handoff keeps the
+	// latest connection to the data socket made before the fuse blows, unread, and serves it
+	// first (the one the local manager opens ahead for the agent); PoolProcs runs the process
+	// with GOMAXPROCS 1 from Serve until the agent's first data-plane call has been answered
+	// (under gVisor a goroutine hand-off between threads is a futex system call through the
+	// sentry on each side, and an allocation is a chain of them in a sandbox that was idle;
+	// it is process-wide: set it only in a process that serves one sandbox). The zero value
+	// is the plain path.
+	FastPath fastpath.Switches
 }
 
 // Server is one sandbox's server. It serves one agent once.
@@ -98,15 +98,13 @@ type Server struct {
 	cert tls.Certificate
 	pub  []byte
 
-	dataLn *gate // set by Serve before the init listener is served
-
-	mu      sync.Mutex // guards blown, data and pending
-	blown   bool
-	data    *grpc.Server
+	mu      sync.Mutex         // guards data and pending
+	data    *grpc.Server       // set by start when the fuse blows
 	pending *tlsflight.Pending // the relayed handshake the agent's first connection continues
-	blownCh chan struct{}      // closed once the fuse has blown
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
+	drain         chan struct{} // closed when the init server may drain (fuse.Options.Drain)
+	drainOnce     sync.Once
 	firstCallOnce sync.Once
 	timeline      timeline
 	dataErr       chan error
@@ -144,8 +142,8 @@ func New(opts Options) (*Server, error) {
 		opts:      opts,
 		log:       opts.Logger,
 		state:     envstate.New(opts.BaseEnv, opts.WorkspaceDir),
-		blownCh:   make(chan struct{}),
 		firstCall: make(chan struct{}),
+		drain:     make(chan struct{}),
 		dataErr:   make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
@@ -164,65 +162,49 @@ func New(opts Options) (*Server, error) {
 }
 
 // Serve serves Init on initLn until the fuse blows, then the data plane on dataLn until ctx
-// ends. dataLn is bound by the caller before the init listener, so that a sandbox whose init
-// socket exists has its data socket too, but it serves nothing before initialisation: until
-// the fuse blows every connection to it is closed unserved (see gate). Serve closes both
-// listeners. It returns ErrIdleTimeout if nobody initialises the sandbox in time.
+// ends (see package fuse). dataLn is bound by the caller before the init listener, so that a
+// sandbox whose init socket exists has its data socket too, but it serves nothing before
+// initialisation. Serve closes both listeners. It returns ErrIdleTimeout if nobody
+// initialises the sandbox in time.
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	restoreProcs := func() {}
-	if s.opts.PoolProcs > 0 {
-		prev := runtime.GOMAXPROCS(s.opts.PoolProcs)
+	if s.opts.FastPath.PoolProcs {
+		prev := runtime.GOMAXPROCS(1)
 		var once sync.Once
 		restoreProcs = func() { once.Do(func() { runtime.GOMAXPROCS(prev) }) }
 	}
 	defer restoreProcs()
-	s.dataLn = newGate(dataLn)
-	defer s.dataLn.Close() // the data server's Stop closes it too; Close is idempotent
-	initSrv := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
-	sandboxv1.RegisterInitServer(initSrv, &initService{s: s})
-	// The manager pings the unit its next allocation will take, to find a dead one early.
-	healthpb.RegisterHealthServer(initSrv, health.NewServer())
-	initErr := make(chan error, 1)
-	go func() { initErr <- initSrv.Serve(initLn) }()
-
-	idle := time.NewTimer(s.opts.IdleTTL)
-	defer idle.Stop()
-	select {
-	case <-ctx.Done():
-		initSrv.Stop()
-		return ctx.Err()
-	case <-idle.C:
-		s.mu.Lock()
-		blown := s.blown
-		if !blown {
-			s.blown = true // refuse a late InitializeTLS racing the exit
-		}
-		s.mu.Unlock()
-		if !blown {
-			initSrv.Stop()
-			return ErrIdleTimeout
-		}
-		<-s.blownCh
-	case err := <-initErr:
-		return fmt.Errorf("serving init: %w", err)
-	case <-s.blownCh:
+	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
+	if s.opts.FastPath.Handoff {
+		fo.Waiting = &fastpath.Latest{}
 	}
-	// The fuse has blown: initialize refuses every later call whatever the listener's state.
-	// Closing the listener (an unlink on the host, through the gofer) and the manager's
-	// connection is work for this sandbox's few cores, so it waits until the agent's first
-	// data-plane call has been answered (or a short while has passed) instead of competing
-	// with the agent's TLS handshake. GracefulStop lets the InitializeTLS response reach the
-	// manager, then closes the listener (and unlinks its socket) for good.
-	select {
-	case <-s.firstCall:
-		time.Sleep(afterFirstCall)
-		s.timeline.log(s.log)
-	case <-time.After(initCloseDelay):
-	case <-ctx.Done():
+	if s.opts.FastPath.Any() {
+		// The init server's connections drain once the agent's first call has been
+		// answered (or drainDelay after the fuse blew), not competing with the agent's
+		// handshake (start begins the wait).
+		fo.Drain = s.drain
 	}
-	restoreProcs()
-	initSrv.GracefulStop()
-	s.log.Info("sandbox initialised; init listener closed")
+	f, err := fuse.New(dataLn, fo)
+	if err != nil {
+		dataLn.Close()
+		initLn.Close()
+		return err
+	}
+	defer f.Close() // the data server's Stop closes it too; Close is idempotent
+	if err := f.Serve(ctx, initLn); err != nil {
+		return err
+	}
+	// The fuse has blown and the init listener is closed. Once the agent's first call has
+	// been answered, the timeline is logged and GOMAXPROCS restored.
+	go func() {
+		select {
+		case <-s.firstCall:
+			time.Sleep(afterFirstCall)
+			s.timeline.log(s.log)
+		case <-ctx.Done():
+		}
+		restoreProcs()
+	}()
 	// A relayed handshake nobody continued (the agent fell back to a full one, or never
 	// came) is dropped once the agent has made a call, or after a while.
 	defer s.abandonPending()
@@ -247,34 +229,22 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	}
 }
 
-// initialize performs the one initialisation: it pins agentKey, answers the agent's relayed
-// ClientHello if there is one, opens the data listener's gate and starts the data plane. It
-// returns the sandbox's public key and its TLS flight. A bad key or ClientHello leaves the
-// fuse intact.
-func (s *Server) initialize(ctx context.Context, agentDER, hello []byte, allow []string) (pub, flight []byte, err error) {
-	agentKey, err := tlspin.ParsePublicKey(agentDER)
-	if err != nil {
-		return nil, nil, fmt.Errorf("agent public key: %w", err)
-	}
-	cfg, err := tlspin.ServerConfigCert(s.cert, agentKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("building TLS config: %w", err)
-	}
+// start is the server's part of the one initialisation (fuse.Start): it answers the agent's
+// relayed ClientHello if there is one and FastPath.Relay is on, starts the sandbox's egress
+// when the allocation has an allowlist, and builds the data plane's gRPC server on cfg. A bad
+// ClientHello or a failure to start egress leaves nothing started.
+func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) ([]byte, func(net.Listener), error) {
+	creds := credentials.NewTLS(cfg)
+	var flight []byte
 	var pending *tlsflight.Pending
-	if len(hello) > 0 {
+	if hello := req.GetTlsClientHello(); len(hello) > 0 && s.opts.FastPath.Relay {
+		var err error
 		if flight, pending, err = tlsflight.Answer(ctx, cfg, hello); err != nil {
-			return nil, nil, errors.Join(errInvalid, fmt.Errorf("TLS ClientHello: %w", err))
+			return nil, nil, fmt.Errorf("%w: TLS ClientHello: %w", fuse.ErrInvalid, err)
 		}
+		creds = tlsflight.ServerCredentials(cfg, s.takePending)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.blown {
-		if pending != nil {
-			pending.Abort()
-		}
-		return nil, nil, errAlreadyInitialised
-	}
-	if len(allow) > 0 && s.opts.StartEgress != nil {
+	if allow := req.GetEgress(); len(allow) > 0 && s.opts.StartEgress != nil {
 		// Before the data plane opens: the agent's first command already has its way out.
 		env, err := s.opts.StartEgress(allow)
 		if err != nil {
@@ -285,7 +255,12 @@ func (s *Server) initialize(ctx context.Context, agentDER, hello []byte, allow [
 		}
 		s.state.AddBase(env)
 	}
-	creds := timedCreds{tlsflight.ServerCredentials(cfg, s.takePending), &s.timeline}
+	if s.opts.FastPath.Any() {
+		// Where an allocation's time goes, for the accelerators' measurements; the plain
+		// path's transport is credentials.NewTLS alone.
+		creds = timedCreds{creds, &s.timeline}
+	}
+	received := time.Now().UnixNano()
 	data := s.newDataServer(creds, func(before bool) {
 		if before {
 			mark(&s.timeline.firstCallStart)
@@ -294,11 +269,19 @@ func (s *Server) initialize(ctx context.Context, agentDER, hello []byte, allow [
 		mark(&s.timeline.firstCallEnded)
 		s.firstCallOnce.Do(func() { close(s.firstCall) })
 	})
-	s.dataLn.Open()
-	s.blown, s.data, s.pending = true, data, pending
-	go func() { s.dataErr <- data.Serve(bufferedListener{s.dataLn}) }()
-	close(s.blownCh)
-	return s.pub, flight, nil
+	s.mu.Lock()
+	s.data, s.pending = data, pending
+	s.mu.Unlock()
+	s.timeline.initReceived.Store(received)
+	mark(&s.timeline.initAnswered)
+	go func() {
+		select {
+		case <-s.firstCall:
+		case <-time.After(drainDelay):
+		}
+		s.drainOnce.Do(func() { close(s.drain) })
+	}()
+	return flight, func(ln net.Listener) { s.dataErr <- data.Serve(bufferedListener{ln}) }, nil
 }
 
 // pendingTTL bounds how long a relayed handshake waits for the agent's connection.
@@ -349,26 +332,6 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 	srv := grpc.NewServer(opts...)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
 	return srv
-}
-
-type initService struct {
-	sandboxv1.UnimplementedInitServer
-	s *Server
-}
-
-func (i *initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
-	received := time.Now().UnixNano()
-	pub, flight, err := i.s.initialize(ctx, req.GetAgentPublicKey(), req.GetTlsClientHello(), req.GetEgress())
-	if err != nil {
-		i.s.log.Warn("InitializeTLS refused", "err", err)
-		return nil, toStatus(err)
-	}
-	i.s.timeline.initReceived.Store(received) // only one call succeeds
-	mark(&i.s.timeline.initAnswered)
-	// The certificate is public (the data listener presents it to anyone who connects); it
-	// goes with the key for clients that pin through a root certificate.
-	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: pub, TlsServerFlight: flight,
-		SandboxCertificate: i.s.cert.Certificate[0]}, nil
 }
 
 // devNull is shared as the standard input of commands that get none.

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -21,10 +22,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
@@ -53,7 +56,6 @@ func TestCodeOf(t *testing.T) {
 		{fs.ErrExist, codes.AlreadyExists},
 		{syscall.ENOTDIR, codes.FailedPrecondition},
 		{syscall.ENOTEMPTY, codes.FailedPrecondition},
-		{errAlreadyInitialised, codes.FailedPrecondition},
 		{syscall.ENOSPC, codes.ResourceExhausted},
 		{errors.New("boom"), codes.Internal},
 		{status.Error(codes.Aborted, "kept"), codes.Aborted},
@@ -161,10 +163,9 @@ func TestFuseBlowsOnce(t *testing.T) {
 		t.Fatalf("sandbox certificate: key %x names %q, want key %x and %q", cert.RawSubjectPublicKeyInfo, cert.DNSNames, pub.SandboxKey, tlspin.ServerName)
 	}
 	other, _ := client.NewKey()
-	// The init listener outlives the fuse until the agent's first call (so closing it does
-	// not compete with the agent's handshake), refusing everything meanwhile.
-	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
-		t.Fatalf("second InitializeTLS: %v, want FailedPrecondition", err)
+	// The init listener was closed before the answer was written: nobody reaches it again.
+	if _, err := os.Stat(initAddr[len("unix://"):]); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
 	}
 	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
 	if err != nil {
@@ -174,14 +175,6 @@ func TestFuseBlowsOnce(t *testing.T) {
 	res, err := sb.Exec(ctx, client.Command{Script: "export A=1; echo hi"})
 	if err != nil || string(res.Stdout) != "hi\n" || !res.StateRecorded {
 		t.Fatalf("exec: %v %+v", err, res)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(initAddr[len("unix://"):]); errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("init socket still present after the agent's first call")
-		}
 	}
 	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); err == nil {
 		t.Fatal("InitializeTLS after the init listener closed succeeded")
@@ -200,8 +193,8 @@ func TestFuseBlowsOnce(t *testing.T) {
 	}
 }
 
-// A server with PoolProcs runs with that GOMAXPROCS until the agent's first call has been
-// answered, then with the one it started with.
+// A server with FastPath.PoolProcs runs with GOMAXPROCS 1 until the agent's first call has
+// been answered, then with the one it started with.
 func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 	prev := runtime.GOMAXPROCS(2)
 	defer runtime.GOMAXPROCS(prev)
@@ -213,7 +206,7 @@ func TestPoolProcsUntilTheFirstCall(t *testing.T) {
 			}
 		}
 	}
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, PoolProcs: 1})
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.Switches{PoolProcs: true}})
 	procsBecome(1)
 	firstCall(t, initAddr, dataAddr, func() {
 		if got := runtime.GOMAXPROCS(0); got != 1 {
@@ -251,7 +244,7 @@ func firstCall(t *testing.T, initAddr, dataAddr string, between func()) {
 // order.
 func TestAllocationTimelineIsLogged(t *testing.T) {
 	var logs syncbuf.Buffer
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), FastPath: fastpath.All()})
 	firstCall(t, initAddr, dataAddr, nil)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		for _, line := range strings.Split(logs.String(), "\n") {
@@ -286,7 +279,7 @@ func TestIdleTTL(t *testing.T) {
 // first data connection continues that handshake; a hello the sandbox cannot answer is
 // refused without blowing the fuse, and a spent relayed handshake cannot be continued again.
 func TestRelayedHandshake(t *testing.T) {
-	initAddr, dataAddr, _ := startInProcess(t, time.Minute)
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.Switches{Relay: true}})
 	dataPath := dataAddr[len("unix://"):]
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -362,4 +355,161 @@ func TestRelayedHandshake(t *testing.T) {
 	if _, err := rpc.Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
 		t.Fatalf("relayed connection after the others: %v", err)
 	}
+}
+
+// The key-pinning and sFuse guarantees hold with the accelerators off (the plain path) and
+// on: only the pinned agent, over TLS 1.3 with a client certificate, reaches the data plane;
+// the agent refuses a sandbox presenting another key; a replayed ClientHello or
+// continuation gets nothing; a second InitializeTLS is refused.
+func TestKeyPinningOnBothPaths(t *testing.T) {
+	for _, path := range []struct {
+		name string
+		fast fastpath.Switches
+	}{
+		{"plain", fastpath.Switches{}},
+		{"fast", fastpath.All()},
+	} {
+		t.Run(path.name, func(t *testing.T) {
+			initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: path.fast})
+			dataPath := dataAddr[len("unix://"):]
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var conns sfuse.Conns // prepared before the fuse blows, as the manager's is
+			conns.Prepare(initAddr)
+			defer conns.Forget(initAddr)
+			if err := conns.Ping(ctx, initAddr); err != nil {
+				t.Fatal(err)
+			}
+			key, _ := client.NewKey()
+			cert, err := tlspin.Certificate(key.Signer())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pin := &tlspin.Pin{}
+			cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, pin)
+			hs, err := tlsflight.StartClient(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hs.Abort()
+			res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: hs.Hello()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if relayed := len(res.TLSServerFlight) > 0; relayed != path.fast.Relay {
+				t.Fatalf("TLS flight answered: %v, want %v", relayed, path.fast.Relay)
+			}
+			sandboxKey, _ := tlspin.ParsePublicKey(res.SandboxKey)
+			if err := pin.Set(sandboxKey); err != nil {
+				t.Fatal(err)
+			}
+			// The agent's connection: continuing the relayed handshake on the fast path, an
+			// ordinary one on the plain path.
+			var conn *grpc.ClientConn
+			if path.fast.Relay {
+				if _, err := hs.Finish(ctx, res.TLSServerFlight); err != nil {
+					t.Fatal(err)
+				}
+				first := make(chan *tlsflight.Client, 1)
+				first <- hs
+				conn, err = grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", dataPath), cfg)...)
+			} else {
+				conn, err = grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := sandboxv1.NewSandboxClient(conn).Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
+				t.Fatalf("pinned agent's call: %v", err)
+			}
+
+			other, _ := client.NewKey()
+			otherCert, _ := tlspin.Certificate(other.Signer())
+			good, _ := tlspin.ClientConfigCert(cert, sandboxKey)
+			wrongAgent, _ := tlspin.ClientConfigCert(otherCert, sandboxKey)
+			otherPub, _ := tlspin.ParsePublicKey(other.PublicKey())
+			wrongSandbox, _ := tlspin.ClientConfigCert(cert, otherPub)
+			noCert := good.Clone()
+			noCert.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
+			tls12 := good.Clone()
+			tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+			for _, tc := range []struct {
+				name string
+				cfg  *tls.Config
+				ok   bool
+			}{
+				{"ordinary handshake of the pinned agent", good, true},
+				{"wrong agent key", wrongAgent, false},
+				{"wrong sandbox key", wrongSandbox, false},
+				{"no client certificate", noCert, false},
+				{"TLS 1.2", tls12, false},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					c, err := grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc.cfg)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					_, err = sandboxv1.NewSandboxClient(c).Stat(ctx, &sandboxv1.StatRequest{Path: "."})
+					if tc.ok && err != nil {
+						t.Fatal(err)
+					}
+					if !tc.ok && status.Code(err) != codes.Unavailable {
+						t.Fatalf("call: %v, want Unavailable", err)
+					}
+				})
+			}
+			t.Run("replayed ClientHello", func(t *testing.T) {
+				// On a prepared connection (a new one finds no socket): the fuse is blown.
+				_, err := conns.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey(), TLSClientHello: hs.Hello()})
+				if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
+					t.Fatalf("InitializeTLS replaying the ClientHello: %v, want FailedPrecondition or Unavailable", err)
+				}
+				if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey(), TLSClientHello: hs.Hello()}); err == nil {
+					t.Fatal("a second InitializeTLS on a new connection succeeded")
+				}
+				// The ClientHello sent straight to the data socket: a handshake the server
+				// answers, but the client's second flight it never gets is the agent's; it
+				// ends without a session.
+				c, err := net.Dial("unix", dataPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				c.Write(hs.Hello())
+				c.Write([]byte("\x14\x03\x03\x00\x01\x01\x17\x03\x03\x00\x100123456789abcdef"))
+				for {
+					if _, err := c.Read(make([]byte, 4096)); err != nil {
+						if !closedUnserved(err) {
+							t.Fatalf("replayed ClientHello: %v, want the connection closed", err)
+						}
+						break
+					}
+				}
+			})
+			t.Run("replayed continuation", func(t *testing.T) {
+				c, err := net.Dial("unix", dataPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				c.Write([]byte("\x14\x03\x03\x00\x01\x01"))
+				if n, err := c.Read(make([]byte, 64)); n != 0 && err == nil {
+					t.Fatalf("continuation with nothing pending: read %d bytes, %v; want the connection closed", n, err)
+				}
+			})
+			if _, err := sandboxv1.NewSandboxClient(conn).Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
+				t.Fatalf("pinned agent's call after the others: %v", err)
+			}
+		})
+	}
+}
+
+// closedUnserved reports whether err is what reading a connection the server closed returns
+// (a reset when it closed with our bytes unread).
+func closedUnserved(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }

@@ -11,14 +11,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
-// WarmUp runs one throwaway pinned-TLS handshake, relayed as an allocation relays it (see
-// internal/tlsflight), and one data-plane call through this server's own code, on a private
+// WarmUp runs one throwaway pinned-TLS handshake, relayed as an allocation relays it when
+// FastPath.Relay is on (see internal/tlsflight), and one data-plane call through this server's own code, on a private
 // unix socket, before the sandbox waits in the pool: a self-test (a server that cannot
 // complete it never enters the pool) that also runs the data plane's code paths once, off the
 // allocation path. It uses its own keys and never touches the pinned identity or the init
@@ -47,44 +48,61 @@ func (s *Server) WarmUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The agent's and the sandbox's halves of sFuse's relayed first round trip.
-	pin := &tlspin.Pin{}
-	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
-	hello, err := tlsflight.StartClient(ctx, ccfg)
-	if err != nil {
-		return err
-	}
-	defer hello.Abort()
 	scfg, err := tlspin.ServerConfigCert(serverCert, clientKey.Public())
 	if err != nil {
 		return err
 	}
-	flight, pending, err := tlsflight.Answer(ctx, scfg, hello.Hello())
-	if err != nil {
-		return err
-	}
-	defer pending.Abort()
-	var once sync.Once
-	srv := s.newDataServer(tlsflight.ServerCredentials(scfg, func() (p *tlsflight.Pending) {
-		once.Do(func() { p = pending })
-		return p
-	}), nil)
 	sock := filepath.Join(dir, "warm.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		return fmt.Errorf("binding the warm-up listener: %w", err)
 	}
-	go srv.Serve(bufferedListener{ln})
-	defer srv.Stop()
-	if err := pin.Set(serverKey.Public()); err != nil {
-		return err
+	var dialOpts []grpc.DialOption
+	pin := &tlspin.Pin{}
+	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
+	if !s.opts.FastPath.Relay {
+		if err := pin.Set(serverKey.Public()); err != nil {
+			return err
+		}
+		srv := s.newDataServer(credentials.NewTLS(scfg), nil)
+		go srv.Serve(bufferedListener{ln})
+		defer srv.Stop()
+		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ccfg)),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				return tlsflight.NetDialer("unix", sock)(ctx)
+			})}
+	} else {
+		// The agent's and the sandbox's halves of sFuse's relayed first round trip.
+		hello, err := tlsflight.StartClient(ctx, ccfg)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer hello.Abort()
+		flight, pending, err := tlsflight.Answer(ctx, scfg, hello.Hello())
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer pending.Abort()
+		var once sync.Once
+		srv := s.newDataServer(tlsflight.ServerCredentials(scfg, func() (p *tlsflight.Pending) {
+			once.Do(func() { p = pending })
+			return p
+		}), nil)
+		go srv.Serve(bufferedListener{ln})
+		defer srv.Stop()
+		if err := pin.Set(serverKey.Public()); err != nil {
+			return err
+		}
+		if _, err := hello.Finish(ctx, flight); err != nil {
+			return fmt.Errorf("warm-up handshake: %w", err)
+		}
+		first := make(chan *tlsflight.Client, 1)
+		first <- hello
+		dialOpts = tlsflight.DialOptions(first, tlsflight.NetDialer("unix", sock), ccfg)
 	}
-	if _, err := hello.Finish(ctx, flight); err != nil {
-		return fmt.Errorf("warm-up handshake: %w", err)
-	}
-	first := make(chan *tlsflight.Client, 1)
-	first <- hello
-	conn, err := grpc.NewClient("passthrough:///warm-up", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", sock), ccfg)...)
+	conn, err := grpc.NewClient("passthrough:///warm-up", dialOpts...)
 	if err != nil {
 		return err
 	}

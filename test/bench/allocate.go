@@ -173,17 +173,25 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	var marks *schedMarks // set during the warm allocations, with o.Sched
 	var handedOff atomic.Int64
 	one := func(trace bool) (time.Duration, error) {
-		var ct client.AllocateTrace
+		var am agentMarks
+		var sent atomic.Int64 // set on the connection's writer
 		ao := client.AllocateOptions{}
 		if trace {
-			ao.Trace = &ct
+			ao.Trace = &client.AllocateTrace{
+				Answered:         func(at time.Time) { am.answered = at },
+				RelayedHandshake: func(at time.Time) { am.finished = at },
+				FirstWrite:       func(at time.Time) { sent.Store(at.UnixNano()) },
+			}
 		}
 		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, &handedOff)
 		if err != nil {
 			return 0, err
 		}
 		if trace {
-			tr.record(t0, done, agentMarks{ct.Answered, ct.Finished, ct.Sent()}, alloc.ServerLog(a.ID))
+			if ns := sent.Load(); ns != 0 {
+				am.sent = time.Unix(0, ns)
+			}
+			tr.record(t0, done, am, alloc.ServerLog(a.ID))
 		}
 		return done.Sub(t0), a.Close()
 	}
@@ -401,8 +409,17 @@ func oldestReadyAge(m *manager.Manager) time.Duration {
 // the first data-plane call (Stat), between marks. It returns the allocation, still held for
 // the caller to release, and when it began and when the call returned; on an error nothing is
 // held. handedOff, if set, counts the allocations whose data connection the manager handed
-// over (client.Allocation.HandedOff).
+// over (client.AllocateTrace.HandedOff).
 func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks, handedOff *atomic.Int64) (*client.Allocation, time.Time, time.Time, error) {
+	var handed atomic.Bool
+	if handedOff != nil {
+		tr := &client.AllocateTrace{}
+		if ao.Trace != nil {
+			*tr = *ao.Trace
+		}
+		tr.HandedOff = func() { handed.Store(true) }
+		ao.Trace = tr
+	}
 	marks.start()
 	t0 := time.Now()
 	a, err := agent.Allocate(ctx, ao)
@@ -415,7 +432,7 @@ func timedAllocation(ctx context.Context, agent *client.Manager, ao client.Alloc
 	}
 	done := time.Now()
 	marks.end()
-	if handedOff != nil && a.HandedOff() {
+	if handedOff != nil && handed.Load() {
 		handedOff.Add(1)
 	}
 	return a, t0, done, nil

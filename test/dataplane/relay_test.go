@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,28 +61,36 @@ func TestClientWithAndWithoutRelayedHandshake(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			var trace client.AllocateTrace
+			var answered, finished time.Time
+			var sentNs atomic.Int64 // set on the connection's writer
+			relayed := false
+			trace := &client.AllocateTrace{
+				Answered:         func(at time.Time) { answered = at },
+				RelayedHandshake: func(at time.Time) { relayed, finished = true, at },
+				FirstWrite:       func(at time.Time) { sentNs.Store(at.UnixNano()) },
+			}
 			start := time.Now()
-			a, err := client.Allocate(ctx, "unix://"+sock, client.AllocateOptions{Trace: &trace})
+			a, err := client.Allocate(ctx, "unix://"+sock, client.AllocateOptions{Trace: trace})
 			if err != nil {
 				t.Fatalf("Allocate: %v", err)
 			}
 			defer a.Close()
-			if a.Relayed != relay {
-				t.Errorf("Relayed = %v, want %v", a.Relayed, relay)
+			if relayed != relay {
+				t.Errorf("relayed handshake continued: %v, want %v", relayed, relay)
 			}
-			if trace.Answered.Before(start) {
-				t.Errorf("trace: answered at %v, before the allocation began at %v", trace.Answered, start)
+			if answered.Before(start) {
+				t.Errorf("trace: answered at %v, before the allocation began at %v", answered, start)
 			}
-			if relay == trace.Finished.IsZero() || relay && trace.Finished.Before(trace.Answered) {
-				t.Errorf("trace: relayed handshake finished at %v (answered %v); want it set, after the answer, only when relayed", trace.Finished, trace.Answered)
+			if relay == finished.IsZero() || relay && finished.Before(answered) {
+				t.Errorf("trace: relayed handshake finished at %v (answered %v); want it set, after the answer, only when relayed", finished, answered)
 			}
 			res, err := a.Exec(ctx, client.Command{Script: "echo served"})
 			if err != nil || string(res.Stdout) != "served\n" {
 				t.Fatalf("exec: %v %q", err, res.Stdout)
 			}
-			if sent := trace.Sent(); relay == sent.IsZero() || relay && sent.Before(trace.Finished) {
-				t.Errorf("trace: first write at %v (finished %v); want it set, after the handshake, only when relayed", sent, trace.Finished)
+			sent := time.Unix(0, sentNs.Load())
+			if relay == (sentNs.Load() == 0) || relay && sent.Before(finished) {
+				t.Errorf("trace: first write at %v (finished %v); want it set, after the handshake, only when relayed", sent, finished)
 			}
 		})
 	}

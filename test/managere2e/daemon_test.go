@@ -15,8 +15,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -32,12 +34,13 @@ func TestAllocateExecRelease(t *testing.T) {
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true})
 	ctx := testCtx(t, testDeadline)
 
-	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	var used fastUse
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
 	id := a.ID
-	if !a.Relayed {
+	if !used.relayed.Load() {
 		t.Error("the data connection made a full handshake: the one begun in the allocation was not continued")
 	}
 	if !slices.Contains(e.containers(t), id) || !slices.Contains(e.sandboxDirs(t), id) {
@@ -49,7 +52,7 @@ func TestAllocateExecRelease(t *testing.T) {
 	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
 	}
-	if !a.HandedOff() {
+	if !used.handedOff.Load() {
 		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
@@ -110,15 +113,16 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 	for i := range n {
 		var a *client.Allocation
 		var err error
+		var used fastUse
 		if i%2 == 1 {
-			a, err = mgr.Allocate(ctx, client.AllocateOptions{})
+			a, err = mgr.Allocate(ctx, client.AllocateOptions{Trace: used.trace()})
 		} else {
-			a, err = client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+			a, err = client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 		}
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
-		if !a.Relayed {
+		if !used.relayed.Load() {
 			t.Errorf("allocation %d: the relayed handshake was not continued", i)
 		}
 		if slices.Contains(ids, a.ID) {
@@ -135,7 +139,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
-		if !a.HandedOff() {
+		if !used.handedOff.Load() {
 			t.Errorf("allocation %d: the data connection opened ahead was not handed over", i)
 		}
 		before, after, _ := strings.Cut(out, "@@\n")
@@ -339,7 +343,8 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
+	var used fastUse
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
 	if err != nil {
 		t.Fatalf("Allocate without the handoff socket: %v", err)
 	}
@@ -347,8 +352,8 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if out := sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
 		t.Errorf("exec on a dialed connection: %q", out)
 	}
-	if a.HandedOff() || !a.Relayed {
-		t.Errorf("HandedOff %v, Relayed %v: want a dialed connection continuing the relayed handshake", a.HandedOff(), a.Relayed)
+	if used.handedOff.Load() || !used.relayed.Load() {
+		t.Errorf("handed off %v, relayed %v: want a dialed connection continuing the relayed handshake", used.handedOff.Load(), used.relayed.Load())
 	}
 }
 
@@ -394,4 +399,52 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 	}
 	defer b.Close()
 	sh(t, ctx, b.Sandbox, "true")
+}
+
+// With the accelerators switched off on both sides (--fast-path=none, FastPath.Off) an
+// allocation takes the plain path: no relayed handshake, no connection opened ahead, no
+// keep-awake; the pinning holds as on the fast path. A client that keeps its accelerators
+// on against that manager falls back to the plain path too.
+func TestPlainPath(t *testing.T) {
+	e := newEnv(t)
+	none := fastpath.Switches{}
+	e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true, FastPath: &none})
+	ctx := testCtx(t, testDeadline)
+	for _, o := range []client.FastPath{{Off: true}, {}} {
+		var used fastUse
+		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{FastPath: o, Trace: used.trace()})
+		if err != nil {
+			t.Fatalf("Allocate (client %+v): %v", o, err)
+		}
+		if out := sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
+			t.Errorf("exec on the plain path: %q", out)
+		}
+		if used.relayed.Load() || used.handedOff.Load() {
+			t.Errorf("client %+v: relayed %v, handed off %v; want neither on the plain path", o, used.relayed.Load(), used.handedOff.Load())
+		}
+		if env := e.serverEnv(t, a.ID); slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
+			t.Errorf("the server's environment is %q: keep-awake is on with --fast-path=none", env)
+		}
+		if err := a.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	// The pinning on the plain path: the pinned agent is served, another key is not, and
+	// the answer offers no connection opened ahead.
+	key := newKey(t)
+	resp, sb := rawAllocate(t, ctx, dialManager(t, e.Addr), key, time.Minute)
+	if resp.GetDataHandoff() != "" || len(resp.GetTlsServerFlight()) != 0 {
+		t.Errorf("the answer offers a handoff at %q and a %d-byte TLS flight, want neither", resp.GetDataHandoff(), len(resp.GetTlsServerFlight()))
+	}
+	if out := sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
+		t.Errorf("the pinned agent's exec: %q", out)
+	}
+	intruder, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), newKey(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close()
+	if _, err := intruder.Run(ctx, "true"); status.Code(errors.Unwrap(err)) != codes.Unavailable && status.Code(err) != codes.Unavailable {
+		t.Errorf("another agent's exec on the plain path: %v, want Unavailable", err)
+	}
 }

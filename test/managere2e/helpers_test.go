@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
@@ -208,6 +210,8 @@ type daemonOpts struct {
 	PoolPing time.Duration
 	// KeepAwake is daemon.Config.KeepSandboxesAwake.
 	KeepAwake bool
+	// FastPath is daemon.Config.FastPath (nil: every accelerator).
+	FastPath *fastpath.Switches
 }
 
 // manager is an in-process daemon.Run.
@@ -227,7 +231,7 @@ func (e *env) startDaemon(t *testing.T, o daemonOpts) *manager {
 	m := &manager{Log: log, stop: cancel, done: make(chan error, 1)}
 	cfg := daemon.Config{Listen: e.Addr, Allocator: "runsc", StateDir: e.StateDir, Runsc: e.Runsc,
 		SandboxBinary: e.Sandbox, Estimator: "fixed", PoolSize: o.PoolSize, LeaseTTL: o.LeaseTTL, PoolPing: o.PoolPing,
-		KeepSandboxesAwake: o.KeepAwake, Ready: func(addr string) { ready <- addr }}
+		KeepSandboxesAwake: o.KeepAwake, FastPath: o.FastPath, Ready: func(addr string) { ready <- addr }}
 	go func() {
 		m.done <- daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}()
@@ -505,4 +509,14 @@ func (e *env) serverEnv(t testing.TB, id string) []string {
 		t.Fatalf("parsing %s's bundle: %v", id, err)
 	}
 	return spec.Process.Env
+}
+
+// fastUse records, through an allocation's trace hooks, which accelerators it used.
+type fastUse struct{ relayed, handedOff atomic.Bool }
+
+func (u *fastUse) trace() *client.AllocateTrace {
+	return &client.AllocateTrace{
+		RelayedHandshake: func(time.Time) { u.relayed.Store(true) },
+		HandedOff:        func() { u.handedOff.Store(true) },
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
@@ -70,6 +71,9 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
 	LimitFlags(f, &c.Limits)
 	daemon.AuthFlags(f, &c.Auth)
+	fast := fastpath.All()
+	c.FastPath = &fast
+	f.Var(fastFlag{&fast}, "fast-path", fastpath.FlagHelp+"; none of them is part of the trust path (runsc allocator; keep-awake also needs --keep-sandboxes-awake)")
 }
 
 // LimitFlags registers the sandbox limit flags (runsc allocator) on f, filling l with
@@ -108,6 +112,11 @@ func (b *bytesValue) Set(s string) error {
 }
 
 func (b *bytesValue) Type() string { return "bytes" }
+
+// fastFlag is --fast-path, a fastpath.Switches as a pflag.Value.
+type fastFlag struct{ *fastpath.Switches }
+
+func (fastFlag) Type() string { return "accelerators" }
 
 // ServiceCommand returns the command that runs the manager as a service, named use:
 // fusebox-manager's root command, and fusebox manager in the CLI.

@@ -1,0 +1,120 @@
+// Package fastpath is the one seam for the allocation's latency accelerators. None of them is
+// part of the trust path (sandbox-server/fuse and internal/tlspin): each only moves work off
+// an allocation's critical path, and each can be switched off, alone or all at once, leaving
+// the plain path (the data plane is credentials.NewTLS with the pinning configuration, and
+// nothing else). They are:
+//
+//   - Relay: the agent's ClientHello travels in Allocate and InitializeTLS, and the data
+//     connection begins at the agent's second flight (internal/tlsflight, which also rewrites
+//     the first HTTP/2 frames on both ends and holds the first writes up to 5 ms).
+//   - Handoff: the local manager opens each unit's data connection when it creates the unit
+//     (the sandbox's gate keeps it unread, see Latest) and passes it to the agent by
+//     SCM_RIGHTS (internal/handoff).
+//   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
+//     (localsandbox.KeepAwakeGODEBUG).
+//   - PoolProcs: the sandbox server runs with one P until the agent's first call.
+package fastpath
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+)
+
+// Switches says which accelerators are on. The zero value is the plain path.
+type Switches struct {
+	Relay     bool
+	Handoff   bool
+	KeepAwake bool
+	PoolProcs bool
+}
+
+// All is every accelerator on, the default.
+func All() Switches { return Switches{Relay: true, Handoff: true, KeepAwake: true, PoolProcs: true} }
+
+// Any reports whether any accelerator is on.
+func (s Switches) Any() bool { return s != Switches{} }
+
+// Latest is the sandbox gate's Waitroom for Handoff (see sandbox-server/fuse): it keeps the
+// latest connection accepted while the gate is shut, unread, and closes the one it kept
+// before (a restarted manager opens a new one). The gate serializes its calls.
+type Latest struct{ c net.Conn }
+
+// Keep keeps c in place of the connection kept before, which it closes.
+func (l *Latest) Keep(c net.Conn) {
+	if l.c != nil {
+		l.c.Close()
+	}
+	l.c = c
+}
+
+// Release returns the kept connection, if any.
+func (l *Latest) Release() net.Conn {
+	c := l.c
+	l.c = nil
+	return c
+}
+
+// Close closes the kept connection, if any.
+func (l *Latest) Close() {
+	if l.c != nil {
+		l.c.Close()
+		l.c = nil
+	}
+}
+
+// names are the accelerators' names in Parse and String, in order.
+var names = []string{"relay", "handoff", "keep-awake", "pool-procs"}
+
+func (s *Switches) fields() []*bool { return []*bool{&s.Relay, &s.Handoff, &s.KeepAwake, &s.PoolProcs} }
+
+// FlagHelp describes the value Parse reads, for command-line flags.
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of relay, handoff, keep-awake, pool-procs`
+
+// Parse reads "all", "none", or a comma-separated list of accelerator names.
+func Parse(v string) (Switches, error) {
+	switch v {
+	case "all":
+		return All(), nil
+	case "none", "":
+		return Switches{}, nil
+	}
+	var s Switches
+	f := s.fields()
+	for _, name := range strings.Split(v, ",") {
+		i := slices.Index(names, strings.TrimSpace(name))
+		if i < 0 {
+			return Switches{}, fmt.Errorf("unknown accelerator %q (want all, none, or some of %s)", name, strings.Join(names, ", "))
+		}
+		*f[i] = true
+	}
+	return s, nil
+}
+
+// String is the value Parse reads back.
+func (s Switches) String() string {
+	switch s {
+	case All():
+		return "all"
+	case Switches{}:
+		return "none"
+	}
+	var on []string
+	for i, b := range s.fields() {
+		if *b {
+			on = append(on, names[i])
+		}
+	}
+	return strings.Join(on, ",")
+}
+
+// Set makes *Switches a flag.Value.
+func (s *Switches) Set(v string) error {
+	p, err := Parse(v)
+	if err != nil {
+		return err
+	}
+	*s = p
+	return nil
+}

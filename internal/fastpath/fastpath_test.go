@@ -1,0 +1,66 @@
+package fastpath
+
+import (
+	"net"
+	"testing"
+)
+
+func TestParseAndString(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Switches
+		str  string
+	}{
+		{"all", All(), "all"},
+		{"none", Switches{}, "none"},
+		{"", Switches{}, "none"},
+		{"relay", Switches{Relay: true}, "relay"},
+		{"handoff, keep-awake", Switches{Handoff: true, KeepAwake: true}, "handoff,keep-awake"},
+		{"relay,handoff,keep-awake,pool-procs", All(), "all"},
+	} {
+		got, err := Parse(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			continue
+		}
+		if s := got.String(); s != tc.str {
+			t.Errorf("String of %+v = %q, want %q", got, s, tc.str)
+		}
+		if back, err := Parse(got.String()); err != nil || back != got {
+			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
+		}
+	}
+	for _, bad := range []string{"fast", "relay,turbo", "ALL"} {
+		if _, err := Parse(bad); err == nil {
+			t.Errorf("Parse(%q) accepted it", bad)
+		}
+	}
+	if (Switches{}).Any() || !(Switches{PoolProcs: true}).Any() {
+		t.Error("Any is wrong")
+	}
+}
+
+// Latest keeps the newest connection and closes the one it replaces.
+func TestLatestKeepsTheNewest(t *testing.T) {
+	var l Latest
+	a1, a2 := net.Pipe()
+	b1, b2 := net.Pipe()
+	defer a2.Close()
+	defer b2.Close()
+	l.Keep(a1)
+	l.Keep(b1)
+	if _, err := a2.Read(make([]byte, 1)); err == nil {
+		t.Error("the replaced connection is still open")
+	}
+	if c := l.Release(); c != b1 {
+		t.Errorf("Release = %v, want the newest", c)
+	}
+	if c := l.Release(); c != nil {
+		t.Errorf("second Release = %v, want nil", c)
+	}
+	l.Keep(a1)
+	l.Close()
+	if l.Release() != nil {
+		t.Error("Close left a connection kept")
+	}
+}

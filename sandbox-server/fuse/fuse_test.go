@@ -1,0 +1,435 @@
+package fuse
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"errors"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+)
+
+// sandbox is a Fuse on unix sockets in a temp dir whose data plane is the gRPC health
+// service over credentials.NewTLS(cfg): the plain path.
+type sandbox struct {
+	initPath, dataPath string
+	serveErr           chan error
+	started            chan struct{} // closed when Start succeeded
+}
+
+func startFuse(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sandboxv1.InitializeTLSRequest) error) *sandbox {
+	return startFuseDrain(t, ttl, w, refuse, nil)
+}
+
+func startFuseDrain(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sandboxv1.InitializeTLSRequest) error, drain <-chan struct{}) *sandbox {
+	t.Helper()
+	dir := t.TempDir()
+	sb := &sandbox{initPath: filepath.Join(dir, "init.sock"), dataPath: filepath.Join(dir, "data.sock"),
+		serveErr: make(chan error, 1), started: make(chan struct{})}
+	dataLn, err := net.Listen("unix", sb.dataPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	initLn, err := net.Listen("unix", sb.initPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := tlspin.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := tlspin.Certificate(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data *grpc.Server
+	var mu sync.Mutex
+	start := func(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) ([]byte, func(net.Listener), error) {
+		if refuse != nil {
+			if err := refuse(req); err != nil {
+				return nil, nil, err
+			}
+		}
+		srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+		healthpb.RegisterHealthServer(srv, health.NewServer())
+		mu.Lock()
+		data = srv
+		mu.Unlock()
+		close(sb.started)
+		return nil, func(ln net.Listener) { srv.Serve(ln) }, nil
+	}
+	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start, Waiting: w, Drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { sb.serveErr <- f.Serve(ctx, initLn) }()
+	t.Cleanup(func() {
+		cancel()
+		mu.Lock()
+		if data != nil {
+			data.Stop()
+		}
+		mu.Unlock()
+		f.Close()
+	})
+	return sb
+}
+
+func (sb *sandbox) init(ctx context.Context, agent []byte) (sfuse.Result, error) {
+	return sfuse.Initialize(ctx, "unix://"+sb.initPath, sfuse.Request{AgentKey: agent})
+}
+
+// call makes one data-plane call with cfg, reporting the error.
+func (sb *sandbox) call(ctx context.Context, cfg *tls.Config) error {
+	conn, err := grpc.NewClient("unix://"+sb.dataPath, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err
+}
+
+// servesNothing checks that a connection to the data socket is closed with nothing read or
+// written.
+func servesNothing(t *testing.T, path string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dialing the data socket: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the gate may have closed it already
+	if n, err := c.Read(make([]byte, 64)); n != 0 || !closedUnserved(err) {
+		t.Fatalf("data socket before init: read %d bytes, %v; want it closed unserved", n, err)
+	}
+}
+
+func closedUnserved(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+func newKey(t *testing.T) (crypto.Signer, []byte) {
+	t.Helper()
+	k, err := tlspin.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := tlspin.MarshalPublicKey(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, der
+}
+
+func TestNewRefusesMissingOptions(t *testing.T) {
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	k, _ := newKey(t)
+	id, _ := tlspin.Certificate(k)
+	start := func(context.Context, *sandboxv1.InitializeTLSRequest, *tls.Config) ([]byte, func(net.Listener), error) {
+		return nil, nil, nil
+	}
+	for name, o := range map[string]Options{
+		"no identity": {IdleTTL: time.Minute, Start: start},
+		"no idle TTL": {Identity: id, Start: start},
+		"no start":    {Identity: id, IdleTTL: time.Minute},
+	} {
+		if _, err := New(ln, o); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+}
+
+// The fuse blows exactly once: malformed requests are refused and change nothing, the valid
+// one pins the key, and by the time its answer is back the init socket is gone for good.
+func TestFuseBlowsOnce(t *testing.T) {
+	errRefused := errors.New("refused by Start")
+	sb := startFuse(t, time.Minute, nil, func(req *sandboxv1.InitializeTLSRequest) error {
+		if len(req.GetEgress()) > 0 {
+			return errors.Join(ErrInvalid, errRefused)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	servesNothing(t, sb.dataPath)
+	// A connection made before the fuse blows, as the manager's prepared one is.
+	var conns sfuse.Conns
+	conns.Prepare("unix://" + sb.initPath)
+	defer conns.Forget("unix://" + sb.initPath)
+	if err := conns.Ping(ctx, "unix://"+sb.initPath); err != nil {
+		t.Fatalf("ping before init: %v", err)
+	}
+	agent, agentDER := newKey(t)
+	for _, req := range []sfuse.Request{
+		{AgentKey: []byte("garbage")},
+		{},
+		{AgentKey: agentDER, Egress: []string{"refused.example:443"}},
+	} {
+		_, err := sfuse.Initialize(ctx, "unix://"+sb.initPath, req)
+		if status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
+			t.Fatalf("malformed init %+v: %v, want InvalidArgument", req, err)
+		}
+		servesNothing(t, sb.dataPath) // the fuse is intact
+	}
+	res, err := sb.init(ctx, agentDER)
+	if err != nil {
+		t.Fatalf("init after malformed ones: %v", err)
+	}
+	// The guarantee: the init listener was closed before the response was written.
+	if _, err := os.Stat(sb.initPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
+	}
+	if c, err := net.Dial("unix", sb.initPath); err == nil {
+		c.Close()
+		t.Fatal("dialing the init socket after InitializeTLS answered succeeded")
+	}
+	// On a connection made before, a second call is refused.
+	other, otherDER := newKey(t)
+	if _, err := conns.Initialize(ctx, "unix://"+sb.initPath, sfuse.Request{AgentKey: otherDER}); err == nil {
+		t.Fatal("second InitializeTLS succeeded")
+	} else if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
+		t.Fatalf("second InitializeTLS: %v, want FailedPrecondition (or Unavailable once drained)", err)
+	}
+	select {
+	case err := <-sb.serveErr:
+		if err != nil {
+			t.Fatalf("Serve after the fuse blew: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Serve did not return after the fuse blew")
+	}
+	sandboxKey, err := tlspin.ParsePublicKey(res.SandboxKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := tlspin.ClientConfig(agent, sandboxKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.call(ctx, cfg); err != nil {
+		t.Fatalf("pinned agent's call: %v", err)
+	}
+	intruder, _ := tlspin.ClientConfig(other, sandboxKey)
+	if err := sb.call(ctx, intruder); status.Code(err) != codes.Unavailable {
+		t.Fatalf("other agent's call: %v, want Unavailable", err)
+	}
+}
+
+// The data plane accepts only a TLS 1.3 client presenting the pinned key, and the agent
+// accepts only the sandbox key InitializeTLS returned.
+func TestPinning(t *testing.T) {
+	sb := startFuse(t, time.Minute, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	agent, agentDER := newKey(t)
+	res, err := sb.init(ctx, agentDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxKey, _ := tlspin.ParsePublicKey(res.SandboxKey)
+	other, _ := newKey(t)
+	good, _ := tlspin.ClientConfig(agent, sandboxKey)
+	wrongAgent, _ := tlspin.ClientConfig(other, sandboxKey)
+	wrongSandbox, _ := tlspin.ClientConfig(agent, other.Public())
+	noCert := good.Clone()
+	noCert.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
+	tls12 := good.Clone()
+	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	for _, tc := range []struct {
+		name string
+		cfg  *tls.Config
+		ok   bool
+	}{
+		{"pinned agent", good, true},
+		{"wrong agent key", wrongAgent, false},
+		{"wrong sandbox key", wrongSandbox, false},
+		{"no client certificate", noCert, false},
+		{"TLS 1.2", tls12, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := sb.call(ctx, tc.cfg)
+			if tc.ok && err != nil {
+				t.Fatal(err)
+			}
+			if !tc.ok && status.Code(err) != codes.Unavailable {
+				t.Fatalf("call: %v, want Unavailable", err)
+			}
+		})
+	}
+}
+
+// Of concurrent valid InitializeTLS calls exactly one succeeds.
+func TestConcurrentInitExactlyOneWins(t *testing.T) {
+	sb := startFuse(t, time.Minute, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr := "unix://" + sb.initPath
+	const n = 8
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	conns := make([]*sfuse.Conns, n)
+	for i := range conns {
+		conns[i] = &sfuse.Conns{}
+		conns[i].Prepare(addr)
+		if err := conns[i].Ping(ctx, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		_, der := newKey(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := c.Initialize(ctx, addr, sfuse.Request{AgentKey: der})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	won := 0
+	for err := range errs {
+		if err == nil {
+			won++
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d calls succeeded, want exactly 1", won)
+	}
+}
+
+func TestIdleTTL(t *testing.T) {
+	sb := startFuse(t, 20*time.Millisecond, nil, nil)
+	select {
+	case err := <-sb.serveErr:
+		if !errors.Is(err, ErrIdleTimeout) {
+			t.Fatalf("Serve = %v, want ErrIdleTimeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	_, der := newKey(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := sb.init(ctx, der); err == nil {
+		t.Fatal("InitializeTLS after the idle TTL succeeded")
+	}
+	if _, err := net.Dial("unix", sb.dataPath); err == nil {
+		t.Fatal("data socket still bound after the idle TTL")
+	}
+}
+
+// keepAll is a Waitroom that keeps every connection, in order, for the test to inspect.
+type keepAll struct {
+	mu   sync.Mutex
+	kept []net.Conn
+}
+
+func (k *keepAll) Keep(c net.Conn) { k.mu.Lock(); k.kept = append(k.kept, c); k.mu.Unlock() }
+func (k *keepAll) Release() net.Conn {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.kept) == 0 {
+		return nil
+	}
+	for _, c := range k.kept[:len(k.kept)-1] {
+		c.Close()
+	}
+	c := k.kept[len(k.kept)-1]
+	k.kept = nil
+	return c
+}
+func (k *keepAll) Close() {}
+func (k *keepAll) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.kept)
+}
+
+// With a Waitroom, a connection made before the fuse blows is kept unread and served first
+// once it has: what it wrote before is what the data plane reads.
+func TestWaitroomConnectionServedAfterBlow(t *testing.T) {
+	w := &keepAll{}
+	sb := startFuse(t, time.Minute, w, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	early, err := net.Dial("unix", sb.dataPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for w.count() == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the gate never kept the connection")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	agent, der := newKey(t)
+	res, err := sb.init(ctx, der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxKey, _ := tlspin.ParsePublicKey(res.SandboxKey)
+	cfg, _ := tlspin.ClientConfig(agent, sandboxKey)
+	conn, err := grpc.NewClient("passthrough:///early", grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return early, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("call on the connection kept before the fuse blew: %v", err)
+	}
+}
+
+// With Drain, the init listener is still closed when the fuse blows; the connections made
+// before are refused every call until they drain.
+func TestDrainLater(t *testing.T) {
+	drain := make(chan struct{})
+	sb := startFuseDrain(t, time.Minute, nil, nil, drain)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr := "unix://" + sb.initPath
+	var conns sfuse.Conns
+	conns.Prepare(addr)
+	defer conns.Forget(addr)
+	if err := conns.Ping(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	_, der := newKey(t)
+	if _, err := sb.init(ctx, der); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sb.initPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
+	}
+	_, other := newKey(t)
+	if _, err := conns.Initialize(ctx, addr, sfuse.Request{AgentKey: other}); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
+		t.Fatalf("InitializeTLS on a connection made before, not yet drained: %v, want FailedPrecondition", err)
+	}
+	close(drain)
+}
