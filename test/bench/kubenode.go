@@ -168,5 +168,5 @@ func KubeRealNodeAllocate(ctx context.Context, runs int, settle time.Duration, s
 		AllocateP50Ms: pct(alloc, 50), AllocateP99Ms: pct(alloc, 99),
 		WithFirstCallP50Ms: pct(total, 50), WithFirstCallP99Ms: pct(total, 99),
 		APIWritesPerAllocation: round(float64(writes) / float64(runs)),
-		Note: fmt.Sprintf("real node: kubelet v1.37.2, containerd v2.4.2 + gVisor shim (systrap), bridge CNI, kube-router; control plane on loopback; the manager in the bench process (Allocate called directly, no manager gRPC); a fresh agent key and TLS connection per allocation; pool full and idle for %v before each", settle)}, nil
+		Note:                   fmt.Sprintf("real node: kubelet v1.37.2, containerd v2.4.2 + gVisor shim (systrap), bridge CNI, kube-router; control plane on loopback; the manager in the bench process (Allocate called directly, no manager gRPC); a fresh agent key and TLS connection per allocation; pool full and idle for %v before each", settle)}, nil
 }
