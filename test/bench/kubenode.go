@@ -19,6 +19,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
 )
@@ -91,8 +92,10 @@ func KubeRealNodeAllocate(ctx context.Context, runs int, settle time.Duration, s
 		return nil, err
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: ns, Identity: "bench",
-		Templates:    map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(realNodeImage)},
-		Selectors:    kubealloc.PolicySelectors{Agents: map[string]string{"app": "agent"}, Manager: map[string]string{"app": "fusebox-manager"}},
+		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(realNodeImage)},
+		Selectors: kubealloc.PolicySelectors{Agents: map[string]string{"app": "agent"}, AgentCIDRs: []string{nodetest.NodeIP + "/32"},
+			Manager: map[string]string{"app": "fusebox-manager"}, ManagerNamespace: "fusebox"},
+		Flavour:      sandboxnet.Kubernetes, // kube-router enforces plain NetworkPolicy
 		NodeName:     nodetest.NodeName,
 		ReadyTimeout: 3 * time.Minute})
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
 )
@@ -99,6 +100,18 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
+// The agents of these tests are host processes on the node's address (the test itself), and
+// pods in namespace agents labelled fusebox.dev/role=agent; the manager is a host process too.
+func selectors() kubealloc.PolicySelectors {
+	return kubealloc.PolicySelectors{
+		Agents:           map[string]string{"fusebox.dev/role": "agent"},
+		AgentNamespaces:  []string{"agents"},
+		AgentCIDRs:       []string{nodetest.NodeIP + "/32"},
+		Manager:          map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+		ManagerNamespace: "fusebox",
+	}
+}
+
 // newManager returns a started manager on the kube allocator, its pods in a fresh namespace
 // on the real node, with a pool of one.
 func newManager(t *testing.T, n *nodetest.Node) (*manager.Manager, *kubealloc.Allocator, string) {
@@ -106,11 +119,9 @@ func newManager(t *testing.T, n *nodetest.Node) (*manager.Manager, *kubealloc.Al
 	ns := n.Env.Namespace(t)
 	a, err := kubealloc.New(kubealloc.Options{
 		Client: n.Env.Client, Dynamic: n.Env.Dynamic, Namespace: ns, Identity: "replica-a",
-		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(sandboxImage)},
-		Selectors: kubealloc.PolicySelectors{
-			Agents:  map[string]string{"fusebox.dev/role": "agent"},
-			Manager: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
-		},
+		Templates:    map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(sandboxImage)},
+		Selectors:    selectors(),
+		Flavour:      sandboxnet.Kubernetes, // kube-router enforces plain NetworkPolicy
 		NodeName:     nodetest.NodeName,
 		ReadyTimeout: 3 * time.Minute,
 	})
