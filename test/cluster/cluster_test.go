@@ -8,6 +8,7 @@ package cluster_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -214,5 +217,164 @@ func TestAllocateExecOnARealNode(t *testing.T) {
 			t.Fatalf("released pod %s still there", al.ID)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// probeScript connects to each host:port argument (3 s a try) and prints "open" or "blocked"
+// for it; it exits 0. A target given as host:port+ is tried for up to 30 s until it connects:
+// a new pod's address reaches the NetworkPolicy agent's sets some seconds after it starts.
+const probeScript = `
+import socket, sys, time
+for arg in sys.argv[1:]:
+    retry = arg.endswith("+")
+    hp = arg.rstrip("+")
+    h, p = hp.rsplit(":", 1)
+    deadline = time.time() + (30 if retry else 0)
+    while True:
+        s = socket.socket()
+        s.settimeout(3)
+        try:
+            s.connect((h, int(p)))
+            print(hp, "open")
+            break
+        except Exception as e:
+            if time.time() >= deadline:
+                print(hp, "blocked", type(e).__name__)
+                break
+            time.sleep(0.5)
+        finally:
+            s.close()
+`
+
+// applyNamespacePolicies applies the sandbox namespace's policies as the Pulumi program
+// renders them for a plain-NetworkPolicy cluster (policies/sandboxnet).
+func applyNamespacePolicies(t *testing.T, n *nodetest.Node, ns string) {
+	t.Helper()
+	net := sandboxnet.Network{SandboxNamespace: ns, ManagerNamespace: "fusebox",
+		ManagerLabels: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
+		AgentLabels:   map[string]string{"fusebox.dev/role": "agent"}, AgentNamespaces: []string{"agents"},
+		AgentCIDRs: []string{nodetest.NodeIP + "/32"}, InitPort: int(kubealloc.InitPort), DataPort: int(kubealloc.DataPort)}
+	objs, err := sandboxnet.NamespacePolicies(sandboxnet.Kubernetes, net)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		spec, err := json.Marshal(o.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var np networkingv1.NetworkPolicySpec
+		if err := json.Unmarshal(spec, &np); err != nil {
+			t.Fatal(err)
+		}
+		pol := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Labels: o.Labels}, Spec: np}
+		if _, err := n.Env.Client.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), pol, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating NetworkPolicy %s: %v", o.Name, err)
+		}
+	}
+}
+
+// probe runs probeScript in a gVisor pod of namespace ns with labels, and returns its output
+// lines by target.
+func probe(t *testing.T, n *nodetest.Node, ns string, labels map[string]string, targets ...string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := n.Env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		if _, err := n.Env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gvisor, uid, no := "gvisor", int64(65532), false
+	name := fmt.Sprintf("probe-%d", time.Now().UnixNano()%1e9)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.PodSpec{
+		RuntimeClassName: &gvisor, NodeName: nodetest.NodeName, RestartPolicy: corev1.RestartPolicyNever,
+		AutomountServiceAccountToken: &no,
+		SecurityContext:              &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid},
+		Containers: []corev1.Container{{Name: "probe", Image: sandboxImage,
+			Command: append([]string{"python3", "-c", probeScript}, targets...)}},
+	}}
+	pods := n.Env.Client.CoreV1().Pods(ns)
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("probe pod %s/%s did not finish: %s\n%s", ns, name, p.Status.Phase, n.Logs())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return probeResults(t, n.PodLog(ns, name, "probe"))
+}
+
+func probeResults(t *testing.T, out string) map[string]string {
+	t.Helper()
+	res := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 {
+			res[f[0]] = f[1]
+		}
+	}
+	return res
+}
+
+// TestNetworkPolicyOnARealNode: with the sandbox namespace's policies from policies/sandboxnet
+// (plain NetworkPolicy, enforced by kube-router), a pod outside the agents cannot reach a
+// bound sandbox's init or data port while an agent pod reaches its data port, and the
+// sandbox itself reaches neither the node nor another sandbox.
+func TestNetworkPolicyOnARealNode(t *testing.T) {
+	n := realNode(t)
+	m, _, ns := newManager(t, n)
+	applyNamespacePolicies(t, n, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var boxes [2]*client.Sandbox
+	var hosts [2]string
+	for i := range boxes {
+		key, _ := client.NewKey()
+		al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+		if err != nil {
+			t.Fatalf("Allocate: %v\n%s", err, n.Logs())
+		}
+		if boxes[i], err = client.Dial(al.Endpoint, al.SandboxKey, key); err != nil {
+			t.Fatal(err)
+		}
+		defer boxes[i].Close()
+		hosts[i] = strings.TrimSuffix(strings.TrimPrefix(al.Endpoint, "tcp://"), fmt.Sprintf(":%d", kubealloc.DataPort))
+	}
+	initA := fmt.Sprintf("%s:%d", hosts[0], kubealloc.InitPort)
+	dataA := fmt.Sprintf("%s:%d", hosts[0], kubealloc.DataPort)
+	dataB := fmt.Sprintf("%s:%d", hosts[1], kubealloc.DataPort)
+	// The agent (this host) still reaches its sandbox over the data plane.
+	if _, err := boxes[0].Run(ctx, "true"); err != nil {
+		t.Fatalf("the agent lost its sandbox under the policies: %v", err)
+	}
+	// An agent pod reaches the data port (so the probe can see an open port) but not init.
+	got := probe(t, n, "agents", map[string]string{"fusebox.dev/role": "agent"}, dataA+"+", initA)
+	if got[dataA] != "open" || got[initA] != "blocked" {
+		t.Fatalf("from an agent pod: %v, want the data port open and init blocked", got)
+	}
+	// Any other pod reaches neither.
+	got = probe(t, n, "elsewhere", map[string]string{"app": "curious"}, dataA, initA)
+	if got[dataA] != "blocked" || got[initA] != "blocked" {
+		t.Fatalf("from a pod outside the agents: %v, want both ports blocked", got)
+	}
+	// The sandbox reaches neither the node's kubelet nor another sandbox.
+	kubelet := nodetest.NodeIP + ":20250"
+	res, err := boxes[0].Run(ctx, append([]string{"python3", "-c", probeScript}, kubelet, dataB)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = probeResults(t, string(res.Stdout))
+	if got[kubelet] != "blocked" || got[dataB] != "blocked" {
+		t.Fatalf("from inside a sandbox: %v (stderr %q), want the node and the other sandbox blocked", got, res.Stderr)
 	}
 }

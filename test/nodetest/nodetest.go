@@ -324,3 +324,25 @@ func WriteImage(img v1.Image, ref, path string) error {
 	}
 	return tarball.WriteToFile(path, tag, img)
 }
+
+// PodLog returns what container of pod ns/name wrote (stdout and stderr, in order), read from
+// the kubelet's log files on this node (CRI format: time, stream, tag, then the line).
+func (n *Node) PodLog(ns, name, container string) string {
+	files, _ := filepath.Glob(filepath.Join(n.Dir, "pod-logs", ns+"_"+name+"_*", container, "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+			if parts := strings.SplitN(l, " ", 4); len(parts) == 4 {
+				b.WriteString(parts[3])
+				if parts[2] == "F" {
+					b.WriteByte('\n')
+				}
+			}
+		}
+	}
+	return b.String()
+}
