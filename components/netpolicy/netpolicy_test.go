@@ -44,19 +44,30 @@ func TestPoliciesAreSandboxnets(t *testing.T) {
 			if len(got) != len(want) || len(m.All()) != len(want)+1 {
 				t.Fatalf("%d %s of %d resources, want %d", len(got), tc.typ, len(m.All()), len(want))
 			}
-			for i, r := range got {
+			// Matched by name: the mock records registrations in the order they complete.
+			byName := map[string]sandboxnet.Object{}
+			for _, w := range want {
+				byName[w.Name] = w
+			}
+			for _, r := range got {
 				p := r.Props()
-				if mocktest.Str(p, "metadata", "name") != want[i].Name || mocktest.Str(p, "metadata", "namespace") != "sbx" ||
+				w, ok := byName[mocktest.Str(p, "metadata", "name")]
+				if !ok || mocktest.Str(p, "metadata", "namespace") != "sbx" ||
 					mocktest.Str(p, "metadata", "labels", "app.kubernetes.io/part-of") != "fusebox" {
 					t.Errorf("metadata %v", p["metadata"])
+					continue
 				}
-				spec, err := want[i].SpecMap()
+				delete(byName, w.Name)
+				spec, err := w.SpecMap()
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !reflect.DeepEqual(p["spec"], spec) {
-					t.Errorf("%s spec\n got %#v\nwant %#v", want[i].Name, p["spec"], spec)
+					t.Errorf("%s spec\n got %#v\nwant %#v", w.Name, p["spec"], spec)
 				}
+			}
+			if len(byName) != 0 {
+				t.Errorf("not created: %v", byName)
 			}
 		})
 	}
