@@ -208,15 +208,21 @@ func toObject(r mocktest.Resource) (*unstructured.Unstructured, error) {
 // templatePod returns the sandbox pod template of the recorded manager as a Pod object in the
 // sandbox namespace (the one the admission policy binding selects).
 func templatePod(m *mocktest.Mocks) (*unstructured.Unstructured, error) {
-	cms := m.ByType("kubernetes:core/v1:ConfigMap")
+	// The manager component's ConfigMaps: the sandbox template and the authorisation policy.
+	var tmplMaps []string
+	var text string
+	for _, cm := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		if t := mocktest.Str(cm.Props(), "data", manager.SandboxTemplateKey); t != "" {
+			tmplMaps, text = append(tmplMaps, cm.Name), t
+		}
+	}
 	bindings := m.ByType("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
-	if len(cms) != 1 || len(bindings) != 1 {
-		return nil, fmt.Errorf("want one ConfigMap and one admission policy binding, got %d and %d", len(cms), len(bindings))
+	if len(tmplMaps) != 1 || len(bindings) != 1 {
+		return nil, fmt.Errorf("want one ConfigMap with the sandbox template and one admission policy binding, got %v and %d", tmplMaps, len(bindings))
 	}
 	ns := mocktest.Str(bindings[0].Props(), "spec", "matchResources", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name")
-	text := mocktest.Str(cms[0].Props(), "data", manager.SandboxTemplateKey)
-	if ns == "" || text == "" {
-		return nil, fmt.Errorf("no sandbox namespace (%q) or no template in ConfigMap %s", ns, cms[0].Name)
+	if ns == "" {
+		return nil, fmt.Errorf("no sandbox namespace in the admission policy binding")
 	}
 	pod := &unstructured.Unstructured{}
 	if err := yaml.UnmarshalStrict([]byte(text), &pod.Object); err != nil {
