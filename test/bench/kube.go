@@ -50,16 +50,7 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 	if _, err := env.Client.CoreV1().Namespaces().Create(ctx, nsObject(ns), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	counts := &kubealloc.RequestCounts{}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return kubealloc.NewCountingTransport(counts, rt) })
-	// As the manager daemon configures its clients (protobuf for pods, its rate limits).
-	typedCfg, dynCfg := kubealloc.ClientConfigs(cfg, 0, 0)
-	cs, err := kubernetes.NewForConfig(typedCfg)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(dynCfg)
+	counts, cs, dyn, err := countedClients(env.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -141,6 +132,24 @@ func KubeAllocate(ctx context.Context, runs int, settle time.Duration, log *slog
 	return &KubeAllocateResult{Runs: runs, AllocateP50Ms: pct(lat, 50), AllocateP99Ms: pct(lat, 99),
 		APIWritesPerAllocation: round(float64(writes) / float64(runs)), APIRequestsPerAllocation: per,
 		Note: fmt.Sprintf("kube-apiserver v1.37.2 + etcd + kwok + kube-controller-manager on loopback, real Cilium CRDs; pool full and idle for %v before each allocation; in-memory sFuse", settle)}, nil
+}
+
+// countedClients returns clients of cfg configured as the manager daemon configures its own
+// (protobuf for pods, its rate limits), counting every request they make.
+func countedClients(cfg *rest.Config) (*kubealloc.RequestCounts, kubernetes.Interface, dynamic.Interface, error) {
+	counts := &kubealloc.RequestCounts{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return kubealloc.NewCountingTransport(counts, rt) })
+	typedCfg, dynCfg := kubealloc.ClientConfigs(cfg, 0, 0)
+	cs, err := kubernetes.NewForConfig(typedCfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(dynCfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return counts, cs, dyn, nil
 }
 
 func nsObject(name string) *corev1.Namespace {

@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
@@ -20,7 +16,6 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
-	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
 )
 
@@ -61,12 +56,8 @@ func KubeRealNodeAllocate(ctx context.Context, runs int, settle time.Duration, s
 	}
 	defer os.RemoveAll(dir)
 	log.Info("making the sandbox image (the userland is cached)")
-	img, err := imagetest.Image(sandboxBinary, os.Stderr)
-	if err != nil {
-		return nil, err
-	}
 	archive := filepath.Join(dir, "sandbox.tar")
-	if err := nodetest.WriteImage(img, realNodeImage, archive); err != nil {
+	if err := nodetest.WriteSandboxImage(sandboxBinary, realNodeImage, archive); err != nil {
 		return nil, err
 	}
 	log.Info("starting a real node (control plane, containerd + gVisor shim, kubelet, kube-router)")
@@ -79,15 +70,7 @@ func KubeRealNodeAllocate(ctx context.Context, runs int, settle time.Duration, s
 	if _, err := node.Env.Client.CoreV1().Namespaces().Create(ctx, nsObject(ns), metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	counts := &kubealloc.RequestCounts{}
-	cfg := rest.CopyConfig(node.Env.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return kubealloc.NewCountingTransport(counts, rt) })
-	typedCfg, dynCfg := kubealloc.ClientConfigs(cfg, 0, 0)
-	cs, err := kubernetes.NewForConfig(typedCfg)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(dynCfg)
+	counts, cs, dyn, err := countedClients(node.Env.Config)
 	if err != nil {
 		return nil, err
 	}

@@ -12,9 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -30,8 +28,8 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
-	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 // sandboxImage is the name the test sandbox image is imported under.
@@ -60,6 +58,7 @@ func TestMain(m *testing.M) {
 // skips only when FUSEBOX_SKIP_KUBE=1 and the node's binaries are missing.
 func realNode(t *testing.T) *nodetest.Node {
 	t.Helper()
+	bin := sandboxtest.SandboxBinary(t)
 	once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
@@ -69,22 +68,8 @@ func realNode(t *testing.T) *nodetest.Node {
 			return
 		}
 		defer os.RemoveAll(dir)
-		bin := filepath.Join(dir, "fusebox-sandbox")
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin, "./cmd/fusebox-sandbox")
-		cmd.Dir = repoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			nodeErr = fmt.Errorf("building fusebox-sandbox: %w\n%s", err, out)
-			return
-		}
-		img, err := imagetest.Image(bin, os.Stderr)
-		if err != nil {
-			nodeErr = fmt.Errorf("making the sandbox image: %w", err)
-			return
-		}
 		archive := filepath.Join(dir, "sandbox.tar")
-		if err := nodetest.WriteImage(img, sandboxImage, archive); err != nil {
-			nodeErr = err
+		if nodeErr = nodetest.WriteSandboxImage(bin, sandboxImage, archive); nodeErr != nil {
 			return
 		}
 		node, nodeErr = nodetest.Start(ctx, nodetest.Options{Images: []string{archive}})
@@ -96,11 +81,6 @@ func realNode(t *testing.T) *nodetest.Node {
 		t.Fatal(nodeErr)
 	}
 	return node
-}
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // The agents of these tests are host processes on the node's address (the test itself), and

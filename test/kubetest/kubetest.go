@@ -112,8 +112,6 @@ func Main(m *testing.M, env **Env) int {
 type Options struct {
 	// NoKwok leaves kwok and its fake node out (a real kubelet joins instead: test/nodetest).
 	NoKwok bool
-	// APIServerArgs are extra kube-apiserver flags.
-	APIServerArgs []string
 	// Controllers is kube-controller-manager's --controllers (default: the namespace and
 	// garbage-collector controllers).
 	Controllers string
@@ -243,8 +241,7 @@ func (e *Env) start(ctx context.Context, bin string) ([]byte, error) {
 	e.env = append(os.Environ(),
 		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
 		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK="+kwok, "SCHEDULER="+sched, "KCM=0",
-		"SCHEDULER_BIN="+e.opts.Scheduler, "APISERVER_ARGS="+strings.Join(e.opts.APIServerArgs, " "),
-		"KCM_CONTROLLERS="+e.opts.Controllers)
+		"SCHEDULER_BIN="+e.opts.Scheduler, "KCM_CONTROLLERS="+e.opts.Controllers)
 	return e.run(ctx, "start")
 }
 

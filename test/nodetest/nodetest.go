@@ -31,6 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 )
 
@@ -345,4 +346,14 @@ func (n *Node) PodLog(ns, name, container string) string {
 		}
 	}
 	return b.String()
+}
+
+// WriteSandboxImage writes the test sandbox image (package imagetest) with sandboxBinary as
+// its server as a docker image archive named ref at path, which Options.Images takes.
+func WriteSandboxImage(sandboxBinary, ref, path string) error {
+	img, err := imagetest.Image(sandboxBinary, os.Stderr)
+	if err != nil {
+		return fmt.Errorf("making the sandbox image: %w", err)
+	}
+	return WriteImage(img, ref, path)
 }
