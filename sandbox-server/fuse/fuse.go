@@ -126,17 +126,7 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 	var err error
 	select {
 	case <-f.done:
-		// The listener is closed already; the InitializeTLS response and the open
-		// connections drain in the background.
-		go func() {
-			if f.o.Drain != nil {
-				select {
-				case <-f.o.Drain:
-				case <-ctx.Done():
-				}
-			}
-			srv.GracefulStop()
-		}()
+		go f.drain(ctx, srv)
 		return nil
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -150,12 +140,25 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 	f.blown = true // refuse a late InitializeTLS racing the exit
 	f.mu.Unlock()
 	if blown {
-		go srv.GracefulStop()
+		// The fuse blew as this returned (closing initLn ends srv.Serve too).
+		go f.drain(ctx, srv)
 		return nil
 	}
 	srv.Stop()
 	f.gate.Close()
 	return err
+}
+
+// drain stops the init server once the fuse has blown: the listener is closed already; the
+// InitializeTLS response and the open connections drain in the background, after Drain.
+func (f *Fuse) drain(ctx context.Context, srv *grpc.Server) {
+	if f.o.Drain != nil {
+		select {
+		case <-f.o.Drain:
+		case <-ctx.Done():
+		}
+	}
+	srv.GracefulStop()
 }
 
 // Close closes the data listener (the data plane's own Stop closes it too).
