@@ -31,7 +31,7 @@ NODE_BIN ?= $(FUSEBOX_CACHE)/node-containerd-v2.4.2-k8s-$(K8S_VERSION)
 export FUSEBOX_NODE_BIN := $(NODE_BIN)
 # Packages of the main test run: test/kube and test/cluster run only through test-kube and
 # test-cluster.
-MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster)(/|$$)')
+MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|clusterup)(/|$$)')
 
 BIN      := bin
 # The Python SDK is built and tested with Debian's interpreter and packages, not whatever

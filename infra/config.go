@@ -16,6 +16,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
 	"github.com/fusebox-dev/fusebox/infra/preflight"
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi/config"
@@ -51,6 +52,13 @@ type Config struct {
 	Cilium CiliumConfig `json:"cilium"`
 	// Egress (required): where the agents run (their pods reach their sandboxes' data port).
 	Egress EgressConfig `json:"egress"`
+	// Access (optional): who may allocate, which templates, which egress ceiling (the
+	// manager API's authorisation policy). Default: every ServiceAccount of
+	// egress.dataClientNamespaces, any template, no egress.
+	Access []AccessRule `json:"-"`
+	// Operators (optional): ServiceAccounts ("namespace/name") that see every tenant's
+	// sandboxes in List.
+	Operators []string `json:"-"`
 	// NetworkPolicy (optional) is the cluster's network policy flavour: cilium (default on
 	// eks and aks), gke (default and only choice on gke: NetworkPolicy + FQDNNetworkPolicy) or
 	// kubernetes (default on local: plain NetworkPolicy; egress allowlists take IPs only).
@@ -62,6 +70,12 @@ type Config struct {
 	// namespaces (and kube-system, for the node installer) before `fusebox up`.
 	ImagePullSecrets []string `json:"-"`
 }
+
+// AccessRule is one rule of the manager API's authorisation policy (fusebox:access): the
+// callers (every ServiceAccount of namespaces, and serviceAccounts as "namespace/name"), the
+// templates they may use (empty: all) and the ceiling of their egress allowlists (empty:
+// none).
+type AccessRule = auth.RuleFile
 
 // Images are the digest-pinned images of an installation.
 type Images struct {
@@ -298,6 +312,8 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 		{"egress", true, &c.Egress},
 		{"privateHosts", false, &c.PrivateHosts},
 		{"imagePullSecrets", false, &c.ImagePullSecrets},
+		{"access", false, &c.Access},
+		{"operators", false, &c.Operators},
 	}
 	for _, o := range objects {
 		raw, err := cfg.Try(o.key)
@@ -442,6 +458,17 @@ func (c *Config) loadPolicy(cfg configReader, fail func(string, error) error) er
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
 			return fail("egress.dataClientNamespaces", fmt.Errorf("%q: %s", ns, strings.Join(errs, "; ")))
 		}
+	}
+	if c.Access == nil {
+		c.Access = []AccessRule{{Namespaces: c.Egress.DataClientNamespaces}}
+	}
+	for i, r := range c.Access {
+		if len(r.Namespaces) == 0 && len(r.ServiceAccounts) == 0 {
+			return fail(fmt.Sprintf("access[%d]", i), errors.New("names no caller: give namespaces or serviceAccounts (namespace/name)"))
+		}
+	}
+	if _, err := auth.NewPolicy(auth.PolicyFile{Rules: c.Access, Operators: c.Operators}); err != nil {
+		return fail("access", err)
 	}
 	for _, s := range c.ImagePullSecrets {
 		if errs := validation.IsDNS1123Subdomain(s); len(errs) > 0 {

@@ -131,6 +131,8 @@ func Install(ctx *pulumi.Context, c *Config) error {
 		AgentNamespaces:      c.Egress.DataClientNamespaces,
 		AgentCIDRs:           c.Egress.DataClientCIDRs,
 		AgentLabels:          agentLabels(c),
+		Access:               accessRules(c.Access),
+		Operators:            c.Operators,
 		ImagePullSecrets:     c.ImagePullSecrets,
 		Replicas:             c.Manager.Replicas,
 		SkipAwait:            c.Manager.SkipAwait,
@@ -217,4 +219,14 @@ func orDefault(v, d string) string {
 		return d
 	}
 	return v
+}
+
+// accessRules are the stack's access rules as the manager component takes them.
+func accessRules(rules []AccessRule) []manager.AccessRule {
+	out := make([]manager.AccessRule, 0, len(rules))
+	for _, r := range rules {
+		out = append(out, manager.AccessRule{Namespaces: r.Namespaces, ServiceAccounts: r.ServiceAccounts,
+			Templates: r.Templates, Egress: r.Egress})
+	}
+	return out
 }

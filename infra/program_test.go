@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
@@ -278,8 +279,13 @@ func TestBadConfig(t *testing.T) {
 		"latest AMI": {func(c map[string]string) {
 			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251110`, `al2023@latest`, 1)
 		}, "fusebox:nodePool.ec2.amiAlias"},
-		"no installer":     {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
-		"bad pull secret":  {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},
+		"no installer":      {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
+		"bad pull secret":   {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},
+		"access, no caller": {func(c map[string]string) { c["fusebox:access"] = `[{"egress":["10.0.0.1:443"]}]` }, "fusebox:access[0]"},
+		"access, misspelt":  {func(c map[string]string) { c["fusebox:access"] = `[{"namespace":["agents"]}]` }, "fusebox:access"},
+		"access, bad ceiling": {func(c map[string]string) {
+			c["fusebox:access"] = `[{"namespaces":["agents"],"egress":["no port"]}]`
+		}, "egress"},
 		"in VPC, no hosts": {func(c map[string]string) { c["fusebox:inVPC"] = "true" }, "fusebox:privateHosts"},
 		"in VPC, public gVisor": {func(c map[string]string) {
 			c["fusebox:inVPC"] = "true"
@@ -420,6 +426,37 @@ func TestInVPC(t *testing.T) {
 }
 
 // TestImagePullSecrets reach the manager's and the sandboxes' pods and the node installer's.
+// TestAccessPolicy: the manager's authorisation policy is the stack's fusebox:access, and
+// without one every ServiceAccount of the agents' namespaces may allocate, with no egress.
+func TestAccessPolicy(t *testing.T) {
+	policy := func(cfg map[string]string) string {
+		t.Helper()
+		m, err := runStack("eks-dev", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range m.ByType("kubernetes:core/v1:ConfigMap") {
+			if p := mocktest.Str(r.Props(), "data", manager.PolicyKey); p != "" {
+				return p
+			}
+		}
+		t.Fatal("no ConfigMap holds the manager's policy")
+		return ""
+	}
+	if got := policy(stackConfig(t, "eks-dev")); !strings.Contains(got, "namespaces:\n  - agents") || strings.Contains(got, "egress") {
+		t.Errorf("default policy:\n%s\nwant the agents namespace, no egress", got)
+	}
+	cfg := stackConfig(t, "eks-dev")
+	cfg["fusebox:access"] = `[{"serviceAccounts":["agents/coder"],"templates":["default"],"egress":["10.1.2.3:443"]}]`
+	cfg["fusebox:operators"] = `["ops/auditor"]`
+	got := policy(cfg)
+	for _, want := range []string{"agents/coder", "10.1.2.3:443", "ops/auditor"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("policy:\n%s\nwant %s in it", got, want)
+		}
+	}
+}
+
 func TestImagePullSecrets(t *testing.T) {
 	cfg := stackConfig(t, "eks-dev")
 	cfg["fusebox:imagePullSecrets"] = `["regcred"]`

@@ -528,9 +528,12 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 			corev1.WeightedPodAffinityTermArgs{Weight: pulumi.Int(100), PodAffinityTerm: term},
 		}
 	}
-	probe := func(period, failures int) corev1.ProbeArgs {
+	// Liveness and startup ask for the health service's overall status, SERVING once the
+	// process serves; readiness for the Manager service's, SERVING once the warm pool has
+	// first held a ready sandbox (so Pulumi's wait for the Deployment covers the pool).
+	probe := func(service string, period, failures int) corev1.ProbeArgs {
 		return corev1.ProbeArgs{
-			Grpc:             corev1.GRPCActionArgs{Port: pulumi.Int(a.GRPCPort)},
+			Grpc:             corev1.GRPCActionArgs{Port: pulumi.Int(a.GRPCPort), Service: pulumi.String(service)},
 			PeriodSeconds:    pulumi.Int(period),
 			FailureThreshold: pulumi.Int(failures),
 		}
@@ -604,9 +607,9 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 						corev1.ContainerPortArgs{Name: pulumi.String("grpc"), ContainerPort: pulumi.Int(a.GRPCPort)},
 						corev1.ContainerPortArgs{Name: pulumi.String("metrics"), ContainerPort: pulumi.Int(a.MetricsPort)},
 					},
-					StartupProbe:   probe(2, 30),
-					ReadinessProbe: probe(5, 2),
-					LivenessProbe:  probe(10, 3),
+					StartupProbe:   probe("", 2, 30),
+					ReadinessProbe: probe(ReadinessService, 2, 2),
+					LivenessProbe:  probe("", 10, 3),
 					Resources: corev1.ResourceRequirementsArgs{
 						Requests: pulumi.StringMap{"cpu": pulumi.String(a.CPU), "memory": pulumi.String(a.Memory)},
 						Limits:   pulumi.StringMap{"memory": pulumi.String(a.Memory)},
@@ -649,6 +652,10 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 		},
 	}
 }
+
+// ReadinessService is the gRPC health service the manager's readiness probe asks for: the
+// Manager API's, SERVING once the warm pool has first held a ready sandbox.
+const ReadinessService = "fusebox.manager.v1.Manager"
 
 // Where an agent pod mounts its manager token (see AgentTokenVolume).
 const (

@@ -9,6 +9,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -207,9 +208,11 @@ func TestDeployment(t *testing.T) {
 		mocktest.Str(sc, "seccompProfile", "type") != "RuntimeDefault" {
 		t.Errorf("container securityContext %v", sc)
 	}
-	for _, probe := range []string{"livenessProbe", "readinessProbe", "startupProbe"} {
-		if mocktest.Dig(c, probe, "grpc", "port") != 9090.0 {
-			t.Errorf("%s %v", probe, mocktest.Dig(c, probe))
+	// Liveness and startup: the process serves; readiness: the Manager API, once the warm
+	// pool has held a ready sandbox (manager/daemon).
+	for probe, service := range map[string]string{"livenessProbe": "", "readinessProbe": managerv1.Manager_ServiceDesc.ServiceName, "startupProbe": ""} {
+		if mocktest.Dig(c, probe, "grpc", "port") != 9090.0 || mocktest.Str(c, probe, "grpc", "service") != service {
+			t.Errorf("%s %v, want the gRPC health of service %q", probe, mocktest.Dig(c, probe), service)
 		}
 	}
 	if !slices.Contains(strs(mocktest.Dig(c, "args")), "--sandbox-namespace=sbx") {

@@ -239,7 +239,19 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	managerv1.RegisterManagerServer(srv, &manager.Service{M: m, Policy: api.policy})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
-	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	// The process is live at once (the health service's overall status, which liveness
+	// probes ask for); the Manager service is ready once the warm pool has first held a
+	// ready unit, so that a rollout (and `fusebox up`, which waits for it) ends with
+	// allocations served warm. Later dips of the pool do not take the replica out of its
+	// Service: an empty pool still serves, cold.
+	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	go func() {
+		if err := awaitWarm(ctx, m, c.PoolSize); err != nil {
+			return
+		}
+		hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+		log.Info("warm pool ready: serving as ready", "pool_size", c.PoolSize)
+	}()
 
 	errc := make(chan error, 3)
 	if addr.Network == "tcp" {
@@ -285,6 +297,19 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	srv.GracefulStop()
 	if metrics != nil {
 		metrics.Close()
+	}
+	return nil
+}
+
+// awaitWarm returns once m's pool has held a ready unit (at once when the pool is sized 0),
+// or ctx's error.
+func awaitWarm(ctx context.Context, m *manager.Manager, poolSize int) error {
+	for poolSize > 0 && m.Status().Units[manager.Ready.String()] == 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	return nil
 }

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -200,32 +199,6 @@ func TestAllocateExecOnARealNode(t *testing.T) {
 	}
 }
 
-// probeScript connects to each host:port argument (3 s a try) and prints "open" or "blocked"
-// for it; it exits 0. A target given as host:port+ is tried for up to 30 s until it connects:
-// a new pod's address reaches the NetworkPolicy agent's sets some seconds after it starts.
-const probeScript = `
-import socket, sys, time
-for arg in sys.argv[1:]:
-    retry = arg.endswith("+")
-    hp = arg.rstrip("+")
-    h, p = hp.rsplit(":", 1)
-    deadline = time.time() + (30 if retry else 0)
-    while True:
-        s = socket.socket()
-        s.settimeout(3)
-        try:
-            s.connect((h, int(p)))
-            print(hp, "open")
-            break
-        except Exception as e:
-            if time.time() >= deadline:
-                print(hp, "blocked", type(e).__name__)
-                break
-            time.sleep(0.5)
-        finally:
-            s.close()
-`
-
 // applyNamespacePolicies applies the sandbox namespace's policies as the Pulumi program
 // renders them for a plain-NetworkPolicy cluster (policies/sandboxnet).
 func applyNamespacePolicies(t *testing.T, n *nodetest.Node, ns string) {
@@ -254,54 +227,13 @@ func applyNamespacePolicies(t *testing.T, n *nodetest.Node, ns string) {
 	}
 }
 
-// probe runs probeScript in a gVisor pod of namespace ns with labels, and returns its output
-// lines by target.
+// probe runs nodetest.ProbeScript in a pod of namespace ns with labels, from the test
+// sandbox image.
 func probe(t *testing.T, n *nodetest.Node, ns string, labels map[string]string, targets ...string) map[string]string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := n.Env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
-		if _, err := n.Env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	gvisor, uid, no := "gvisor", int64(65532), false
-	name := fmt.Sprintf("probe-%d", time.Now().UnixNano()%1e9)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: corev1.PodSpec{
-		RuntimeClassName: &gvisor, NodeName: nodetest.NodeName, RestartPolicy: corev1.RestartPolicyNever,
-		AutomountServiceAccountToken: &no,
-		SecurityContext:              &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid},
-		Containers: []corev1.Container{{Name: "probe", Image: sandboxImage,
-			Command: append([]string{"python3", "-c", probeScript}, targets...)}},
-	}}
-	pods := n.Env.Client.CoreV1().Pods(ns)
-	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	res, err := n.Probe(context.Background(), ns, labels, sandboxImage, targets...)
+	if err != nil {
 		t.Fatal(err)
-	}
-	for {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("probe pod %s/%s did not finish: %s\n%s", ns, name, p.Status.Phase, n.Logs())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return probeResults(t, n.PodLog(ns, name, "probe"))
-}
-
-func probeResults(t *testing.T, out string) map[string]string {
-	t.Helper()
-	res := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 {
-			res[f[0]] = f[1]
-		}
 	}
 	return res
 }
@@ -349,11 +281,11 @@ func TestNetworkPolicyOnARealNode(t *testing.T) {
 	}
 	// The sandbox reaches neither the node's kubelet nor another sandbox.
 	kubelet := nodetest.NodeIP + ":20250"
-	res, err := boxes[0].Run(ctx, append([]string{"python3", "-c", probeScript}, kubelet, dataB)...)
+	res, err := boxes[0].Run(ctx, append([]string{"python3", "-c", nodetest.ProbeScript}, kubelet, dataB)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got = probeResults(t, string(res.Stdout))
+	got = nodetest.ProbeResults(string(res.Stdout))
 	if got[kubelet] != "blocked" || got[dataB] != "blocked" {
 		t.Fatalf("from inside a sandbox: %v (stderr %q), want the node and the other sandbox blocked", got, res.Stderr)
 	}

@@ -7,7 +7,6 @@ package deployup
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -20,9 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
@@ -194,61 +190,17 @@ func TestUpLocalStack(t *testing.T) {
 	}
 }
 
-// snapshot names every object the API server holds, as "resource.group/namespace/name", for
-// every listable resource in its preferred version; events are left out (the control plane
-// writes them on its own).
+// snapshot is env.Snapshot, failing the test on an error.
 func snapshot(ctx context.Context, t *testing.T) map[string]bool {
 	t.Helper()
-	// Listing every resource warns about the deprecated ones (Endpoints, ComponentStatus).
-	cfg := rest.CopyConfig(env.Config)
-	cfg.WarningHandler = rest.NoWarnings{}
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	s, err := env.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lists, err := dc.ServerPreferredResources()
-	if err != nil {
-		t.Fatalf("discovery: %v", err)
-	}
-	out := map[string]bool{}
-	for _, l := range lists {
-		gv, err := schema.ParseGroupVersion(l.GroupVersion)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range l.APIResources {
-			if strings.Contains(r.Name, "/") || !slices.Contains(r.Verbs, "list") || r.Name == "events" {
-				continue
-			}
-			gvr := gv.WithResource(r.Name)
-			items, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				t.Fatalf("listing %s: %v", gvr, err)
-			}
-			key := gvr.GroupResource().String()
-			for _, it := range items.Items {
-				out[fmt.Sprintf("%s/%s/%s", key, it.GetNamespace(), it.GetName())] = true
-			}
-		}
-	}
-	return out
+	return s
 }
 
-// diff returns the keys of a that b lacks, sorted.
-func diff(a, b map[string]bool) []string {
-	var out []string
-	for k := range a {
-		if !b[k] {
-			out = append(out, k)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
+var diff = kubetest.Diff
 
 // waitGone polls get until it reports NotFound, failing the test after timeout.
 func waitGone(t *testing.T, timeout time.Duration, what string, get func() error) {

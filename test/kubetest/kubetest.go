@@ -117,6 +117,11 @@ type Options struct {
 	Controllers string
 	// Scheduler, if set, is a kube-scheduler binary to run too.
 	Scheduler string
+	// ServiceAccounts turns the ServiceAccount admission plugin on: pods get their
+	// ServiceAccount's token volume (run the serviceaccount and
+	// root-ca-certificate-publisher controllers too, for the default ServiceAccounts and the
+	// kube-root-ca.crt ConfigMaps the volumes need).
+	ServiceAccounts bool
 }
 
 // Start starts etcd, kube-apiserver and kwok, labels and taints the fake node, installs the
@@ -231,7 +236,10 @@ func (e *Env) start(ctx context.Context, bin string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	kwok, sched := "1", "0"
+	kwok, sched, sa := "1", "0", "0"
+	if e.opts.ServiceAccounts {
+		sa = "1"
+	}
 	if e.opts.NoKwok {
 		kwok = "0"
 	}
@@ -241,7 +249,7 @@ func (e *Env) start(ctx context.Context, bin string) ([]byte, error) {
 	e.env = append(os.Environ(),
 		"BIN="+bin, "PORT="+strconv.Itoa(apiPort), "ETCD_PORT="+strconv.Itoa(etcdPort),
 		"KCM_PORT="+strconv.Itoa(kcmPort), "KWOK="+kwok, "SCHEDULER="+sched, "KCM=0",
-		"SCHEDULER_BIN="+e.opts.Scheduler, "KCM_CONTROLLERS="+e.opts.Controllers)
+		"SCHEDULER_BIN="+e.opts.Scheduler, "KCM_CONTROLLERS="+e.opts.Controllers, "SA_ADMISSION="+sa)
 	return e.run(ctx, "start")
 }
 

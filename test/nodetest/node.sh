@@ -4,11 +4,13 @@
 # creates (a private /24: no forwarding, no NAT, no route off the machine) and kube-router as
 # the NetworkPolicy agent, against a control plane started by test/kubetest/control-plane.sh.
 #
-# Usage: node.sh start-runtime|start-kubelet|start-kube-router|stop NODE_DIR
+# Usage: node.sh start-runtime|start-kubelet|start-kube-router|start-kube-proxy|stop NODE_DIR
 # env:   NODE_BIN (containerd, ctr, containerd-shim-runsc-v1, kubelet, kube-router, cni/),
 #        RUNSC, CP (the control plane's state directory: kubeconfig, pki/), NODE_NAME,
 #        BRIDGE (interface name), NET (the /24's first three octets, e.g. 10.213.0),
-#        KUBELET_PORT, KUBELET_HEALTHZ_PORT.
+#        KUBELET_PORT, KUBELET_HEALTHZ_PORT,
+#        SERVICE_CIDR (set: Services are reachable from pods and from this host through
+#        kube-proxy: pods and the host route it to the bridge, never off the machine).
 # stop undoes what the start verbs did, including what the kubelet changes on the host
 # (sysctls, iptables chains, cgroups), and kills only processes recorded in NODE_DIR/pids or
 # shims serving NODE_DIR's containerd.
@@ -50,6 +52,14 @@ start-runtime)
   # The pods' bridge: the node's address is .1; pods get only the connected route.
   ip link show "$BRIDGE" >/dev/null 2>&1 || {
     ip link add "$BRIDGE" type bridge; ip addr add "$NET.1/24" dev "$BRIDGE"; ip link set "$BRIDGE" up; }
+  # Service addresses: the host's route sends them to the bridge (kube-proxy's DNAT picks the
+  # endpoint; an address nobody serves goes nowhere), the pods' to the node. The host does not
+  # forward (net.ipv4.ip_forward stays as it is), so nothing a pod sends leaves the bridge.
+  routes=""
+  if [ -n "${SERVICE_CIDR:-}" ]; then
+    ip route replace "$SERVICE_CIDR" dev "$BRIDGE" src "$NET.1"
+    routes=",\"routes\":[{\"dst\":\"$SERVICE_CIDR\",\"gw\":\"$NET.1\"}]"
+  fi
   : >"$N/etc/resolv.conf"  # pods are never handed the host's resolver
   cat >"$N/etc/runsc.toml" <<EOF
 binary_name = "$RUNSC"
@@ -61,7 +71,7 @@ EOF
 {"cniVersion":"1.0.0","name":"fusebox-node","plugins":[{"type":"bridge","bridge":"$BRIDGE",
  "isGateway":false,"isDefaultGateway":false,"ipMasq":false,"hairpinMode":true,
  "ipam":{"type":"host-local","dataDir":"$N/cni/ipam",
-  "ranges":[[{"subnet":"$NET.0/24","rangeStart":"$NET.10","rangeEnd":"$NET.250"}]]}}]}
+  "ranges":[[{"subnet":"$NET.0/24","rangeStart":"$NET.10","rangeEnd":"$NET.250"}]]$routes}}]}
 EOF
   cat >"$N/etc/containerd.toml" <<EOF
 version = 3
@@ -153,9 +163,21 @@ start-kube-router)
     --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
     --health-port=0 --metrics-port=0 --service-cluster-ip-range=10.0.0.0/24 -v=1
   ;;
+start-kube-proxy)
+  : "${NODE_BIN:?}" "${CP:?}" "${SERVICE_CIDR:?}"
+  # iptables mode; only this node's pods count as the cluster (other sources are masqueraded,
+  # so the host's own connections come back through it); no NodePorts off the bridge, no
+  # route_localnet, and the conntrack sysctls left alone.
+  start_bg kube-proxy "$NODE_BIN/kube-proxy" --kubeconfig="$CP/kubeconfig" --hostname-override="$NODE_NAME" \
+    --proxy-mode=iptables --cluster-cidr="$NET.0/24" --nodeport-addresses="$NET.1/32" \
+    --iptables-localhost-nodeports=false --healthz-bind-address=127.0.0.1:20256 \
+    --metrics-bind-address=127.0.0.1:20249 --conntrack-max-per-core=0 \
+    --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 -v=1
+  ;;
 stop)
   # Best effort from here on: every step runs even if one before it failed.
   set +e +o pipefail
+  stop_pid kube-proxy
   stop_pid kube-router
   stop_pid kubelet
   stop_pid containerd

@@ -17,6 +17,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,11 +69,13 @@ type Node struct {
 	// Env is the control plane (admin clients, the kubeconfig in Env.Dir).
 	Env *kubetest.Env
 	// Dir holds the node's state: configs, logs (Dir/logs), containerd's and the kubelet's.
-	Dir    string
-	bin    string
-	runsc  string
-	script string
-	lock   *os.File
+	Dir         string
+	bin         string
+	runsc       string
+	script      string
+	lock        *os.File
+	deployments bool
+	forwarder   net.Listener
 }
 
 // Options change what Start runs.
@@ -85,7 +88,25 @@ type Options struct {
 	Controllers string
 	// Scheduler runs kube-scheduler too (pods that set no nodeName need it).
 	Scheduler bool
+	// Deployments makes the cluster run what a deployment (fusebox up) needs, beside the
+	// scheduler: the deployment, replica-set, endpoint-slice, service-account and root-CA
+	// controllers; ServiceAccount token volumes; kube-proxy, with the API server reachable
+	// from pods at the kubernetes Service (through a forwarder on NodeIP:APIServerPort); and
+	// the node only labelled as the sandbox pool, not tainted, so that the manager's pods
+	// schedule onto it too. Controllers is ignored.
+	Deployments bool
 }
+
+// The Service range of the control plane (test/kubetest/control-plane.sh) and the node's
+// port that forwards to the API server (Options.Deployments).
+const (
+	ServiceCIDR   = "10.0.0.0/24"
+	APIServerPort = 6443
+)
+
+// deploymentControllers are kube-controller-manager's controllers for Options.Deployments.
+const deploymentControllers = "namespace-controller,garbage-collector-controller,serviceaccount-controller," +
+	"root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,endpointslice-controller"
 
 // Start brings the cluster up: the control plane, containerd (and the images), the kubelet
 // (until the node is Ready, labelled and tainted as the sandbox pool: fusebox.dev/pool=sandbox,
@@ -93,9 +114,16 @@ type Options struct {
 // kube-router (until its chains exist).
 func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	n := &Node{bin: BinDir(), runsc: os.Getenv("FUSEBOX_RUNSC")}
+	if o.Deployments {
+		o.Scheduler, o.Controllers = true, deploymentControllers
+	}
+	n.deployments = o.Deployments
 	need := []string{"containerd", "ctr", "containerd-shim-runsc-v1", "kubelet", "kube-router", "cni/bridge", "cni/host-local", "cni/loopback"}
 	if o.Scheduler {
 		need = append(need, "kube-scheduler")
+	}
+	if o.Deployments {
+		need = append(need, "kube-proxy")
 	}
 	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(n.bin, b)); err != nil {
@@ -124,7 +152,7 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 			n.Stop()
 		}
 	}()
-	ko := kubetest.Options{NoKwok: true, Controllers: o.Controllers}
+	ko := kubetest.Options{NoKwok: true, Controllers: o.Controllers, ServiceAccounts: o.Deployments}
 	if o.Scheduler {
 		ko.Scheduler = filepath.Join(n.bin, "kube-scheduler")
 	}
@@ -163,6 +191,9 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	}
 	patch := []byte(`{"metadata":{"labels":{"fusebox.dev/pool":"sandbox"}},` +
 		`"spec":{"taints":[{"key":"fusebox.dev/sandbox","value":"true","effect":"NoSchedule"}]}}`)
+	if o.Deployments {
+		patch = []byte(`{"metadata":{"labels":{"fusebox.dev/pool":"sandbox"}}}`)
+	}
 	if _, err := n.Env.Client.CoreV1().Nodes().Patch(ctx, NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return nil, fmt.Errorf("labelling node %s: %w", NodeName, err)
 	}
@@ -174,14 +205,24 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	}); err != nil {
 		return nil, err
 	}
+	if o.Deployments {
+		if err := n.startServices(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return n, nil
 }
 
 // Import imports an image archive into the node's containerd (the CRI's namespace).
 func (n *Node) Import(ctx context.Context, archive string) error {
-	out, err := exec.CommandContext(ctx, n.ctr(), "-a", n.sock(), "-n", "k8s.io", "images", "import", archive).CombinedOutput()
+	return n.ctrRun(ctx, "images", "import", archive)
+}
+
+// ctrRun runs ctr against the node's containerd, in the CRI's namespace.
+func (n *Node) ctrRun(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, n.ctr(), append([]string{"-a", n.sock(), "-n", "k8s.io"}, args...)...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("importing %s: %w\n%s", archive, err, out)
+		return fmt.Errorf("ctr %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
 	return nil
 }
@@ -207,6 +248,9 @@ func (n *Node) Stop() error {
 	var errs []error
 	if n.Env != nil && n.Dir != "" {
 		n.deleteAllPods(ctx)
+	}
+	if n.forwarder != nil {
+		n.forwarder.Close()
 	}
 	if n.Dir != "" {
 		if err := n.run(ctx, "stop"); err != nil {
@@ -269,6 +313,9 @@ func (n *Node) run(ctx context.Context, verb string) error {
 		"BRIDGE="+Bridge, "NET="+Net)
 	if n.Env != nil {
 		cmd.Env = append(cmd.Env, "CP="+n.Env.Dir)
+	}
+	if n.deployments {
+		cmd.Env = append(cmd.Env, "SERVICE_CIDR="+ServiceCIDR)
 	}
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
