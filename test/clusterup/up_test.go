@@ -13,17 +13,22 @@ package clusterup
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -60,6 +65,9 @@ func TestMain(m *testing.M) {
 			}
 		}
 	}
+	if deployed != nil {
+		os.RemoveAll(deployed.dir)
+	}
 	imagetest.Cleanup()
 	os.Exit(code)
 }
@@ -69,35 +77,69 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-func TestUpOnARealNode(t *testing.T) {
+// deployment is the local stack as up made it on the node, and the agent's settings.
+type deployment struct {
+	opts                 deploy.Options
+	progress             *bytes.Buffer
+	before               map[string]bool // the API server's objects before up
+	managerNS, sandboxNS string
+	release              infra.ReleaseImages
+	svc                  *corev1.Service // the manager's
+	addr                 string          // tcp://<the Service's address>:<port>
+	ca                   []byte          // the manager's CA, as it publishes it
+	agent                client.AllocateOptions
+	dir                  string // the token files, the CA, Pulumi's state
+	destroyed            bool
+}
+
+var (
+	deployOnce sync.Once
+	deployed   *deployment
+	deployErr  error
+)
+
+// up starts the node and runs fusebox up once per test binary (TestMain stops the node, and
+// what up made with it).
+func up(tb testing.TB) *deployment {
+	tb.Helper()
 	tools := os.Getenv("FUSEBOX_PULUMI_TOOLS")
 	if tools == "" {
 		tools = "/var/cache/fusebox/pulumi-v3.274.1-k8s-4.25.0"
 	}
 	if _, err := os.Stat(filepath.Join(tools, "bin", "pulumi")); err != nil {
-		t.Fatalf("Pulumi tools missing in %s: run make tools", tools)
+		tb.Fatalf("Pulumi tools missing in %s: run make tools", tools)
 	}
-	built := imagetest.Release(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
-	defer cancel()
+	built := imagetest.Release(tb)
+	deployOnce.Do(func() { deployed, deployErr = deployUp(tools, built) })
+	if errors.Is(deployErr, nodetest.ErrNoBinaries) && os.Getenv("FUSEBOX_SKIP_KUBE") == "1" {
+		tb.Skip(deployErr)
+	}
+	if deployErr != nil {
+		tb.Fatal(deployErr)
+	}
+	return deployed
+}
 
-	// The node, with the release's manager and sandbox images under the names the stack pins.
+func deployUp(tools string, built map[string]imagetest.Built) (*deployment, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	d := &deployment{release: infra.ReleaseImages{}, progress: &bytes.Buffer{}}
 	var err error
+	if d.dir, err = os.MkdirTemp("", "clusterup-"); err != nil {
+		return nil, err
+	}
+	// The node, with the release's manager and sandbox images under the names the stack pins.
 	node, err = nodetest.Start(ctx, nodetest.Options{Deployments: true,
 		Images: []string{built[image.Manager].Tar, built[image.Sandbox].Tar}})
-	if errors.Is(err, nodetest.ErrNoBinaries) && os.Getenv("FUSEBOX_SKIP_KUBE") == "1" {
-		t.Skip(err)
-	}
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	release := infra.ReleaseImages{}
 	for _, name := range []string{image.Manager, image.Sandbox, image.GVisorInstaller} {
 		b := built[name]
-		release[name] = registry + "/" + name + "@" + b.Digest
+		d.release[name] = registry + "/" + name + "@" + b.Digest
 		if name != image.GVisorInstaller {
-			if err := node.Tag(ctx, b.ImportName, release[name]); err != nil {
-				t.Fatal(err)
+			if err := node.Tag(ctx, b.ImportName, d.release[name]); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -107,53 +149,95 @@ func TestUpOnARealNode(t *testing.T) {
 
 	// The agents: ServiceAccount default/agent (the stack's dataClientNamespaces, which its
 	// default access rule lets allocate) on this host (dataClientCIDRs names the node's
-	// address, so that its connections reach the sandboxes' data port); a pod elsewhere is
-	// nobody's agent. Made before the snapshot: destroy must not remove them.
-	sas := env.Client.CoreV1().ServiceAccounts("default")
-	if _, err := sas.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "agent"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// address, so that its connections reach the sandboxes' data port); namespace elsewhere
+	// holds nobody's agent. Made before the snapshot: destroy must not remove them.
+	core := env.Client.CoreV1()
+	if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
 	}
-	if _, err := env.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	stack := stackFile(t, release)
-	repo := t.TempDir()
-	for dir, files := range map[string]map[string][]byte{"infra": {"Pulumi.yaml": readFile(t, filepath.Join(repoRoot(), "infra", "Pulumi.yaml"))},
-		"stacks": {"Pulumi.local.yaml": stack}} {
-		if err := os.MkdirAll(filepath.Join(repo, dir), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for name, b := range files {
-			if err := os.WriteFile(filepath.Join(repo, dir, name), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+	for _, sa := range [][2]string{{"default", "agent"}, {"elsewhere", "stranger"}} {
+		if _, err := core.ServiceAccounts(sa[0]).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa[1]}}, metav1.CreateOptions{}); err != nil {
+			return nil, err
 		}
 	}
-	before, err := env.Snapshot(ctx)
+	stack, err := stackFile(d.release)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
+	}
+	project, err := os.ReadFile(filepath.Join(repoRoot(), "infra", "Pulumi.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	repo := filepath.Join(d.dir, "repo")
+	for path, b := range map[string][]byte{"infra/Pulumi.yaml": project, "stacks/Pulumi.local.yaml": stack} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(repo, path)), 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(repo, path), b, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	if d.before, err = env.Snapshot(ctx); err != nil {
+		return nil, err
+	}
+	d.opts = deploy.Options{Stack: "local", RepoDir: repo, Tools: tools,
+		Backend: "file://" + filepath.Join(d.dir, "state"), Env: map[string]string{"KUBECONFIG": filepath.Join(env.Dir, "kubeconfig")},
+		Progress: d.progress}
+	if err := os.MkdirAll(filepath.Join(d.dir, "state"), 0o700); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	res, err := deploy.Run(ctx, deploy.Up, d.opts)
+	if err != nil {
+		return nil, fmt.Errorf("up: %w\n%s\n%s", err, d.progress.String(), clusterState(ctx))
+	}
+	fmt.Fprintf(os.Stderr, "clusterup: fusebox up took %s: %v\n", time.Since(start).Round(time.Second), res.Changes)
+	d.managerNS, _ = res.Outputs["namespaces"].(map[string]any)["manager"].(string)
+	d.sandboxNS, _ = res.Outputs["namespaces"].(map[string]any)["sandbox"].(string)
+	if d.managerNS == "" || d.sandboxNS == "" {
+		return nil, fmt.Errorf("up's outputs name no namespaces: %v", res.Outputs)
 	}
 
-	var progress bytes.Buffer
-	opts := deploy.Options{Stack: "local", RepoDir: repo, Tools: tools,
-		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": filepath.Join(env.Dir, "kubeconfig")},
-		Progress: &progress}
-	start := time.Now()
-	res, err := deploy.Run(ctx, deploy.Up, opts)
+	// The agent: a ServiceAccount token for the manager's audience, the CA the manager
+	// publishes, the manager's Service.
+	tok, err := token(ctx, "default", "agent", manager.DefaultTokenAudience)
 	if err != nil {
-		t.Fatalf("up: %v\n%s\n%s", err, progress.String(), clusterState(ctx))
+		return nil, err
 	}
-	t.Logf("fusebox up took %s: %v", time.Since(start).Round(time.Second), res.Changes)
-	managerNS, _ := res.Outputs["namespaces"].(map[string]any)["manager"].(string)
-	sandboxNS, _ := res.Outputs["namespaces"].(map[string]any)["sandbox"].(string)
-	if managerNS == "" || sandboxNS == "" {
-		t.Fatalf("outputs %v", res.Outputs)
+	cm, err := core.ConfigMaps(d.managerNS).Get(ctx, manager.CAConfigMapName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("the manager's CA: %w", err)
 	}
+	d.ca = []byte(cm.Data["ca.crt"])
+	d.agent = client.AllocateOptions{TokenFile: filepath.Join(d.dir, "token"), CAFile: filepath.Join(d.dir, "ca.crt"),
+		ServerName: fmt.Sprintf("fusebox-manager.%s.svc", d.managerNS)}
+	if err := os.WriteFile(d.agent.TokenFile, []byte(tok), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(d.agent.CAFile, d.ca, 0o600); err != nil {
+		return nil, err
+	}
+	if d.svc, err = core.Services(d.managerNS).Get(ctx, "fusebox-manager", metav1.GetOptions{}); err != nil {
+		return nil, err
+	}
+	d.addr = fmt.Sprintf("tcp://%s:%d", d.svc.Spec.ClusterIP, manager.DefaultGRPCPort)
+	return d, nil
+}
+
+func TestUpOnARealNode(t *testing.T) {
+	d := up(t)
+	if d.destroyed {
+		t.Fatal("the deployment was destroyed already")
+	}
+	env := node.Env
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
 	defer func() {
 		if t.Failed() {
 			t.Log(clusterState(context.Background()))
 		}
 	}()
+	managerNS, sandboxNS, addr, agent, svc, release := d.managerNS, d.sandboxNS, d.addr, d.agent, d.svc, d.release
 
 	// Pulumi waited for the manager's rollout, and a replica is ready only once the warm
 	// pool has held a ready sandbox: both hold now, with no waiting here.
@@ -168,24 +252,8 @@ func TestUpOnARealNode(t *testing.T) {
 	if len(warm) == 0 {
 		t.Fatal("up returned with no ready warm sandbox pod")
 	}
-
-	// The agent: a ServiceAccount token for the manager's audience, the CA the manager
-	// publishes, the manager's Service.
 	dir := t.TempDir()
-	tokenFile, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
-	writeFile(t, tokenFile, token(ctx, t, manager.DefaultTokenAudience))
-	cm, err := env.Client.CoreV1().ConfigMaps(managerNS).Get(ctx, manager.CAConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the manager's CA: %v", err)
-	}
-	writeFile(t, caFile, cm.Data["ca.crt"])
-	svc, err := env.Client.CoreV1().Services(managerNS).Get(ctx, "fusebox-manager", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("tcp://%s:%d", svc.Spec.ClusterIP, manager.DefaultGRPCPort)
-	agent := client.AllocateOptions{TokenFile: tokenFile, CAFile: caFile,
-		ServerName: fmt.Sprintf("fusebox-manager.%s.svc", managerNS)}
+
 	a, err := client.Allocate(ctx, addr, agent)
 	if err != nil {
 		t.Fatalf("Allocate through the manager's Service %s: %v", addr, err)
@@ -227,15 +295,26 @@ func TestUpOnARealNode(t *testing.T) {
 	defer plain.Close()
 	_, err = managerv1.NewManagerClient(plain).List(ctx, &managerv1.ListRequest{})
 	refused(t, "a plaintext client", err, codes.Unauthenticated, "TLS")
-	_, err = client.Allocate(ctx, addr, client.AllocateOptions{CAFile: caFile, ServerName: agent.ServerName, TokenFile: filepath.Join(dir, "none")})
-	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "none")) {
-		t.Fatalf("an agent without a token: %v, want an error naming the missing token file", err)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(d.ca)
+	tlsOnly, err := grpc.NewClient(strings.TrimPrefix(addr, "tcp://"), grpc.WithTransportCredentials(
+		credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: agent.ServerName, MinVersion: tls.VersionTLS13})))
+	if err != nil {
+		t.Fatal(err)
 	}
-	noToken := agent
-	noToken.TokenFile = filepath.Join(dir, "empty")
-	writeFile(t, noToken.TokenFile, "")
-	_, err = client.Allocate(ctx, addr, noToken)
-	refused(t, "an empty token", err, codes.Unauthenticated, "")
+	defer tlsOnly.Close()
+	_, err = managerv1.NewManagerClient(tlsOnly).List(ctx, &managerv1.ListRequest{})
+	refused(t, "a client without a token", err, codes.Unauthenticated, "no bearer token")
+	wrongAudience := agent
+	wrongAudience.TokenFile = filepath.Join(dir, "api-token")
+	writeFile(t, wrongAudience.TokenFile, mustToken(ctx, t, "default", "agent", "https://kubernetes.default.svc"))
+	_, err = client.Allocate(ctx, addr, wrongAudience)
+	refused(t, "a token for the API server", err, codes.Unauthenticated, "audience")
+	stranger := agent
+	stranger.TokenFile = filepath.Join(dir, "stranger-token")
+	writeFile(t, stranger.TokenFile, mustToken(ctx, t, "elsewhere", "stranger", manager.DefaultTokenAudience))
+	_, err = client.Allocate(ctx, addr, stranger)
+	refused(t, "a ServiceAccount outside the policy", err, codes.PermissionDenied, "elsewhere/stranger")
 	outside := agent
 	outside.Egress = []string{nodetest.NodeIP + ":443"}
 	_, err = client.Allocate(ctx, addr, outside)
@@ -285,9 +364,10 @@ func TestUpOnARealNode(t *testing.T) {
 
 	// destroy removes everything up made (the manager's own sandbox pods and policies go with
 	// its namespaces), and nothing else is left.
-	progress.Reset()
-	if _, err := deploy.Run(ctx, deploy.Destroy, opts); err != nil {
-		t.Fatalf("destroy: %v\n%s", err, progress.String())
+	d.progress.Reset()
+	d.destroyed = true
+	if _, err := deploy.Run(ctx, deploy.Destroy, d.opts); err != nil {
+		t.Fatalf("destroy: %v\n%s", err, d.progress.String())
 	}
 	for _, ns := range []string{sandboxNS, managerNS} {
 		if _, err := env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -299,7 +379,7 @@ func TestUpOnARealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	var left []string
-	for _, k := range kubetest.Diff(after, before) {
+	for _, k := range kubetest.Diff(after, d.before) {
 		// The cluster's own records of the node and of leader elections are not the stack's.
 		if !strings.HasPrefix(k, "leases.coordination.k8s.io/kube-node-lease/") {
 			left = append(left, k)
@@ -312,39 +392,47 @@ func TestUpOnARealNode(t *testing.T) {
 
 // stackFile is stacks/Pulumi.local.yaml with release written in as `fusebox release` writes
 // it, the sandboxes sized for this 2-CPU node, and this host as an agent (dataClientCIDRs).
-func stackFile(t *testing.T, release infra.ReleaseImages) []byte {
-	t.Helper()
-	local := string(readFile(t, filepath.Join(repoRoot(), "stacks", "Pulumi.local.yaml")))
+func stackFile(release infra.ReleaseImages) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(), "stacks", "Pulumi.local.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	local := string(b)
 	for _, r := range [][2]string{
 		{"    sandboxCPU: 500m\n", "    sandboxCPU: 100m\n"},
 		{"    dataClientNamespaces: [default]", "    dataClientNamespaces: [default]\n    dataClientCIDRs: [" + nodetest.NodeIP + "/32]"},
 	} {
 		if !strings.Contains(local, r[0]) {
-			t.Fatalf("stacks/Pulumi.local.yaml has no %q to change", r[0])
+			return nil, fmt.Errorf("stacks/Pulumi.local.yaml has no %q to change", r[0])
 		}
 		local = strings.Replace(local, r[0], r[1], 1)
 	}
 	out, _, err := infra.ReleaseStackFile([]byte(local), "stacks/Pulumi.local.yaml", registry, release)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return out, err
 }
 
-// token is a token of ServiceAccount default/agent for audience aud, from TokenRequest (what
-// the kubelet projects into an agent pod).
-func token(ctx context.Context, t *testing.T, aud string) string {
-	t.Helper()
-	tr, err := node.Env.Client.CoreV1().ServiceAccounts("default").CreateToken(ctx, "agent", &authenticationv1.TokenRequest{
+// token is a token of ServiceAccount ns/name for audience aud, from TokenRequest (what the
+// kubelet projects into an agent pod).
+func token(ctx context.Context, ns, name, aud string) (string, error) {
+	tr, err := node.Env.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{aud}, ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("TokenRequest for %s/%s: %w", ns, name, err)
+	}
+	return tr.Status.Token, nil
+}
+
+func mustToken(ctx context.Context, t *testing.T, ns, name, aud string) string {
+	t.Helper()
+	tok, err := token(ctx, ns, name, aud)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr.Status.Token
+	return tok
 }
 
 // readySandboxPods lists the Ready pods of namespace ns.
-func readySandboxPods(ctx context.Context, t *testing.T, ns string) []corev1.Pod {
+func readySandboxPods(ctx context.Context, t testing.TB, ns string) []corev1.Pod {
 	t.Helper()
 	pods, err := node.Env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -403,18 +491,76 @@ func clusterState(ctx context.Context) string {
 	return b.String()
 }
 
-func readFile(t *testing.T, p string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 func writeFile(t *testing.T, p, s string) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkAllocateThroughTheService measures warm allocations as an agent on the node makes
+// them: Allocate through the manager's Service (TLS, token), the sandbox's sFuse, and the
+// first data-plane call to the pod (`true`), each from a pool holding a ready sandbox (the
+// wait for the refill is not timed). It reports the p50 and p99 of the whole. Run it alone
+// (TestUpOnARealNode destroys the deployment):
+//
+//	go test -run '^$' -bench AllocateThroughTheService -benchtime 50x ./test/clusterup
+func BenchmarkAllocateThroughTheService(b *testing.B) {
+	d := up(b)
+	if d.destroyed {
+		b.Skip("TestUpOnARealNode destroyed the deployment: run the benchmark alone (-run '^$')")
+	}
+	ctx := context.Background()
+	m, err := client.NewManager(d.addr, nil, client.WithTokenFile(d.agent.TokenFile), client.WithCAFile(d.agent.CAFile),
+		client.WithServerName(d.agent.ServerName))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	lat := make([]time.Duration, 0, b.N)
+	last := ""
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		waitWarm(ctx, b, d.sandboxNS, last)
+		b.StartTimer()
+		start := time.Now()
+		a, err := m.Allocate(ctx, client.AllocateOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := a.Sandbox.Run(ctx, "true"); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+		b.StopTimer()
+		last = a.ID
+		if err := a.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(q(0.5), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+}
+
+// waitWarm waits until namespace ns holds a ready sandbox pod other than the one named
+// released (the allocation just released, on its way out).
+func waitWarm(ctx context.Context, b *testing.B, ns, released string) {
+	b.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		for _, p := range readySandboxPods(ctx, b, ns) {
+			if p.Name != released && p.Labels[kubealloc.LabelState] == kubealloc.StateReady {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("no warm sandbox in %s after 3 minutes", ns)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
