@@ -169,7 +169,8 @@ type Manager struct {
 	// cheaper inline than the scheduling a goroutine costs a saturated manager. Fixed by New.
 	egressAsync bool
 
-	wake chan struct{} // nudges the reconciler
+	wake        chan struct{} // nudges the reconciler
+	reconcileMu sync.Mutex    // one reconcile pass at a time
 
 	backoffMu   sync.Mutex   // guards failStreak, holdUntil (Clock's time)
 	failStreak  int          // consecutive failed creations

@@ -18,6 +18,10 @@ type localPool struct {
 	*Manager
 	exits *exitQueue // units that ended on their own (ExitWatcher)
 
+	// readyMu makes a creation's end one step for a reconcile pass: its unit turns Ready
+	// and stops counting in m.creating under it, and the pass reads both under it.
+	readyMu sync.Mutex
+
 	refillMu     sync.Mutex // guards deficitSince and refillTimer (times are Clock's)
 	deficitSince time.Time  // when the pool last fell below its target; zero when it is not
 	refillTimer  bool       // a nudge is scheduled for the end of the refill delay
@@ -153,7 +157,7 @@ func (p *localPool) list() []Unit { return p.ops.Snapshot() }
 func (p *localPool) counts() map[State]int { return p.ops.Counts("") }
 
 // create makes unit id of template and puts it into the pool, and reports whether it did.
-func (p *localPool) create(ctx context.Context, id, tmpl string) bool {
+func (p *localPool) create(ctx context.Context, id, tmpl string, uncount func()) bool {
 	info := UnitInfo{ID: id, Template: tmpl, Created: p.o.Clock.Now()}
 	if err := p.ops.Insert(info, Creating, nil); err != nil {
 		p.log.Error("registering new unit", "id", id, "err", err)
@@ -181,7 +185,11 @@ func (p *localPool) create(ctx context.Context, id, tmpl string) bool {
 	if got.Created.IsZero() {
 		got.Created = info.Created
 	}
-	if _, err := p.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
+	p.readyMu.Lock()
+	_, err = p.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got })
+	uncount()
+	p.readyMu.Unlock()
+	if err != nil {
 		p.log.Error("unit vanished while being created", "id", id, "err", err)
 		p.alloc.Destroy(context.WithoutCancel(ctx), id)
 		return false

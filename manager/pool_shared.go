@@ -121,7 +121,7 @@ func (p *sharedPool) release(ctx context.Context, id, token string) error {
 }
 
 // create creates unit id into the shared pool: it is not tracked locally until claimed.
-func (p *sharedPool) create(ctx context.Context, id, tmpl string) bool {
+func (p *sharedPool) create(ctx context.Context, id, tmpl string, _ func()) bool {
 	t0 := time.Now()
 	_, err := p.alloc.Create(ctx, id, tmpl)
 	p.noteCreate(err)

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -13,8 +14,13 @@ import (
 // backoff, the refill delay, and the provisioning latency the estimator sizes the pool by.
 
 // Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
-// and create or destroy ready units toward it.
-func (m *Manager) Reconcile(ctx context.Context) { m.pool.reconcile(ctx) }
+// and create or destroy ready units toward it. Passes run one at a time: two at once (the
+// loop's and one driven by hand) would both see the same deficit and both fill it.
+func (m *Manager) Reconcile(ctx context.Context) {
+	m.reconcileMu.Lock()
+	defer m.reconcileMu.Unlock()
+	m.pool.reconcile(ctx)
+}
 
 // reconcile is the local pool's pass: destroy failed units' remains again when due, expire
 // leases, and create or destroy ready units toward the target.
@@ -26,8 +32,12 @@ func (p *localPool) reconcile(ctx context.Context) {
 		}
 	}
 	p.expireLeases(ctx, now)
+	// One view of both (see readyMu): a unit that turns Ready in between would count in
+	// neither, and be made again.
+	p.readyMu.Lock()
 	c := p.ops.Counts(p.o.PoolTemplate)
 	creating := int(p.creating.Load())
+	p.readyMu.Unlock()
 	target := p.o.Estimator.Target(estimatorObservation(now, int(p.allocs.Swap(0)), c[Ready], creating, c[Bound], p.ProvisioningLatency()))
 	p.setTarget(target)
 	if ctx.Err() != nil {
@@ -114,18 +124,25 @@ func (m *Manager) setTarget(target int) {
 	}
 }
 
+// createFunc is a pool's creation of unit id of template tmpl: it reports whether it made a
+// unit, and may call uncount (which ends the creation's count in m.creating; later calls do
+// nothing) before it returns, at the moment its unit stops counting as being created.
+type createFunc func(ctx context.Context, id, tmpl string, uncount func()) bool
+
 // startCreate counts one creation of tmpl in m.creating and makes it in the background with
 // create (the pool's), under a fresh id; the channel receives whether it made a unit. It is
 // counted before the goroutine starts, so that a reconcile pass in between sees it, and
-// uncounted once create returns.
-func (m *Manager) startCreate(ctx context.Context, tmpl string, create func(ctx context.Context, id, tmpl string) bool) <-chan bool {
+// uncounted by the time create returns.
+func (m *Manager) startCreate(ctx context.Context, tmpl string, create createFunc) <-chan bool {
 	made := make(chan bool, 1)
 	m.creating.Add(1)
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
-		ok := create(ctx, m.o.NewID(), tmpl)
-		m.creating.Add(-1)
+		var once sync.Once
+		uncount := func() { once.Do(func() { m.creating.Add(-1) }) }
+		ok := create(ctx, m.o.NewID(), tmpl, uncount)
+		uncount()
 		made <- ok
 	}()
 	return made
