@@ -121,25 +121,28 @@ type Options struct {
 // manager that is its units' only owner, tracked in its own state; a sharedPool is shared
 // with other replicas through a SharedPool allocator (an API server). New picks one, once,
 // by the allocator's Capabilities.SharedPool; the Manager does the rest (request checks,
-// binding, accounting, the reconcile loop) alike for both.
+// binding, accounting, the reconcile loop) alike for both. Both embed the *Manager whose pool
+// they are. Its methods are safe for concurrent use, except start and close.
 type pool interface {
 	// start runs once, in Start, before the reconciler's first pass: it takes over what a
 	// previous manager left (ctx bounds that work; its error fails Start) and starts the
 	// pool's own background work on m.bg, which ends when life or ctx does.
 	start(ctx, life context.Context) error
-	// close runs once the loops have stopped, in Close: it destroys what must not outlive
-	// the manager.
+	// close runs once, in Close, after the loops have stopped (or never ran): it destroys
+	// what must not outlive the manager.
 	close(ctx context.Context) error
 	// take returns an Initialising unit of template tmpl for an allocation, tracked in
 	// m.ops, waiting at most AllocateWait (ErrNoCapacity) for one, or until ctx ends.
 	take(ctx context.Context, tmpl string) (Unit, error)
 	// renew extends unit id's lease if token is its lease's, for ttl (checked and capped;
 	// zero: the lease's own length), and returns when it now ends. Errors wrap
-	// ErrUnitNotFound, ErrLeaseEnded, ErrBadLeaseToken or ErrAllocator.
+	// ErrUnitNotFound, ErrLeaseEnded or ErrBadLeaseToken when there is no lease to renew or
+	// token is not its, ErrAllocator when the renewed lease cannot be stored, or are the
+	// backend's (a failed lookup).
 	renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error)
 	// release ends unit id's lease if token is its lease's, and destroys the unit (in the
 	// background: release does not wait for it). Errors wrap ErrUnitNotFound, ErrLeaseEnded
-	// or ErrBadLeaseToken.
+	// or ErrBadLeaseToken, or are the backend's (a failed lookup).
 	release(ctx context.Context, id, token string) error
 	// reconcile is one pass of the control loop over the pool (see Manager.Reconcile).
 	reconcile(ctx context.Context)
