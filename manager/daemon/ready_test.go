@@ -1,0 +1,61 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/memalloc"
+)
+
+// awaitWarm, which the Manager service's readiness waits on, returns only once the pool has
+// held a ready unit: not while every creation fails, and at once for a pool sized 0.
+func TestAwaitWarm(t *testing.T) {
+	var allow atomic.Bool
+	a := memalloc.New()
+	a.NoRecord = true
+	a.Fail = func(method, _ string) error {
+		if method == "Create" && !allow.Load() {
+			return errors.New("no capacity yet")
+		}
+		return nil
+	}
+	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 1}, Clock: manager.RealClock{},
+		Initializer: memalloc.Initializer, ReconcileInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	if err := awaitWarm(ctx, m, 0); err != nil {
+		t.Fatalf("a pool sized 0: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- awaitWarm(ctx, m, 1) }()
+	// While creations fail the pool holds no ready unit; awaitWarm must still be waiting
+	// after the manager has tried (and failed) to create one.
+	for m.Status().Failures == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("awaitWarm returned (%v) with no ready unit", err)
+	default:
+	}
+	allow.Store(true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Status().Units[manager.Ready.String()]; n == 0 {
+		t.Fatalf("awaitWarm returned with %d ready units", n)
+	}
+	cancel()
+}
