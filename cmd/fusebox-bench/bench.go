@@ -159,6 +159,7 @@ func benchAllocateCmd() *cobra.Command {
 	var allocator, remote string
 	var realNode bool
 	var busy bool
+	var arms []string
 	cmd := &cobra.Command{
 		Use:   "allocate",
 		Short: "Warm and cold allocation latency and pool refill rate with the runsc allocator",
@@ -169,6 +170,22 @@ The sandboxes' root is assembled from this host, or with --image it is the sandb
 fusebox local up --image gives it (unpacked once into the benchmark's state directory).
 The process takes the manager daemon's garbage-collection target (GOGC 400 unless GOGC is set,
 daemon.GCPercent), as fusebox local up does; the agent in it shares it.
+
+The warm allocations are measured with the latency accelerators (internal/fastpath) on and
+off in one run, interleaved: each of --fast-path-arms (default all,none) is a manager with a
+pool of its own in this process, its sandboxes made with the arm's accelerators, as fusebox
+local up --fast-path makes them, and its agent's side switched alike (client.FastPath). There
+are --runs rounds; in each, every arm makes one warm allocation, in an order shuffled afresh
+(--arm-seed), each after every arm's pool has been full and idle for --settle, so that every
+arm meets the machine as it is then, and no arm's allocation always follows another's. Each
+arm's p50, p90, p99 and count is printed, how many of its allocations used the relay and the
+handoff (the client's trace hooks), and its difference from the first arm, the reference:
+the difference of the percentiles, and the median over the rounds of the two arms' paired
+difference, with how many rounds it was the slower. An arm is "all", "none", "no-NAME" (all
+but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake, pool-procs;
+an arm repeated (all,all) shows the noise of the comparison. The warm figures on the first
+line, and every other phase, are the reference arm's; the other arms' pools exist only during
+the warm phase. Keep-awake needs --keep-sandboxes-awake as well.
 
 Warm allocations take a unit past gVisor's clock warm-up (about a second after its start: before
 it, every clock read in the sandbox is a system call); allocations of units younger than that
@@ -212,6 +229,9 @@ others use too) and its oldest ready unit is past the warm-up; every allocation 
 Only --runs, --settle, --busy, --sched, --sched-csv and --json apply (with --sched, a manager on this
 machine shows as other fusebox processes).`,
 		Example: `  fusebox-bench allocate --json --runs 100
+  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-relay,no-handoff,no-keep-awake,no-pool-procs
+  fusebox-bench allocate --runs 100 --fast-path-arms all,all
+  fusebox-bench allocate --runs 100 --fast-path-arms all
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
   fusebox-bench allocate --runs 100 --sched
   fusebox-bench allocate --runs 100 --image bin/images/sandbox
@@ -220,6 +240,11 @@ machine shows as other fusebox processes).`,
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if o.SchedCSV != "" && !o.Sched {
 				return fmt.Errorf("--sched-csv needs --sched")
+			}
+			if remote != "" || allocator == "kube" {
+				if cmd.Flags().Changed("fast-path-arms") || cmd.Flags().Changed("arm-seed") {
+					return fmt.Errorf("--fast-path-arms and --arm-seed need --allocator runsc without --manager (the arms are managers this process starts)")
+				}
 			}
 			if remote != "" {
 				if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
@@ -282,6 +307,10 @@ machine shows as other fusebox processes).`,
 			if _, err := os.Stat(o.Runsc); err != nil {
 				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
 			}
+			var err error
+			if o.Arms, err = bench.ParseArms(arms); err != nil {
+				return fmt.Errorf("--fast-path-arms: %w", err)
+			}
 			daemon.TuneGC() // this process runs the manager, as fusebox local up does
 			r, err := bench.Allocate(cmd.Context(), o)
 			if err != nil {
@@ -290,12 +319,13 @@ machine shows as other fusebox processes).`,
 			if asJSON {
 				return printJSON(r)
 			}
-			fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
-				r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+			fmt.Printf("warm allocation (fast path %s) p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
+				r.FastPath.Arms[0].Arm, r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
 			if r.DemandRuns > 0 {
 				fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
 					r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)
 			}
+			printArms(r.FastPath)
 			if r.Steps != nil {
 				fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
 				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -319,7 +349,7 @@ machine shows as other fusebox processes).`,
 	f := cmd.Flags()
 	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
 	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
-	f.IntVar(&o.Runs, "runs", 50, "warm allocations")
+	f.IntVar(&o.Runs, "runs", 50, "warm allocations per fast-path arm (the interleaved rounds; with --manager, warm allocations)")
 	f.StringVar(&o.Image, "image", "", "sandbox image as the sandboxes' root, as fusebox local up --image: an OCI image layout directory (fusebox image build writes bin/images/sandbox) or a registry reference; empty: a root assembled from this host")
 	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
 	f.IntVar(&o.YoungRuns, "young-runs", 20, "allocations of units younger than their warm-up")
@@ -336,8 +366,10 @@ machine shows as other fusebox processes).`,
 	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
 	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
 	f.StringVar(&o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
-	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation: this process, gVisor, other processes, nobody")
-	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (agent, manager, and the sandbox's own log) and print where the time goes")
+	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation (the first fast-path arm's): this process, gVisor, other processes, nobody")
+	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (the first fast-path arm's; agent, manager, and the sandbox's own log) and print where the time goes")
+	f.StringSliceVar(&arms, "fast-path-arms", bench.DefaultArms, bench.ArmsHelp)
+	f.Uint64Var(&o.ArmSeed, "arm-seed", 0, "seed of the arms' order in each round (0: from the clock; the output says which)")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -12,10 +13,8 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
-	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 )
 
 // AllocateOptions configure the warm-allocation benchmark.
@@ -30,8 +29,14 @@ type AllocateOptions struct {
 	Settle time.Duration
 	// PoolPing is the manager's ping interval for the pool's next unit (0: none).
 	PoolPing time.Duration
-	// KeepAwake is runscalloc.Options.KeepAwake.
+	// KeepAwake is runscalloc.Options.KeepAwake: without it no arm keeps its sandboxes awake.
 	KeepAwake bool
+	// Arms are the accelerator settings whose warm allocations are measured, interleaved
+	// (default DefaultArms: all, then none); the first is the reference, on which the other
+	// phases run.
+	Arms []Arm
+	// ArmSeed seeds the arms' order in each round (0: from the clock; the result says which).
+	ArmSeed uint64
 	// Image is runscalloc.Options.Image: the sandbox image as root (empty: a root
 	// assembled from the host).
 	Image string
@@ -85,15 +90,19 @@ type AllocateResult struct {
 	DemandP50Ms         float64 `json:"demand_p50_ms"`
 	DemandP99Ms         float64 `json:"demand_p99_ms"`
 	DemandPoolTargetMax int     `json:"demand_pool_target_max"`
-	// Steps is where the warm allocations' time goes (with Trace).
+	// Steps is where the warm allocations' time goes (with Trace; the first arm's).
 	Steps *Steps `json:"steps,omitempty"`
-	// Sched is who had the CPUs during the warm allocations (with Sched).
+	// Sched is who had the CPUs during the warm allocations (with Sched; the first arm's).
 	Sched *Sched `json:"sched,omitempty"`
+	// FastPath is every arm's warm allocations, measured interleaved, and each against the
+	// first arm's (those the warm figures above are).
+	FastPath *FastPathResult `json:"fast_path"`
 }
 
-// Allocate measures allocation against a real manager with the runsc allocator: warm
-// allocations (a ready unit waiting; Allocate over gRPC, sFuse, the first data-plane call),
-// cold starts (an empty pool) and how fast the pool refills.
+// Allocate measures allocation against real managers with the runsc allocator: warm
+// allocations (a ready unit waiting; Allocate over gRPC, sFuse, the first data-plane call) in
+// each of o.Arms, interleaved, cold starts (an empty pool), how fast the pool refills, young
+// units and a steady demand, those on the first arm.
 func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	if o.Runs <= 0 {
 		o.Runs = 50
@@ -113,69 +122,38 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	o.Settle = settleTime(o.Settle)
-	dir, err := os.MkdirTemp("", "fusebox-bench-alloc-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	alloc, err := runscalloc.New(runscalloc.Options{Runsc: o.Runsc, StateDir: dir, SandboxBinary: o.SandboxBinary, KeepAwake: o.KeepAwake, Image: o.Image})
-	if err != nil {
-		return nil, err
-	}
-	defer alloc.Shutdown(context.WithoutCancel(ctx)) // the handoff socket, runsc's root
-	// After the manager has closed: a unit it could not destroy (Failed) must not outlive the
-	// benchmark, whose state directory goes with it.
-	defer removeContainers(alloc.Runtime(), o.Log)
-	est := &switchable{}
-	conns := &sfuse.Conns{}
-	tr := &tracer{waitForLines: time.Second}
-	var initializer manager.Initializer = conns.Initialize
-	if o.Trace {
-		initializer = tr.initializer(initializer)
-	}
-	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: initializer, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
-		RefillDelay: manager.DefaultRefillDelay, WarmUp: manager.GVisorWarmUp, Ping: conns.Ping, PingInterval: o.PoolPing, Logger: o.Log})
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer m.Close(context.WithoutCancel(ctx))
-	mgr, stop, err := ServeManager(m, dir)
-	if err != nil {
-		return nil, err
-	}
-	defer stop()
-	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing), KeepAwake: o.KeepAwake,
-		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is 1.2 s past its creation's start, so past gVisor's clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection"}
-
-	ready := func() int { return m.States().Counts("")[manager.Ready] }
-	waitReady := func(n int) error {
-		deadline := time.Now().Add(2 * time.Minute)
-		for ready() < n {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("pool did not reach %d ready units (%v)", n, m.Status().Units)
-			}
-			time.Sleep(2 * time.Millisecond)
+	if len(o.Arms) == 0 {
+		var err error
+		if o.Arms, err = ParseArms(DefaultArms); err != nil {
+			return nil, err
 		}
-		return nil
 	}
-	// The agent's side, as in an agent's loop: one kept connection to the manager; each
-	// allocation a fresh key, a fresh sandbox connection and its first call.
-	agent, err := client.NewManager(mgr, nil)
+	if o.ArmSeed == 0 {
+		o.ArmSeed = uint64(time.Now().UnixNano())
+	}
+	o.Settle = settleTime(o.Settle)
+	tr := &tracer{waitForLines: time.Second}
+	var wrap func(manager.Initializer) manager.Initializer
+	if o.Trace {
+		wrap = tr.initializer
+	}
+	// The reference arm's pool serves every phase; the others', only the warm one.
+	ref, err := startArmPool(ctx, o, o.Arms[0], wrap)
 	if err != nil {
 		return nil, err
 	}
-	defer agent.Close()
+	defer ref.close(ctx)
+	r := &AllocateResult{Runs: o.Runs, YoungRuns: o.YoungRuns, ColdRuns: o.ColdRuns, PoolSize: o.PoolSize, SettleMs: ms(o.Settle), PoolPingMs: ms(o.PoolPing), KeepAwake: o.KeepAwake,
+		Note: "warm: the pool is full, has been idle for settle_ms, and its next unit is 1.2 s past its creation's start, so past gVisor's clock warm-up (young: it is not); each figure is Allocate over a kept gRPC connection to the manager (sFuse included) with a fresh agent key, then the first data-plane call (Stat) over a fresh pinned-TLS connection; the warm, young, cold and demand figures are the first fast-path arm's (fast_path.arms[0]), the warm ones measured interleaved with the other arms'"}
+
 	var marks *schedMarks // set during the warm allocations, with o.Sched
-	var handedOff atomic.Int64
-	one := func(trace bool) (time.Duration, error) {
+	// one makes one measured allocation from p (each a fresh key, a fresh sandbox connection and
+	// its first call), with the tracer's hooks if trace; it returns its time and the
+	// accelerators it used.
+	one := func(p *armPool, trace bool, marks *schedMarks) (time.Duration, used, error) {
 		var am agentMarks
 		var sent atomic.Int64 // set on the connection's writer
-		ao := client.AllocateOptions{}
+		ao := client.AllocateOptions{FastPath: p.arm.Agent()}
 		if trace {
 			ao.Trace = &client.AllocateTrace{
 				Answered:         func(at time.Time) { am.answered = at },
@@ -183,24 +161,26 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 				FirstWrite:       func(at time.Time) { sent.Store(at.UnixNano()) },
 			}
 		}
-		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, &handedOff)
+		var u usage
+		u.observe(&ao)
+		a, t0, done, err := timedAllocation(ctx, p.agent, ao, marks, nil)
 		if err != nil {
-			return 0, err
+			return 0, used{}, err
 		}
 		if trace {
 			if ns := sent.Load(); ns != 0 {
 				am.sent = time.Unix(0, ns)
 			}
-			tr.record(t0, done, am, alloc.ServerLog(a.ID))
+			tr.record(t0, done, am, p.alloc.ServerLog(a.ID))
 		}
-		return done.Sub(t0), a.Close()
+		return done.Sub(t0), u.get(), a.Close()
 	}
 
 	// Cold starts: the pool is empty and kept empty.
 	o.Log.Info("cold starts", "runs", o.ColdRuns)
 	var cold []float64
 	for range o.ColdRuns {
-		d, err := one(false)
+		d, _, err := one(ref, false, nil)
 		if err != nil {
 			return nil, fmt.Errorf("cold allocation: %w", err)
 		}
@@ -212,67 +192,51 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 
 	// Refill: from empty to PoolSize ready.
 	o.Log.Info("pool refill", "size", o.PoolSize)
-	if err := waitZero(ready); err != nil {
+	if err := waitZero(ref.ready); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
-	est.set(o.PoolSize)
-	if err := waitReady(o.PoolSize); err != nil {
+	ref.est.set(o.PoolSize)
+	if err := waitReady(ref, o.PoolSize); err != nil {
 		return nil, err
 	}
 	r.PoolRefillPerS = round(float64(o.PoolSize) / time.Since(t0).Seconds())
 
-	quiet := func(minAge time.Duration) error {
-		// Wait until the pool is full and no creation or destruction runs, then a little more
-		// (settle) for the aftermath of the last one (the new sandbox's startup work, the
-		// manager's connection to it): the figure is the allocation path itself, not a share of
-		// a runsc create on a 2-core machine. Then until the next unit is minAge old.
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			c := m.States().Counts("")
-			if c[manager.Ready] >= est.get() && c[manager.Creating] == 0 && c[manager.Destroying] == 0 {
-				time.Sleep(o.Settle)
-				if wait := minAge - oldestReadyAge(m); wait > 0 {
-					time.Sleep(wait)
-				}
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("pool did not settle (%v)", m.Status().Units)
-			}
-			time.Sleep(2 * time.Millisecond)
+	// Warm, interleaved: every arm's pool full, and before each allocation the next unit of its
+	// arm (the oldest ready one) past its warm-up, as in a pool sized for its demand (the
+	// manager counts the warm-up in its provisioning latency).
+	pools := []*armPool{ref}
+	for _, arm := range o.Arms[1:] {
+		p, err := startArmPool(ctx, o, arm, nil)
+		if err != nil {
+			return nil, err
 		}
+		defer p.close(ctx)
+		p.est.set(o.PoolSize)
+		pools = append(pools, p)
 	}
-	measure := func(runs int, trace bool, before func() error) ([]float64, error) {
-		var out []float64
-		for range runs {
-			if err := before(); err != nil {
-				return nil, err
-			}
-			d, err := one(trace)
-			if err != nil {
-				return nil, fmt.Errorf("warm allocation: %w", err)
-			}
-			out = append(out, ms(d))
-		}
-		return out, nil
-	}
-
-	// Warm: the next unit (the oldest ready one) is past its warm-up, as in a pool sized for
-	// its demand (the manager counts the warm-up in its provisioning latency).
-	o.Log.Info("warm allocations", "runs", o.Runs)
+	o.Log.Info("warm allocations", "runs", o.Runs, "arms", len(pools), "seed", o.ArmSeed)
 	if o.Sched {
 		if marks, err = startSched(); err != nil {
 			return nil, err
 		}
 	}
-	handedOff.Store(0)
-	warm, err := measure(o.Runs, o.Trace, func() error {
+	order := interleave(len(pools), o.Runs, rand.New(rand.NewPCG(o.ArmSeed, 0)))
+	samples, err := runArms(order, len(pools), func(i int) error {
 		if err := marks.drain(); err != nil {
 			return err
 		}
-		return quiet(warmAge)
+		return quiet(pools, pools[i], o.Settle, warmAge)
+	}, func(i int) (time.Duration, used, error) {
+		if i == 0 { // the reference arm: traced, and the scheduler's marks are its alone
+			return one(ref, o.Trace, marks)
+		}
+		return one(pools[i], false, nil)
 	})
+	if err != nil && len(samples) < len(order) {
+		err = fmt.Errorf("warm allocation (arm %s): %w", pools[order[len(samples)]].arm.Name, err)
+	}
+	warm := armTimes(samples, 0)
 	if marks != nil {
 		r.Sched, err = marks.finish(warm, err, o.SchedCSV)
 		marks = nil
@@ -280,8 +244,17 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, p := range pools[1:] {
+		p.close(ctx) // the other phases have the machine to the reference arm's pool
+	}
+	effective := make([]string, len(pools))
+	for i, p := range pools {
+		effective[i] = p.fast.String()
+	}
+	r.FastPath = &FastPathResult{Rounds: o.Runs, Seed: o.ArmSeed, Arms: summarizeArms(o.Arms, effective, samples),
+		Note: "each arm is a manager with a pool of its own in this process, its sandboxes made with the arm's accelerators and its agent's side switched alike (client.FastPath); in each round every arm makes one warm allocation, in an order shuffled afresh, after every arm's pool has been full and idle for settle_ms; relayed and handed_off count the allocations the client's trace hooks saw use them; vs_reference is against the first arm (positive: slower)"}
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 90), pct(warm, 95), pct(warm, 99)
-	r.HandedOff = int(handedOff.Load())
+	r.HandedOff = r.FastPath.Arms[0].HandedOff
 	if o.Trace {
 		if r.Steps, err = tr.steps(); err != nil {
 			return nil, err
@@ -295,10 +268,17 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 
 	// Young: a pool of one, its unit taken as soon as it is ready and settled.
 	o.Log.Info("allocations of young units", "runs", o.YoungRuns)
-	est.set(1)
-	young, err := measure(o.YoungRuns, false, func() error { return quiet(0) })
-	if err != nil {
-		return nil, err
+	ref.est.set(1)
+	var young []float64
+	for range o.YoungRuns {
+		if err := quiet(pools[:1], ref, o.Settle, 0); err != nil {
+			return nil, err
+		}
+		d, _, err := one(ref, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("young allocation: %w", err)
+		}
+		young = append(young, ms(d))
 	}
 	r.AllocateYoungP50Ms, r.AllocateYoungP99Ms = pct(young, 50), pct(young, 99)
 
@@ -308,11 +288,27 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			rate = r.PoolRefillPerS / 2
 		}
 		o.Log.Info("steady demand", "runs", o.DemandRuns, "per_s", rate)
-		if err := demand(ctx, m, est, one, o.DemandRuns, rate, r); err != nil {
+		oneRef := func(trace bool) (time.Duration, error) {
+			d, _, err := one(ref, trace, nil)
+			return d, err
+		}
+		if err := demand(ctx, ref.m, ref.est, oneRef, o.DemandRuns, rate, r); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// waitReady waits until p's pool holds n ready units.
+func waitReady(p *armPool, n int) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for p.ready() < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pool did not reach %d ready units (%v)", n, p.m.Status().Units)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return nil
 }
 
 // demand runs the steady-demand phase: runs allocations arriving every 1/rate seconds, each

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -499,9 +500,9 @@ func (c *comparer) Write(p []byte) (int, error) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func round(v float64) float64 {
-	return float64(int64(v*1000+0.5)) / 1000
-}
+// round rounds v to three decimals (a microsecond, for milliseconds), halves away from zero:
+// differences between arms are negative as often as not.
+func round(v float64) float64 { return math.Round(v*1000) / 1000 }
 
 // pct returns the p-th percentile (nearest rank) of xs.
 func pct(xs []float64, p float64) float64 {

@@ -1,0 +1,151 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/fastpath"
+)
+
+// Arm is one setting of the latency accelerators (internal/fastpath) in an interleaved
+// comparison (fusebox-bench allocate --fast-path-arms). Each arm has a manager and a pool of
+// its own in the benchmark's process, made with the arm's accelerators (the runsc
+// allocator's Options.FastPath, which sets the manager's handoff and each sandbox server's
+// -fast-path and keep-awake), and its agent switches its own side to match (client.FastPath):
+// the setting is the same on both ends, as with fusebox local up --fast-path and an SDK user's
+// AllocateOptions.FastPath.
+type Arm struct {
+	// Name is the arm as asked for ("all", "none", "no-relay", "relay+handoff"), with "#2",
+	// "#3" ... after a repeat (an A/A comparison such as all,all shows the noise).
+	Name string
+	// FastPath is the accelerators the arm asks for.
+	FastPath fastpath.Switches
+}
+
+// DefaultArms are --fast-path-arms' default: the accelerators on (the reference, first) and
+// off.
+var DefaultArms = []string{"all", "none"}
+
+// ArmsHelp describes --fast-path-arms.
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake, pool-procs; a repeated arm (all,all) measures the noise`
+
+// ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
+// '+'-separated list of accelerator names (those only).
+func ParseArm(v string) (Arm, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Arm{}, fmt.Errorf("empty fast-path arm")
+	}
+	if name, ok := strings.CutPrefix(v, "no-"); ok {
+		off, err := fastpath.Parse(name)
+		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, handoff, keep-awake, pool-procs)", v)
+		}
+		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
+	}
+	if strings.Contains(v, ",") {
+		return Arm{}, fmt.Errorf("fast-path arm %q: join an arm's accelerators with '+' (the arms are separated by commas)", v)
+	}
+	s, err := fastpath.Parse(strings.ReplaceAll(v, "+", ","))
+	if err != nil {
+		return Arm{}, fmt.Errorf("fast-path arm %q: %w", v, err)
+	}
+	return Arm{Name: v, FastPath: s}, nil
+}
+
+// ParseArms reads the arms of --fast-path-arms, in order, naming the second and later
+// occurrences of an arm NAME#2, NAME#3 ...
+func ParseArms(vs []string) ([]Arm, error) {
+	if len(vs) == 0 {
+		return nil, fmt.Errorf("no fast-path arm")
+	}
+	seen := map[string]int{}
+	var arms []Arm
+	for _, v := range vs {
+		a, err := ParseArm(v)
+		if err != nil {
+			return nil, err
+		}
+		seen[a.Name]++
+		if n := seen[a.Name]; n > 1 {
+			a.Name += "#" + strconv.Itoa(n)
+		}
+		arms = append(arms, a)
+	}
+	return arms, nil
+}
+
+// Agent is the agent's side of the arm: it neither continues a relayed handshake without the
+// relay nor collects a handed-over connection without the handoff (keep-awake and pool-procs
+// are the sandbox's alone).
+func (a Arm) Agent() client.FastPath {
+	return client.FastPath{Off: !a.FastPath.Relay && !a.FastPath.Handoff, NoRelay: !a.FastPath.Relay, NoHandoff: !a.FastPath.Handoff}
+}
+
+// effective is the accelerators in effect for an arm whose sandboxes may be kept awake
+// (--keep-sandboxes-awake) or not: the runsc allocator's rule (keep-awake needs both).
+func (a Arm) effective(keepAwake bool) fastpath.Switches {
+	s := a.FastPath
+	s.KeepAwake = s.KeepAwake && keepAwake
+	return s
+}
+
+// agentString names the agent's side of a client.FastPath: "on", "off", "no-relay" or
+// "no-handoff".
+func agentString(f client.FastPath) string {
+	switch {
+	case f.Off || f.NoRelay && f.NoHandoff:
+		return "off"
+	case f.NoRelay:
+		return "no-relay"
+	case f.NoHandoff:
+		return "no-handoff"
+	}
+	return "on"
+}
+
+// without is a with b's accelerators switched off.
+func without(a, b fastpath.Switches) fastpath.Switches {
+	return fastpath.Switches{Relay: a.Relay && !b.Relay, Handoff: a.Handoff && !b.Handoff,
+		KeepAwake: a.KeepAwake && !b.KeepAwake, PoolProcs: a.PoolProcs && !b.PoolProcs}
+}
+
+// interleave is the order of an interleaved run's allocations, as arm indices: rounds
+// rounds, each taking every one of arms once, in an order rng shuffles afresh each round. Each
+// arm thus meets the machine's drift alike (a round is a few seconds), and none always comes
+// right after another (whose allocation and replacement leave the machine in their wake).
+func interleave(arms, rounds int, rng *rand.Rand) []int {
+	order := make([]int, 0, arms*rounds)
+	round := make([]int, arms)
+	for range rounds {
+		for i := range round {
+			round[i] = i
+		}
+		rng.Shuffle(arms, func(i, j int) { round[i], round[j] = round[j], round[i] })
+		order = append(order, round...)
+	}
+	return order
+}
+
+// runArms makes an interleaved run's allocations in order (arm indices, as interleave returns
+// them for arms arms): settle(arm) before each, then measure(arm), which returns the
+// allocation's time and the accelerators it used. It stops at the first error, returning the
+// samples made before it.
+func runArms(order []int, arms int, settle func(arm int) error, measure func(arm int) (time.Duration, used, error)) ([]armSample, error) {
+	samples := make([]armSample, 0, len(order))
+	for n, i := range order {
+		if err := settle(i); err != nil {
+			return samples, err
+		}
+		d, u, err := measure(i)
+		if err != nil {
+			return samples, err
+		}
+		samples = append(samples, armSample{arm: i, round: n / arms, ms: ms(d), used: u})
+	}
+	return samples, nil
+}
