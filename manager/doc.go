@@ -15,10 +15,6 @@
 // its allocator lacks. Every wait of the control loop runs on the injected Clock, so tests
 // step a fake one.
 //
-// The pool is local (the manager is its units' only owner and tracks them in its state) or
-// shared by several replicas through a SharedPool allocator; New picks one of the two
-// implementations of the pool interface by the allocator's declaration.
-//
 // A reconciler loop creates and destroys units toward the target and expires leases; on start
 // the manager adopts the bound units a previous manager left behind and destroys the rest.
 // Units are never reused: a released or expired unit is destroyed.

@@ -39,17 +39,17 @@ func (e *exitQueue) take() []unitExit {
 }
 
 // handleExits handles queued exits until ctx ends or stop closes.
-func (p *localPool) handleExits(ctx context.Context, stop <-chan struct{}) {
+func (m *Manager) handleExits(ctx context.Context, stop <-chan struct{}) {
 	for {
-		for _, x := range p.exits.take() {
-			p.unitExited(ctx, x.id, x.reason)
+		for _, x := range m.exits.take() {
+			m.unitExited(ctx, x.id, x.reason)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-stop:
 			return
-		case <-p.exits.wake:
+		case <-m.exits.wake:
 		}
 	}
 }
@@ -59,31 +59,31 @@ func (p *localPool) handleExits(ctx context.Context, stop <-chan struct{}) {
 // destroyed; the Failed entry stays visible like any other. A ready unit is destroyed and
 // replaced. A unit being created or initialised fails by itself, and one being destroyed is
 // on its way out.
-func (p *localPool) unitExited(ctx context.Context, id, reason string) {
-	u, ok := p.ops.Get(id)
+func (m *Manager) unitExited(ctx context.Context, id, reason string) {
+	u, ok := m.ops.Get(id)
 	if !ok {
 		return
 	}
 	switch u.State {
 	case Ready:
-		p.failure("exited")
-		p.log.Error("a ready unit's sandbox ended on its own; replacing it", "id", id, "reason", reason)
-		if p.destroy(ctx, id, Ready) == nil {
-			p.nudge()
+		m.failure("exited")
+		m.log.Error("a ready unit's sandbox ended on its own; replacing it", "id", id, "reason", reason)
+		if m.destroy(ctx, id, Ready) == nil {
+			m.nudge()
 		}
 	case Bound:
-		if _, err := p.ops.Transition(id, Bound, Failed, func(x *Unit) { x.Err = "exited: " + reason }); err != nil {
+		if _, err := m.ops.Transition(id, Bound, Failed, func(x *Unit) { x.Err = "exited: " + reason }); err != nil {
 			return // released or expired meanwhile
 		}
-		p.failure("exited")
-		p.log.Error("a bound unit's sandbox ended on its own; marked failed", "id", id, "reason", reason)
-		p.publishCounts()
-		if err := p.alloc.Destroy(ctx, id); err != nil {
-			p.failure("destroy")
-			p.ops.MarkRemains(id)
-			p.log.Error("destroying an exited unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
+		m.failure("exited")
+		m.log.Error("a bound unit's sandbox ended on its own; marked failed", "id", id, "reason", reason)
+		m.publishCounts()
+		if err := m.alloc.Destroy(ctx, id); err != nil {
+			m.failure("destroy")
+			m.ops.MarkRemains(id)
+			m.log.Error("destroying an exited unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
 		} else {
-			p.destroyed()
+			m.destroyed()
 		}
 	}
 }

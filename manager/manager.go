@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,50 +118,14 @@ type Options struct {
 	Metrics *Metrics
 }
 
-// pool is one of the manager's two control planes: where an allocation's unit comes from,
-// where its lease is of record, and how the pool is kept. A localPool is the pool of a
-// manager that is its units' only owner, tracked in its own state; a sharedPool is shared
-// with other replicas through a SharedPool allocator (an API server). New picks one, once,
-// by the allocator's Capabilities.SharedPool; the Manager does the rest (request checks,
-// binding, accounting, the reconcile loop) alike for both. Both embed the *Manager whose pool
-// they are. Its methods are safe for concurrent use, except start and close.
-type pool interface {
-	// start runs once, in Start, before the reconciler's first pass: it takes over what a
-	// previous manager left (ctx bounds that work; its error fails Start) and starts the
-	// pool's own background work on m.bg, which ends when life or ctx does.
-	start(ctx, life context.Context) error
-	// close runs once, in Close, after the loops have stopped (or never ran): it destroys
-	// what must not outlive the manager.
-	close(ctx context.Context) error
-	// take returns an Initialising unit of template tmpl for an allocation, tracked in
-	// m.ops, waiting at most AllocateWait (ErrNoCapacity) for one, or until ctx ends.
-	take(ctx context.Context, tmpl string) (Unit, error)
-	// renew extends unit id's lease if token is its lease's, for ttl (checked and capped;
-	// zero: the lease's own length), and returns when it now ends. Errors wrap
-	// ErrUnitNotFound, ErrLeaseEnded or ErrBadLeaseToken when there is no lease to renew or
-	// token is not its, ErrAllocator when the renewed lease cannot be stored, or are the
-	// backend's (a failed lookup).
-	renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error)
-	// release ends unit id's lease if token is its lease's, and destroys the unit (in the
-	// background: release does not wait for it). Errors wrap ErrUnitNotFound, ErrLeaseEnded
-	// or ErrBadLeaseToken, or are the backend's (a failed lookup).
-	release(ctx context.Context, id, token string) error
-	// reconcile is one pass of the control loop over the pool (see Manager.Reconcile).
-	reconcile(ctx context.Context)
-	// list returns every unit of the pool, ordered by id (List); counts returns how many
-	// units are in each state (Status).
-	list() []Unit
-	counts() map[State]int
-}
-
 // Manager is the control plane. It is safe for concurrent use.
 type Manager struct {
-	o     Options
-	alloc Allocator
-	pool  pool // the local or the shared pool, chosen by New
-	ops   *StateOperator
-	log   *slog.Logger
-	m     *Metrics
+	o      Options
+	alloc  Allocator
+	shared SharedPool // non-nil when the allocator's pool is shared by several replicas
+	ops    *StateOperator
+	log    *slog.Logger
+	m      *Metrics
 
 	// What the allocator declared (Capabilities) and, for each declared feature, its
 	// interface (nil when not declared). Fixed by New.
@@ -167,29 +133,56 @@ type Manager struct {
 	binder    EgressBinder
 	annotator Annotator
 	handoffer Handoffer
-	// egressAsync: bind runs the egress binding in its own goroutine. A shared pool's is an
-	// API write (kube: a CiliumNetworkPolicy), worth one; a local one is a map update,
-	// cheaper inline than the scheduling a goroutine costs a saturated manager. Fixed by New.
-	egressAsync bool
 
-	wake        chan struct{} // nudges the reconciler
-	reconcileMu sync.Mutex    // one reconcile pass at a time
+	wake chan struct{} // nudges the reconciler
 
-	backoffMu   sync.Mutex   // guards failStreak, holdUntil (Clock's time)
-	failStreak  int          // consecutive failed creations
-	holdUntil   time.Time    // no new creations before this (backoff after failures)
-	allocs      atomic.Int64 // allocations since the last observation
-	creating    atomic.Int32 // creations in flight
-	waiting     atomic.Int32 // allocations waiting for a ready unit (localPool.take)
-	target      atomic.Int32
-	totals      struct{ allocations, coldWaits, creations, destructions, failures atomic.Uint64 }
-	latMu       sync.Mutex // guards latencies
-	latencies   []time.Duration
-	demandMu    sync.Mutex  // guards demand
-	demand      []time.Time // allocation times in the last minute
-	bg          sync.WaitGroup
-	cancelLoops context.CancelFunc
-	life        context.Context // ends at Close: creations run under it, not under a request
+	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
+	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
+	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
+	backoffMu    sync.Mutex   // guards failStreak, holdUntil (Clock's time)
+	failStreak   int          // consecutive failed creations
+	holdUntil    time.Time    // no new creations before this (backoff after failures)
+	allocs       atomic.Int64 // allocations since the last observation
+	creating     atomic.Int32 // creations in flight
+	waiting      atomic.Int32 // allocations waiting for a ready unit (takeReady)
+	target       atomic.Int32
+	totals       struct{ allocations, coldWaits, creations, destructions, failures atomic.Uint64 }
+	latMu        sync.Mutex // guards latencies
+	latencies    []time.Duration
+	demandMu     sync.Mutex  // guards demand
+	demand       []time.Time // allocation times in the last minute
+	bg           sync.WaitGroup
+	cancelLoops  context.CancelFunc
+	life         context.Context // ends at Close: creations run under it, not under a request
+	expiring     idSet           // shared pool: expiries in progress
+	exits        *exitQueue      // units that ended on their own (ExitWatcher)
+}
+
+// idSet is a set of ids safe for concurrent use.
+type idSet struct {
+	mu  sync.Mutex // guards ids
+	ids map[string]bool
+}
+
+// Add adds id and reports whether it was absent.
+func (s *idSet) Add(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids[id] {
+		return false
+	}
+	if s.ids == nil {
+		s.ids = map[string]bool{}
+	}
+	s.ids[id] = true
+	return true
+}
+
+// Remove removes id.
+func (s *idSet) Remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
 }
 
 // New checks o and returns a Manager. Call Start to adopt leftovers and run the loops.
@@ -242,24 +235,16 @@ func New(o Options) (*Manager, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{o: o, alloc: o.Allocator, ops: NewStateOperator(o.Clock), log: o.Logger, m: o.Metrics,
-		wake: make(chan struct{}, 1)}
-	shared, err := m.useCapabilities()
-	if err != nil {
+		wake: make(chan struct{}, 1), exits: newExitQueue()}
+	if err := m.useCapabilities(); err != nil {
 		return nil, err
-	}
-	// The one choice between the control planes: everything that differs is the pool's.
-	if shared != nil {
-		m.pool, m.egressAsync = &sharedPool{Manager: m, shared: shared}, true
-	} else {
-		m.pool = newLocalPool(m)
 	}
 	return m, nil
 }
 
 // useCapabilities takes the allocator's declaration and the interface of each declared
-// feature; a declared feature the allocator does not implement is an error. It returns the
-// allocator's SharedPool if it declares one, else nil.
-func (m *Manager) useCapabilities() (SharedPool, error) {
+// feature; a declared feature the allocator does not implement is an error.
+func (m *Manager) useCapabilities() error {
 	c := m.alloc.Capabilities()
 	missing := func(feature, iface string) error {
 		return fmt.Errorf("manager: allocator %q declares %s but does not implement manager.%s", m.alloc.Name(), feature, iface)
@@ -267,30 +252,29 @@ func (m *Manager) useCapabilities() (SharedPool, error) {
 	var ok bool
 	if c.Egress {
 		if m.binder, ok = m.alloc.(EgressBinder); !ok {
-			return nil, missing("egress", "EgressBinder")
+			return missing("egress", "EgressBinder")
 		}
 	}
 	if c.Adoption {
 		if m.annotator, ok = m.alloc.(Annotator); !ok {
-			return nil, missing("adoption", "Annotator")
+			return missing("adoption", "Annotator")
 		}
 	}
 	if c.Handoff {
 		if m.handoffer, ok = m.alloc.(Handoffer); !ok {
-			return nil, missing("handoff", "Handoffer")
+			return missing("handoff", "Handoffer")
 		}
 	}
-	var shared SharedPool
 	if c.SharedPool {
-		if shared, ok = m.alloc.(SharedPool); !ok {
-			return nil, missing("a shared pool", "SharedPool")
+		if m.shared, ok = m.alloc.(SharedPool); !ok {
+			return missing("a shared pool", "SharedPool")
 		}
 		if !c.Adoption {
-			return nil, fmt.Errorf("manager: allocator %q declares a shared pool without adoption (a shared pool's leases live in its units' annotations)", m.alloc.Name())
+			return fmt.Errorf("manager: allocator %q declares a shared pool without adoption (a shared pool's leases live in its units' annotations)", m.alloc.Name())
 		}
 	}
 	m.caps = c
-	return shared, nil
+	return nil
 }
 
 // checkEgress refuses an allowlist the allocator cannot enforce (fails closed), except on an
@@ -323,11 +307,16 @@ func (m *Manager) States() *StateOperator { return m.ops }
 // Start adopts or destroys what a previous manager left behind, then runs the reconciler
 // until ctx ends or Close is called.
 func (m *Manager) Start(ctx context.Context) error {
-	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	if err := m.pool.start(ctx, loopCtx); err != nil {
-		cancel()
-		return err
+	// A shared pool has nothing to adopt: leases live with the units, for every replica.
+	if m.shared == nil {
+		if w, ok := m.alloc.(ExitWatcher); ok {
+			w.WatchExits(m.exits.add) // before adoption: units that ended meanwhile are reported
+		}
+		if err := m.adopt(ctx); err != nil {
+			return err
+		}
 	}
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.cancelLoops = cancel
 	m.life = loopCtx
 	m.bg.Add(1)
@@ -347,18 +336,42 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 	}()
+	if m.shared == nil {
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.handleExits(loopCtx, ctx.Done()) }()
+	}
+	if m.o.Ping != nil && m.o.PingInterval > 0 && m.shared == nil {
+		m.bg.Add(1)
+		go func() { defer m.bg.Done(); m.pingHead(loopCtx, ctx.Done()) }()
+	}
 	return nil
 }
 
-// Close stops the reconciler and destroys the units that are not bound (a local pool's; a
-// shared pool belongs to every replica); bound units keep serving their agents and are
-// adopted by the next manager.
+// Close stops the reconciler and destroys the units that are not bound; bound units keep
+// serving their agents and are adopted by the next manager.
 func (m *Manager) Close(ctx context.Context) error {
 	if m.cancelLoops != nil {
 		m.cancelLoops()
 	}
 	m.bg.Wait()
-	return m.pool.close(ctx)
+	if m.shared != nil {
+		return nil // the pool belongs to every replica
+	}
+	var errs []error
+	for _, u := range m.ops.Snapshot() {
+		switch {
+		case u.State == Ready:
+			if err := m.destroy(ctx, u.Info.ID, Ready); err != nil {
+				errs = append(errs, err)
+			}
+		case u.State == Failed && u.Remains:
+			// A last try; a unit still failing is left to the next manager's adoption.
+			if err := m.destroy(ctx, u.Info.ID, Failed); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // lifetime is the context of work that outlives a request but not the manager.
@@ -377,6 +390,117 @@ func (m *Manager) nudge() {
 }
 
 // AnnotationState and AnnotationClaimedAt are what a SharedPool allocator reports for a
+// unit a replica has claimed but not bound yet: "claimed", and when (RFC 3339).
+const (
+	AnnotationState     = annState
+	AnnotationClaimedAt = "fusebox.dev/claimed-at"
+)
+
+// Annotation keys under which a bound unit's lease is stored with its allocator.
+const (
+	annState     = "fusebox.dev/state"
+	annExpires   = "fusebox.dev/lease-expires"
+	annTTL       = "fusebox.dev/lease-ttl"
+	annTokenHash = "fusebox.dev/lease-token-sha256"
+	annEgress    = "fusebox.dev/egress"
+	annOwner     = "fusebox.dev/owner"
+	annLabel     = "fusebox.dev/label."
+)
+
+func leaseAnnotations(l *Lease) map[string]string {
+	a := map[string]string{
+		annState:     "bound",
+		annExpires:   l.Expires.UTC().Format(time.RFC3339Nano),
+		annTTL:       l.TTL.String(),
+		annTokenHash: hex.EncodeToString(l.TokenHash[:]),
+		annEgress:    strings.Join(l.Egress, ","),
+		annOwner:     l.Owner,
+	}
+	for k, v := range l.Labels {
+		a[annLabel+k] = v
+	}
+	return a
+}
+
+func leaseFromAnnotations(a map[string]string) (*Lease, error) {
+	if a[annState] != "bound" {
+		return nil, errors.New("not bound")
+	}
+	exp, err := time.Parse(time.RFC3339Nano, a[annExpires])
+	if err != nil {
+		return nil, fmt.Errorf("lease expiry: %w", err)
+	}
+	ttl, err := time.ParseDuration(a[annTTL])
+	if err != nil {
+		return nil, fmt.Errorf("lease ttl: %w", err)
+	}
+	h, err := hex.DecodeString(a[annTokenHash])
+	if err != nil || len(h) != sha256.Size {
+		return nil, errors.New("lease token hash")
+	}
+	l := &Lease{Owner: a[annOwner], Expires: exp, TTL: ttl, Labels: map[string]string{}}
+	copy(l.TokenHash[:], h)
+	if e := a[annEgress]; e != "" {
+		l.Egress = strings.Split(e, ",")
+	}
+	for k, v := range a {
+		if name, ok := strings.CutPrefix(k, annLabel); ok {
+			l.Labels[name] = v
+		}
+	}
+	return l, nil
+}
+
+// adopt takes over the bound units with a live lease that a previous manager left and
+// destroys every other unit it finds, so that none leak.
+func (m *Manager) adopt(ctx context.Context) error {
+	units, err := m.alloc.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing units for adoption: %w", err)
+	}
+	now := m.o.Clock.Now()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, m.o.CreateConcurrency)
+	for _, info := range units {
+		lease, lerr := leaseFromAnnotations(info.Annotations)
+		if lerr == nil && now.Before(lease.Expires) {
+			if m.binder != nil {
+				if err := m.binder.BindEgress(ctx, info.ID, lease.Egress); err != nil {
+					m.log.Error("re-binding egress of an adopted unit failed; destroying it", "id", info.ID, "err", err)
+					lerr = err
+				}
+			}
+		}
+		if lerr == nil && now.Before(lease.Expires) {
+			if err := m.ops.Insert(info, Bound, lease); err != nil {
+				return err
+			}
+			m.log.Info("adopted bound sandbox", "id", info.ID, "lease_expires", lease.Expires)
+			continue
+		}
+		reason := "not bound"
+		if lerr == nil {
+			reason = "lease expired"
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			m.log.Info("destroying unit left by a previous manager", "id", info.ID, "reason", reason)
+			if err := m.alloc.Destroy(ctx, info.ID); err != nil {
+				m.log.Error("destroying leftover unit", "id", info.ID, "err", err)
+				m.failure("destroy")
+			} else {
+				m.destroyed()
+			}
+		}()
+	}
+	wg.Wait()
+	m.publishCounts()
+	return nil
+}
+
 // AllocateRequest is a validated-at-entry request to bind a sandbox.
 type AllocateRequest struct {
 	AgentPublicKey []byte
@@ -457,9 +581,13 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		return Allocation{}, err
 	}
 
+	take := m.takeReady
+	if m.shared != nil {
+		take = m.claim
+	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		u, err := m.pool.take(ctx, tmpl)
+		u, err := take(ctx, tmpl)
 		if err != nil {
 			return Allocation{}, err
 		}
@@ -507,6 +635,18 @@ func checkLabels(labels map[string]string) error {
 	return nil
 }
 
+// leaseTTL is the one check of a requested lease TTL, for Allocate and Renew alike: negative
+// is invalid, zero means def, and more than MaxLeaseTTL is capped.
+func (m *Manager) leaseTTL(ttl, def time.Duration) (time.Duration, error) {
+	switch {
+	case ttl < 0:
+		return 0, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
+	case ttl == 0:
+		ttl = def
+	}
+	return min(ttl, m.o.MaxLeaseTTL), nil
+}
+
 // coldWait counts an allocation that found no ready unit and waits for one to be created.
 func (m *Manager) coldWait() {
 	m.totals.coldWaits.Add(1)
@@ -531,6 +671,51 @@ func (m *Manager) recordAllocation() {
 	m.demand = m.demand[cut:]
 	m.demandMu.Unlock()
 	m.nudge()
+}
+
+// takeReady pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
+// starts one creation of its own (whatever the estimator's target), so it never depends on
+// the pool's size alone, and starts another if that one fails (after the creation backoff);
+// spare units it makes join the pool.
+func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
+	var timeout, retry <-chan time.Time
+	var mine <-chan bool // this allocation's creation: whether it made a unit
+	for {
+		u, ok, wait := m.ops.TakeReady(tmpl)
+		if ok {
+			m.publishCounts()
+			return u, nil
+		}
+		if timeout == nil {
+			m.coldWait()
+			t := m.o.Clock.NewTimer(m.o.AllocateWait)
+			defer t.Stop()
+			timeout = t.C()
+			// Counted until this returns: the reconciler leaves this many ready units
+			// beyond its target for the waiters to take.
+			m.waiting.Add(1)
+			defer m.waiting.Add(-1)
+			mine = m.startCreate(m.lifetime(), tmpl)
+		}
+		m.nudge()
+		select {
+		case <-wait:
+		case made := <-mine:
+			mine = nil
+			if !made {
+				t := m.o.Clock.NewTimer(m.backoffLeft())
+				defer t.Stop()
+				retry = t.C()
+			}
+		case <-retry:
+			retry = nil
+			mine = m.startCreate(m.lifetime(), tmpl)
+		case <-timeout:
+			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
+		case <-ctx.Done():
+			return Unit{}, ctx.Err()
+		}
+	}
 }
 
 // bind performs egress binding, sFuse and lease bookkeeping on an Initialising unit. On any
@@ -564,11 +749,12 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	// The egress policy is bound and the lease persisted while sFuse runs: all three must
 	// succeed before the agent hears of the unit (nothing in it runs agent code before the
 	// agent connects, which it can only do after this returns), and a failure of any destroys
-	// it, so their order does not matter. The egress binding runs in its own goroutine if it
-	// is worth one (see egressAsync).
+	// it, so their order does not matter. A shared pool's egress binding is an API write
+	// (kube: a CiliumNetworkPolicy), worth its own goroutine; a local one is a map update,
+	// cheaper inline than the scheduling a goroutine costs a saturated manager.
 	egressed, annotated := make(chan error, 1), make(chan error, 1)
 	switch {
-	case m.binder != nil && m.egressAsync:
+	case m.binder != nil && m.shared != nil:
 		go func() { egressed <- m.binder.BindEgress(ctx, id, allow.Entries()) }()
 	case m.binder != nil:
 		egressed <- m.binder.BindEgress(ctx, id, allow.Entries())
@@ -611,6 +797,14 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	return a, nil
 }
 
+func (m *Manager) checkToken(l *Lease, token string) error {
+	h := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(h[:], l.TokenHash[:]) != 1 {
+		return ErrBadLeaseToken
+	}
+	return nil
+}
+
 // Renew extends the lease of sandbox id; ttl zero means the lease's own length.
 func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
 	// Zero stays zero: the lease's own length, which only the lease knows.
@@ -618,12 +812,114 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 	if err != nil {
 		return time.Time{}, err
 	}
-	return m.pool.renew(ctx, id, token, ttl)
+	if m.shared != nil {
+		return m.sharedRenew(ctx, id, token, ttl)
+	}
+	now := m.o.Clock.Now()
+	l, err := m.ops.UpdateLease(id, func(l *Lease) error {
+		if err := m.checkToken(l, token); err != nil {
+			return err
+		}
+		if !now.Before(l.Expires) {
+			return ErrLeaseEnded
+		}
+		d := l.TTL
+		if ttl > 0 {
+			d = ttl
+		}
+		l.Expires = now.Add(d)
+		return nil
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
+	}
+	if m.annotator != nil {
+		if err := m.annotator.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
+			m.failure("annotate")
+			m.log.Error("persisting renewed lease", "id", id, "err", err)
+		}
+	}
+	return l.Expires, nil
 }
 
 // Release ends the lease of sandbox id and destroys the sandbox.
 func (m *Manager) Release(ctx context.Context, id, token string) error {
-	return m.pool.release(ctx, id, token)
+	if m.shared != nil {
+		return m.sharedRelease(ctx, id, token)
+	}
+	u, ok := m.ops.Get(id)
+	if !ok {
+		return fmt.Errorf("releasing: %w: %s", ErrUnitNotFound, id)
+	}
+	if u.State != Bound || u.Lease == nil {
+		return fmt.Errorf("releasing %s: %w (%s)", id, ErrLeaseEnded, u.State)
+	}
+	if err := m.checkToken(u.Lease, token); err != nil {
+		return fmt.Errorf("releasing %s: %w", id, err)
+	}
+	if err := m.destroyInBackground(ctx, id, Bound); err != nil {
+		return fmt.Errorf("releasing %s: %w", id, ErrLeaseEnded)
+	}
+	return nil
+}
+
+// toDestroying moves a unit from state from to Destroying (a Ready unit's prepared init
+// connection is forgotten).
+func (m *Manager) toDestroying(id string, from State) error {
+	u, err := m.ops.Transition(id, from, Destroying, func(u *Unit) { u.Remains = false })
+	if err != nil {
+		return err
+	}
+	if from == Ready && m.o.Forget != nil {
+		m.o.Forget(u.Info.InitAddr)
+	}
+	return nil
+}
+
+// destroy moves a unit from state from to Destroying and destroys it.
+func (m *Manager) destroy(ctx context.Context, id string, from State) error {
+	if err := m.toDestroying(id, from); err != nil {
+		return err
+	}
+	return m.finishDestroy(ctx, id)
+}
+
+// destroyInBackground moves a unit from state from to Destroying now and destroys it in the
+// background (ctx's values, not its cancellation).
+func (m *Manager) destroyInBackground(ctx context.Context, id string, from State) error {
+	if err := m.toDestroying(id, from); err != nil {
+		return err
+	}
+	m.bg.Add(1)
+	go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
+	return nil
+}
+
+// startCreate counts one creation of tmpl in m.creating and makes it in the background; the
+// channel receives whether it made a unit.
+func (m *Manager) startCreate(ctx context.Context, tmpl string) <-chan bool {
+	made := make(chan bool, 1)
+	m.creating.Add(1)
+	m.bg.Add(1)
+	go func() { defer m.bg.Done(); made <- m.create(ctx, tmpl) }()
+	return made
+}
+
+func (m *Manager) finishDestroy(ctx context.Context, id string) error {
+	m.publishCounts()
+	err := m.alloc.Destroy(ctx, id)
+	if err != nil {
+		m.failure("destroy")
+		m.ops.Transition(id, Destroying, Failed, func(u *Unit) {
+			u.Err, u.Remains = fmt.Sprintf("destroy: %v (retried every %v)", err, RemainsRetry), true
+		})
+		m.log.Error("destroying unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
+	} else {
+		m.ops.Transition(id, Destroying, Gone, nil)
+		m.destroyed()
+	}
+	m.publishCounts()
+	return err
 }
 
 // destroyed counts a destruction.
@@ -641,16 +937,232 @@ func (m *Manager) failure(stage string) {
 	}
 }
 
-// created counts a creation.
-func (m *Manager) created() {
+// create makes one unit of template and puts it into the pool, and reports whether it did.
+// startCreate has counted it in m.creating (before starting the goroutine, so that a reconcile
+// pass in between sees it); create uncounts it when done.
+func (m *Manager) create(ctx context.Context, tmpl string) bool {
+	defer m.creating.Add(-1)
+	id := m.o.NewID()
+	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
+	if m.shared != nil {
+		return m.createShared(ctx, id, tmpl)
+	}
+	if err := m.ops.Insert(info, Creating, nil); err != nil {
+		m.log.Error("registering new unit", "id", id, "err", err)
+		return false
+	}
+	m.publishCounts()
+	t0 := time.Now() // the system clock: it measures the runtime's work
+	got, err := m.alloc.Create(ctx, id, tmpl)
+	m.noteCreate(err)
+	if err != nil && ctx.Err() != nil {
+		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
+		m.log.Info("unit creation cancelled", "id", id)
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: cancelled", errors.Is(err, ErrRemains) })
+		return false
+	}
+	if err != nil {
+		m.failure("create")
+		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
+		m.publishCounts()
+		return false
+	}
+	m.recordLatency(time.Since(t0))
+	got.ID, got.Template = id, tmpl
+	if got.Created.IsZero() {
+		got.Created = info.Created
+	}
+	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
+		m.log.Error("unit vanished while being created", "id", id, "err", err)
+		m.alloc.Destroy(context.WithoutCancel(ctx), id)
+		return false
+	}
 	m.totals.creations.Add(1)
 	if m.m != nil {
 		m.m.Creations.Inc()
 	}
+	if m.o.Prepare != nil {
+		m.o.Prepare(got.InitAddr)
+	}
+	m.publishCounts()
+	return true
+}
+
+// noteCreate keeps the creation backoff: exponential (0.5 s doubling to a minute) after
+// consecutive failures, so that a broken runtime does not spin; failures stay visible in
+// status and metrics meanwhile.
+func (m *Manager) noteCreate(err error) {
+	m.backoffMu.Lock()
+	defer m.backoffMu.Unlock()
+	if err != nil {
+		m.failStreak++
+		m.holdUntil = m.o.Clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
+	} else {
+		m.failStreak = 0
+	}
+}
+
+// backoffLeft is how long creations still wait for the backoff.
+func (m *Manager) backoffLeft() time.Duration {
+	m.backoffMu.Lock()
+	defer m.backoffMu.Unlock()
+	return max(0, m.holdUntil.Sub(m.o.Clock.Now()))
+}
+
+// heldBack reports whether creations wait for the backoff.
+func (m *Manager) heldBack() bool { return m.backoffLeft() > 0 }
+
+func (m *Manager) recordLatency(d time.Duration) {
+	m.latMu.Lock()
+	defer m.latMu.Unlock()
+	m.latencies = append(m.latencies, d)
+	if len(m.latencies) > 32 {
+		m.latencies = m.latencies[len(m.latencies)-32:]
+	}
+}
+
+// createShared creates a unit into a shared pool: it is not tracked locally until claimed.
+func (m *Manager) createShared(ctx context.Context, id, tmpl string) bool {
+	t0 := time.Now()
+	_, err := m.alloc.Create(ctx, id, tmpl)
+	m.noteCreate(err)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.failure("create")
+			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		}
+		return false
+	}
+	m.recordLatency(time.Since(t0))
+	m.totals.creations.Add(1)
+	if m.m != nil {
+		m.m.Creations.Inc()
+	}
+	return true
+}
+
+func estimatorObservation(now time.Time, allocs, ready, creating, bound int, lat time.Duration) estimator.Observation {
+	return estimator.Observation{Now: now, Allocations: allocs, Ready: ready, Creating: creating, Bound: bound,
+		ProvisioningLatency: lat}
+}
+
+// ProvisioningLatency is the median of recent creation times (1 s before any creation) plus
+// the units' WarmUp: how long a unit takes from the decision to create it to serving at full
+// speed.
+func (m *Manager) ProvisioningLatency() time.Duration {
+	m.latMu.Lock()
+	defer m.latMu.Unlock()
+	if len(m.latencies) == 0 {
+		return time.Second + m.o.WarmUp
+	}
+	s := slices.Clone(m.latencies)
+	slices.Sort(s)
+	return s[len(s)/2] + m.o.WarmUp
+}
+
+// Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
+// and create or destroy ready units toward it.
+func (m *Manager) Reconcile(ctx context.Context) {
+	if m.shared != nil {
+		m.reconcileShared(ctx)
+		return
+	}
+	now := m.o.Clock.Now()
+	for _, id := range m.ops.RemainsDue(now, RemainsRetry) {
+		if m.destroyInBackground(ctx, id, Failed) == nil {
+			m.log.Info("destroying a failed unit's remains again", "id", id)
+		}
+	}
+	for _, id := range m.ops.Expired(now) {
+		if m.destroyInBackground(ctx, id, Bound) == nil { // else released or expired concurrently
+			m.log.Info("lease expired; destroying sandbox", "id", id)
+		}
+	}
+	c := m.ops.Counts(m.o.PoolTemplate)
+	creating := int(m.creating.Load())
+	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), c[Ready], creating, c[Bound], m.ProvisioningLatency()))
+	m.target.Store(int32(target))
+	if m.m != nil {
+		m.m.Target.Set(float64(target))
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if deficit := target - c[Ready] - creating; deficit > 0 {
+		// Unless backing off after failures or waiting out the refill delay.
+		if !m.heldBack() && m.refillDue(c[Ready]) {
+			for range min(deficit, m.o.CreateConcurrency-creating) {
+				m.startCreate(ctx, m.o.PoolTemplate)
+			}
+		}
+		return
+	}
+	m.endDeficit()
+	if surplus := c[Ready] - target - int(m.waiting.Load()); surplus > 0 {
+		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
+			m.destroyInBackground(ctx, id, Ready)
+		}
+	}
+}
+
+// refillDue reports whether creations may start now for a pool below its target that holds
+// ready units; otherwise it schedules a reconcile for when they may (see RefillDelay).
+func (m *Manager) refillDue(ready int) bool {
+	if m.o.RefillDelay <= 0 {
+		return true
+	}
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	now := m.o.Clock.Now()
+	if m.deficitSince.IsZero() {
+		m.deficitSince = now
+	}
+	wait := m.o.RefillDelay - now.Sub(m.deficitSince)
+	if ready == 0 || wait <= 0 {
+		m.deficitSince = time.Time{}
+		return true
+	}
+	if !m.refillTimer {
+		m.refillTimer = true
+		m.o.Clock.AfterFunc(wait, func() {
+			m.refillMu.Lock()
+			m.refillTimer = false
+			m.refillMu.Unlock()
+			m.nudge()
+		})
+	}
+	return false
+}
+
+// endDeficit notes that the pool is not below its target: the next deficit starts its own
+// refill delay.
+func (m *Manager) endDeficit() {
+	if m.o.RefillDelay <= 0 {
+		return
+	}
+	m.refillMu.Lock()
+	m.deficitSince = time.Time{}
+	m.refillMu.Unlock()
+}
+
+func (m *Manager) publishCounts() {
+	if m.m == nil {
+		return
+	}
+	c := m.ops.Counts("")
+	for s, name := range stateNames {
+		m.m.Units.WithLabelValues(name).Set(float64(c[s]))
+	}
 }
 
 // List returns a snapshot of every unit (with a shared pool: every replica's units).
-func (m *Manager) List() []Unit { return m.pool.list() }
+func (m *Manager) List() []Unit {
+	if m.shared != nil {
+		return m.sharedList()
+	}
+	return m.ops.Snapshot()
+}
 
 // PoolStatus summarises the pool.
 type PoolStatus struct {
@@ -667,8 +1179,15 @@ type PoolStatus struct {
 
 // Status returns the pool's status.
 func (m *Manager) Status() PoolStatus {
+	c := m.ops.Counts("")
+	if m.shared != nil {
+		c = map[State]int{}
+		for _, u := range m.sharedList() {
+			c[u.State]++
+		}
+	}
 	units := map[string]int{}
-	for s, n := range m.pool.counts() {
+	for s, n := range c {
 		units[s.String()] = n
 	}
 	now := m.o.Clock.Now()

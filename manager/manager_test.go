@@ -321,7 +321,8 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 }
 
 func TestAdoptionAfterRestart(t *testing.T) {
-	e := newEnv(t, 1, nil)
+	// The first manager "dies" below: its reconciler must not act on the clock's step.
+	e := newEnv(t, 1, func(o *manager.Options) { o.ReconcileInterval = time.Hour })
 	e.start(t)
 	ctx := context.Background()
 	eventually(t, "ready", func() bool { return e.ready() == 1 })
@@ -336,11 +337,9 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	eventually(t, "ready again", func() bool { return e.ready() == 1 })
 	// The manager dies without cleaning up (no Close); a new one starts on the same allocator
 	// two minutes later: the long lease is adopted, the expired one and the ready unit are
-	// destroyed. The dead manager's time stands still: the new one has a clock of its own.
-	// (Stepping a shared clock instead, a pass of the first one that a late nudge still ran
-	// would expire the short lease before the restart.)
-	later := newFakeClock(e.clock.Now().Add(2 * time.Minute))
-	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: later,
+	// destroyed.
+	e.clock.Step(2 * time.Minute)
+	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
 		Initializer: memalloc.Initializer})
 	if err != nil {
 		t.Fatal(err)
