@@ -425,7 +425,6 @@ func TestInVPC(t *testing.T) {
 	}
 }
 
-// TestImagePullSecrets reach the manager's and the sandboxes' pods and the node installer's.
 // TestAccessPolicy: the manager's authorisation policy is the stack's fusebox:access, and
 // without one every ServiceAccount of the agents' namespaces may allocate, with no egress.
 func TestAccessPolicy(t *testing.T) {
@@ -457,6 +456,7 @@ func TestAccessPolicy(t *testing.T) {
 	}
 }
 
+// TestImagePullSecrets reach the manager's and the sandboxes' pods and the node installer's.
 func TestImagePullSecrets(t *testing.T) {
 	cfg := stackConfig(t, "eks-dev")
 	cfg["fusebox:imagePullSecrets"] = `["regcred"]`

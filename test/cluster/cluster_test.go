@@ -40,18 +40,7 @@ var (
 	once    sync.Once
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if node != nil {
-		if err := node.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the node:", err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(nodetest.StopAtExit(node, m.Run())) }
 
 // realNode starts the node once per test binary, with the test sandbox image imported. It
 // skips only when FUSEBOX_SKIP_KUBE=1 and the node's binaries are missing.

@@ -56,15 +56,7 @@ const registry = "localhost/fusebox"
 var node *nodetest.Node
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if node != nil {
-		if err := node.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "stopping the node:", err)
-			if code == 0 {
-				code = 1
-			}
-		}
-	}
+	code := nodetest.StopAtExit(node, m.Run())
 	if deployed != nil {
 		os.RemoveAll(deployed.dir)
 	}
@@ -452,10 +444,7 @@ func readySandboxPods(ctx context.Context, t testing.TB, ns string) []corev1.Pod
 // refused fails the test unless err is a gRPC error with code whose message holds want.
 func refused(t *testing.T, what string, err error, code codes.Code, want string) {
 	t.Helper()
-	s, _ := status.FromError(errors.Unwrap(err))
-	if s == nil || s.Code() != code {
-		s, _ = status.FromError(err)
-	}
+	s, _ := status.FromError(err) // the status err wraps, if any
 	if err == nil || s.Code() != code || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%s: %v, want %v naming %q", what, err, code, want)
 	}

@@ -271,6 +271,21 @@ func (n *Node) Stop() error {
 	return errors.Join(errs...)
 }
 
+// StopAtExit stops n, if a node was started, after a test binary's tests ended with code
+// (from TestMain's m.Run), and returns the code to exit with: 1 when stopping failed.
+func StopAtExit(n *Node, code int) int {
+	if n == nil {
+		return code
+	}
+	if err := n.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the node:", err)
+		if code == 0 {
+			return 1
+		}
+	}
+	return code
+}
+
 // deleteAllPods deletes every pod and waits up to a minute for them to go.
 func (n *Node) deleteAllPods(ctx context.Context) {
 	pods := n.Env.Client.CoreV1().Pods("")
