@@ -55,8 +55,9 @@ type Config struct {
 	KeepSandboxesAwake bool
 	// Limits are the runsc allocator's sandbox limits (zero fields: runscalloc.DefaultLimits).
 	Limits runscalloc.Limits
-	// FastPath is runscalloc.Options.FastPath (runsc allocator only; nil: every
-	// accelerator).
+	// FastPath is runscalloc.Options.FastPath with the runsc allocator; with the kube
+	// allocator, its Relay and PoolProcs are the sandbox pods' -fast-path (see withFastPath).
+	// nil: every accelerator.
 	FastPath *fastpath.Switches
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
 	// allocator only; empty: a root assembled from the host).
@@ -155,7 +156,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	var isLeader func() bool
 	switch c.Allocator {
 	case "kube":
-		a, leader, err := startKube(ctx, c.Kube, log)
+		a, leader, err := startKube(ctx, c.Kube, c.FastPath, log)
 		if err != nil {
 			return err
 		}
