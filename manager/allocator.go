@@ -63,6 +63,9 @@ type Capabilities struct {
 	// SharedPool: the warm pool lives in a backend shared by several manager replicas (it
 	// implements SharedPool; Adoption is required too).
 	SharedPool bool
+	// Exits: the allocator reports units that end on their own (it implements ExitWatcher).
+	// Not with SharedPool: a shared pool's units are the allocator's to replace.
+	Exits bool
 	// NoIsolation: units run code on this host with no kernel boundary and no network
 	// control (the process runtime, which only starts behind its explicit insecure flag).
 	// Nothing is enforced for them, egress allowlists included: the manager hands them out
@@ -165,9 +168,9 @@ type SharedPool interface {
 }
 
 // ExitWatcher is implemented by allocators that learn when a unit ends on its own (its
-// sandbox exited, crashed or was killed) rather than through Destroy. The manager then marks
-// a bound unit Failed with the reason, which List and status show, and destroys what remains
-// of it; a ready unit is destroyed and replaced.
+// sandbox exited, crashed or was killed; Capabilities.Exits) rather than through Destroy.
+// The manager then marks a bound unit Failed with the reason, which List and status show,
+// and destroys what remains of it; a ready unit is destroyed and replaced.
 type ExitWatcher interface {
 	// WatchExits makes the allocator call exited once for each unit that ends on its own from
 	// now on, with a reason for people ("sandbox exited: status 137"), including units it

@@ -91,10 +91,26 @@ func TestNoIsolationWarnsOnEveryAllocation(t *testing.T) {
 	}
 }
 
-// New refuses an allocator that declares a feature it does not implement.
+// exitingShared is a shared pool that also implements ExitWatcher.
+type exitingShared struct{ *memalloc.Shared }
+
+func (exitingShared) WatchExits(func(id, reason string)) {}
+
+// New refuses an allocator that declares a feature it does not implement, or exits with a
+// shared pool.
 func TestNewRefusesADeclarationWithoutItsInterface(t *testing.T) {
 	for name, alloc := range map[string]manager.Allocator{
 		"egress without EgressBinder": withoutEgress{memalloc.New()},
+		"exits without ExitWatcher": func() manager.Allocator {
+			a := memalloc.New()
+			a.Caps = &manager.Capabilities{Egress: true, Adoption: true, Exits: true}
+			return a
+		}(),
+		"exits with a shared pool": func() manager.Allocator {
+			s := memalloc.NewShared()
+			s.Caps = &manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, Exits: true}
+			return exitingShared{s}
+		}(),
 		"shared pool without adoption": func() manager.Allocator {
 			s := memalloc.NewShared()
 			s.Caps = &manager.Capabilities{Egress: true}
@@ -107,6 +123,7 @@ func TestNewRefusesADeclarationWithoutItsInterface(t *testing.T) {
 			if err == nil {
 				t.Fatal("New accepted it")
 			}
+			t.Log(err)
 		})
 	}
 }

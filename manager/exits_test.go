@@ -20,6 +20,12 @@ type exitingAlloc struct {
 
 var _ manager.ExitWatcher = (*exitingAlloc)(nil)
 
+func (a *exitingAlloc) Capabilities() manager.Capabilities {
+	c := a.Allocator.Capabilities()
+	c.Exits = true
+	return c
+}
+
 func (a *exitingAlloc) WatchExits(f func(id, reason string)) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

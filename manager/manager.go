@@ -156,6 +156,7 @@ type Manager struct {
 	life         context.Context // ends at Close: creations run under it, not under a request
 	expiring     idSet           // shared pool: expiries in progress
 	exits        *exitQueue      // units that ended on their own (ExitWatcher)
+	exitWatcher  ExitWatcher     // the allocator's, if it declares Exits
 }
 
 // idSet is a set of ids safe for concurrent use.
@@ -265,6 +266,14 @@ func (m *Manager) useCapabilities() error {
 			return missing("handoff", "Handoffer")
 		}
 	}
+	if c.Exits {
+		if m.exitWatcher, ok = m.alloc.(ExitWatcher); !ok {
+			return missing("exits", "ExitWatcher")
+		}
+		if c.SharedPool {
+			return fmt.Errorf("manager: allocator %q declares exits with a shared pool (a shared pool's units are the allocator's to replace)", m.alloc.Name())
+		}
+	}
 	if c.SharedPool {
 		if m.shared, ok = m.alloc.(SharedPool); !ok {
 			return missing("a shared pool", "SharedPool")
@@ -309,8 +318,8 @@ func (m *Manager) States() *StateOperator { return m.ops }
 func (m *Manager) Start(ctx context.Context) error {
 	// A shared pool has nothing to adopt: leases live with the units, for every replica.
 	if m.shared == nil {
-		if w, ok := m.alloc.(ExitWatcher); ok {
-			w.WatchExits(m.exits.add) // before adoption: units that ended meanwhile are reported
+		if m.exitWatcher != nil {
+			m.exitWatcher.WatchExits(m.exits.add) // before adoption: units that ended meanwhile are reported
 		}
 		if err := m.adopt(ctx); err != nil {
 			return err

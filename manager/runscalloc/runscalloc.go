@@ -253,7 +253,7 @@ func (a *Allocator) Name() string { return "runsc" }
 // Capabilities: egress through the per-sandbox proxy, leases beside the bundles, and data
 // connections opened ahead.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, Handoff: a.o.fastPath().Handoff}
+	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, Handoff: a.o.fastPath().Handoff}
 }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }
