@@ -131,8 +131,10 @@ tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absen
 test-kube: k8s-bins ## Run the kube allocator's tests against a real API server (etcd, kube-apiserver, kwok on loopback)
 	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 10m ./test/kube/...
 
-test-cluster: runsc k8s-bins node-bins ## Run the tests on a real node: kubelet, containerd and the gVisor shim, bridge CNI, kube-router (root)
-	FUSEBOX_K8S_BIN=$(K8S_BIN) $(GOTEST) -race -count=1 -timeout 20m ./test/cluster/...
+# test/clusterup runs fusebox up onto a real node with the images bin/fusebox image build
+# makes (the userland cached in FUSEBOX_CACHE) and the Pulumi tools.
+test-cluster: runsc shim k8s-bins node-bins tools build ## Run the tests on a real node: kubelet, containerd and the gVisor shim, bridge CNI, kube-router, and fusebox up onto one (root)
+	FUSEBOX_K8S_BIN=$(K8S_BIN) FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(GOTEST) -race -count=1 -p 1 -timeout 40m ./test/cluster/... ./test/clusterup/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json

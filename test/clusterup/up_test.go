@@ -130,8 +130,18 @@ func deployUp(tools string, built map[string]imagetest.Built) (*deployment, erro
 		b := built[name]
 		d.release[name] = registry + "/" + name + "@" + b.Digest
 		if name != image.GVisorInstaller {
-			if err := node.Tag(ctx, b.ImportName, d.release[name]); err != nil {
-				return nil, err
+			// containerd's CRI finds an image by the normalized form of its names, and the
+			// archive's name (fusebox/<name>:latest) has no domain: without its normalized
+			// name too, the kubelet's CreateContainer fails ("docker.io/fusebox/manager:latest":
+			// not found) though the pinned name resolves.
+			refs := []string{d.release[name]}
+			if first, _, _ := strings.Cut(b.ImportName, "/"); !strings.ContainsAny(first, ".:") && first != "localhost" {
+				refs = append(refs, "docker.io/"+b.ImportName)
+			}
+			for _, ref := range refs {
+				if err := node.Tag(ctx, b.ImportName, ref); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
