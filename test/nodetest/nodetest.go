@@ -105,8 +105,11 @@ const (
 )
 
 // deploymentControllers are kube-controller-manager's controllers for Options.Deployments.
+// endpoints-controller keeps the v1 Endpoints that Pulumi's wait for a Service reads (it waits
+// for Endpoints that target a pod, not for EndpointSlices).
 const deploymentControllers = "namespace-controller,garbage-collector-controller,serviceaccount-controller," +
-	"root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,endpointslice-controller"
+	"root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,endpointslice-controller," +
+	"endpoints-controller"
 
 // Start brings the cluster up: the control plane, containerd (and the images), the kubelet
 // (until the node is Ready, labelled and tainted as the sandbox pool: fusebox.dev/pool=sandbox,
