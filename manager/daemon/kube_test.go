@@ -1,28 +1,27 @@
 package daemon
 
 import (
-	"flag"
-	"io"
+	"strings"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 )
 
-// podFastPath is the -fast-path a sandbox pod's server parses from BuildPod's arguments, the
-// way fusebox-sandbox does (the flag package keeps the last value).
+// podFastPath is the -fast-path a sandbox pod's server runs with: the last one in BuildPod's
+// arguments (fusebox-sandbox's flag package keeps the last value), else the server's
+// default, all.
 func podFastPath(t *testing.T, tmpl kubealloc.Template) fastpath.Switches {
 	t.Helper()
 	pod := kubealloc.BuildPod(kubealloc.PodSpec{ID: "fbx-1", Namespace: "ns", TemplateName: "default", Template: tmpl})
-	fs := flag.NewFlagSet("fusebox-sandbox", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	got := fastpath.All()
-	fs.Var(&got, "fast-path", "")
-	for _, name := range []string{"init-listen", "data-listen", "workspace", "idle-ttl"} {
-		fs.String(name, "", "")
-	}
-	if err := fs.Parse(pod.Spec.Containers[0].Args); err != nil {
-		t.Fatalf("parsing %q: %v", pod.Spec.Containers[0].Args, err)
+	for _, arg := range pod.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(arg, "-fast-path="); ok {
+			var err error
+			if got, err = fastpath.Parse(v); err != nil {
+				t.Fatalf("the pod's %s: %v", arg, err)
+			}
+		}
 	}
 	return got
 }
