@@ -108,21 +108,25 @@ const flushAfter = 5 * time.Millisecond
 // handshake first delivers, finished (Client.Finish), or nil when the relayed handshake
 // failed, for an ordinary handshake with cfg instead. dial opens connections to the server
 // (NetDialer, or one that first collects a connection opened ahead: internal/handoff). The
-// first connection is opened at once, while the handshake finishes: the sandbox accepts it
+// first connection is opened as soon as gRPC starts its first transport, while the handshake
+// finishes: the sandbox accepts it
 // (for a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path.
 // The finished handshake goes out on it when the first request is written, so that the server
 // receives the end of the handshake and the request in one write, or after flushAfter without
 // a request. Every later transport (after that one fails) dials and makes an ordinary
-// handshake. Dial a "passthrough:///" target with them. first must receive a value or the
-// first dial waits until its context ends; a connection opened ahead and never used is closed
-// after handshakeTimeout.
+// handshake. Dial a "passthrough:///" target with them, and call Connect on the connection so
+// that gRPC starts its first transport (and so the dial ahead) at once. first must receive a
+// value or the first transport waits until gRPC ends its context (the connection closing
+// does), which closes the connection opened ahead; one never used is closed after
+// handshakeTimeout in any case. Nothing is dialed before gRPC starts its first transport, so a
+// connection closed before that leaves nothing open.
 func DialOptions(first <-chan *Client, dial func(context.Context) (net.Conn, error), cfg *tls.Config) []grpc.DialOption {
 	var taken atomic.Bool
-	early := dialAhead(dial)
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(clientCredentials(cfg)),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			if !taken.Swap(true) {
+				early := dialAhead(dial)
 				select {
 				case c := <-first:
 					if c != nil {
