@@ -107,19 +107,18 @@ const flushAfter = 5 * time.Millisecond
 // DialOptions are the gRPC dial options of a client connection whose first transport is the
 // handshake first delivers, finished (Client.Finish), or nil when the relayed handshake
 // failed, for an ordinary handshake with cfg instead. dial opens connections to the server
-// (NetDialer, or one that first collects a connection opened ahead: internal/handoff). The
-// first connection is opened as soon as gRPC starts its first transport, while the handshake
-// finishes: the sandbox accepts it
-// (for a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path.
-// The finished handshake goes out on it when the first request is written, so that the server
+// (NetDialer, or one that first collects a connection opened ahead: internal/handoff).
+//
+// The first connection is dialed when gRPC starts its first transport (call Connect on the
+// connection to start it at once), while the handshake finishes: the sandbox accepts it (for
+// a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path. The
+// finished handshake goes out on it when the first request is written, so that the server
 // receives the end of the handshake and the request in one write, or after flushAfter without
-// a request. Every later transport (after that one fails) dials and makes an ordinary
-// handshake. Dial a "passthrough:///" target with them, and call Connect on the connection so
-// that gRPC starts its first transport (and so the dial ahead) at once. first must receive a
-// value or the first transport waits until gRPC ends its context (the connection closing
-// does), which closes the connection opened ahead; one never used is closed after
-// handshakeTimeout in any case. Nothing is dialed before gRPC starts its first transport, so a
-// connection closed before that leaves nothing open.
+// a request. first must receive a value or that transport waits until gRPC ends its context,
+// as closing the connection does, which closes the connection dialed ahead; one never used is
+// closed after handshakeTimeout in any case, and a connection closed before its first
+// transport started has dialed nothing. Every later transport (after that one fails) dials
+// and makes an ordinary handshake. Dial a "passthrough:///" target with them.
 func DialOptions(first <-chan *Client, dial func(context.Context) (net.Conn, error), cfg *tls.Config) []grpc.DialOption {
 	var taken atomic.Bool
 	return []grpc.DialOption{
