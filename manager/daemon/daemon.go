@@ -303,9 +303,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 }
 
 // awaitWarm returns once m's pool has held a ready unit (at once when the pool is sized 0),
-// or ctx's error.
+// or ctx's error. A unit allocated between two looks at the pool counts: an allocation
+// served is a unit that was ready.
 func awaitWarm(ctx context.Context, m *manager.Manager, poolSize int) error {
-	for poolSize > 0 && m.Status().Units[manager.Ready.String()] == 0 {
+	for poolSize > 0 {
+		if s := m.Status(); s.Units[manager.Ready.String()] > 0 || s.Allocations > 0 {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

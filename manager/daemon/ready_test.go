@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
@@ -56,6 +57,25 @@ func TestAwaitWarm(t *testing.T) {
 	}
 	if n := m.Status().Units[manager.Ready.String()]; n == 0 {
 		t.Fatalf("awaitWarm returned with %d ready units", n)
+	}
+
+	// The pool's one ready unit is allocated before a look at the pool sees it, and no
+	// other can be created: the unit served still counts as the pool having held one.
+	allow.Store(false)
+	k, err := client.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: k.PublicKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Status().Units[manager.Ready.String()]; n != 0 {
+		t.Fatalf("%d ready units after the allocation, want 0", n)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := awaitWarm(wctx, m, 1); err != nil {
+		t.Fatalf("awaitWarm after a unit was served: %v", err)
 	}
 	cancel()
 }

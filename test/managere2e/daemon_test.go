@@ -73,10 +73,13 @@ func TestAllocateExecRelease(t *testing.T) {
 		s, ok := list(t, ctx, mc)[id]
 		return !ok || s.GetState() == managerv1.UnitState_UNIT_STATE_GONE, fmt.Sprint(s)
 	})
-	hc, err := healthpb.NewHealthClient(dialConn(t, e.Addr)).Check(ctx, &healthpb.HealthCheckRequest{Service: managerv1.Manager_ServiceDesc.ServiceName})
-	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Errorf("health check: %v %v", hc, err)
-	}
+	// The Manager service is ready once the pool has held a ready unit; the one allocated
+	// above counts, however soon the agent took it.
+	hcc := healthpb.NewHealthClient(dialConn(t, e.Addr))
+	sandboxtest.Eventually(t, pollDeadline, "the Manager service serving", func() (bool, string) {
+		hc, err := hcc.Check(ctx, &healthpb.HealthCheckRequest{Service: managerv1.Manager_ServiceDesc.ServiceName})
+		return err == nil && hc.GetStatus() == healthpb.HealthCheckResponse_SERVING, fmt.Sprint(hc, err)
+	})
 
 	// A graceful stop destroys the warm pool.
 	if err := m.Stop(); err != nil {
