@@ -44,7 +44,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
+.PHONY: prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -100,8 +100,10 @@ verify: deps ## Regenerate and fail on any diff; gofmt; go vet; dependency rules
 unit: ## Run the tests that need neither root nor gVisor
 	FUSEBOX_SKIP_RUNSC=1 FUSEBOX_SKIP_KUBE=1 $(GOTEST) $(TESTFLAGS) ./...
 
-test: deps runsc shim verify k8s-bins node-bins tools ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
-	$(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
+# The tests run the binaries make build made ($FUSEBOX_BIN) rather than each building its own,
+# and find the Debian userlands cached: hack/userlands builds them beside the toolchains.
+test: deps runsc shim verify prepare build ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
+	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-python
 	$(MAKE) test-kube
 	$(MAKE) test-cluster
@@ -114,6 +116,18 @@ test-python: deps runsc build ## Run the Python SDK's tests with Debian's python
 
 bench-python: runsc build ## Benchmark the Python SDK against the Go SDK in one run (client/python/bench.py)
 	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(PYTHON) client/python/bench.py $(BENCH_FLAGS)
+
+# The toolchains compile (CPU) while mmdebstrap fetches and unpacks packages (network, disk).
+prepare: ## Build the toolchains the tests need and, beside them, the cached Debian userlands (root)
+	$(MAKE) -j2 toolchains userlands
+
+toolchains: # one after another: each compile uses every CPU
+	$(MAKE) --no-print-directory k8s-bins
+	$(MAKE) --no-print-directory node-bins
+	$(MAKE) --no-print-directory tools
+
+userlands: ## Build the Debian userlands of the release images and the tests into the cache when absent (root)
+	FUSEBOX_CACHE=$(FUSEBOX_CACHE) go run ./hack/userlands
 
 k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent (about 35 CPU-min cold)
 	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \

@@ -138,42 +138,9 @@ func Build(o BuildOptions) ([]Built, error) {
 	if _, err := os.Stat(filepath.Join(o.ModuleDir, "go.mod")); err != nil {
 		return nil, fmt.Errorf("image build: %s is not the fusebox module (no go.mod): run from the repository", o.ModuleDir)
 	}
-	names := o.Images
-	if len(names) == 0 {
-		names = Names
-	}
-	if err := CheckNames(names); err != nil {
+	o, names, err := o.withDefaults()
+	if err != nil {
 		return nil, err
-	}
-	for _, p := range o.ExtraPackages {
-		if !validPackage(p) {
-			return nil, fmt.Errorf("Debian package name %q: want lowercase letters, digits and + - . (e.g. jq)", p)
-		}
-	}
-	if o.Progress == nil {
-		o.Progress = io.Discard
-	}
-	if o.ManagerPackage == "" {
-		o.ManagerPackage = DefaultManagerPackage
-	}
-	if o.SandboxPackage == "" {
-		o.SandboxPackage = DefaultSandboxPackage
-	}
-	if o.Suite == "" {
-		o.Suite = DefaultSuite
-	}
-	if o.SandboxVariant == "" {
-		o.SandboxVariant = "minbase"
-	}
-	if o.SandboxPackages == nil {
-		o.SandboxPackages = SandboxPackages
-	}
-	if o.Epoch.IsZero() {
-		e, err := Epoch()
-		if err != nil {
-			return nil, err
-		}
-		o.Epoch = e
 	}
 	if slices.Contains(names, GVisorInstaller) && (o.Runsc == "" || o.Shim == "") {
 		return nil, errors.New("image build: the gvisor-installer image needs the pinned runsc and containerd-shim-runsc-v1 (--runsc, --shim; make runsc shim builds them)")
@@ -271,6 +238,88 @@ func config(layers []v1.Layer, cfg v1.Config, epoch time.Time, history string) (
 	return mutate.ConfigFile(img, cf)
 }
 
+// withDefaults returns o with its defaults filled in and the names of the images to build,
+// or an error naming the first option that is wrong.
+func (o BuildOptions) withDefaults() (BuildOptions, []string, error) {
+	names := o.Images
+	if len(names) == 0 {
+		names = Names
+	}
+	if err := CheckNames(names); err != nil {
+		return o, nil, err
+	}
+	for _, p := range o.ExtraPackages {
+		if !validPackage(p) {
+			return o, nil, fmt.Errorf("Debian package name %q: want lowercase letters, digits and + - . (e.g. jq)", p)
+		}
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.ManagerPackage == "" {
+		o.ManagerPackage = DefaultManagerPackage
+	}
+	if o.SandboxPackage == "" {
+		o.SandboxPackage = DefaultSandboxPackage
+	}
+	if o.Suite == "" {
+		o.Suite = DefaultSuite
+	}
+	if o.SandboxVariant == "" {
+		o.SandboxVariant = "minbase"
+	}
+	if o.SandboxPackages == nil {
+		o.SandboxPackages = SandboxPackages
+	}
+	if o.Epoch.IsZero() {
+		e, err := Epoch()
+		if err != nil {
+			return o, nil, err
+		}
+		o.Epoch = e
+	}
+	return o, names, nil
+}
+
+// Userlands builds, or finds in o.CacheDir, the Debian userlands that Build with the same
+// options puts into the images named in o.Images, and builds no image: a cache made ahead
+// of the builds that need it (make test warms it while the toolchains compile).
+func Userlands(o BuildOptions) error {
+	o, names, err := o.withDefaults()
+	if err != nil {
+		return err
+	}
+	if o.CacheDir == "" {
+		return errors.New("image userlands: a cache directory for the Debian userlands is required")
+	}
+	for _, n := range names {
+		var spec rootfsSpec
+		switch n {
+		case Sandbox:
+			spec = sandboxSpec(o)
+		case GVisorInstaller:
+			spec = installerSpec(o)
+		default:
+			continue // no Debian userland
+		}
+		fmt.Fprintf(o.Progress, "userland of %s\n", n)
+		if _, err := buildRootfs(spec, o.CacheDir, o.Epoch, o.Progress); err != nil {
+			return fmt.Errorf("the %s image's userland: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// sandboxSpec and installerSpec are the userlands of the sandbox and installer images.
+func sandboxSpec(o BuildOptions) rootfsSpec {
+	pkgs := append(slices.Clone(o.SandboxPackages), o.ExtraPackages...)
+	return rootfsSpec{Variant: o.SandboxVariant, Suite: o.Suite, Packages: pkgs, SandboxUser: true}
+}
+
+func installerSpec(o BuildOptions) rootfsSpec {
+	return rootfsSpec{Variant: "essential", Suite: o.Suite, Packages: InstallerPackages}
+}
+
 func buildManager(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	bin, err := buildGo(o.ModuleDir, o.ManagerPackage, work, "fusebox-manager")
 	if err != nil {
@@ -315,8 +364,7 @@ func onlyPackage(status []byte, name string) []byte {
 }
 
 func buildSandbox(o BuildOptions, work string) (v1.Image, *sbom, error) {
-	pkgs := append(slices.Clone(o.SandboxPackages), o.ExtraPackages...)
-	rfs, err := buildRootfs(rootfsSpec{Variant: o.SandboxVariant, Suite: o.Suite, Packages: pkgs, SandboxUser: true}, o.CacheDir, o.Epoch, o.Progress)
+	rfs, err := buildRootfs(sandboxSpec(o), o.CacheDir, o.Epoch, o.Progress)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -363,7 +411,7 @@ func buildInstaller(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("containerd-shim-runsc-v1 %s (make shim builds it): %w", o.Shim, err)
 	}
-	rfs, err := buildRootfs(rootfsSpec{Variant: "essential", Suite: o.Suite, Packages: InstallerPackages}, o.CacheDir, o.Epoch, o.Progress)
+	rfs, err := buildRootfs(installerSpec(o), o.CacheDir, o.Epoch, o.Progress)
 	if err != nil {
 		return nil, nil, err
 	}

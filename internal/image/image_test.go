@@ -209,6 +209,14 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("the failed build wrote %v", entries)
 		}
 	})
+	t.Run("userlands without a cache or of an unknown image", func(t *testing.T) {
+		if err := Userlands(BuildOptions{}); err == nil || !strings.Contains(err.Error(), "cache directory") {
+			t.Fatalf("no cache directory: %v", err)
+		}
+		if err := Userlands(BuildOptions{CacheDir: t.TempDir(), Images: []string{"runner"}}); !errors.Is(err, ErrUnknownImage) {
+			t.Fatalf("unknown image: %v", err)
+		}
+	})
 	t.Run("bad package name", func(t *testing.T) {
 		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Sandbox}, ExtraPackages: []string{"jq; rm -rf /"}})
 		if err == nil || !strings.Contains(err.Error(), "Debian package name") {
@@ -242,6 +250,33 @@ func needMmdebstrap(t testing.TB) {
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("mmdebstrap builds need root here")
+	}
+}
+
+// Userlands fills the cache Build then takes the sandbox's userland from, without running
+// mmdebstrap again.
+func TestUserlandsWarmTheBuild(t *testing.T) {
+	needMmdebstrap(t)
+	var warm, build bytes.Buffer
+	o := BuildOptions{
+		ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Sandbox}, CacheDir: t.TempDir(), Epoch: testEpoch,
+		SandboxVariant: "extract", SandboxPackages: []string{"base-files", "busybox"}, Progress: &warm,
+	}
+	if err := Userlands(o); err != nil {
+		t.Fatalf("%v\n%s", err, warm.String())
+	}
+	if !strings.Contains(warm.String(), "mmdebstrap") {
+		t.Errorf("Userlands on an empty cache ran no mmdebstrap:\n%s", warm.String())
+	}
+	if entries, _ := os.ReadDir(o.Out); len(entries) != 0 {
+		t.Errorf("Userlands wrote images: %v", entries)
+	}
+	o.Progress = &build
+	if _, err := Build(o); err != nil {
+		t.Fatalf("%v\n%s", err, build.String())
+	}
+	if p := build.String(); strings.Contains(p, "mmdebstrap") || !strings.Contains(p, "cached in") {
+		t.Errorf("the build after Userlands did not take the userland from the cache:\n%s", p)
 	}
 }
 

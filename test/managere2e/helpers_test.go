@@ -384,16 +384,21 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// fuseboxCLI builds cmd/fusebox once per test binary and returns its path.
+// fuseboxCLI returns $FUSEBOX_BIN (make test passes make build's), or builds cmd/fusebox once
+// per test binary with make build's flags, so that its build cache serves this build.
 func fuseboxCLI(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("FUSEBOX_BIN"); p != "" {
+		return p
+	}
 	cliOnce.Do(func() {
 		cliDir, cliErr = os.MkdirTemp("", "fusebox-cli-")
 		if cliErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", filepath.Join(cliDir, "fusebox"), "./cmd/fusebox")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(cliDir, "fusebox"), "./cmd/fusebox")
 		cmd.Dir = repoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		cliOut, cliErr = cmd.CombinedOutput()
 	})
 	if cliErr != nil {
