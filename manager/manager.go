@@ -399,7 +399,8 @@ func (m *Manager) nudge() {
 }
 
 // AnnotationState and AnnotationClaimedAt are what a SharedPool allocator reports for a
-// unit a replica has claimed but not bound yet: "claimed", and when (RFC 3339).
+// unit a replica has claimed but not bound yet: "claimed", and when (RFC 3339). A unit
+// still being made, by whichever replica, is reported with AnnotationState "creating".
 const (
 	AnnotationState     = annState
 	AnnotationClaimedAt = "fusebox.dev/claimed-at"

@@ -204,6 +204,8 @@ func (m *Manager) sharedList() []Unit {
 	for _, info := range units {
 		u := Unit{Info: info, State: Ready}
 		switch info.Annotations[annState] {
+		case "creating":
+			u.State = Creating
 		case "claimed":
 			u.State = Initialising
 		case "bound":

@@ -131,3 +131,22 @@ func TestFollowerDoesNotSizeThePool(t *testing.T) {
 		t.Fatalf("a follower started %d creations", n)
 	}
 }
+
+// A unit the allocator reports as still being made ("creating": a pod not yet Ready) is not
+// counted ready by a replica that did not create it: PoolStatus through any replica tells
+// what can be claimed.
+func TestEveryReplicaCountsUnitsBeingMadeAsCreating(t *testing.T) {
+	a, _, ms := replicas(t, 2)
+	eventually(t, "shared pool filled by the leader", func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 2 })
+	units, err := a.List(context.Background())
+	if err != nil || len(units) < 2 {
+		t.Fatalf("List: %d units, %v", len(units), err)
+	}
+	if err := a.Annotate(context.Background(), units[0].ID, map[string]string{manager.AnnotationState: "creating"}); err != nil {
+		t.Fatal(err)
+	}
+	u := ms[1].Status().Units
+	if u[manager.Creating.String()] != 1 || u[manager.Ready.String()] != len(units)-1 {
+		t.Fatalf("the follower's pool status %v: want 1 creating and %d ready", u, len(units)-1)
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/test/bench"
@@ -157,6 +158,7 @@ func benchAllocateCmd() *cobra.Command {
 	var o bench.AllocateOptions
 	var asJSON bool
 	var allocator, remote string
+	var tokenFile, caFile, serverName string // with --manager tcp://
 	var realNode bool
 	var busy bool
 	var arms []string
@@ -221,13 +223,16 @@ shim, bridge CNI, kube-router; make node-bins; root) made from the test sandbox 
 fresh pinned-TLS connection to the pod IP and a first call; every allocation is released.
 
 With --manager ADDR it starts nothing: it measures warm allocations against a manager that
-runs already (fusebox local up's unix socket, or a cluster manager's tcp://host:port reached
-without TLS, e.g. through kubectl port-forward), as an agent on this machine sees them. Before
+runs already (fusebox local up's unix socket, or a cluster manager's tcp://host:port over
+TLS with --ca-file and --token-file, as fusebox run reaches it), as an agent on this machine
+sees them. Before
 each allocation it waits until the manager's pool has held its target of ready units for
 --settle with nothing being created or destroyed (--busy: full is enough, for a manager that
 others use too) and its oldest ready unit is past the warm-up; every allocation is released.
-Only --runs, --settle, --busy, --sched, --sched-csv and --json apply (with --sched, a manager on this
-machine shows as other fusebox processes).`,
+Only --runs, --settle, --busy, --sched, --sched-csv, --json and the manager's --token-file,
+--ca-file and --tls-server-name apply (with --sched, a manager on this machine shows as other
+fusebox processes). A manager that lists a caller only its own sandboxes (an authenticated
+tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`,
 		Example: `  fusebox-bench allocate --json --runs 100
   fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-relay,no-handoff,no-keep-awake,no-pool-procs
   fusebox-bench allocate --runs 100 --fast-path-arms all,all
@@ -235,7 +240,8 @@ machine shows as other fusebox processes).`,
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
   fusebox-bench allocate --runs 100 --sched
   fusebox-bench allocate --runs 100 --image bin/images/sandbox
-  fusebox-bench allocate --manager unix:///run/fusebox/manager.sock --runs 50`,
+  fusebox-bench allocate --manager unix:///run/fusebox/manager.sock --runs 50
+  fusebox-bench allocate --manager tcp://10.96.0.20:9090 --ca-file ca.crt --token-file token --tls-server-name fusebox-manager.fusebox.svc --runs 50`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			if o.SchedCSV != "" && !o.Sched {
@@ -250,7 +256,9 @@ machine shows as other fusebox processes).`,
 				if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
 					return fmt.Errorf("--manager measures a running manager: --trace, --allocator and --image do not apply (start it with fusebox local up --image)")
 				}
-				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, Runs: o.Runs, Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
+				mo := []client.ManagerOption{client.WithTokenFile(tokenFile), client.WithCAFile(caFile), client.WithServerName(serverName)}
+				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, ManagerOptions: mo, Runs: o.Runs,
+					Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
 				if err != nil {
 					return err
 				}
@@ -259,6 +267,8 @@ machine shows as other fusebox processes).`,
 				}
 				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s, %d on a connection handed over); %d allocations waited for a cold start meanwhile\n",
 					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
+				fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
+					r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
 				if r.Sched != nil {
 					printSched(r.Sched)
 				}
@@ -365,6 +375,9 @@ machine shows as other fusebox processes).`,
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
 	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
 	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
+	f.StringVar(&tokenFile, "token-file", daemoncmd.EnvOr("FUSEBOX_TOKEN_FILE", ""), "with --manager tcp://: a ServiceAccount token with the manager's audience, as fusebox run --token-file ($FUSEBOX_TOKEN_FILE)")
+	f.StringVar(&caFile, "ca-file", daemoncmd.EnvOr("FUSEBOX_CA_FILE", ""), "with --manager tcp://: the PEM CA of the manager's certificate, as fusebox run --ca-file ($FUSEBOX_CA_FILE)")
+	f.StringVar(&serverName, "tls-server-name", daemoncmd.EnvOr("FUSEBOX_TLS_SERVER_NAME", ""), "with --manager tcp://: the name to check in the manager's certificate (default: the address's host) ($FUSEBOX_TLS_SERVER_NAME)")
 	f.StringVar(&o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
 	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation (the first fast-path arm's): this process, gVisor, other processes, nobody")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (the first fast-path arm's; agent, manager, and the sandbox's own log) and print where the time goes")

@@ -443,6 +443,14 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 		info.Annotations[manager.AnnotationState] = "claimed"
 		info.Annotations[manager.AnnotationClaimedAt] = p.Annotations[AnnotationClaimedAt]
 	}
+	if p.Labels[LabelState] == StateReady && !podReady(p) && !podEnded(p) {
+		// Reported for every replica's view of the pool (PoolStatus, List): a pod on its
+		// way is not yet a unit to claim, whichever replica created it.
+		if info.Annotations == nil {
+			info.Annotations = map[string]string{}
+		}
+		info.Annotations[manager.AnnotationState] = "creating"
+	}
 	if p.Status.PodIP != "" {
 		var err error
 		if info.InitAddr, info.DataAddr, err = a.o.Endpoints(p); err != nil {

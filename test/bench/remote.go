@@ -8,10 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/manager"
@@ -21,11 +17,12 @@ import (
 // RemoteOptions configure warm allocations against a running manager (fusebox local up, or a
 // cluster's manager), as an agent beside it sees them.
 type RemoteOptions struct {
-	// Manager is the manager's address (unix:///path or tcp://host:port); Credentials secure
-	// the connection to it (nil: none, right for the local unix socket only).
-	Manager     string
-	Credentials credentials.TransportCredentials
-	Runs        int
+	// Manager is the manager's address (unix:///path or tcp://host:port); ManagerOptions
+	// secure the connection to it as an agent's (a tcp:// manager: client.WithCAFile and
+	// client.WithTokenFile; a unix socket needs none).
+	Manager        string
+	ManagerOptions []client.ManagerOption
+	Runs           int
 	// Settle is how long the pool must have been full before each allocation (default 100
 	// ms; negative: none).
 	Settle time.Duration
@@ -51,6 +48,15 @@ type RemoteResult struct {
 	AllocateP90Ms float64 `json:"allocate_p90_ms"`
 	AllocateP95Ms float64 `json:"allocate_p95_ms"`
 	AllocateP99Ms float64 `json:"allocate_p99_ms"`
+	// AnswerP50Ms and AnswerP99Ms time Allocate until the manager's answer (the caller's
+	// authentication, the claim, the sandbox's egress and lease, sFuse); FirstCallP50Ms and
+	// FirstCallP99Ms from the answer to the first data-plane call's end (the connection to
+	// the sandbox and the call). Each percentile is over its own step, so the two do not add
+	// up to the whole's.
+	AnswerP50Ms    float64 `json:"answer_p50_ms"`
+	AnswerP99Ms    float64 `json:"answer_p99_ms"`
+	FirstCallP50Ms float64 `json:"first_call_p50_ms"`
+	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
 	// HandedOff is how many allocations used the data connection the manager opened ahead.
 	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
@@ -89,11 +95,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	if err != nil {
 		return nil, fmt.Errorf("manager address: %w", err)
 	}
-	creds := o.Credentials
-	if creds == nil {
-		creds = insecure.NewCredentials()
-	}
-	conn, err := grpc.NewClient(addr.GRPCTarget(), grpc.WithTransportCredentials(creds))
+	conn, err := client.DialManager(o.Manager, o.ManagerOptions...)
 	if err != nil {
 		return nil, fmt.Errorf("dialing manager %s: %w", addr, err)
 	}
@@ -103,7 +105,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	if err != nil {
 		return nil, fmt.Errorf("asking %s for its pool: %w", addr, err)
 	}
-	agent, err := client.NewManager(o.Manager, o.Credentials)
+	agent, err := client.NewManager(o.Manager, nil, o.ManagerOptions...)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +121,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 		}
 	}
 	var handedOff atomic.Int64
-	lat, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
+	lat, answer, firstCall, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
 	r.HandedOff = int(handedOff.Load())
 	if marks != nil {
 		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
@@ -133,29 +135,39 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	}
 	r.ColdWaits = last.GetColdWaits() - first.GetColdWaits()
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(lat, 50), pct(lat, 90), pct(lat, 95), pct(lat, 99)
+	if len(answer) > 0 {
+		r.AnswerP50Ms, r.AnswerP99Ms = pct(answer, 50), pct(answer, 99)
+		r.FirstCallP50Ms, r.FirstCallP99Ms = pct(firstCall, 50), pct(firstCall, 99)
+	}
 	return r, nil
 }
 
-// allocateRemote makes the o.Runs measured allocations and returns their times (ms).
-func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) ([]float64, error) {
-	var lat []float64
+// allocateRemote makes the o.Runs measured allocations and returns their times (ms), and
+// each one's split: until the manager's answer, and from it to the first call's end.
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat, answer, first []float64, err error) {
 	for i := range o.Runs {
 		if err := marks.drain(); err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
 		if err := waitFull(ctx, mc, o); err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
-		a, t0, done, err := timedAllocation(ctx, agent, client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"}}, marks, handedOff)
+		var answered time.Time
+		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"},
+			Trace: &client.AllocateTrace{Answered: func(at time.Time) { answered = at }}}
+		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
 		if err != nil {
-			return nil, fmt.Errorf("allocation %d: %w", i+1, err)
+			return nil, nil, nil, fmt.Errorf("allocation %d: %w", i+1, err)
 		}
 		if err := a.Close(); err != nil {
-			return nil, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
+			return nil, nil, nil, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
 		}
 		lat = append(lat, ms(done.Sub(t0)))
+		if !answered.IsZero() {
+			answer, first = append(answer, ms(answered.Sub(t0))), append(first, ms(done.Sub(answered)))
+		}
 	}
-	return lat, nil
+	return lat, answer, first, nil
 }
 
 // waitFull returns once the manager's pool has been full (and quiet, unless o.Busy) for
@@ -200,7 +212,8 @@ const remotePoll = 20 * time.Millisecond
 
 // waitWarm waits until the oldest ready unit, the one the next allocation takes, is warmAge
 // old by the manager's clock (the local one may differ: a wait outside zero to warmAge is not
-// made).
+// made). A manager that lists a caller only its own sandboxes (an authenticated tcp:// one)
+// shows no ready unit, and there is no wait.
 func waitWarm(ctx context.Context, mc managerv1.ManagerClient) error {
 	list, err := mc.List(ctx, &managerv1.ListRequest{})
 	if err != nil {

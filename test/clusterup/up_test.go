@@ -20,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +43,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/image"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/bench"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
@@ -498,10 +498,12 @@ func writeFile(t *testing.T, p, s string) {
 }
 
 // BenchmarkAllocateThroughTheService measures warm allocations as an agent on the node makes
-// them: Allocate through the manager's Service (TLS, token), the sandbox's sFuse, and the
-// first data-plane call to the pod (`true`), each from a pool holding a ready sandbox (the
-// wait for the refill is not timed). It reports the p50 and p99 of the whole. Run it alone
-// (TestUpOnARealNode destroys the deployment):
+// them, with fusebox-bench allocate --manager's loop (bench.AllocateRemote): Allocate through
+// the manager's Service (TLS, token), the sandbox's sFuse, and the first data-plane call to
+// the pod (Stat), each from a pool holding its target of ready sandboxes (the wait for the
+// refill is not timed). It reports the p50 and p99 of the whole, and of its two steps: until
+// the manager's answer, and from it to the first call's end. Run it alone (TestUpOnARealNode
+// destroys the deployment):
 //
 //	go test -run '^$' -bench AllocateThroughTheService -benchtime 50x ./test/clusterup
 func BenchmarkAllocateThroughTheService(b *testing.B) {
@@ -509,57 +511,22 @@ func BenchmarkAllocateThroughTheService(b *testing.B) {
 	if d.destroyed {
 		b.Skip("TestUpOnARealNode destroyed the deployment: run the benchmark alone (-run '^$')")
 	}
-	ctx := context.Background()
-	m, err := client.NewManager(d.addr, nil, client.WithTokenFile(d.agent.TokenFile), client.WithCAFile(d.agent.CAFile),
-		client.WithServerName(d.agent.ServerName))
+	b.ResetTimer()
+	r, err := bench.AllocateRemote(context.Background(), bench.RemoteOptions{Manager: d.addr, Runs: b.N,
+		ManagerOptions: []client.ManagerOption{client.WithTokenFile(d.agent.TokenFile), client.WithCAFile(d.agent.CAFile),
+			client.WithServerName(d.agent.ServerName)},
+		// Each from a full and quiet pool, as the local figures: the pod of the sandbox
+		// released before is gone and its replacement made.
+		Wait: 3 * time.Minute})
+	b.StopTimer()
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer m.Close()
-	lat := make([]time.Duration, 0, b.N)
-	last := ""
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		waitWarm(ctx, b, d.sandboxNS, last)
-		b.StartTimer()
-		start := time.Now()
-		a, err := m.Allocate(ctx, client.AllocateOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := a.Sandbox.Run(ctx, "true"); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(start))
-		b.StopTimer()
-		last = a.ID
-		if err := a.Close(); err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
-	}
-	b.StopTimer()
-	slices.Sort(lat)
-	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
-	b.ReportMetric(q(0.5), "p50-ms")
-	b.ReportMetric(q(0.99), "p99-ms")
-}
-
-// waitWarm waits until namespace ns holds a ready sandbox pod other than the one named
-// released (the allocation just released, on its way out).
-func waitWarm(ctx context.Context, b *testing.B, ns, released string) {
-	b.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		for _, p := range readySandboxPods(ctx, b, ns) {
-			if p.Name != released && p.Labels[kubealloc.LabelState] == kubealloc.StateReady {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("no warm sandbox in %s after 3 minutes", ns)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	b.ReportMetric(r.AllocateP50Ms, "p50-ms")
+	b.ReportMetric(r.AllocateP99Ms, "p99-ms")
+	b.ReportMetric(r.AnswerP50Ms, "answer-p50-ms")
+	b.ReportMetric(r.AnswerP99Ms, "answer-p99-ms")
+	b.ReportMetric(r.FirstCallP50Ms, "first-call-p50-ms")
+	b.ReportMetric(r.FirstCallP99Ms, "first-call-p99-ms")
+	b.ReportMetric(float64(r.ColdWaits), "cold-waits")
 }

@@ -35,6 +35,11 @@ func TestBenchAgainstRunningManager(t *testing.T) {
 	if r.Runs != 3 || r.Allocator != "runsc" || r.AllocateP50Ms <= 0 || r.AllocateP99Ms < r.AllocateP50Ms {
 		t.Errorf("result %+v: want 3 runs on runsc with p50 > 0 and p99 >= p50", r)
 	}
+	// The split: until the manager's answer, and from it to the first call's end, each
+	// within the whole.
+	if r.AnswerP50Ms <= 0 || r.FirstCallP50Ms <= 0 || r.AnswerP50Ms > r.AllocateP99Ms || r.FirstCallP50Ms > r.AllocateP99Ms {
+		t.Errorf("result %+v: want the answer's and the first call's times, each > 0 and within the whole", r)
+	}
 	if r.ColdWaits != 0 {
 		t.Errorf("%d allocations waited for a cold start: each run waits for a full pool", r.ColdWaits)
 	}
