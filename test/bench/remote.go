@@ -60,7 +60,8 @@ type RemoteResult struct {
 	// HandedOff is how many allocations used the data connection the manager opened ahead.
 	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
-	// while it ran (the manager's cold-wait count, before and after).
+	// while it ran (the manager's cold-wait count, before and after). Behind a Service with
+	// several replicas the two counts may come from different replicas: then it says little.
 	ColdWaits uint64  `json:"cold_waits"`
 	SettleMs  float64 `json:"settle_ms"`
 	Busy      bool    `json:"busy"`
