@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
+	"github.com/fusebox-dev/fusebox/cmd/internal/managerflags"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/test/bench"
 )
@@ -158,7 +158,7 @@ func benchAllocateCmd() *cobra.Command {
 	var o bench.AllocateOptions
 	var asJSON bool
 	var allocator, remote string
-	var tokenFile, caFile, serverName string // with --manager tcp://
+	var mgrTLS managerflags.TLS // with --manager tcp://
 	var realNode bool
 	var busy bool
 	var arms []string
@@ -256,8 +256,7 @@ tcp:// one) does not show the ready units' ages: the wait for the warm-up is the
 				if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
 					return fmt.Errorf("--manager measures a running manager: --trace, --allocator and --image do not apply (start it with fusebox local up --image)")
 				}
-				mo := []client.ManagerOption{client.WithTokenFile(tokenFile), client.WithCAFile(caFile), client.WithServerName(serverName)}
-				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, ManagerOptions: mo, Runs: o.Runs,
+				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, ManagerOptions: mgrTLS.Options(), Runs: o.Runs,
 					Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
 				if err != nil {
 					return err
@@ -375,9 +374,7 @@ tcp:// one) does not show the ready units' ages: the wait for the warm-up is the
 	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
 	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
 	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
-	f.StringVar(&tokenFile, "token-file", daemoncmd.EnvOr("FUSEBOX_TOKEN_FILE", ""), "with --manager tcp://: a ServiceAccount token with the manager's audience, as fusebox run --token-file ($FUSEBOX_TOKEN_FILE)")
-	f.StringVar(&caFile, "ca-file", daemoncmd.EnvOr("FUSEBOX_CA_FILE", ""), "with --manager tcp://: the PEM CA of the manager's certificate, as fusebox run --ca-file ($FUSEBOX_CA_FILE)")
-	f.StringVar(&serverName, "tls-server-name", daemoncmd.EnvOr("FUSEBOX_TLS_SERVER_NAME", ""), "with --manager tcp://: the name to check in the manager's certificate (default: the address's host) ($FUSEBOX_TLS_SERVER_NAME)")
+	mgrTLS.Register(f) // --token-file, --ca-file, --tls-server-name, as fusebox run's
 	f.StringVar(&o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
 	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation (the first fast-path arm's): this process, gVisor, other processes, nobody")
 	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (the first fast-path arm's; agent, manager, and the sandbox's own log) and print where the time goes")

@@ -47,7 +47,7 @@ reused) and exits with the command's exit code.`,
 				}
 			}
 			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress,
-				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.tokenFile, CAFile: mgr.caFile, ServerName: mgr.serverName})
+				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
 				return fmt.Errorf("%w (%s)", err, mgr.hint())
 			}

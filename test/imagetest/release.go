@@ -107,6 +107,22 @@ func ParseBuilt(out string) (map[string]Built, error) {
 	return m, nil
 }
 
+// FuseboxCLI returns $FUSEBOX_BIN (make test passes make build's), or builds cmd/fusebox into
+// dir with make build's flags, so that its build cache serves this build.
+func FuseboxCLI(dir string) (string, error) {
+	if p := os.Getenv("FUSEBOX_BIN"); p != "" {
+		return p, nil
+	}
+	cli := filepath.Join(dir, "fusebox")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", cli, "./cmd/fusebox")
+	cmd.Dir = moduleDir()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -trimpath ./cmd/fusebox: %v\n%s", err, out)
+	}
+	return cli, nil
+}
+
 // Release runs `fusebox image build --tar` once per test binary, with the fusebox CLI of
 // $FUSEBOX_BIN or one built from this module, and returns what it printed, by image name
 // (the release images: manager, sandbox, gVisor installer).
@@ -117,17 +133,9 @@ func Release(t testing.TB) map[string]Built {
 		if buildOut, buildErr = os.MkdirTemp("", "fusebox-imagebuild-"); buildErr != nil {
 			return
 		}
-		cli := os.Getenv("FUSEBOX_BIN")
-		if cli == "" {
-			cli = filepath.Join(buildOut, "fusebox")
-			// make build's flags, so that its build cache serves this build.
-			cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", cli, "./cmd/fusebox")
-			cmd.Dir = moduleDir()
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build -trimpath ./cmd/fusebox: %v\n%s", err, out)
-				return
-			}
+		var cli string
+		if cli, buildErr = FuseboxCLI(buildOut); buildErr != nil {
+			return
 		}
 		cmd := exec.Command(cli, "image", "build", "--tar", "--out", filepath.Join(buildOut, "images"),
 			"--repo", moduleDir(), "--runsc", RunscPath(), "--shim", ShimPath(), "--cache", CacheDir())

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +36,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
@@ -374,37 +374,23 @@ func waitPoolSettled(t testing.TB, ctx context.Context, mc managerv1.ManagerClie
 var (
 	cliOnce sync.Once
 	cliDir  string
+	cliPath string
 	cliErr  error
-	cliOut  []byte
 )
 
-// repoRoot is the module root, found from this file's location.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
-// fuseboxCLI returns $FUSEBOX_BIN (make test passes make build's), or builds cmd/fusebox once
-// per test binary with make build's flags, so that its build cache serves this build.
+// fuseboxCLI returns the fusebox CLI the tests run (imagetest.FuseboxCLI: $FUSEBOX_BIN, or
+// built once per test binary).
 func fuseboxCLI(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("FUSEBOX_BIN"); p != "" {
-		return p
-	}
 	cliOnce.Do(func() {
-		cliDir, cliErr = os.MkdirTemp("", "fusebox-cli-")
-		if cliErr != nil {
-			return
+		if cliDir, cliErr = os.MkdirTemp("", "fusebox-cli-"); cliErr == nil {
+			cliPath, cliErr = imagetest.FuseboxCLI(cliDir)
 		}
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(cliDir, "fusebox"), "./cmd/fusebox")
-		cmd.Dir = repoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		cliOut, cliErr = cmd.CombinedOutput()
 	})
 	if cliErr != nil {
-		t.Fatalf("building fusebox: %v\n%s", cliErr, cliOut)
+		t.Fatalf("the fusebox CLI: %v", cliErr)
 	}
-	return filepath.Join(cliDir, "fusebox")
+	return cliPath
 }
 
 // proc is a `fusebox local up` subprocess. Its output goes to a file, not a pipe, so that
