@@ -597,7 +597,9 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
+		took := time.Now()
 		u, err := take(ctx, tmpl)
+		m.timeStep("take", took)
 		if err != nil {
 			return Allocation{}, err
 		}
@@ -763,21 +765,30 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	// (kube: a CiliumNetworkPolicy), worth its own goroutine; a local one is a map update,
 	// cheaper inline than the scheduling a goroutine costs a saturated manager.
 	egressed, annotated := make(chan error, 1), make(chan error, 1)
+	bindEgress := func() error {
+		defer m.timeStep("egress", time.Now())
+		return m.binder.BindEgress(ctx, id, allow.Entries())
+	}
 	switch {
 	case m.binder != nil && m.shared != nil:
-		go func() { egressed <- m.binder.BindEgress(ctx, id, allow.Entries()) }()
+		go func() { egressed <- bindEgress() }()
 	case m.binder != nil:
-		egressed <- m.binder.BindEgress(ctx, id, allow.Entries())
+		egressed <- bindEgress()
 	default: // checkEgress has refused an allowlist this allocator cannot enforce
 		egressed <- nil
 	}
 	if m.annotator != nil {
-		go func() { annotated <- m.annotator.Annotate(ctx, id, leaseAnnotations(lease)) }()
+		go func() {
+			defer m.timeStep("annotate", time.Now())
+			annotated <- m.annotator.Annotate(ctx, id, leaseAnnotations(lease))
+		}()
 	} else {
 		annotated <- nil
 	}
+	fusing := time.Now()
 	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
 		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
+	m.timeStep("init", fusing)
 	eerr, aerr := <-egressed, <-annotated
 	if eerr != nil {
 		return fail("egress", eerr)
@@ -805,6 +816,13 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		}
 	}
 	return a, nil
+}
+
+// timeStep records the time since start as the allocation step's (Metrics.AllocationSteps).
+func (m *Manager) timeStep(step string, start time.Time) {
+	if m.m != nil {
+		m.m.AllocationSteps.WithLabelValues(step).Observe(time.Since(start).Seconds())
+	}
 }
 
 func (m *Manager) checkToken(l *Lease, token string) error {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -950,5 +951,34 @@ func TestEgressCheckerRefusesBeforeSpendingAUnit(t *testing.T) {
 	}
 	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"192.0.2.1:443"}}); err != nil {
 		t.Fatalf("IP-only allowlist: %v", err)
+	}
+}
+
+// samples is how many observations histogram vector v holds for label value.
+func samples(t *testing.T, v *prometheus.HistogramVec, value string) uint64 {
+	t.Helper()
+	var out dto.Metric
+	if err := v.WithLabelValues(value).(prometheus.Histogram).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetHistogram().GetSampleCount()
+}
+
+func TestAllocationStepsAreTimed(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.start(t)
+	eventually(t, "pool of 1", func() bool { return e.ready() == 1 })
+	for _, s := range manager.Steps {
+		if n := samples(t, e.met.AllocationSteps, s); n != 0 {
+			t.Fatalf("step %s timed %d times before any allocation", s, n)
+		}
+	}
+	if _, err := e.svc.Allocate(context.Background(), &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"api.example.com:443"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range manager.Steps {
+		if n := samples(t, e.met.AllocationSteps, s); n != 1 {
+			t.Errorf("step %s timed %d times after one allocation, want 1", s, n)
+		}
 	}
 }

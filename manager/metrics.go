@@ -4,16 +4,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// Steps are the steps of an allocation that AllocationSteps times.
+var Steps = []string{"take", "egress", "annotate", "init"}
+
 // Metrics are the manager's Prometheus metrics.
 type Metrics struct {
 	AllocationSeconds prometheus.Histogram
-	Units             *prometheus.GaugeVec // by state
-	Target            prometheus.Gauge
-	Creations         prometheus.Counter
-	Destructions      prometheus.Counter
-	Failures          *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
-	Allocations       prometheus.Counter
-	ColdWaits         prometheus.Counter // allocations that waited for a creation
+	// AllocationSteps times the steps of each Allocate that reached them, by step (Steps):
+	// whatever serving it cost, a slow allocation shows which step made it slow.
+	AllocationSteps *prometheus.HistogramVec
+	Units           *prometheus.GaugeVec // by state
+	Target          prometheus.Gauge
+	Creations       prometheus.Counter
+	Destructions    prometheus.Counter
+	Failures        *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
+	Allocations     prometheus.Counter
+	ColdWaits       prometheus.Counter // allocations that waited for a creation
 }
 
 // NewMetrics registers the manager's metrics with reg (a fresh registry in tests).
@@ -23,6 +29,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fusebox_manager_allocation_seconds", Help: "Time to serve Allocate, sFuse included.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .021, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
+		AllocationSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fusebox_manager_allocation_step_seconds",
+			Help:    "Time of each step of Allocate: take (a ready unit; with a shared pool, the claim's API write), then, concurrently, egress (binding the allowlist), annotate (persisting the lease) and init (sFuse with the sandbox).",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .021, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"step"}),
 		Units: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fusebox_manager_units", Help: "Units by state.",
 		}, []string{"state"}),
@@ -45,9 +56,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fusebox_manager_allocations_total", Help: "Successful allocations.",
 		}),
 	}
-	reg.MustRegister(m.AllocationSeconds, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations, m.ColdWaits)
+	reg.MustRegister(m.AllocationSeconds, m.AllocationSteps, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations, m.ColdWaits)
 	for _, s := range stateNames {
 		m.Units.WithLabelValues(s)
+	}
+	for _, s := range Steps {
+		m.AllocationSteps.WithLabelValues(s)
 	}
 	for _, s := range []string{"create", "init", "egress", "annotate", "destroy"} {
 		m.Failures.WithLabelValues(s)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Review is what a TokenReview says of a token.
@@ -50,6 +52,31 @@ type TokenOptions struct {
 	CacheSize int
 	// Now tells the time (nil: time.Now).
 	Now func() time.Time
+	// Metrics count reviews and cache hits (nil: not counted).
+	Metrics *TokenMetrics
+}
+
+// TokenMetrics are Tokens' Prometheus metrics.
+type TokenMetrics struct {
+	// Reviews times the TokenReviews made: its count is the tokens the cache did not hold.
+	Reviews prometheus.Histogram
+	// CacheHits counts the tokens accepted from the cache, without a review.
+	CacheHits prometheus.Counter
+}
+
+// NewTokenMetrics registers Tokens' metrics with reg.
+func NewTokenMetrics(reg prometheus.Registerer) *TokenMetrics {
+	m := &TokenMetrics{
+		Reviews: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fusebox_manager_token_review_seconds", Help: "Time of each TokenReview of a caller's token the cache did not hold.",
+			Buckets: []float64{.001, .002, .005, .01, .021, .05, .1, .25, .5, 1, 2.5, 5},
+		}),
+		CacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_token_cache_hits_total", Help: "Callers' tokens accepted from the cache, without a TokenReview.",
+		}),
+	}
+	reg.MustRegister(m.Reviews, m.CacheHits)
+	return m
 }
 
 // Tokens authenticates bearer tokens: Kubernetes ServiceAccount tokens with the manager's
@@ -145,9 +172,16 @@ func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, erro
 	}
 	key := sha256.Sum256([]byte(token))
 	if id, ok := t.lookup(key, now); ok {
+		if t.o.Metrics != nil {
+			t.o.Metrics.CacheHits.Inc()
+		}
 		return id, nil
 	}
+	reviewing := time.Now()
 	r, err := t.o.Review(ctx, token, []string{aud})
+	if t.o.Metrics != nil {
+		t.o.Metrics.Reviews.Observe(time.Since(reviewing).Seconds())
+	}
 	if err != nil {
 		return Identity{}, fmt.Errorf("%w: checking the token with the Kubernetes API (TokenReview): %v", ErrUnavailable, err)
 	}

@@ -10,6 +10,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // jwt makes a token shaped like a ServiceAccount JWT (unsigned: the fake reviewer decides).
@@ -204,5 +208,31 @@ func TestParseServiceAccountUser(t *testing.T) {
 		if ns != tt.ns || nm != tt.nm || ok != tt.ok {
 			t.Errorf("parseServiceAccountUser(%q) = %q %q %v", tt.in, ns, nm, ok)
 		}
+	}
+}
+
+func TestTokenMetricsCountReviewsAndCacheHits(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1_800_000_000, 0)}
+	r := &fakeReviewer{review: goodReview}
+	met := NewTokenMetrics(prometheus.NewRegistry())
+	tk, err := NewTokens(TokenOptions{Review: r.Review, Audience: "fusebox-manager", Now: clock.Now, Metrics: met})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := jwt("fusebox-manager", clock.Now().Add(time.Hour), "m")
+	for range 3 {
+		if _, err := tk.Authenticate(context.Background(), tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var h dto.Metric
+	if err := met.Reviews.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.GetHistogram().GetSampleCount(); n != 1 {
+		t.Errorf("%d reviews timed, want 1", n)
+	}
+	if n := testutil.ToFloat64(met.CacheHits); n != 2 {
+		t.Errorf("%v cache hits, want 2", n)
 	}
 }

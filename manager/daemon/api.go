@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"k8s.io/client-go/kubernetes"
@@ -31,8 +32,8 @@ type api struct {
 
 // secureAPI checks c.Auth against the listener and builds its credentials: on a unix socket
 // the callers' user ids; on TCP, TLS and ServiceAccount tokens (refusing to start without a
-// certificate or an audience).
-func secureAPI(ctx context.Context, addr endpoint.Addr, c Config, log *slog.Logger) (*api, error) {
+// certificate or an audience). Its metrics go to reg.
+func secureAPI(ctx context.Context, addr endpoint.Addr, c Config, reg prometheus.Registerer, log *slog.Logger) (*api, error) {
 	a := c.Auth
 	if addr.Network == "unix" {
 		if a.TLSCertFile != "" || a.TLSSecret != "" || a.TokenAudience != "" {
@@ -95,7 +96,8 @@ func secureAPI(ctx context.Context, addr endpoint.Addr, c Config, log *slog.Logg
 	} else {
 		log.Warn("no authorisation policy (--auth-policy): every ServiceAccount is refused")
 	}
-	tokens, err := auth.NewTokens(auth.TokenOptions{Review: auth.KubeTokenReviewer(cs), Audience: a.TokenAudience, CacheTTL: a.TokenCacheTTL})
+	tokens, err := auth.NewTokens(auth.TokenOptions{Review: auth.KubeTokenReviewer(cs), Audience: a.TokenAudience, CacheTTL: a.TokenCacheTTL,
+		Metrics: auth.NewTokenMetrics(reg)})
 	if err != nil {
 		return nil, err
 	}

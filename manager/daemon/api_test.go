@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 )
 
@@ -38,13 +40,13 @@ func TestSecureAPIRefusesIncompleteConfig(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := secureAPI(context.Background(), tt.addr, Config{Auth: tt.a}, log)
+			_, err := secureAPI(context.Background(), tt.addr, Config{Auth: tt.a}, prometheus.NewRegistry(), log)
 			if err == nil || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("secureAPI = %v, want an error containing %q", err, tt.msg)
 			}
 		})
 	}
-	if a, err := secureAPI(context.Background(), unix, Config{}, log); err != nil || a.group != -1 {
+	if a, err := secureAPI(context.Background(), unix, Config{}, prometheus.NewRegistry(), log); err != nil || a.group != -1 {
 		t.Fatalf("plain unix socket: %+v, %v", a, err)
 	}
 }
@@ -76,7 +78,7 @@ func TestShareSocketGivesItToTheGroup(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ln.Close()
-			a, err := secureAPI(context.Background(), addr, Config{Auth: AuthConfig{ListenGroup: c.group}}, log)
+			a, err := secureAPI(context.Background(), addr, Config{Auth: AuthConfig{ListenGroup: c.group}}, prometheus.NewRegistry(), log)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -148,7 +148,9 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	api, err := secureAPI(ctx, addr, c, log)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	api, err := secureAPI(ctx, addr, c, reg, log)
 	if err != nil {
 		return err
 	}
@@ -196,8 +198,6 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	conns := &sfuse.Conns{}
 	var refill, warm time.Duration
 	if c.Allocator != "kube" {

@@ -17,9 +17,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -511,8 +513,17 @@ func BenchmarkAllocateThroughTheService(b *testing.B) {
 	if d.destroyed {
 		b.Skip("TestUpOnARealNode destroyed the deployment: run the benchmark alone (-run '^$')")
 	}
+	ctx := context.Background()
+	metrics, err := managerMetrics(ctx, d.managerNS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	before, err := bench.ScrapeManagerSteps(ctx, metrics)
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
-	r, err := bench.AllocateRemote(context.Background(), bench.RemoteOptions{Manager: d.addr, Runs: b.N,
+	r, err := bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: d.addr, Runs: b.N,
 		ManagerOptions: []client.ManagerOption{client.WithTokenFile(d.agent.TokenFile), client.WithCAFile(d.agent.CAFile),
 			client.WithServerName(d.agent.ServerName)},
 		// Each from a full and quiet pool, as the local figures: the pod of the sandbox
@@ -529,4 +540,33 @@ func BenchmarkAllocateThroughTheService(b *testing.B) {
 	b.ReportMetric(r.FirstCallP50Ms, "first-call-p50-ms")
 	b.ReportMetric(r.FirstCallP99Ms, "first-call-p99-ms")
 	b.ReportMetric(float64(r.ColdWaits), "cold-waits")
+	after, err := bench.ScrapeManagerSteps(ctx, metrics)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The manager's side of the answer: each step's mean over the run, both replicas'
+	// allocations together (egress, annotate and init run concurrently).
+	steps := after.Sub(before)
+	for _, name := range steps.Names() {
+		b.ReportMetric(steps[name].MeanMs(), name+"-mean-ms")
+	}
+}
+
+// managerMetrics are the /metrics addresses of the manager's pods in namespace ns, by pod IP
+// on the node's bridge.
+func managerMetrics(ctx context.Context, ns string) ([]string, error) {
+	pods, err := node.Env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=fusebox-manager"})
+	if err != nil {
+		return nil, err
+	}
+	var urls []string
+	for _, p := range pods.Items {
+		if p.Status.PodIP != "" {
+			urls = append(urls, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(manager.DefaultMetricsPort))))
+		}
+	}
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("no manager pod with an IP in namespace %s", ns)
+	}
+	return urls, nil
 }
