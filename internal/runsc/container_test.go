@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -297,4 +298,86 @@ func utsString(f []int8) string {
 		b = append(b, byte(c))
 	}
 	return string(b)
+}
+
+// TestKillOrphans checks that a sandbox whose container runsc no longer records (as a runsc
+// create cut off before it wrote the container's state leaves it) is found and killed, with
+// its gofer, and that a recorded container is left alone.
+func TestKillOrphans(t *testing.T) {
+	rt := runsctest.Runtime(t)
+	ctx := t.Context()
+	etc := filepath.Join(t.TempDir(), "etc")
+	if err := runsc.WriteSanitizedEtc(etc); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{runsc.ID("orph", 1), runsc.ID("orph", 2)}
+	bundles := map[string]string{}
+	for _, id := range ids {
+		dir := filepath.Join(t.TempDir(), "bundle")
+		if err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/sleep", "300"}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { runsctest.Remove(t, rt, id) })
+		if err := rt.Create(ctx, id, dir); err != nil {
+			t.Fatalf("Create %s: %v", id, err)
+		}
+		bundles[id] = dir
+	}
+	orphan := ids[1]
+	pid, err := runsc.ReadSandboxPID(bundles[orphan])
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := rt.Processes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCommand := map[string]int{}
+	for _, p := range procs {
+		if p.Bundle == bundles[orphan] {
+			byCommand[p.Command]++
+		}
+	}
+	if byCommand["boot"] != 1 || byCommand["gofer"] != 1 {
+		t.Fatalf("Processes shows %v for %s's bundle, want one boot and one gofer (all: %+v)", byCommand, orphan, procs)
+	}
+	// Forget the container as a cut-off create would never have recorded it.
+	if err := os.Remove(filepath.Join(rt.Root, orphan+"_sandbox:"+orphan+".state")); err != nil {
+		t.Fatal(err)
+	}
+	if states, err := rt.List(ctx); err != nil || len(states) != 1 || states[0].ID != ids[0] {
+		t.Fatalf("List = %+v, %v; want only %s", states, err, ids[0])
+	}
+	killed, err := rt.KillOrphans(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(killed) != 2 {
+		t.Errorf("KillOrphans killed %+v, want the orphan's sandbox and gofer", killed)
+	}
+	for _, p := range killed {
+		if p.Bundle != bundles[orphan] {
+			t.Errorf("KillOrphans killed %+v, not of the orphan %s", p, orphan)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan's sandbox process %d still runs", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st, err := rt.State(ctx, ids[0]); err != nil || st.Status != runsc.StatusCreated {
+		t.Errorf("the recorded container: State = %+v, %v; want it still created", st, err)
+	}
+}
+
+// zombie reports whether process pid has ended and awaits its reaping.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return strings.HasPrefix(rest, "Z")
 }

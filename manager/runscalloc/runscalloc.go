@@ -214,12 +214,33 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 			return nil, err
 		}
 	}
+	rt := &runsc.Runtime{Binary: o.Runsc, Root: filepath.Join(dir, "runsc")}
+	// A manager killed while it created a sandbox can leave that sandbox running unrecorded,
+	// where neither adoption nor a destroy finds it.
+	if err := killOrphans(ctx, rt, o.Logger); err != nil {
+		return nil, err
+	}
 	h, err := handoff.Listen(filepath.Join(dir, HandoffSocket), o.Logger)
 	if err != nil {
 		return nil, err
 	}
-	return &Allocator{o: o, rt: &runsc.Runtime{Binary: o.Runsc, Root: filepath.Join(dir, "runsc")},
-		proxies: map[string]*egress.Proxy{}, handoff: h}, nil
+	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}, handoff: h}, nil
+}
+
+// orphanWait bounds the wait for a previous manager's runsc creations to end on their own
+// before its orphans are looked for (runsc.Runtime.KillOrphans).
+const orphanWait = time.Minute
+
+// killOrphans kills the sandbox processes under rt's root that runsc does not record.
+func killOrphans(ctx context.Context, rt *runsc.Runtime, log *slog.Logger) error {
+	killed, err := rt.KillOrphans(ctx, orphanWait)
+	if err != nil {
+		return fmt.Errorf("looking for sandboxes runsc does not record: %w", err)
+	}
+	for _, p := range killed {
+		log.Warn("killed a sandbox process runsc does not record (a creation cut off)", "pid", p.Pid, "command", p.Command, "bundle", p.Bundle)
+	}
+	return nil
 }
 
 // Runtime returns the runsc runtime (every call uses the same global flags).
@@ -235,6 +256,9 @@ func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 func (a *Allocator) Shutdown(ctx context.Context) error {
 	a.handoff.Close()
 	a.unwatchAll()
+	if err := killOrphans(ctx, a.rt, a.o.Logger); err != nil {
+		return err
+	}
 	states, err := a.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing containers: %w", err)

@@ -78,3 +78,44 @@ func TestCancelledCreationLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox that runsc does not record (a creation cut off with its SIGKILLed manager, before
+// runsc wrote the container's state) is killed when the next manager's allocator starts on the
+// state directory: no adoption or destroy could find it.
+func TestNextManagerKillsUnrecordedSandboxes(t *testing.T) {
+	e := newEnv(t)
+	a, err := runscalloc.New(runscalloc.Options{Runsc: e.Runsc, StateDir: e.StateDir, SandboxBinary: e.Sandbox})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "fbx-000000000077"
+	if _, err := a.Create(context.Background(), id, mgr.DefaultTemplate); err != nil {
+		t.Fatal(err)
+	}
+	a.Shutdown(context.Background()) // as a manager killed now would: the sandbox stays
+	if err := os.Remove(filepath.Join(e.RT.Root, id+"_sandbox:"+id+".state")); err != nil {
+		t.Fatal(err)
+	}
+	if ids := e.containers(t); len(ids) != 0 {
+		t.Fatalf("runsc still lists %v", ids)
+	}
+	if pids := processesUnder(t, filepath.Join(e.StateDir, "sandboxes", id)); len(pids) == 0 {
+		t.Fatal("the sandbox's processes ended with the allocator: nothing to find")
+	}
+	next, err := runscalloc.New(runscalloc.Options{Runsc: e.Runsc, StateDir: e.StateDir, SandboxBinary: e.Sandbox})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Shutdown(context.Background())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pids := processesUnder(t, filepath.Join(e.StateDir, "sandboxes", id))
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of the unrecorded sandbox still run after the next allocator started: %v", pids)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
