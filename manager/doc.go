@@ -18,4 +18,11 @@
 // A reconciler loop creates and destroys units toward the target and expires leases; on start
 // the manager adopts the bound units a previous manager left behind and destroys the rest.
 // Units are never reused: a released or expired unit is destroyed.
+//
+// The units live in one of two pools behind one interface (pool.go): a local pool the manager
+// owns alone (its StateOperator is the truth, leases are persisted for adoption), or a shared
+// pool that several replicas share through the allocator (shared.go; the leader sizes it and
+// expires leases). Files: manager.go (Allocate, Renew, Release, List, Status), pool.go (the
+// interface and the local pool), shared.go, reconcile.go, adopt.go, leases.go (the lease's
+// codec and checks), units.go (creation, destruction and counting, for both pools).
 package manager

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -120,12 +118,12 @@ type Options struct {
 
 // Manager is the control plane. It is safe for concurrent use.
 type Manager struct {
-	o      Options
-	alloc  Allocator
-	shared SharedPool // non-nil when the allocator's pool is shared by several replicas
-	ops    *StateOperator
-	log    *slog.Logger
-	m      *Metrics
+	o     Options
+	alloc Allocator
+	pool  pool // where units are kept: localPool or sharedPool
+	ops   *StateOperator
+	log   *slog.Logger
+	m     *Metrics
 
 	// What the allocator declared (Capabilities) and, for each declared feature, its
 	// interface (nil when not declared). Fixed by New.
@@ -136,54 +134,22 @@ type Manager struct {
 
 	wake chan struct{} // nudges the reconciler
 
-	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
-	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
-	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
-	backoffMu    sync.Mutex   // guards failStreak, holdUntil (Clock's time)
-	failStreak   int          // consecutive failed creations
-	holdUntil    time.Time    // no new creations before this (backoff after failures)
-	allocs       atomic.Int64 // allocations since the last observation
-	creating     atomic.Int32 // creations in flight
-	waiting      atomic.Int32 // allocations waiting for a ready unit (takeReady)
-	target       atomic.Int32
-	totals       struct{ allocations, coldWaits, creations, destructions, failures atomic.Uint64 }
-	latMu        sync.Mutex // guards latencies
-	latencies    []time.Duration
-	demandMu     sync.Mutex  // guards demand
-	demand       []time.Time // allocation times in the last minute
-	bg           sync.WaitGroup
-	cancelLoops  context.CancelFunc
-	life         context.Context // ends at Close: creations run under it, not under a request
-	expiring     idSet           // shared pool: expiries in progress
-	exits        *exitQueue      // units that ended on their own (ExitWatcher)
-	exitWatcher  ExitWatcher     // the allocator's, if it declares Exits
-}
-
-// idSet is a set of ids safe for concurrent use.
-type idSet struct {
-	mu  sync.Mutex // guards ids
-	ids map[string]bool
-}
-
-// Add adds id and reports whether it was absent.
-func (s *idSet) Add(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ids[id] {
-		return false
-	}
-	if s.ids == nil {
-		s.ids = map[string]bool{}
-	}
-	s.ids[id] = true
-	return true
-}
-
-// Remove removes id.
-func (s *idSet) Remove(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.ids, id)
+	backoffMu   sync.Mutex   // guards failStreak, holdUntil (Clock's time)
+	failStreak  int          // consecutive failed creations
+	holdUntil   time.Time    // no new creations before this (backoff after failures)
+	allocs      atomic.Int64 // allocations since the last observation
+	creating    atomic.Int32 // creations in flight
+	target      atomic.Int32
+	totals      struct{ allocations, coldWaits, creations, destructions, failures atomic.Uint64 }
+	latMu       sync.Mutex // guards latencies
+	latencies   []time.Duration
+	demandMu    sync.Mutex  // guards demand
+	demand      []time.Time // allocation times in the last minute
+	bg          sync.WaitGroup
+	cancelLoops context.CancelFunc
+	life        context.Context // ends at Close: creations run under it, not under a request
+	exits       *exitQueue      // units that ended on their own (ExitWatcher)
+	exitWatcher ExitWatcher     // the allocator's, if it declares Exits
 }
 
 // New checks o and returns a Manager. Call Start to adopt leftovers and run the loops.
@@ -240,6 +206,11 @@ func New(o Options) (*Manager, error) {
 	if err := m.useCapabilities(); err != nil {
 		return nil, err
 	}
+	if m.caps.SharedPool {
+		m.pool = &sharedPool{Manager: m, shared: m.alloc.(SharedPool)}
+	} else {
+		m.pool = &localPool{Manager: m}
+	}
 	return m, nil
 }
 
@@ -275,7 +246,7 @@ func (m *Manager) useCapabilities() error {
 		}
 	}
 	if c.SharedPool {
-		if m.shared, ok = m.alloc.(SharedPool); !ok {
+		if _, ok = m.alloc.(SharedPool); !ok {
 			return missing("a shared pool", "SharedPool")
 		}
 		if !c.Adoption {
@@ -317,11 +288,9 @@ func (m *Manager) States() *StateOperator { return m.ops }
 // until ctx ends or Close is called.
 func (m *Manager) Start(ctx context.Context) error {
 	// A shared pool has nothing to adopt: leases live with the units, for every replica.
-	if m.shared == nil {
-		if m.exitWatcher != nil {
-			m.exitWatcher.WatchExits(m.exits.add) // before adoption: units that ended meanwhile are reported
-		}
-		if err := m.adopt(ctx); err != nil {
+	own, owned := m.pool.(ownedPool)
+	if owned {
+		if err := own.adopt(ctx); err != nil {
 			return err
 		}
 	}
@@ -345,13 +314,8 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 	}()
-	if m.shared == nil {
-		m.bg.Add(1)
-		go func() { defer m.bg.Done(); m.handleExits(loopCtx, ctx.Done()) }()
-	}
-	if m.o.Ping != nil && m.o.PingInterval > 0 && m.shared == nil {
-		m.bg.Add(1)
-		go func() { defer m.bg.Done(); m.pingHead(loopCtx, ctx.Done()) }()
+	if owned {
+		own.run(loopCtx, ctx.Done())
 	}
 	return nil
 }
@@ -363,24 +327,10 @@ func (m *Manager) Close(ctx context.Context) error {
 		m.cancelLoops()
 	}
 	m.bg.Wait()
-	if m.shared != nil {
-		return nil // the pool belongs to every replica
+	if own, ok := m.pool.(ownedPool); ok {
+		return own.drain(ctx)
 	}
-	var errs []error
-	for _, u := range m.ops.Snapshot() {
-		switch {
-		case u.State == Ready:
-			if err := m.destroy(ctx, u.Info.ID, Ready); err != nil {
-				errs = append(errs, err)
-			}
-		case u.State == Failed && u.Remains:
-			// A last try; a unit still failing is left to the next manager's adoption.
-			if err := m.destroy(ctx, u.Info.ID, Failed); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return nil // a shared pool belongs to every replica
 }
 
 // lifetime is the context of work that outlives a request but not the manager.
@@ -396,119 +346,6 @@ func (m *Manager) nudge() {
 	case m.wake <- struct{}{}:
 	default:
 	}
-}
-
-// AnnotationState and AnnotationClaimedAt are what a SharedPool allocator reports for a
-// unit a replica has claimed but not bound yet: "claimed", and when (RFC 3339). A unit
-// still being made, by whichever replica, is reported with AnnotationState "creating".
-const (
-	AnnotationState     = annState
-	AnnotationClaimedAt = "fusebox.dev/claimed-at"
-)
-
-// Annotation keys under which a bound unit's lease is stored with its allocator.
-const (
-	annState     = "fusebox.dev/state"
-	annExpires   = "fusebox.dev/lease-expires"
-	annTTL       = "fusebox.dev/lease-ttl"
-	annTokenHash = "fusebox.dev/lease-token-sha256"
-	annEgress    = "fusebox.dev/egress"
-	annOwner     = "fusebox.dev/owner"
-	annLabel     = "fusebox.dev/label."
-)
-
-func leaseAnnotations(l *Lease) map[string]string {
-	a := map[string]string{
-		annState:     "bound",
-		annExpires:   l.Expires.UTC().Format(time.RFC3339Nano),
-		annTTL:       l.TTL.String(),
-		annTokenHash: hex.EncodeToString(l.TokenHash[:]),
-		annEgress:    strings.Join(l.Egress, ","),
-		annOwner:     l.Owner,
-	}
-	for k, v := range l.Labels {
-		a[annLabel+k] = v
-	}
-	return a
-}
-
-func leaseFromAnnotations(a map[string]string) (*Lease, error) {
-	if a[annState] != "bound" {
-		return nil, errors.New("not bound")
-	}
-	exp, err := time.Parse(time.RFC3339Nano, a[annExpires])
-	if err != nil {
-		return nil, fmt.Errorf("lease expiry: %w", err)
-	}
-	ttl, err := time.ParseDuration(a[annTTL])
-	if err != nil {
-		return nil, fmt.Errorf("lease ttl: %w", err)
-	}
-	h, err := hex.DecodeString(a[annTokenHash])
-	if err != nil || len(h) != sha256.Size {
-		return nil, errors.New("lease token hash")
-	}
-	l := &Lease{Owner: a[annOwner], Expires: exp, TTL: ttl, Labels: map[string]string{}}
-	copy(l.TokenHash[:], h)
-	if e := a[annEgress]; e != "" {
-		l.Egress = strings.Split(e, ",")
-	}
-	for k, v := range a {
-		if name, ok := strings.CutPrefix(k, annLabel); ok {
-			l.Labels[name] = v
-		}
-	}
-	return l, nil
-}
-
-// adopt takes over the bound units with a live lease that a previous manager left and
-// destroys every other unit it finds, so that none leak.
-func (m *Manager) adopt(ctx context.Context) error {
-	units, err := m.alloc.List(ctx)
-	if err != nil {
-		return fmt.Errorf("listing units for adoption: %w", err)
-	}
-	now := m.o.Clock.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, m.o.CreateConcurrency)
-	for _, info := range units {
-		lease, lerr := leaseFromAnnotations(info.Annotations)
-		if lerr == nil && now.Before(lease.Expires) {
-			if m.binder != nil {
-				if err := m.binder.BindEgress(ctx, info.ID, lease.Egress); err != nil {
-					m.log.Error("re-binding egress of an adopted unit failed; destroying it", "id", info.ID, "err", err)
-					lerr = err
-				}
-			}
-		}
-		if lerr == nil && now.Before(lease.Expires) {
-			if err := m.ops.Insert(info, Bound, lease); err != nil {
-				return err
-			}
-			m.log.Info("adopted bound sandbox", "id", info.ID, "lease_expires", lease.Expires)
-			continue
-		}
-		reason := "not bound"
-		if lerr == nil {
-			reason = "lease expired"
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			m.log.Info("destroying unit left by a previous manager", "id", info.ID, "reason", reason)
-			if err := m.alloc.Destroy(ctx, info.ID); err != nil {
-				m.log.Error("destroying leftover unit", "id", info.ID, "err", err)
-				m.failure("destroy")
-			} else {
-				m.destroyed()
-			}
-		}()
-	}
-	wg.Wait()
-	m.publishCounts()
-	return nil
 }
 
 // AllocateRequest is a validated-at-entry request to bind a sandbox.
@@ -591,14 +428,10 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		return Allocation{}, err
 	}
 
-	take := m.takeReady
-	if m.shared != nil {
-		take = m.claim
-	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		took := time.Now()
-		u, err := take(ctx, tmpl)
+		u, err := m.pool.take(ctx, tmpl)
 		m.timeStep("take", took)
 		if err != nil {
 			return Allocation{}, err
@@ -647,18 +480,6 @@ func checkLabels(labels map[string]string) error {
 	return nil
 }
 
-// leaseTTL is the one check of a requested lease TTL, for Allocate and Renew alike: negative
-// is invalid, zero means def, and more than MaxLeaseTTL is capped.
-func (m *Manager) leaseTTL(ttl, def time.Duration) (time.Duration, error) {
-	switch {
-	case ttl < 0:
-		return 0, fmt.Errorf("%w: negative lease TTL %v", ErrInvalid, ttl)
-	case ttl == 0:
-		ttl = def
-	}
-	return min(ttl, m.o.MaxLeaseTTL), nil
-}
-
 // coldWait counts an allocation that found no ready unit and waits for one to be created.
 func (m *Manager) coldWait() {
 	m.totals.coldWaits.Add(1)
@@ -683,51 +504,6 @@ func (m *Manager) recordAllocation() {
 	m.demand = m.demand[cut:]
 	m.demandMu.Unlock()
 	m.nudge()
-}
-
-// takeReady pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
-// starts one creation of its own (whatever the estimator's target), so it never depends on
-// the pool's size alone, and starts another if that one fails (after the creation backoff);
-// spare units it makes join the pool.
-func (m *Manager) takeReady(ctx context.Context, tmpl string) (Unit, error) {
-	var timeout, retry <-chan time.Time
-	var mine <-chan bool // this allocation's creation: whether it made a unit
-	for {
-		u, ok, wait := m.ops.TakeReady(tmpl)
-		if ok {
-			m.publishCounts()
-			return u, nil
-		}
-		if timeout == nil {
-			m.coldWait()
-			t := m.o.Clock.NewTimer(m.o.AllocateWait)
-			defer t.Stop()
-			timeout = t.C()
-			// Counted until this returns: the reconciler leaves this many ready units
-			// beyond its target for the waiters to take.
-			m.waiting.Add(1)
-			defer m.waiting.Add(-1)
-			mine = m.startCreate(m.lifetime(), tmpl)
-		}
-		m.nudge()
-		select {
-		case <-wait:
-		case made := <-mine:
-			mine = nil
-			if !made {
-				t := m.o.Clock.NewTimer(m.backoffLeft())
-				defer t.Stop()
-				retry = t.C()
-			}
-		case <-retry:
-			retry = nil
-			mine = m.startCreate(m.lifetime(), tmpl)
-		case <-timeout:
-			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
-		case <-ctx.Done():
-			return Unit{}, ctx.Err()
-		}
-	}
 }
 
 // bind performs egress binding, sFuse and lease bookkeeping on an Initialising unit. On any
@@ -770,7 +546,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		return m.binder.BindEgress(ctx, id, allow.Entries())
 	}
 	switch {
-	case m.binder != nil && m.shared != nil:
+	case m.binder != nil && m.caps.SharedPool:
 		go func() { egressed <- bindEgress() }()
 	case m.binder != nil:
 		egressed <- bindEgress()
@@ -825,14 +601,6 @@ func (m *Manager) timeStep(step string, start time.Time) {
 	}
 }
 
-func (m *Manager) checkToken(l *Lease, token string) error {
-	h := sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(h[:], l.TokenHash[:]) != 1 {
-		return ErrBadLeaseToken
-	}
-	return nil
-}
-
 // Renew extends the lease of sandbox id; ttl zero means the lease's own length.
 func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
 	// Zero stays zero: the lease's own length, which only the lease knows.
@@ -840,338 +608,12 @@ func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration
 	if err != nil {
 		return time.Time{}, err
 	}
-	if m.shared != nil {
-		return m.sharedRenew(ctx, id, token, ttl)
-	}
-	now := m.o.Clock.Now()
-	l, err := m.ops.UpdateLease(id, func(l *Lease) error {
-		if err := m.checkToken(l, token); err != nil {
-			return err
-		}
-		if !now.Before(l.Expires) {
-			return ErrLeaseEnded
-		}
-		d := l.TTL
-		if ttl > 0 {
-			d = ttl
-		}
-		l.Expires = now.Add(d)
-		return nil
-	})
-	if err != nil {
-		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
-	}
-	if m.annotator != nil {
-		if err := m.annotator.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
-			m.failure("annotate")
-			m.log.Error("persisting renewed lease", "id", id, "err", err)
-		}
-	}
-	return l.Expires, nil
+	return m.pool.renew(ctx, id, token, ttl)
 }
 
 // Release ends the lease of sandbox id and destroys the sandbox.
 func (m *Manager) Release(ctx context.Context, id, token string) error {
-	if m.shared != nil {
-		return m.sharedRelease(ctx, id, token)
-	}
-	u, ok := m.ops.Get(id)
-	if !ok {
-		return fmt.Errorf("releasing: %w: %s", ErrUnitNotFound, id)
-	}
-	if u.State != Bound || u.Lease == nil {
-		return fmt.Errorf("releasing %s: %w (%s)", id, ErrLeaseEnded, u.State)
-	}
-	if err := m.checkToken(u.Lease, token); err != nil {
-		return fmt.Errorf("releasing %s: %w", id, err)
-	}
-	if err := m.destroyInBackground(ctx, id, Bound); err != nil {
-		return fmt.Errorf("releasing %s: %w", id, ErrLeaseEnded)
-	}
-	return nil
-}
-
-// toDestroying moves a unit from state from to Destroying (a Ready unit's prepared init
-// connection is forgotten).
-func (m *Manager) toDestroying(id string, from State) error {
-	u, err := m.ops.Transition(id, from, Destroying, func(u *Unit) { u.Remains = false })
-	if err != nil {
-		return err
-	}
-	if from == Ready && m.o.Forget != nil {
-		m.o.Forget(u.Info.InitAddr)
-	}
-	return nil
-}
-
-// destroy moves a unit from state from to Destroying and destroys it.
-func (m *Manager) destroy(ctx context.Context, id string, from State) error {
-	if err := m.toDestroying(id, from); err != nil {
-		return err
-	}
-	return m.finishDestroy(ctx, id)
-}
-
-// destroyInBackground moves a unit from state from to Destroying now and destroys it in the
-// background (ctx's values, not its cancellation).
-func (m *Manager) destroyInBackground(ctx context.Context, id string, from State) error {
-	if err := m.toDestroying(id, from); err != nil {
-		return err
-	}
-	m.bg.Add(1)
-	go func() { defer m.bg.Done(); m.finishDestroy(context.WithoutCancel(ctx), id) }()
-	return nil
-}
-
-// startCreate counts one creation of tmpl in m.creating and makes it in the background; the
-// channel receives whether it made a unit.
-func (m *Manager) startCreate(ctx context.Context, tmpl string) <-chan bool {
-	made := make(chan bool, 1)
-	m.creating.Add(1)
-	m.bg.Add(1)
-	go func() { defer m.bg.Done(); made <- m.create(ctx, tmpl) }()
-	return made
-}
-
-func (m *Manager) finishDestroy(ctx context.Context, id string) error {
-	m.publishCounts()
-	err := m.alloc.Destroy(ctx, id)
-	if err != nil {
-		m.failure("destroy")
-		m.ops.Transition(id, Destroying, Failed, func(u *Unit) {
-			u.Err, u.Remains = fmt.Sprintf("destroy: %v (retried every %v)", err, RemainsRetry), true
-		})
-		m.log.Error("destroying unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
-	} else {
-		m.ops.Transition(id, Destroying, Gone, nil)
-		m.destroyed()
-	}
-	m.publishCounts()
-	return err
-}
-
-// destroyed counts a destruction.
-func (m *Manager) destroyed() {
-	m.totals.destructions.Add(1)
-	if m.m != nil {
-		m.m.Destructions.Inc()
-	}
-}
-
-func (m *Manager) failure(stage string) {
-	m.totals.failures.Add(1)
-	if m.m != nil {
-		m.m.Failures.WithLabelValues(stage).Inc()
-	}
-}
-
-// create makes one unit of template and puts it into the pool, and reports whether it did.
-// startCreate has counted it in m.creating (before starting the goroutine, so that a reconcile
-// pass in between sees it); create uncounts it when done.
-func (m *Manager) create(ctx context.Context, tmpl string) bool {
-	defer m.creating.Add(-1)
-	id := m.o.NewID()
-	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
-	if m.shared != nil {
-		return m.createShared(ctx, id, tmpl)
-	}
-	if err := m.ops.Insert(info, Creating, nil); err != nil {
-		m.log.Error("registering new unit", "id", id, "err", err)
-		return false
-	}
-	m.publishCounts()
-	t0 := time.Now() // the system clock: it measures the runtime's work
-	got, err := m.alloc.Create(ctx, id, tmpl)
-	m.noteCreate(err)
-	if err != nil && ctx.Err() != nil {
-		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
-		m.log.Info("unit creation cancelled", "id", id)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: cancelled", errors.Is(err, ErrRemains) })
-		return false
-	}
-	if err != nil {
-		m.failure("create")
-		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
-		m.publishCounts()
-		return false
-	}
-	m.recordLatency(time.Since(t0))
-	got.ID, got.Template = id, tmpl
-	if got.Created.IsZero() {
-		got.Created = info.Created
-	}
-	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
-		m.log.Error("unit vanished while being created", "id", id, "err", err)
-		m.alloc.Destroy(context.WithoutCancel(ctx), id)
-		return false
-	}
-	m.totals.creations.Add(1)
-	if m.m != nil {
-		m.m.Creations.Inc()
-	}
-	if m.o.Prepare != nil {
-		m.o.Prepare(got.InitAddr)
-	}
-	m.publishCounts()
-	return true
-}
-
-// noteCreate keeps the creation backoff: exponential (0.5 s doubling to a minute) after
-// consecutive failures, so that a broken runtime does not spin; failures stay visible in
-// status and metrics meanwhile.
-func (m *Manager) noteCreate(err error) {
-	m.backoffMu.Lock()
-	defer m.backoffMu.Unlock()
-	if err != nil {
-		m.failStreak++
-		m.holdUntil = m.o.Clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(m.failStreak-1, 7)))
-	} else {
-		m.failStreak = 0
-	}
-}
-
-// backoffLeft is how long creations still wait for the backoff.
-func (m *Manager) backoffLeft() time.Duration {
-	m.backoffMu.Lock()
-	defer m.backoffMu.Unlock()
-	return max(0, m.holdUntil.Sub(m.o.Clock.Now()))
-}
-
-// heldBack reports whether creations wait for the backoff.
-func (m *Manager) heldBack() bool { return m.backoffLeft() > 0 }
-
-func (m *Manager) recordLatency(d time.Duration) {
-	m.latMu.Lock()
-	defer m.latMu.Unlock()
-	m.latencies = append(m.latencies, d)
-	if len(m.latencies) > 32 {
-		m.latencies = m.latencies[len(m.latencies)-32:]
-	}
-}
-
-// createShared creates a unit into a shared pool: it is not tracked locally until claimed.
-func (m *Manager) createShared(ctx context.Context, id, tmpl string) bool {
-	t0 := time.Now()
-	_, err := m.alloc.Create(ctx, id, tmpl)
-	m.noteCreate(err)
-	if err != nil {
-		if ctx.Err() == nil {
-			m.failure("create")
-			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
-		}
-		return false
-	}
-	m.recordLatency(time.Since(t0))
-	m.totals.creations.Add(1)
-	if m.m != nil {
-		m.m.Creations.Inc()
-	}
-	return true
-}
-
-func estimatorObservation(now time.Time, allocs, ready, creating, bound int, lat time.Duration) estimator.Observation {
-	return estimator.Observation{Now: now, Allocations: allocs, Ready: ready, Creating: creating, Bound: bound,
-		ProvisioningLatency: lat}
-}
-
-// ProvisioningLatency is the median of recent creation times (1 s before any creation) plus
-// the units' WarmUp: how long a unit takes from the decision to create it to serving at full
-// speed.
-func (m *Manager) ProvisioningLatency() time.Duration {
-	m.latMu.Lock()
-	defer m.latMu.Unlock()
-	if len(m.latencies) == 0 {
-		return time.Second + m.o.WarmUp
-	}
-	s := slices.Clone(m.latencies)
-	slices.Sort(s)
-	return s[len(s)/2] + m.o.WarmUp
-}
-
-// Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
-// and create or destroy ready units toward it.
-func (m *Manager) Reconcile(ctx context.Context) {
-	if m.shared != nil {
-		m.reconcileShared(ctx)
-		return
-	}
-	now := m.o.Clock.Now()
-	for _, id := range m.ops.RemainsDue(now, RemainsRetry) {
-		if m.destroyInBackground(ctx, id, Failed) == nil {
-			m.log.Info("destroying a failed unit's remains again", "id", id)
-		}
-	}
-	for _, id := range m.ops.Expired(now) {
-		if m.destroyInBackground(ctx, id, Bound) == nil { // else released or expired concurrently
-			m.log.Info("lease expired; destroying sandbox", "id", id)
-		}
-	}
-	c := m.ops.Counts(m.o.PoolTemplate)
-	creating := int(m.creating.Load())
-	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), c[Ready], creating, c[Bound], m.ProvisioningLatency()))
-	m.target.Store(int32(target))
-	if m.m != nil {
-		m.m.Target.Set(float64(target))
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if deficit := target - c[Ready] - creating; deficit > 0 {
-		// Unless backing off after failures or waiting out the refill delay.
-		if !m.heldBack() && m.refillDue(c[Ready]) {
-			for range min(deficit, m.o.CreateConcurrency-creating) {
-				m.startCreate(ctx, m.o.PoolTemplate)
-			}
-		}
-		return
-	}
-	m.endDeficit()
-	if surplus := c[Ready] - target - int(m.waiting.Load()); surplus > 0 {
-		for _, id := range m.ops.OldestReady(m.o.PoolTemplate, surplus) {
-			m.destroyInBackground(ctx, id, Ready)
-		}
-	}
-}
-
-// refillDue reports whether creations may start now for a pool below its target that holds
-// ready units; otherwise it schedules a reconcile for when they may (see RefillDelay).
-func (m *Manager) refillDue(ready int) bool {
-	if m.o.RefillDelay <= 0 {
-		return true
-	}
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
-	now := m.o.Clock.Now()
-	if m.deficitSince.IsZero() {
-		m.deficitSince = now
-	}
-	wait := m.o.RefillDelay - now.Sub(m.deficitSince)
-	if ready == 0 || wait <= 0 {
-		m.deficitSince = time.Time{}
-		return true
-	}
-	if !m.refillTimer {
-		m.refillTimer = true
-		m.o.Clock.AfterFunc(wait, func() {
-			m.refillMu.Lock()
-			m.refillTimer = false
-			m.refillMu.Unlock()
-			m.nudge()
-		})
-	}
-	return false
-}
-
-// endDeficit notes that the pool is not below its target: the next deficit starts its own
-// refill delay.
-func (m *Manager) endDeficit() {
-	if m.o.RefillDelay <= 0 {
-		return
-	}
-	m.refillMu.Lock()
-	m.deficitSince = time.Time{}
-	m.refillMu.Unlock()
+	return m.pool.release(ctx, id, token)
 }
 
 func (m *Manager) publishCounts() {
@@ -1186,10 +628,7 @@ func (m *Manager) publishCounts() {
 
 // List returns a snapshot of every unit (with a shared pool: every replica's units).
 func (m *Manager) List() []Unit {
-	if m.shared != nil {
-		return m.sharedList()
-	}
-	return m.ops.Snapshot()
+	return m.pool.units()
 }
 
 // PoolStatus summarises the pool.
@@ -1207,16 +646,9 @@ type PoolStatus struct {
 
 // Status returns the pool's status.
 func (m *Manager) Status() PoolStatus {
-	c := m.ops.Counts("")
-	if m.shared != nil {
-		c = map[State]int{}
-		for _, u := range m.sharedList() {
-			c[u.State]++
-		}
-	}
 	units := map[string]int{}
-	for s, n := range c {
-		units[s.String()] = n
+	for _, u := range m.pool.units() {
+		units[u.State.String()]++
 	}
 	now := m.o.Clock.Now()
 	m.demandMu.Lock()

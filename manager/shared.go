@@ -5,19 +5,26 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
-// This file holds the manager's behaviour with a SharedPool allocator (several replicas
-// sharing one pool of units in an API server). Local state then only tracks the units this
-// replica is binding; the allocator's view (annotations) is the truth for leases.
+// sharedPool is a pool several replicas of the manager share through a SharedPool allocator.
+// Local state only tracks the units this replica is binding; the allocator's view
+// (annotations) is the truth for leases.
+type sharedPool struct {
+	*Manager
+	shared   SharedPool
+	expiring idSet // expiries in progress
+}
 
 // leader reports whether this replica runs the pool-wide duties (sizing, expiry).
 func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
 
-// claim takes a ready unit from the shared pool, waiting (and asking for a creation) while
+// take claims a ready unit from the shared pool, waiting (and asking for a creation) while
 // there is none. It waits on the allocator's Changed notification, not a polling loop.
-func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
+func (p *sharedPool) take(ctx context.Context, tmpl string) (Unit, error) {
+	m := p.Manager
 	deadline := m.o.Clock.NewTimer(m.o.AllocateWait)
 	defer deadline.Stop()
 	guard := m.o.Clock.NewTimer(m.o.MissedEventGuard)
@@ -25,8 +32,8 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 	asked := false
 	for {
 		// Taken before Claim: a unit that turns ready after Claim looked closes it.
-		changed := m.shared.Changed(tmpl)
-		info, err := m.shared.Claim(ctx, tmpl)
+		changed := p.shared.Changed(tmpl)
+		info, err := p.shared.Claim(ctx, tmpl)
 		if err == nil {
 			if err := m.ops.Insert(info, Initialising, nil); err != nil {
 				return Unit{}, fmt.Errorf("%w: claimed unit %s twice: %v", ErrAllocator, info.ID, err)
@@ -54,9 +61,9 @@ func (m *Manager) claim(ctx context.Context, tmpl string) (Unit, error) {
 	}
 }
 
-// sharedLease reads unit id's lease from the allocator.
-func (m *Manager) sharedLease(ctx context.Context, id string) (UnitInfo, *Lease, error) {
-	info, err := m.shared.Lookup(ctx, id)
+// lease reads unit id's lease from the allocator.
+func (p *sharedPool) lease(ctx context.Context, id string) (UnitInfo, *Lease, error) {
+	info, err := p.shared.Lookup(ctx, id)
 	if err != nil {
 		return UnitInfo{}, nil, err
 	}
@@ -67,15 +74,15 @@ func (m *Manager) sharedLease(ctx context.Context, id string) (UnitInfo, *Lease,
 	return info, l, nil
 }
 
-func (m *Manager) sharedRenew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
-	_, l, err := m.sharedLease(ctx, id)
+func (p *sharedPool) renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
+	_, l, err := p.lease(ctx, id)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
-	if err := m.checkToken(l, token); err != nil {
+	if err := p.checkToken(l, token); err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
-	now := m.o.Clock.Now()
+	now := p.o.Clock.Now()
 	if !now.Before(l.Expires) {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, ErrLeaseEnded)
 	}
@@ -84,47 +91,48 @@ func (m *Manager) sharedRenew(ctx context.Context, id, token string, ttl time.Du
 		d = ttl // checked and capped by Renew
 	}
 	l.Expires = now.Add(d)
-	if err := m.annotator.Annotate(ctx, id, leaseAnnotations(l)); err != nil {
-		m.failure("annotate")
+	if err := p.annotator.Annotate(ctx, id, leaseAnnotations(l)); err != nil {
+		p.failure("annotate")
 		return time.Time{}, fmt.Errorf("renewing %s: %w: %v", id, ErrAllocator, err)
 	}
-	m.ops.UpdateLease(id, func(x *Lease) error { x.Expires = l.Expires; return nil })
+	p.ops.UpdateLease(id, func(x *Lease) error { x.Expires = l.Expires; return nil })
 	return l.Expires, nil
 }
 
-func (m *Manager) sharedRelease(ctx context.Context, id, token string) error {
-	_, l, err := m.sharedLease(ctx, id)
+func (p *sharedPool) release(ctx context.Context, id, token string) error {
+	_, l, err := p.lease(ctx, id)
 	if err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
-	if err := m.checkToken(l, token); err != nil {
+	if err := p.checkToken(l, token); err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
-	m.bg.Add(1)
+	p.bg.Add(1)
 	go func() {
-		defer m.bg.Done()
-		m.destroyShared(context.WithoutCancel(ctx), id)
+		defer p.bg.Done()
+		p.destroyShared(context.WithoutCancel(ctx), id)
 	}()
 	return nil
 }
 
 // destroyShared destroys a unit of the shared pool and forgets any local record of it.
-func (m *Manager) destroyShared(ctx context.Context, id string) {
-	if u, ok := m.ops.Get(id); ok && u.State == Bound {
-		m.ops.Transition(id, Bound, Destroying, nil)
+func (p *sharedPool) destroyShared(ctx context.Context, id string) {
+	if u, ok := p.ops.Get(id); ok && u.State == Bound {
+		p.ops.Transition(id, Bound, Destroying, nil)
 	}
-	if err := m.alloc.Destroy(ctx, id); err != nil {
-		m.failure("destroy")
-		m.log.Error("destroying unit", "id", id, "err", err)
+	if err := p.alloc.Destroy(ctx, id); err != nil {
+		p.failure("destroy")
+		p.log.Error("destroying unit", "id", id, "err", err)
 		return
 	}
-	m.ops.Transition(id, Destroying, Gone, nil)
-	m.destroyed()
+	p.ops.Transition(id, Destroying, Gone, nil)
+	p.destroyed()
 }
 
-// reconcileShared is the leader's pass over the shared pool: expire leases (read from the
+// reconcile is the leader's pass over the shared pool: expire leases (read from the
 // allocator, so leases bound by other replicas too) and size the pool.
-func (m *Manager) reconcileShared(ctx context.Context) {
+func (p *sharedPool) reconcile(ctx context.Context) {
+	m := p.Manager
 	now := m.o.Clock.Now()
 	if !m.leader() {
 		m.target.Store(0)
@@ -140,13 +148,13 @@ func (m *Manager) reconcileShared(ctx context.Context) {
 		if u.Annotations[AnnotationState] == "claimed" {
 			// Claimed but never bound: its replica died mid-allocation (no agent has it).
 			at, err := time.Parse(time.RFC3339Nano, u.Annotations[AnnotationClaimedAt])
-			if err == nil && now.Sub(at) > m.o.ClaimGrace && m.expiring.Add(u.ID) {
+			if err == nil && now.Sub(at) > m.o.ClaimGrace && p.expiring.Add(u.ID) {
 				m.log.Info("destroying a unit claimed but never bound", "id", u.ID, "claimed_at", at)
 				m.bg.Add(1)
 				go func() {
 					defer m.bg.Done()
-					defer m.expiring.Remove(u.ID)
-					m.destroyShared(context.WithoutCancel(ctx), u.ID)
+					defer p.expiring.Remove(u.ID)
+					p.destroyShared(context.WithoutCancel(ctx), u.ID)
 				}()
 			}
 			continue
@@ -156,17 +164,17 @@ func (m *Manager) reconcileShared(ctx context.Context) {
 			continue
 		}
 		bound++
-		if !now.Before(l.Expires) && m.expiring.Add(u.ID) {
+		if !now.Before(l.Expires) && p.expiring.Add(u.ID) {
 			m.log.Info("lease expired; destroying sandbox", "id", u.ID)
 			m.bg.Add(1)
 			go func() {
 				defer m.bg.Done()
-				defer m.expiring.Remove(u.ID)
-				m.destroyShared(context.WithoutCancel(ctx), u.ID)
+				defer p.expiring.Remove(u.ID)
+				p.destroyShared(context.WithoutCancel(ctx), u.ID)
 			}()
 		}
 	}
-	ready, creating := m.shared.Counts(m.o.PoolTemplate)
+	ready, creating := p.shared.Counts(m.o.PoolTemplate)
 	creating = max(creating, int(m.creating.Load()))
 	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), ready, creating, bound, m.ProvisioningLatency()))
 	m.target.Store(int32(target))
@@ -183,18 +191,19 @@ func (m *Manager) reconcileShared(ctx context.Context) {
 	} else if surplus := ready - target; surplus > 0 {
 		// Claim before destroying, so that no replica is handed a unit being destroyed.
 		for range surplus {
-			info, err := m.shared.Claim(ctx, m.o.PoolTemplate)
+			info, err := p.shared.Claim(ctx, m.o.PoolTemplate)
 			if err != nil {
 				break
 			}
 			m.bg.Add(1)
-			go func() { defer m.bg.Done(); m.destroyShared(context.WithoutCancel(ctx), info.ID) }()
+			go func() { defer m.bg.Done(); p.destroyShared(context.WithoutCancel(ctx), info.ID) }()
 		}
 	}
 }
 
-// sharedList describes every unit of the shared pool from the allocator's view.
-func (m *Manager) sharedList() []Unit {
+// units describes every unit of the shared pool from the allocator's view.
+func (p *sharedPool) units() []Unit {
+	m := p.Manager
 	units, err := m.alloc.List(context.Background())
 	if err != nil {
 		m.log.Error("listing units", "err", err)
@@ -219,4 +228,53 @@ func (m *Manager) sharedList() []Unit {
 	}
 	slices.SortFunc(out, byID)
 	return out
+}
+
+// create makes a unit of the shared pool: it is not tracked locally until claimed.
+func (p *sharedPool) create(ctx context.Context, tmpl string) bool {
+	m := p.Manager
+	id := m.o.NewID()
+	t0 := time.Now()
+	_, err := m.alloc.Create(ctx, id, tmpl)
+	m.noteCreate(err)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.failure("create")
+			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		}
+		return false
+	}
+	m.recordLatency(time.Since(t0))
+	m.totals.creations.Add(1)
+	if m.m != nil {
+		m.m.Creations.Inc()
+	}
+	return true
+}
+
+// idSet is a set of ids safe for concurrent use.
+type idSet struct {
+	mu  sync.Mutex // guards ids
+	ids map[string]bool
+}
+
+// Add adds id and reports whether it was absent.
+func (s *idSet) Add(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids[id] {
+		return false
+	}
+	if s.ids == nil {
+		s.ids = map[string]bool{}
+	}
+	s.ids[id] = true
+	return true
+}
+
+// Remove removes id.
+func (s *idSet) Remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ids, id)
 }
