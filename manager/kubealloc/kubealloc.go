@@ -759,8 +759,9 @@ func (a *Allocator) CheckEgress(allow []string) error {
 }
 
 // BindEgress applies (server-side apply: create or update, one request per object) sandbox
-// id's policies for allow under the allocator's flavour, owned by the pod. When it returns nil
-// the policy objects exist with exactly that allowlist; the network plugin enforces them
+// id's policies for allow under the allocator's flavour, owned by the pod; an empty allowlist
+// has none (the namespace's policies cover the sandbox), and so no request. When it returns
+// nil the policy objects exist with exactly that allowlist; the network plugin enforces them
 // asynchronously, which the default deny covers until then. ErrUnitNotFound if the pod is not
 // in the cache; a malformed or unsupported entry wraps manager.ErrInvalid.
 func (a *Allocator) BindEgress(ctx context.Context, id string, allow []string) error {

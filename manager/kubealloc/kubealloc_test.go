@@ -75,18 +75,20 @@ func TestSandboxPolicies(t *testing.T) {
 					t.Errorf("metadata %v", u.Object["metadata"])
 				}
 				js := fmt.Sprint(u.Object["spec"])
-				// The agents are matched in their own namespace (and the manager is not
-				// given the data port).
-				for _, want := range []string{"agents", "fusebox.dev/role", "sb-1"} {
-					if u.GetKind() != "FQDNNetworkPolicy" && !strings.Contains(js, want) {
-						t.Errorf("%s lacks %q: %s", u.GetKind(), want, js)
-					}
+				// The sandbox's egress only: the agents' ingress is the namespace's.
+				if !strings.Contains(js, "sb-1") || strings.Contains(js, "agents") || strings.Contains(js, "ingress") {
+					t.Errorf("%s: %s, want egress of sb-1 only", u.GetKind(), js)
 				}
 			}
 			if fmt.Sprint(kinds) != fmt.Sprint(tc.kinds) {
 				t.Errorf("kinds %v, want %v", kinds, tc.kinds)
 			}
 		})
+	}
+	for _, f := range sandboxnet.Flavours {
+		if us, err := SandboxPolicies(f, "ns", "sb-2", nil, testSelectors); err != nil || len(us) != 0 {
+			t.Errorf("%s, no allowlist: %d objects, %v; want none", f, len(us), err)
+		}
 	}
 	if _, err := SandboxPolicies(sandboxnet.Cilium, "ns", "sb-3", []string{"*.com:443"}, testSelectors); !errors.Is(err, egress.ErrBadEntry) {
 		t.Errorf("bad entry: %v", err)

@@ -15,12 +15,20 @@
 //
 // The intent: every pod of the sandbox namespace denies all traffic by default, in both
 // directions; the manager's pods reach the init port of every sandbox (sFuse happens before a
-// sandbox is bound); cloud metadata and host agents are never reachable, and on Cilium neither
-// are the node, the other nodes and the API server. A warm, unbound sandbox reaches nothing (not
-// even DNS). A bound sandbox gets one more policy of its own: the agents (pods of the agent
-// namespaces with the agent labels, or the agent CIDRs) reach its data port, and it reaches
-// exactly its allocation's allowlist, plus DNS when the allowlist names hosts; on Cilium the
-// private ranges it does not allowlist are denied explicitly.
+// sandbox is bound); the agents (pods of the agent namespaces with the agent labels, or the
+// agent CIDRs) reach the data port of every sandbox; cloud metadata and host agents are never
+// reachable, and on Cilium neither are the node, the other nodes and the API server. A warm,
+// unbound sandbox reaches nothing (not even DNS). A bound sandbox whose allocation allows
+// egress gets one more policy of its own: it reaches exactly its allowlist, plus DNS when the
+// allowlist names hosts; on Cilium the private ranges it does not allowlist are denied
+// explicitly. An allocation without an allowlist gets no policy of its own.
+//
+// The agents' rule is namespace-wide, not per sandbox, because a policy made at allocation
+// races the agent's first connection: until the cluster's network plugin enforces it, the
+// default deny drops the agent's SYN and the connection waits for TCP's retransmission (about
+// a second). Opening the data port of warm sandboxes to the agents admits nothing: a sandbox's
+// data listener serves no byte before its fuse blows, and afterwards only TLS 1.3 with the
+// pinned agent key (sandbox-server/fuse). The init port stays the manager's alone.
 //
 // Nothing here talks to a cluster or to Pulumi: the values are plain data that the components
 // and the allocator turn into objects (Object.Unstructured).
@@ -79,6 +87,8 @@ const (
 	DenyInternalName = "fusebox-sandbox-deny-internal"
 	// AllowManagerInitName admits the manager's pods to every sandbox's init port.
 	AllowManagerInitName = "fusebox-sandbox-allow-manager-init"
+	// AllowAgentsDataName admits the agents to every sandbox's data port.
+	AllowAgentsDataName = "fusebox-sandbox-allow-agents-data"
 )
 
 // SandboxPolicyName is the name of sandbox id's own policies (one per kind).
@@ -133,9 +143,9 @@ type Network struct {
 	ManagerNamespace string
 	// ManagerLabels select the manager's pods in ManagerNamespace. Required.
 	ManagerLabels map[string]string
-	// AgentNamespaces are the namespaces whose pods (with AgentLabels) may reach a bound
-	// sandbox's data port; AgentCIDRs may reach it from outside the cluster. At least one of
-	// the two is required.
+	// AgentNamespaces are the namespaces whose pods (with AgentLabels) may reach a sandbox's
+	// data port; AgentCIDRs may reach it from outside the cluster. At least one of the two is
+	// required.
 	AgentNamespaces []string
 	AgentLabels     map[string]string
 	AgentCIDRs      []string
@@ -182,8 +192,9 @@ type Object struct {
 }
 
 // NamespacePolicies returns the sandbox namespace's policies under f: the default deny
-// (DefaultDenyName), the manager's access to the init port (AllowManagerInitName) and, on
-// Cilium, the deny of metadata, nodes and API server (DenyInternalName).
+// (DefaultDenyName), the manager's access to the init port (AllowManagerInitName), the agents'
+// access to the data port (AllowAgentsDataName) and, on Cilium, the deny of metadata, nodes
+// and API server (DenyInternalName).
 func NamespacePolicies(f Flavour, n Network) ([]Object, error) {
 	if _, err := ParseFlavour(string(f)); err != nil {
 		return nil, err
@@ -211,6 +222,11 @@ func NamespacePolicies(f Flavour, n Network) ([]Object, error) {
 				EndpointSelector: Selector{},
 				Ingress:          []CiliumIngress{{FromEndpoints: []Selector{ciliumPods(n.ManagerNamespace, n.ManagerLabels)}, ToPorts: ciliumTCP(n.InitPort)}},
 			}},
+			{APIVersion: CiliumAPIVersion, Kind: CiliumKind, Name: AllowAgentsDataName, Labels: labels, Spec: &CiliumSpec{
+				Description:      "fusebox: the agents reach the data port (served only to the agent whose key a sandbox pinned)",
+				EndpointSelector: Selector{},
+				Ingress:          ciliumAgents(n),
+			}},
 		}, nil
 	}
 	return []Object{dd,
@@ -219,7 +235,36 @@ func NamespacePolicies(f Flavour, n Network) ([]Object, error) {
 			PolicyTypes: []string{"Ingress"},
 			Ingress:     []NetworkPolicyIngress{{From: []NetworkPolicyPeer{npPods(n.ManagerNamespace, n.ManagerLabels)}, Ports: npTCP(n.InitPort)}},
 		}},
+		{APIVersion: NetworkPolicyAPIVersion, Kind: NetworkPolicyKind, Name: AllowAgentsDataName, Labels: labels, Spec: &NetworkPolicySpec{
+			PodSelector: Selector{},
+			PolicyTypes: []string{"Ingress"},
+			Ingress:     []NetworkPolicyIngress{{From: npAgents(n), Ports: npTCP(n.DataPort)}},
+		}},
 	}, nil
+}
+
+// ciliumAgents are the agents' ingress rules to the data port.
+func ciliumAgents(n Network) []CiliumIngress {
+	var in []CiliumIngress
+	for _, ns := range n.AgentNamespaces {
+		in = append(in, CiliumIngress{FromEndpoints: []Selector{ciliumPods(ns, n.AgentLabels)}, ToPorts: ciliumTCP(n.DataPort)})
+	}
+	if len(n.AgentCIDRs) > 0 {
+		in = append(in, CiliumIngress{FromCIDR: slices.Clone(n.AgentCIDRs), ToPorts: ciliumTCP(n.DataPort)})
+	}
+	return in
+}
+
+// npAgents are the agents as NetworkPolicy peers.
+func npAgents(n Network) []NetworkPolicyPeer {
+	var from []NetworkPolicyPeer
+	for _, ns := range n.AgentNamespaces {
+		from = append(from, npPods(ns, n.AgentLabels))
+	}
+	for _, c := range n.AgentCIDRs {
+		from = append(from, NetworkPolicyPeer{IPBlock: &IPBlock{CIDR: c}})
+	}
+	return from
 }
 
 // DefaultDeny returns the namespace-wide default deny under f: it selects every pod of the
@@ -246,18 +291,18 @@ func DefaultDeny(f Flavour) (Object, error) {
 }
 
 // SandboxPolicies returns bound sandbox id's own policies under f, all named
-// SandboxPolicyName(id) and selecting its pod by LabelSandboxID. allow holds the allocation's
-// canonical "host:port" entries (egress.Allowlist.Entries: "name:port", "*.suffix:port",
-// "1.2.3.4:port", "[2001:db8::1]:port"). Entries naming a metadata address are refused
-// (ErrDeniedDestination); under Kubernetes, entries naming a host are refused
+// SandboxPolicyName(id) and selecting its pod by LabelSandboxID: its egress. allow holds the
+// allocation's canonical "host:port" entries (egress.Allowlist.Entries: "name:port",
+// "*.suffix:port", "1.2.3.4:port", "[2001:db8::1]:port"); without any there is no policy (nil:
+// the namespace's policies are all the sandbox needs). Entries naming a metadata address are
+// refused (ErrDeniedDestination); under Kubernetes, entries naming a host are refused
 // (ErrFQDNUnsupported).
 //
-// Cilium: one CiliumNetworkPolicy: agents to the data port; egress per port to the names
-// (toFQDNs) and addresses (toCIDR), a DNS rule to kube-dns that lets exactly the allowlisted
-// names be looked up (none when no name is allowed), and egressDeny of the PrivateCIDRs except
-// the allowlisted addresses in them. GKE: a NetworkPolicy (agents to the data port; DNS to
-// kube-dns when names are allowed; the addresses) and, when names are allowed, an
-// FQDNNetworkPolicy with them. Kubernetes: the NetworkPolicy.
+// Cilium: one CiliumNetworkPolicy: egress per port to the names (toFQDNs) and addresses
+// (toCIDR), a DNS rule to kube-dns that lets exactly the allowlisted names be looked up (none
+// when no name is allowed), and egressDeny of the PrivateCIDRs except the allowlisted addresses
+// in them. GKE: a NetworkPolicy (DNS to kube-dns when names are allowed; the addresses) and,
+// when names are allowed, an FQDNNetworkPolicy with them. Kubernetes: the NetworkPolicy.
 func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object, error) {
 	if _, err := ParseFlavour(string(f)); err != nil {
 		return nil, err
@@ -279,6 +324,9 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 			}
 		}
 	}
+	if len(groups) == 0 {
+		return nil, nil
+	}
 	name := SandboxPolicyName(id)
 	labels := map[string]string{LabelPartOf: "fusebox", LabelApp: AppName, LabelSandboxID: id}
 	self := Selector{MatchLabels: map[string]string{LabelSandboxID: id}}
@@ -286,14 +334,8 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 
 	if f == Cilium {
 		spec := &CiliumSpec{
-			Description:      "fusebox: sandbox " + id + ": its agents, and exactly its allowlist",
+			Description:      "fusebox: sandbox " + id + ": exactly its allowlist",
 			EndpointSelector: self,
-		}
-		for _, ns := range n.AgentNamespaces {
-			spec.Ingress = append(spec.Ingress, CiliumIngress{FromEndpoints: []Selector{ciliumPods(ns, n.AgentLabels)}, ToPorts: ciliumTCP(n.DataPort)})
-		}
-		if len(n.AgentCIDRs) > 0 {
-			spec.Ingress = append(spec.Ingress, CiliumIngress{FromCIDR: slices.Clone(n.AgentCIDRs), ToPorts: ciliumTCP(n.DataPort)})
 		}
 		if hasNames {
 			var lookups []FQDNSelector
@@ -349,15 +391,7 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 		return []Object{{APIVersion: CiliumAPIVersion, Kind: CiliumKind, Name: name, Labels: labels, Spec: spec}}, nil
 	}
 
-	np := &NetworkPolicySpec{PodSelector: self, PolicyTypes: []string{"Ingress", "Egress"}}
-	var from []NetworkPolicyPeer
-	for _, ns := range n.AgentNamespaces {
-		from = append(from, npPods(ns, n.AgentLabels))
-	}
-	for _, c := range n.AgentCIDRs {
-		from = append(from, NetworkPolicyPeer{IPBlock: &IPBlock{CIDR: c}})
-	}
-	np.Ingress = []NetworkPolicyIngress{{From: from, Ports: npTCP(n.DataPort)}}
+	np := &NetworkPolicySpec{PodSelector: self, PolicyTypes: []string{"Egress"}}
 	if hasNames {
 		np.Egress = append(np.Egress, NetworkPolicyEgress{
 			To: []NetworkPolicyPeer{{

@@ -41,11 +41,12 @@ func TestNamespacePolicies(t *testing.T) {
 		want        []string
 		defaultDeny string
 	}{
-		{Cilium, []string{"CiliumNetworkPolicy/fusebox-sandbox-default-deny", "CiliumNetworkPolicy/fusebox-sandbox-deny-internal", "CiliumNetworkPolicy/fusebox-sandbox-allow-manager-init"},
+		{Cilium, []string{"CiliumNetworkPolicy/fusebox-sandbox-default-deny", "CiliumNetworkPolicy/fusebox-sandbox-deny-internal", "CiliumNetworkPolicy/fusebox-sandbox-allow-manager-init",
+			"CiliumNetworkPolicy/fusebox-sandbox-allow-agents-data"},
 			`{"description":"fusebox: sandboxes get no traffic but what other fusebox policies allow","endpointSelector":{},"enableDefaultDeny":{"ingress":true,"egress":true},"ingress":[{}],"egress":[{}]}`},
-		{GKE, []string{"NetworkPolicy/fusebox-sandbox-default-deny", "NetworkPolicy/fusebox-sandbox-allow-manager-init"},
+		{GKE, []string{"NetworkPolicy/fusebox-sandbox-default-deny", "NetworkPolicy/fusebox-sandbox-allow-manager-init", "NetworkPolicy/fusebox-sandbox-allow-agents-data"},
 			`{"podSelector":{},"policyTypes":["Ingress","Egress"]}`},
-		{Kubernetes, []string{"NetworkPolicy/fusebox-sandbox-default-deny", "NetworkPolicy/fusebox-sandbox-allow-manager-init"},
+		{Kubernetes, []string{"NetworkPolicy/fusebox-sandbox-default-deny", "NetworkPolicy/fusebox-sandbox-allow-manager-init", "NetworkPolicy/fusebox-sandbox-allow-agents-data"},
 			`{"podSelector":{},"policyTypes":["Ingress","Egress"]}`},
 	} {
 		t.Run(string(tc.f), func(t *testing.T) {
@@ -65,7 +66,8 @@ func TestNamespacePolicies(t *testing.T) {
 				t.Errorf("default deny %s\nwant %s", specJSON(t, objs[0]), tc.defaultDeny)
 			}
 			// A warm, unbound sandbox reaches nothing: no namespace policy allows any egress
-			// (not even DNS), and the only ingress is the manager's to the init port.
+			// (not even DNS), and the only ingress is the manager's to the init port and the
+			// agents' to the data port.
 			for _, o := range objs {
 				js := specJSON(t, o)
 				switch spec := o.Spec.(type) {
@@ -79,7 +81,7 @@ func TestNamespacePolicies(t *testing.T) {
 						}
 					}
 					for _, in := range spec.Ingress {
-						if len(in.FromEndpoints)+len(in.FromCIDR) != 0 && o.Name != AllowManagerInitName {
+						if len(in.FromEndpoints)+len(in.FromCIDR) != 0 && o.Name != AllowManagerInitName && o.Name != AllowAgentsDataName {
 							t.Errorf("%s allows ingress: %s", o.Name, js)
 						}
 					}
@@ -87,14 +89,14 @@ func TestNamespacePolicies(t *testing.T) {
 					if len(spec.Egress) != 0 {
 						t.Errorf("%s allows egress: %s", o.Name, js)
 					}
-					if len(spec.Ingress) != 0 && o.Name != AllowManagerInitName {
+					if len(spec.Ingress) != 0 && o.Name != AllowManagerInitName && o.Name != AllowAgentsDataName {
 						t.Errorf("%s allows ingress: %s", o.Name, js)
 					}
 				default:
 					t.Errorf("%s: spec %T", o.Name, o.Spec)
 				}
 			}
-			init := specJSON(t, objs[len(objs)-1])
+			init := specJSON(t, objs[len(objs)-2])
 			for _, s := range []string{"fusebox-system", "fusebox-manager", "7070"} {
 				if !strings.Contains(init, s) {
 					t.Errorf("manager init rule %s lacks %q", init, s)
@@ -102,6 +104,22 @@ func TestNamespacePolicies(t *testing.T) {
 			}
 			if strings.Contains(init, "7071") {
 				t.Errorf("the manager rule opens the data port: %s", init)
+			}
+			// The agents of each agent namespace, with the agent labels, reach the data port
+			// of every sandbox, and nothing else.
+			data := specJSON(t, objs[len(objs)-1])
+			var want string
+			if tc.f == Cilium {
+				want = `{"description":"fusebox: the agents reach the data port (served only to the agent whose key a sandbox pinned)","endpointSelector":{},"ingress":[` +
+					`{"fromEndpoints":[{"matchLabels":{"k8s:fusebox.dev/agent":"true","k8s:io.kubernetes.pod.namespace":"agents"}}],"toPorts":[{"ports":[{"port":"7071","protocol":"TCP"}]}]},` +
+					`{"fromEndpoints":[{"matchLabels":{"k8s:fusebox.dev/agent":"true","k8s:io.kubernetes.pod.namespace":"ci"}}],"toPorts":[{"ports":[{"port":"7071","protocol":"TCP"}]}]}]}`
+			} else {
+				want = `{"podSelector":{},"policyTypes":["Ingress"],"ingress":[{"from":[` +
+					`{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"agents"}},"podSelector":{"matchLabels":{"fusebox.dev/agent":"true"}}},` +
+					`{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"ci"}},"podSelector":{"matchLabels":{"fusebox.dev/agent":"true"}}}],"ports":[{"protocol":"TCP","port":7071}]}]}`
+			}
+			if data != want {
+				t.Errorf("agents' rule\n got %s\nwant %s", data, want)
 			}
 		})
 	}
@@ -144,18 +162,9 @@ func TestSandboxPoliciesCilium(t *testing.T) {
 	if !maps1(s.EndpointSelector.MatchLabels, LabelSandboxID, "sb-1") {
 		t.Errorf("selector %v", s.EndpointSelector)
 	}
-	// Agents of each agent namespace, with the agent labels; nothing else gets in.
-	var ins []string
-	for _, in := range s.Ingress {
-		b, _ := json.Marshal(in)
-		ins = append(ins, string(b))
-	}
-	want := []string{
-		`{"fromEndpoints":[{"matchLabels":{"k8s:fusebox.dev/agent":"true","k8s:io.kubernetes.pod.namespace":"agents"}}],"toPorts":[{"ports":[{"port":"7071","protocol":"TCP"}]}]}`,
-		`{"fromEndpoints":[{"matchLabels":{"k8s:fusebox.dev/agent":"true","k8s:io.kubernetes.pod.namespace":"ci"}}],"toPorts":[{"ports":[{"port":"7071","protocol":"TCP"}]}]}`,
-	}
-	if !slices.Equal(ins, want) {
-		t.Errorf("ingress\n got %v\nwant %v", ins, want)
+	// Egress only: the agents' ingress is the namespace's (AllowAgentsDataName).
+	if len(s.Ingress) != 0 {
+		t.Errorf("ingress %+v", s.Ingress)
 	}
 	var eg []string
 	for _, e := range s.Egress {
@@ -201,13 +210,15 @@ func TestSandboxPoliciesCilium(t *testing.T) {
 	if js := specJSON(t, objs[0]); strings.Contains(js, "kube-dns") || strings.Contains(js, `"53"`) {
 		t.Errorf("an allowlist without names gets DNS: %s", js)
 	}
-	// An empty allowlist: no egress at all.
-	objs, err = SandboxPolicies(Cilium, network(), "sb-3", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := objs[0].Spec.(*CiliumSpec); len(s.Egress) != 0 {
-		t.Errorf("empty allowlist: egress %+v", s.Egress)
+}
+
+// An allocation without an allowlist gets no policy of its own (and so no API write).
+func TestNoAllowlistNoPolicy(t *testing.T) {
+	for _, f := range Flavours {
+		objs, err := SandboxPolicies(f, network(), "sb-3", nil)
+		if err != nil || len(objs) != 0 {
+			t.Errorf("%s, empty allowlist: %v, %v; want no policy", f, names(objs), err)
+		}
 	}
 }
 
@@ -224,10 +235,7 @@ func TestSandboxPoliciesGKE(t *testing.T) {
 		t.Fatalf("objects %v", got)
 	}
 	np := specJSON(t, objs[0])
-	want := `{"podSelector":{"matchLabels":{"fusebox.dev/sandbox-id":"sb-1"}},"policyTypes":["Ingress","Egress"],` +
-		`"ingress":[{"from":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"agents"}},"podSelector":{"matchLabels":{"fusebox.dev/agent":"true"}}},` +
-		`{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"ci"}},"podSelector":{"matchLabels":{"fusebox.dev/agent":"true"}}},` +
-		`{"ipBlock":{"cidr":"192.0.2.0/24"}}],"ports":[{"protocol":"TCP","port":7071}]}],` +
+	want := `{"podSelector":{"matchLabels":{"fusebox.dev/sandbox-id":"sb-1"}},"policyTypes":["Egress"],` +
 		`"egress":[{"to":[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}},"podSelector":{"matchLabels":{"k8s-app":"kube-dns"}}}],"ports":[{"protocol":"UDP","port":53},{"protocol":"TCP","port":53}]},` +
 		`{"to":[{"ipBlock":{"cidr":"2001:db8::1/128"}}],"ports":[{"protocol":"TCP","port":443}]},` +
 		`{"to":[{"ipBlock":{"cidr":"10.0.0.1/32"}}],"ports":[{"protocol":"TCP","port":5432}]}]}`
