@@ -45,7 +45,7 @@ func TestChangedClosesWhenAPodTurnsClaimable(t *testing.T) {
 		t.Fatal(err)
 	}
 	taken := readyPod("sb-2")
-	taken.Labels[LabelState] = StateClaimed
+	taken.Annotations = map[string]string{AnnotationState: StateClaimed}
 	if _, err := pods.Create(ctx, taken, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -216,7 +216,7 @@ func New(o Options) (*Allocator, error) {
 		if !ok {
 			return nil, nil
 		}
-		return []string{templateStateKey(p.Labels[LabelTemplate], p.Labels[LabelState])}, nil
+		return []string{templateStateKey(p.Labels[LabelTemplate], podState(p))}, nil
 	}}); err != nil {
 		return nil, err
 	}
@@ -265,7 +265,7 @@ func (a *Allocator) notify(obj any, deleted bool) {
 	}
 	// The informer updates its cache before it calls the handlers, so a Claim woken by this
 	// close finds the pod.
-	if !deleted && p.Labels[LabelState] == StateReady && podReady(p) {
+	if !deleted && podState(p) == StateReady && podReady(p) {
 		if ch := a.changed[p.Labels[LabelTemplate]]; ch != nil {
 			close(ch)
 			delete(a.changed, p.Labels[LabelTemplate])
@@ -434,7 +434,7 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 		Created:     p.CreationTimestamp.Time,
 		Annotations: managerAnnotations(p.Annotations),
 	}
-	if p.Labels[LabelState] == StateClaimed {
+	if podState(p) == StateClaimed {
 		// Reported (not stored) for the manager's orphan collection: a unit claimed by a
 		// replica that died before binding it.
 		if info.Annotations == nil {
@@ -443,7 +443,7 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 		info.Annotations[manager.AnnotationState] = "claimed"
 		info.Annotations[manager.AnnotationClaimedAt] = p.Annotations[AnnotationClaimedAt]
 	}
-	if p.Labels[LabelState] == StateReady && !podReady(p) && !podEnded(p) {
+	if podState(p) == StateReady && !podReady(p) && !podEnded(p) {
 		// Reported for every replica's view of the pool (PoolStatus, List): a pod on its
 		// way is not yet a unit to claim, whichever replica created it.
 		if info.Annotations == nil {
@@ -603,10 +603,10 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 			continue
 		}
 		c := p.DeepCopy()
-		c.Labels[LabelState] = StateClaimed
 		if c.Annotations == nil {
 			c.Annotations = map[string]string{}
 		}
+		c.Annotations[AnnotationState] = StateClaimed
 		c.Annotations[AnnotationClaimedBy] = a.o.Identity
 		c.Annotations[AnnotationClaimedAt] = a.o.Clock.Now().UTC().Format(time.RFC3339Nano)
 		var got *corev1.Pod
@@ -659,7 +659,7 @@ func (a *Allocator) ownClaim(ctx context.Context, c *corev1.Pod, conflict error)
 	if err != nil {
 		return nil, err
 	}
-	if p.Labels[LabelState] == StateClaimed && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
+	if podState(p) == StateClaimed && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
 		p.Annotations[AnnotationClaimedAt] == c.Annotations[AnnotationClaimedAt] {
 		return p, nil
 	}
@@ -682,7 +682,7 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	// A pod claimed by another replica and not yet bound is that replica's to bind. Once it
 	// is bound, any replica may rewrite its lease (renewals go to whichever replica the
 	// agent reaches).
-	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity && p.Labels[LabelState] != StateBound {
+	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity && podState(p) != StateBound {
 		return fmt.Errorf("%w: pod %s was claimed by %s", manager.ErrBadTransition, id, by)
 	}
 	ann := map[string]any{}
@@ -694,11 +694,9 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 			ann[k] = v
 		}
 	}
-	meta := map[string]any{
-		"annotations": ann,
-		"labels":      map[string]any{LabelState: StateBound},
-	}
-	if p.Labels[LabelState] == StateReady && !a.staleAfterOurWrite(p) {
+	ann[AnnotationState] = StateBound
+	meta := map[string]any{"annotations": ann}
+	if podState(p) == StateReady && !a.staleAfterOurWrite(p) {
 		// Not claimed through this replica's Claim (a stale cache still showing our own
 		// claim is recognised above): take it here, guarded by the cached resourceVersion.
 		ann[AnnotationClaimedBy] = a.o.Identity
@@ -736,7 +734,7 @@ func (a *Allocator) annotated(ctx context.Context, id string, annotations map[st
 		return false
 	}
 	want := managerAnnotations(annotations)
-	return p.Labels[LabelState] == StateBound && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
+	return podState(p) == StateBound && p.Annotations[AnnotationClaimedBy] == a.o.Identity &&
 		maps.Equal(managerAnnotations(p.Annotations), want)
 }
 

@@ -14,13 +14,12 @@ import (
 // Labels and annotations on sandbox pods.
 const (
 	// LabelApp selects every sandbox pod (the informers watch only these).
-	LabelApp      = "app.kubernetes.io/name"
-	AppName       = "fusebox-sandbox"
-	LabelTemplate = "fusebox.dev/template"
-	// LabelState is StateReady, StateClaimed or StateBound.
-	LabelState     = "fusebox.dev/state"
+	LabelApp       = "app.kubernetes.io/name"
+	AppName        = "fusebox-sandbox"
+	LabelTemplate  = "fusebox.dev/template"
 	LabelSandboxID = "fusebox.dev/sandbox-id"
 
+	// The values of AnnotationState.
 	StateReady   = "ready"   // warm: claimable once the pod is Ready
 	StateClaimed = "claimed" // taken by one replica's Claim
 	StateBound   = "bound"   // the manager stored a lease (Annotate)
@@ -28,6 +27,11 @@ const (
 	// internalAnnotationPrefix marks annotations the allocator owns; List hides them and
 	// Annotate never replaces them.
 	internalAnnotationPrefix = "kube.fusebox.dev/"
+	// AnnotationState is StateReady, StateClaimed or StateBound. It is an annotation, not a
+	// label: a pod's labels are what network policy selects by, and a change of them makes
+	// the network plugin recompute (kube-router: a full sync of its rules; Cilium: a new
+	// security identity for the pod) twice per allocation, beside the allocation.
+	AnnotationState = internalAnnotationPrefix + "state"
 	// AnnotationClaimedBy is the identity of the replica whose Claim took the pod.
 	AnnotationClaimedBy = internalAnnotationPrefix + "claimed-by"
 	// AnnotationClaimedAt is when (RFC 3339) it was taken.
@@ -152,9 +156,13 @@ func BuildPod(s PodSpec) *corev1.Pod {
 	maps.Copy(labels, map[string]string{
 		LabelApp:       AppName,
 		LabelTemplate:  s.TemplateName,
-		LabelState:     StateReady,
 		LabelSandboxID: s.ID,
 	})
+	annotations := maps.Clone(t.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[AnnotationState] = StateReady
 	var pull []corev1.LocalObjectReference
 	for _, n := range append(slices.Clone(s.ImagePullSecrets), t.ImagePullSecrets...) {
 		if !slices.Contains(pull, corev1.LocalObjectReference{Name: n}) {
@@ -166,7 +174,7 @@ func BuildPod(s PodSpec) *corev1.Pod {
 			Name:        s.ID,
 			Namespace:   s.Namespace,
 			Labels:      labels,
-			Annotations: maps.Clone(t.Annotations),
+			Annotations: annotations,
 		},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:             &s.RuntimeClassName,
@@ -237,4 +245,16 @@ func podReady(p *corev1.Pod) bool {
 // podEnded reports whether p can never become Ready.
 func podEnded(p *corev1.Pod) bool {
 	return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// legacyLabelState is the label under which pods made by earlier versions carry their state
+// (now AnnotationState): read, never written, and refused in templates.
+const legacyLabelState = "fusebox.dev/state"
+
+// podState is pod p's AnnotationState (for a pod made before it existed, its legacy label).
+func podState(p *corev1.Pod) string {
+	if s, ok := p.Annotations[AnnotationState]; ok {
+		return s
+	}
+	return p.Labels[legacyLabelState]
 }

@@ -3,6 +3,7 @@ package kubealloc
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -169,7 +170,7 @@ func TestClaimRetriesTransientErrors(t *testing.T) {
 				t.Fatalf("claimed %q with %d updates and waits %v; want warm-1, 3 updates, 2 waits", info.ID, calls.Load(), f.waits())
 			}
 			p, _ := getPod(t, f, "warm-1")
-			if p.Labels[LabelState] != StateClaimed || p.Annotations[AnnotationClaimedBy] != "replica-a" {
+			if podState(p) != StateClaimed || p.Annotations[AnnotationClaimedBy] != "replica-a" {
 				t.Fatalf("pod not claimed: %v %v", p.Labels, p.Annotations)
 			}
 		})
@@ -283,8 +284,7 @@ func TestClaimConflictAfterRetryMovesOn(t *testing.T) {
 				return true, nil, unavailable()
 			}
 			p := o.(*corev1.Pod).DeepCopy()
-			p.Labels[LabelState] = StateClaimed
-			p.Annotations = map[string]string{AnnotationClaimedBy: "replica-b"}
+			p.Annotations = map[string]string{AnnotationState: StateClaimed, AnnotationClaimedBy: "replica-b"}
 			if err := f.cs.Tracker().Update(podsGVR, p, testNS); err != nil {
 				t.Error(err)
 			}
@@ -455,5 +455,46 @@ func TestCheckDefaultDenyRetries(t *testing.T) {
 	})
 	if err := checkDefaultDeny(context.Background(), r, dyn, testNS, sandboxnet.Cilium); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "reading CiliumNetworkPolicy sandboxes/"+DefaultDenyName) {
 		t.Fatalf("403: %v", err)
+	}
+}
+
+// An allocation (Claim, then Annotate) changes no label of the pod: network policy selects
+// pods by their labels, and a change makes the network plugin recompute its rules.
+func TestAllocationLeavesLabelsAlone(t *testing.T) {
+	f := newFixture(t, nil, readyPod("warm-1"))
+	before, err := getPod(t, f, "warm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := f.a.Claim(context.Background(), manager.DefaultTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.a.Annotate(context.Background(), info.ID, map[string]string{"fusebox.dev/lease": "x"}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := getPod(t, f, "warm-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if podState(p) != StateBound || p.Annotations["fusebox.dev/lease"] != "x" {
+		t.Fatalf("pod after Claim and Annotate: state %q, annotations %v", podState(p), p.Annotations)
+	}
+	if !maps.Equal(p.Labels, before.Labels) {
+		t.Fatalf("labels changed from %v to %v", before.Labels, p.Labels)
+	}
+}
+
+// A pod made before the state became an annotation carries it as a label: it is read there.
+func TestLegacyStateLabelIsRead(t *testing.T) {
+	p := readyPod("old-1")
+	delete(p.Annotations, AnnotationState)
+	p.Labels[legacyLabelState] = StateClaimed
+	if got := podState(p); got != StateClaimed {
+		t.Fatalf("podState = %q, want %q", got, StateClaimed)
+	}
+	f := newFixture(t, nil, p)
+	if _, err := f.a.Claim(context.Background(), manager.DefaultTemplate); !errors.Is(err, ErrNoReady) {
+		t.Fatalf("Claim of a pod claimed by its legacy label = %v, want ErrNoReady", err)
 	}
 }

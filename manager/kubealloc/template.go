@@ -131,7 +131,7 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		switch {
 		case k == LabelApp && v != AppName:
 			return refuse("metadata.labels", "%s=%s; sandbox pods are %s=%s (the informers and policies select them by it)", k, v, LabelApp, AppName)
-		case k == LabelTemplate || k == LabelState || k == LabelSandboxID:
+		case k == LabelTemplate || k == legacyLabelState || k == LabelSandboxID:
 			return refuse("metadata.labels", "%s is set by the allocator", k)
 		}
 	}

@@ -66,7 +66,7 @@ func TestParseTemplateBuildsThePod(t *testing.T) {
 	if !c.Resources.Requests.Cpu().Equal(resource.MustParse("500m")) || !c.Resources.Limits.Memory().Equal(resource.MustParse("3Gi")) {
 		t.Errorf("resources %v", c.Resources)
 	}
-	if p.Labels["team"] != "ml" || p.Labels[LabelState] != StateReady || p.Labels[LabelSandboxID] != "sb-1" || p.Annotations["example.com/owner"] != "ml-platform" {
+	if p.Labels["team"] != "ml" || p.Annotations[AnnotationState] != StateReady || p.Labels[LabelSandboxID] != "sb-1" || p.Annotations["example.com/owner"] != "ml-platform" {
 		t.Errorf("metadata %v %v", p.Labels, p.Annotations)
 	}
 	if got := strings.Join(c.Args, " "); got != "-init-listen=tcp://0.0.0.0:7070 -data-listen=tcp://0.0.0.0:7071 -workspace=/workspace -idle-ttl=24h -max-file-bytes=4096" {

@@ -13,7 +13,7 @@ import (
 // pool counts it so; a Ready one, a claimed one and one that ended are not.
 func TestUnitInfoReportsPodsOnTheirWay(t *testing.T) {
 	pod := func(state string, phase corev1.PodPhase, ready bool) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fbx-1", Labels: map[string]string{LabelState: state}},
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "fbx-1", Annotations: map[string]string{AnnotationState: state}},
 			Status: corev1.PodStatus{Phase: phase}}
 		if ready {
 			p.Status.PodIP = "10.0.0.9"

@@ -59,10 +59,10 @@ func TestManagerFillsSharedPool(t *testing.T) {
 	}()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		pods, _ := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: kubealloc.LabelState + "=" + kubealloc.StateReady})
+		pods, _ := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		running := 0
 		for _, p := range pods.Items {
-			if p.Status.Phase == "Running" {
+			if p.Annotations[kubealloc.AnnotationState] == kubealloc.StateReady && p.Status.Phase == "Running" {
 				running++
 			}
 		}

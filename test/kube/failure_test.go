@@ -86,7 +86,7 @@ func TestPolicyFailureIsNotHandedOut(t *testing.T) {
 			return false
 		}
 		for _, p := range pods.Items {
-			if p.Labels[kubealloc.LabelState] != kubealloc.StateReady && p.DeletionTimestamp == nil {
+			if p.Annotations[kubealloc.AnnotationState] != kubealloc.StateReady && p.DeletionTimestamp == nil {
 				return false
 			}
 		}

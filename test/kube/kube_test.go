@@ -236,7 +236,10 @@ func TestCreatePodSpecSecurity(t *testing.T) {
 		{"workspace emptyDir Memory", len(s.Volumes) == 1 && s.Volumes[0].EmptyDir != nil && s.Volumes[0].EmptyDir.Medium == corev1.StorageMediumMemory &&
 			len(c.VolumeMounts) == 1 && c.VolumeMounts[0].MountPath == "/workspace"},
 		{"labels", p.Labels["app.kubernetes.io/name"] == "fusebox-sandbox" && p.Labels["fusebox.dev/template"] == manager.DefaultTemplate &&
-			p.Labels["fusebox.dev/state"] == "ready" && p.Labels["fusebox.dev/sandbox-id"] == "sb-0001"},
+			p.Labels["fusebox.dev/sandbox-id"] == "sb-0001"},
+		// The pool state is an annotation: a label change would make the network plugin
+		// recompute its rules for the pod.
+		{"state annotation, no state label", p.Annotations[kubealloc.AnnotationState] == kubealloc.StateReady && p.Labels["fusebox.dev/state"] == ""},
 	}
 	for _, v := range s.Volumes {
 		if v.HostPath != nil {
@@ -326,8 +329,8 @@ func TestConcurrentClaimsTwoReplicas(t *testing.T) {
 	}
 	for _, p := range pods.Items {
 		by := byPod[p.Name]
-		if p.Labels[kubealloc.LabelState] != kubealloc.StateClaimed || len(by) != 1 || p.Annotations[kubealloc.AnnotationClaimedBy] != by[0] {
-			t.Errorf("pod %s: state %q claimed-by %q, claims %v", p.Name, p.Labels[kubealloc.LabelState], p.Annotations[kubealloc.AnnotationClaimedBy], by)
+		if p.Annotations[kubealloc.AnnotationState] != kubealloc.StateClaimed || len(by) != 1 || p.Annotations[kubealloc.AnnotationClaimedBy] != by[0] {
+			t.Errorf("pod %s: state %q claimed-by %q, claims %v", p.Name, p.Annotations[kubealloc.AnnotationState], p.Annotations[kubealloc.AnnotationClaimedBy], by)
 		}
 	}
 	if r, c := a.Counts(manager.DefaultTemplate); r != 0 || c != 0 {
@@ -440,7 +443,7 @@ func TestNewReplicaListsExistingPods(t *testing.T) {
 	lease := map[string]string{"fusebox.dev/state": "bound", "fusebox.dev/lease-expires": "2030-01-01T00:00:00Z"}
 	waitFor(t, func() bool {
 		p, err := env.Client.CoreV1().Pods(ns).Get(ctx, info.ID, metav1.GetOptions{})
-		return err == nil && p.Labels[kubealloc.LabelState] == kubealloc.StateClaimed
+		return err == nil && p.Annotations[kubealloc.AnnotationState] == kubealloc.StateClaimed
 	})
 	waitFor(t, func() bool { l, _ := a.List(ctx); return len(l) == 2 })
 	// Annotate needs the claim in a's cache (it refuses pods claimed elsewhere).
@@ -469,7 +472,7 @@ func TestNewReplicaListsExistingPods(t *testing.T) {
 		}
 	}
 	p, _ := env.Client.CoreV1().Pods(ns).Get(ctx, info.ID, metav1.GetOptions{})
-	if p.Labels[kubealloc.LabelState] != kubealloc.StateBound || p.Annotations[kubealloc.AnnotationClaimedBy] != "replica-a" {
+	if p.Annotations[kubealloc.AnnotationState] != kubealloc.StateBound || p.Annotations[kubealloc.AnnotationClaimedBy] != "replica-a" {
 		t.Errorf("bound pod labels %v annotations %v", p.Labels, p.Annotations)
 	}
 	// Replica c may rewrite the bound pod's lease (a renewal reaching another replica)...
