@@ -106,14 +106,20 @@ def python_figures(addr: str, exec_runs: int, alloc_runs: int, settle_s: float, 
     return out
 
 
-def go_figures(binary: Path, runsc: str, addr: str, exec_runs: int, alloc_runs: int, settle_s: float) -> dict:
-    env = dict(os.environ)
-    alloc = json.loads(subprocess.run([str(binary), "bench", "allocate", "--manager", addr, "--runs", str(alloc_runs),
-                                       "--settle", f"{int(settle_s * 1000)}ms", "--json"],
-                                      check=True, capture_output=True, env=env).stdout)
-    dp = json.loads(subprocess.run([str(binary), "bench", "dataplane", "--runsc", runsc, "--exec-runs", str(exec_runs),
-                                    "--baseline-runs", "5", "--shell-files", "30", "--stream-mib", "16", "--json"],
-                                   check=True, capture_output=True, env=env).stdout)
+def run_json(argv: list) -> dict:
+    """Runs argv and returns its standard output as JSON; on failure, raises with its stderr."""
+    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(str(a) for a in argv)}: exit status {p.returncode}:\n{p.stderr.strip()}")
+    return json.loads(p.stdout)
+
+
+def go_figures(bench: Path, runsc: str, addr: str, exec_runs: int, alloc_runs: int, settle_s: float) -> dict:
+    """The Go SDK's figures, from fusebox-bench (the benchmarks' binary, beside fusebox)."""
+    alloc = run_json([bench, "allocate", "--manager", addr, "--runs", alloc_runs,
+                      "--settle", f"{int(settle_s * 1000)}ms", "--json"])
+    dp = run_json([bench, "dataplane", "--runsc", runsc, "--exec-runs", exec_runs,
+                   "--baseline-runs", "5", "--shell-files", "30", "--stream-mib", "16", "--json"])
     return {"exec_roundtrip_p50_ms": dp["exec_roundtrip_p50_ms"], "exec_roundtrip_p99_ms": dp["exec_roundtrip_p99_ms"],
             "materialize_3000x4k_s": dp["materialize"]["seconds"], "materialize_3000x4k_rpcs": dp["materialize"]["rpcs"],
             "read_plan_3000x4k_s": dp["read"]["seconds"],
@@ -134,7 +140,7 @@ def main() -> int:
     try:
         lm.start()
         py = python_figures(lm.address, a.exec_runs, a.alloc_runs, a.settle, pool)
-        go = go_figures(binary, runsc, lm.address, a.exec_runs, a.alloc_runs, a.settle)
+        go = go_figures(binary.parent / "fusebox-bench", runsc, lm.address, a.exec_runs, a.alloc_runs, a.settle)
     finally:
         lm.stop()
     r = {"python": py, "go": go, "ratios": {
