@@ -104,8 +104,18 @@ func newEnv(t *testing.T) *env {
 // forceClean removes every container under the state directory, kills process-runtime
 // sandboxes, releases runsc's root and removes the files.
 func (e *env) forceClean(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// A manager the test killed may have left a runsc create running, which records its
+	// container only after this would have listed them: wait for it (and kill what a cut-off
+	// one left unrecorded) first.
+	killed, err := e.RT.KillOrphans(ctx, time.Minute)
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	for _, p := range killed {
+		t.Logf("cleanup: killed runsc %s process %d, which runsc does not record", p.Command, p.Pid)
+	}
 	if states, err := e.RT.List(ctx); err == nil {
 		for _, s := range states {
 			t.Logf("cleanup: removing leftover container %s (%s)", s.ID, s.Status)
