@@ -199,27 +199,38 @@ func TestContainer(t *testing.T) {
 	})
 }
 
+// createSleepers creates (not starts) one container per id under rt, each running
+// `sleep seconds` on a host-derived root with a sanitised /etc, removed when the test ends, and
+// returns their bundle directories by id.
+func createSleepers(t *testing.T, rt *runsc.Runtime, ids []string, seconds string) map[string]string {
+	t.Helper()
+	etc := filepath.Join(t.TempDir(), "etc")
+	if err := runsc.WriteSanitizedEtc(etc); err != nil {
+		t.Fatal(err)
+	}
+	bundles := map[string]string{}
+	for _, id := range ids {
+		dir := filepath.Join(t.TempDir(), "bundle")
+		if err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/sleep", seconds}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { runsctest.Remove(t, rt, id) })
+		if err := rt.Create(t.Context(), id, dir); err != nil {
+			t.Fatalf("Create %s: %v", id, err)
+		}
+		bundles[id] = dir
+	}
+	return bundles
+}
+
 // TestSeveralContainersOneRoot checks that containers under one root are
 // addressed exactly, including ids that would be prefixes of each other if
 // they were not fixed-width, and that the created status is reported.
 func TestSeveralContainersOneRoot(t *testing.T) {
 	rt := runsctest.Runtime(t)
 	ctx := t.Context()
-	etc := filepath.Join(t.TempDir(), "etc")
-	if err := runsc.WriteSanitizedEtc(etc); err != nil {
-		t.Fatal(err)
-	}
 	ids := []string{runsc.ID("pool", 1), runsc.ID("pool", 10)}
-	for _, id := range ids {
-		dir := filepath.Join(t.TempDir(), "bundle")
-		if err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/sleep", "30"}}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { runsctest.Remove(t, rt, id) })
-		if err := rt.Create(ctx, id, dir); err != nil {
-			t.Fatalf("Create %s: %v", id, err)
-		}
-	}
+	createSleepers(t, rt, ids, "30")
 	for _, id := range ids {
 		st, err := rt.State(ctx, id)
 		if err != nil || st.ID != id || st.Status != runsc.StatusCreated {
@@ -306,23 +317,8 @@ func utsString(f []int8) string {
 func TestKillOrphans(t *testing.T) {
 	rt := runsctest.Runtime(t)
 	ctx := t.Context()
-	etc := filepath.Join(t.TempDir(), "etc")
-	if err := runsc.WriteSanitizedEtc(etc); err != nil {
-		t.Fatal(err)
-	}
 	ids := []string{runsc.ID("orph", 1), runsc.ID("orph", 2)}
-	bundles := map[string]string{}
-	for _, id := range ids {
-		dir := filepath.Join(t.TempDir(), "bundle")
-		if err := runsc.WriteBundle(runsc.BundleSpec{Dir: dir, EtcDir: etc, Args: []string{"/bin/sleep", "300"}}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { runsctest.Remove(t, rt, id) })
-		if err := rt.Create(ctx, id, dir); err != nil {
-			t.Fatalf("Create %s: %v", id, err)
-		}
-		bundles[id] = dir
-	}
+	bundles := createSleepers(t, rt, ids, "300")
 	orphan := ids[1]
 	pid, err := runsc.ReadSandboxPID(bundles[orphan])
 	if err != nil {

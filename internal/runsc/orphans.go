@@ -92,9 +92,10 @@ func parseProcess(pid int, argv []string, root string) (Process, bool) {
 // processes it killed. Call it only while nothing else creates containers under r.Root.
 func (r *Runtime) KillOrphans(ctx context.Context, wait time.Duration) ([]Process, error) {
 	deadline := time.Now().Add(wait)
+	var procs []Process
 	for {
-		procs, err := r.Processes()
-		if err != nil {
+		var err error
+		if procs, err = r.Processes(); err != nil {
 			return nil, err
 		}
 		busy := false
@@ -118,10 +119,8 @@ func (r *Runtime) KillOrphans(ctx context.Context, wait time.Duration) ([]Proces
 	for _, s := range states {
 		known[filepath.Clean(s.Bundle)] = true
 	}
-	procs, err := r.Processes()
-	if err != nil {
-		return nil, err
-	}
+	// The processes read last, with no creation running: a container listed since had its
+	// processes then already.
 	var killed []Process
 	for _, p := range procs {
 		if (p.Command != "boot" && p.Command != "gofer") || p.Bundle == "" || known[filepath.Clean(p.Bundle)] {
