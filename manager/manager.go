@@ -597,7 +597,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 // timeStep records the time since start as the allocation step's (Metrics.AllocationSteps).
 func (m *Manager) timeStep(step string, start time.Time) {
 	if m.m != nil {
-		m.m.AllocationSteps.WithLabelValues(step).Observe(time.Since(start).Seconds())
+		m.m.steps[step].Observe(time.Since(start).Seconds())
 	}
 }
 
@@ -647,8 +647,8 @@ type PoolStatus struct {
 // Status returns the pool's status.
 func (m *Manager) Status() PoolStatus {
 	units := map[string]int{}
-	for _, u := range m.pool.units() {
-		units[u.State.String()]++
+	for s, n := range m.pool.counts() {
+		units[s.String()] = n
 	}
 	now := m.o.Clock.Now()
 	m.demandMu.Lock()

@@ -20,6 +20,8 @@ type Metrics struct {
 	Failures        *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
 	Allocations     prometheus.Counter
 	ColdWaits       prometheus.Counter // allocations that waited for a creation
+
+	steps map[string]prometheus.Observer // AllocationSteps' children, by step, made once
 }
 
 // NewMetrics registers the manager's metrics with reg (a fresh registry in tests).
@@ -60,8 +62,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, s := range stateNames {
 		m.Units.WithLabelValues(s)
 	}
+	m.steps = map[string]prometheus.Observer{}
 	for _, s := range Steps {
-		m.AllocationSteps.WithLabelValues(s)
+		m.steps[s] = m.AllocationSteps.WithLabelValues(s)
 	}
 	for _, s := range []string{"create", "init", "egress", "annotate", "destroy"} {
 		m.Failures.WithLabelValues(s)

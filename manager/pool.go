@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// pool is where a Manager keeps its units, and how it takes, renews, releases, lists, makes
-// and sizes them. localPool is a pool this manager owns alone (its StateOperator is the truth;
+// pool is where a Manager keeps its units, and how it takes, renews, releases, lists, counts,
+// makes and sizes them. localPool is a pool this manager owns alone (its StateOperator is the truth;
 // leases are persisted for the next manager's adoption); sharedPool is one that several
 // replicas share through the allocator (Capabilities.SharedPool), whose units' annotations are
 // the truth. What both need (creation counting and backoff, destroying, metrics) stays on the
@@ -23,8 +23,9 @@ type pool interface {
 	// length) if token is its lease token; release ends it and destroys the unit.
 	renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error)
 	release(ctx context.Context, id, token string) error
-	// units describes every unit of the pool, ordered by id.
+	// units describes every unit of the pool, ordered by id; counts counts them by state.
 	units() []Unit
+	counts() map[State]int
 	// reconcile runs one pass of the control loop; create makes one unit of tmpl (started by
 	// Manager.startCreate, which counts it) and reports whether it did.
 	reconcile(ctx context.Context)
@@ -83,6 +84,8 @@ func (p *localPool) drain(ctx context.Context) error {
 }
 
 func (p *localPool) units() []Unit { return p.ops.Snapshot() }
+
+func (p *localPool) counts() map[State]int { return p.ops.Counts("") }
 
 // take pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
 // starts one creation of its own (whatever the estimator's target), so it never depends on

@@ -201,6 +201,15 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 	}
 }
 
+// counts counts the shared pool's units by state, from the allocator's view.
+func (p *sharedPool) counts() map[State]int {
+	c := map[State]int{}
+	for _, u := range p.units() {
+		c[u.State]++
+	}
+	return c
+}
+
 // units describes every unit of the shared pool from the allocator's view.
 func (p *sharedPool) units() []Unit {
 	m := p.Manager
