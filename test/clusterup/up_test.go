@@ -336,11 +336,11 @@ func TestUpOnARealNode(t *testing.T) {
 	if probed[initPort] != "blocked" || probed[dataPort] != "blocked" {
 		t.Fatalf("from a pod outside the agents: %v, want both of the sandbox's ports blocked", probed)
 	}
-	mgrPods, err := env.Client.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=fusebox-manager"})
-	if err != nil || len(mgrPods.Items) == 0 {
+	mgrPods, err := managerPods(ctx, managerNS)
+	if err != nil || len(mgrPods) == 0 {
 		t.Fatalf("manager pods: %v", err)
 	}
-	targets := []string{fmt.Sprintf("%s:%d", mgrPods.Items[0].Status.PodIP, manager.DefaultGRPCPort),
+	targets := []string{fmt.Sprintf("%s:%d", mgrPods[0].Status.PodIP, manager.DefaultGRPCPort),
 		fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, manager.DefaultGRPCPort), nodetest.NodeIP + ":20250",
 		fmt.Sprintf("%s:%d", nodetest.NodeIP, nodetest.APIServerPort)}
 	for _, p := range readySandboxPods(ctx, t, sandboxNS) {
@@ -555,12 +555,12 @@ func BenchmarkAllocateThroughTheService(b *testing.B) {
 // managerMetrics are the /metrics addresses of the manager's pods in namespace ns, by pod IP
 // on the node's bridge.
 func managerMetrics(ctx context.Context, ns string) ([]string, error) {
-	pods, err := node.Env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=fusebox-manager"})
+	pods, err := managerPods(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
 	var urls []string
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if p.Status.PodIP != "" {
 			urls = append(urls, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(manager.DefaultMetricsPort))))
 		}
@@ -569,4 +569,13 @@ func managerMetrics(ctx context.Context, ns string) ([]string, error) {
 		return nil, fmt.Errorf("no manager pod with an IP in namespace %s", ns)
 	}
 	return urls, nil
+}
+
+// managerPods are the manager's pods in namespace ns.
+func managerPods(ctx context.Context, ns string) ([]corev1.Pod, error) {
+	pods, err := node.Env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=fusebox-manager"})
+	if err != nil {
+		return nil, err
+	}
+	return pods.Items, nil
 }
