@@ -255,6 +255,7 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 		}
 		s.state.AddBase(env)
 	}
+	creds = coalescedCreds{creds}
 	if s.opts.FastPath.Any() {
 		// Where an allocation's time goes, for the accelerators' measurements; the plain
 		// path's transport is credentials.NewTLS alone.
@@ -314,7 +315,11 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 		grpc.InitialWindowSize(8 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.ReadBufferSize(32 << 10),
-		grpc.WriteBufferSize(32 << 10),
+		// What gRPC hands TLS at a time, which coalescedCreds sends in one write: under
+		// gVisor a download's throughput follows the size of its writes (32 KiB: 150 MiB/s,
+		// 256 KiB: 200, docs/performance.md). One buffer per connection, made as it opens;
+		// a flush touches only the pages it fills, so small calls cost no more.
+		grpc.WriteBufferSize(256 << 10),
 	}
 	if around != nil {
 		opts = append(opts,

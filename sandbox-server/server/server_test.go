@@ -87,7 +87,7 @@ func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string,
 
 // startInProcessWith is startInProcess with opts (the workspace, reaper, environment and
 // workspace directory are set here).
-func startInProcessWith(t *testing.T, opts Options) (initAddr, dataAddr string, wait func() error) {
+func startInProcessWith(t testing.TB, opts Options) (initAddr, dataAddr string, wait func() error) {
 	t.Helper()
 	dir := t.TempDir()
 	ws, err := workspace.Open(workspace.Options{Dir: dir, MountPath: dir})

@@ -14,8 +14,10 @@ import (
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
-// streamChunkBytes is the data size of one ReadStream chunk.
-const streamChunkBytes = 256 << 10
+// streamChunkBytes is the data size of one ReadStream chunk: large, because under gVisor
+// each read of the file is a round through the sentry (the chunk leaves in 16 KiB HTTP/2
+// frames whatever its size).
+const streamChunkBytes = 1 << 20
 
 // ReadPlan resolves plain paths and globs to regular files and packs them into ReadFiles
 // batches of at most the batch limit (req.MaxBatchBytes when nonzero and smaller than
@@ -310,9 +312,12 @@ func checkRegular(h handle, rel string) error {
 	return nil
 }
 
-// ReadStream sends one regular file from req.Offset in chunks of 256 KiB, up to the size it
-// had when opened; the first chunk carries that size (a single empty chunk is sent when there
-// is nothing to read). Each chunk has a fresh buffer: send may keep it.
+// ReadStream sends one regular file from req.Offset in chunks of streamChunkBytes, up to the
+// size it had when opened; the first chunk carries that size (a single empty chunk is sent
+// when there is nothing to read). The chunks share one buffer: send must be done with a
+// chunk's data when it returns, as gRPC's SendMsg is (it has encoded the message into its own
+// buffer by then, and the data server installs no stats handler or binary log that could
+// read it later).
 func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStreamRequest, send func(*sandboxv1.ReadFileChunk) error) error {
 	rel, err := w.Resolve(req.GetPath())
 	if err != nil {
@@ -335,11 +340,12 @@ func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStrea
 	}
 	off := int64(min(req.GetOffset(), uint64(size)))
 	first := true
+	buf := make([]byte, min(streamChunkBytes, size-off))
 	for first || off < size {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		buf := make([]byte, min(streamChunkBytes, size-off))
+		buf := buf[:min(int64(len(buf)), size-off)]
 		n, err := h.ReadAt(buf, off)
 		if err != nil && err != io.EOF {
 			return wrap("reading", rel, err)
