@@ -17,5 +17,6 @@
 //
 // The latency accelerators the server takes part in (Options.FastPath, internal/fastpath)
 // can each be switched off; with all off the data plane's transport is credentials.NewTLS
-// with the pinning configuration, nothing else.
+// with the pinning configuration, over the read buffer (bufferedConn) and write coalescing
+// (coalescedCreds) below TLS that pass the sealed records through unchanged.
 package server
