@@ -451,3 +451,45 @@ func printSched(s *bench.Sched) {
 		fmt.Println("the kernel lost switches before they were drained (its buffer overflowed): some allocations' figures are incomplete or missing")
 	}
 }
+
+func benchSDKCmd() *cobra.Command {
+	var o bench.SDKOptions
+	var mgrTLS managerflags.TLS
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "sdk --manager ADDR",
+		Short: "The Go SDK's data-plane figures in one sandbox allocated from a running manager",
+		Long: `Allocates one sandbox from the manager at --manager (unix:///path or tcp://host:port) and
+measures, with the Go SDK's default options over one pinned connection: exec round trips of
+'true', and 3,000 files of 4 KiB of random bytes in 50 directories written with WriteFiles and
+read back through the plan with every byte compared (each the median of 5 rounds). The
+workloads are those of 'fusebox-bench dataplane', in a sandbox of the manager's template,
+limits and image, so that another SDK measured against the same manager (client/python's
+bench.py) compares like with like. The sandbox is released at the end.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Manager == "" {
+				return fmt.Errorf("--manager is required (unix:///path or tcp://host:port)")
+			}
+			o.ManagerOptions = mgrTLS.Options()
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.SDK(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "exec round trip of true (p50/p99)\t%.3f / %.3f ms\n", r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms)
+			fmt.Fprintf(w, "materialise 3000 x 4 KiB\t%.3f s (%d RPCs)\n", r.Materialize.Seconds, r.Materialize.RPCs)
+			fmt.Fprintf(w, "read back 3000 x 4 KiB, verified\t%.3f s (%d RPCs)\n", r.Read.Seconds, r.Read.RPCs)
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Manager, "manager", "", "the running manager's address (unix:///path or tcp://host:port)")
+	f.IntVar(&o.ExecRuns, "exec-runs", 300, "round trips of true")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	mgrTLS.Register(f)
+	return cmd
+}

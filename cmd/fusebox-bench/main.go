@@ -23,7 +23,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd())
+	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd(), benchSDKCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "fusebox-bench:", err)
 		os.Exit(1)

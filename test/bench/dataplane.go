@@ -197,25 +197,9 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 
 	// Exec round trips of `true`.
 	o.Log.Info("exec round trips", "runs", o.ExecRuns)
-	for range 20 { // warm the connection and the sandbox's caches
-		if _, err := c.Run(ctx, "true"); err != nil {
-			return nil, fmt.Errorf("warm-up exec: %w", err)
-		}
-	}
-	var rtts, procs, over []float64
-	for range o.ExecRuns {
-		t0 := time.Now()
-		res, err := c.Run(ctx, "true")
-		rtt := time.Since(t0)
-		if err != nil {
-			return nil, err
-		}
-		if res.ExitCode != 0 {
-			return nil, fmt.Errorf("true exited %d", res.ExitCode)
-		}
-		rtts = append(rtts, ms(rtt))
-		procs = append(procs, ms(res.Duration))
-		over = append(over, ms(rtt-res.Duration))
+	rtts, procs, over, err := execRoundTrips(ctx, c, o.ExecRuns)
+	if err != nil {
+		return nil, err
 	}
 	r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms = pct(rtts, 50), pct(rtts, 99)
 	r.ExecProcessP50Ms = pct(procs, 50)
@@ -243,38 +227,6 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	if o.Tuned.BatchBytes == 0 {
 		tunedDesc = fmt.Sprintf("tuned: concurrency %d", o.Tuned.Concurrency)
 	}
-	materialize := func(sbx *client.Sandbox, root string) (float64, int, error) {
-		files := make([]client.File, nFiles)
-		for i := range files {
-			files[i] = client.File{Path: floor.Path(root, i), Data: data[i]}
-		}
-		t0 := time.Now()
-		st, err := sbx.WriteFiles(ctx, files, nil, nil)
-		d := time.Since(t0)
-		if err != nil {
-			return 0, 0, fmt.Errorf("materialising: %w", err)
-		}
-		if st.Files != nFiles {
-			return 0, 0, fmt.Errorf("materialised %d files, want %d", st.Files, nFiles)
-		}
-		return d.Seconds(), st.Batches + st.Streamed, nil
-	}
-	readBack := func(sbx *client.Sandbox, root string) (float64, int, error) {
-		t0 := time.Now()
-		got, st, err := sbx.ReadFiles(ctx, root+"/**")
-		if err != nil {
-			return 0, 0, err
-		}
-		if len(got) != nFiles {
-			return 0, 0, fmt.Errorf("read %d files, want %d", len(got), nFiles)
-		}
-		for i := range nFiles {
-			if !bytes.Equal(got[floor.Path(root, i)], data[i]) {
-				return 0, 0, fmt.Errorf("read back %s: contents differ from what was written", floor.Path(root, i))
-			}
-		}
-		return time.Since(t0).Seconds(), 1 + st.Batches + st.Streamed, nil
-	}
 	// Default and tuned clients alternate round by round, so that the machine's load falls
 	// on both alike.
 	o.Log.Info("materialising and reading back 3000 x 4 KiB", "rounds", rounds)
@@ -292,12 +244,12 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 			{c, fmt.Sprintf("mat%d", i), &mats, &reads, &r.Materialize, &r.Read},
 			{tuned, fmt.Sprintf("tuned%d", i), &matsTuned, &readsTuned, &r.MaterializeTuned, &r.ReadTuned},
 		} {
-			s, n, err := materialize(v.sbx, v.root)
+			s, n, err := materialize(ctx, v.sbx, v.root, data)
 			if err != nil {
 				return nil, err
 			}
 			*v.mat, v.mfig.RPCs = append(*v.mat, s), n
-			if s, n, err = readBack(v.sbx, v.root); err != nil {
+			if s, n, err = readBack(ctx, v.sbx, v.root, data); err != nil {
 				return nil, err
 			}
 			*v.read, v.rfig.RPCs = append(*v.read, s), n
@@ -408,6 +360,70 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	r.StreamWriteVsFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorIn.MiBPerS)
 	r.StreamReadVsFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOut.MiBPerS)
 	return r, nil
+}
+
+// execRoundTrips runs `true` runs times over c, after 20 runs that warm the connection and the
+// sandbox's caches, and returns each run's round trip, the process's own duration, and the
+// difference (the data plane's overhead), in milliseconds.
+func execRoundTrips(ctx context.Context, c *client.Sandbox, runs int) (rtts, procs, over []float64, err error) {
+	for range 20 {
+		if _, err := c.Run(ctx, "true"); err != nil {
+			return nil, nil, nil, fmt.Errorf("warm-up exec: %w", err)
+		}
+	}
+	for range runs {
+		t0 := time.Now()
+		res, err := c.Run(ctx, "true")
+		rtt := time.Since(t0)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if res.ExitCode != 0 {
+			return nil, nil, nil, fmt.Errorf("true exited %d", res.ExitCode)
+		}
+		rtts = append(rtts, ms(rtt))
+		procs = append(procs, ms(res.Duration))
+		over = append(over, ms(rtt-res.Duration))
+	}
+	return rtts, procs, over, nil
+}
+
+// materialize writes the small-file workload (floor.Path under root, data) with WriteFiles and
+// returns the seconds it took and the RPCs it made.
+func materialize(ctx context.Context, sbx *client.Sandbox, root string, data [][]byte) (float64, int, error) {
+	files := make([]client.File, len(data))
+	for i := range files {
+		files[i] = client.File{Path: floor.Path(root, i), Data: data[i]}
+	}
+	t0 := time.Now()
+	st, err := sbx.WriteFiles(ctx, files, nil, nil)
+	d := time.Since(t0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("materialising: %w", err)
+	}
+	if st.Files != len(data) {
+		return 0, 0, fmt.Errorf("materialised %d files, want %d", st.Files, len(data))
+	}
+	return d.Seconds(), st.Batches + st.Streamed, nil
+}
+
+// readBack reads what materialize wrote under root through the read plan, compares every
+// byte, and returns the seconds both took and the RPCs (the plan's included).
+func readBack(ctx context.Context, sbx *client.Sandbox, root string, data [][]byte) (float64, int, error) {
+	t0 := time.Now()
+	got, st, err := sbx.ReadFiles(ctx, root+"/**")
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(got) != len(data) {
+		return 0, 0, fmt.Errorf("read %d files, want %d", len(got), len(data))
+	}
+	for i := range data {
+		if !bytes.Equal(got[floor.Path(root, i)], data[i]) {
+			return 0, 0, fmt.Errorf("read back %s: contents differ from what was written", floor.Path(root, i))
+		}
+	}
+	return time.Since(t0).Seconds(), 1 + st.Batches + st.Streamed, nil
 }
 
 // streamFloor measures raw unix-socket throughput between this host and the sandbox, rounds

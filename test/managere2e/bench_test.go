@@ -57,3 +57,32 @@ func TestBenchAgainstRunningManager(t *testing.T) {
 		t.Errorf("AllocateRemote with a 1 ns wait: %v, want ErrNotSettled", err)
 	}
 }
+
+// fusebox-bench sdk --manager measures the Go SDK's workloads in a sandbox the manager
+// allocated, verifying what it read back, and releases that sandbox.
+func TestSDKBenchAgainstRunningManager(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testCtx(t, testDeadline)
+	r, err := bench.SDK(ctx, bench.SDKOptions{Manager: e.Addr, ExecRuns: 5})
+	if err != nil {
+		t.Fatalf("SDK: %v", err)
+	}
+	if r.ExecRuns != 5 || r.ExecRoundtripP50Ms <= 0 || r.ExecRoundtripP99Ms < r.ExecRoundtripP50Ms {
+		t.Errorf("exec figures %+v: want 5 runs, p50 > 0 and p99 >= p50", r)
+	}
+	for _, f := range []bench.Figure{r.Materialize, r.Read} {
+		if f.Files != 3000 || f.Dirs != 50 || f.Rounds != 5 || f.Seconds <= 0 || f.RPCs <= 0 {
+			t.Errorf("figure %+v: want 3000 files in 50 directories, 5 rounds, time and RPCs", f)
+		}
+	}
+	if !r.Read.Verified {
+		t.Error("the read-back figure is not marked verified")
+	}
+	mc := dialManager(t, e.Addr)
+	for id, s := range list(t, ctx, mc) {
+		if st := s.GetState(); st == managerv1.UnitState_UNIT_STATE_BOUND || st == managerv1.UnitState_UNIT_STATE_INITIALISING {
+			t.Errorf("unit %s is %v after the benchmark: its sandbox must be released", id, st)
+		}
+	}
+}
