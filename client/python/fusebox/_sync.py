@@ -67,8 +67,16 @@ class Manager:
         bb = _core.batch_bytes(batch_bytes)
         key = key or AgentKey.generate()
         req = _core.allocate_request(key, template, egress, ttl, labels)
+        fut = self._rpc.Allocate.future(req, timeout=deadline)
         try:
-            resp = self._rpc.Allocate(req, timeout=deadline)
+            key._credentials()  # the client certificate, made while the manager allocates
+        except BaseException:
+            # The manager may allocate all the same: wait for its answer and release what it gave.
+            if fut.exception() is None:
+                self._release(fut.result().sandbox_id, fut.result().lease_token)
+            raise
+        try:
+            resp = fut.result()
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
         try:

@@ -64,8 +64,15 @@ class Manager:
         bb = _core.batch_bytes(batch_bytes)
         key = key or AgentKey.generate()
         req = _core.allocate_request(key, template, egress, ttl, labels)
+        call = self._rpc.Allocate(req, timeout=deadline)
         try:
-            resp = await self._rpc.Allocate(req, timeout=deadline)
+            await asyncio.sleep(0)  # the call starts...
+            key._credentials()  # ...and the client certificate is made while the manager allocates
+        except BaseException:
+            await asyncio.shield(self._reap(call))
+            raise
+        try:
+            resp = await call
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
         try:
@@ -73,6 +80,14 @@ class Manager:
         except BaseException:
             await asyncio.shield(self._release(resp.sandbox_id, resp.lease_token))
             raise
+
+    async def _reap(self, call) -> None:
+        """Releases what an Allocate call the caller gave up on allocated, if anything."""
+        try:
+            r = await call
+        except grpc.RpcError:
+            return
+        await self._release(r.sandbox_id, r.lease_token)
 
     async def _release(self, sandbox_id: str, token: str) -> Optional[FuseboxError]:
         try:

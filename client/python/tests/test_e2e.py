@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 import fusebox
 from fusebox import _core
@@ -356,3 +357,18 @@ def test_run_cli(manager_address, tmp_path):
     p = subprocess.run([sys.executable, "-m", "fusebox", "run", "--manager", "bogus", "--", "true"],
                        env=env, capture_output=True, timeout=120)
     assert p.returncode == 1 and b"manager address" in p.stderr
+
+
+class _BrokenKey(AgentKey):
+    """An agent key whose client certificate cannot be made (it is made while Allocate runs)."""
+
+    def _credentials(self):
+        raise RuntimeError("no certificate for this key")
+
+
+def test_failure_beside_allocate_releases(manager_address):
+    before = bound_now(manager_address)
+    key = _BrokenKey(ed25519.Ed25519PrivateKey.generate())
+    with pytest.raises(RuntimeError, match="no certificate"):
+        fusebox.Sandbox.allocate(manager_address, key=key)
+    no_leak(manager_address, before)
