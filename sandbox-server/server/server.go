@@ -258,7 +258,7 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 	creds = coalescedCreds{creds}
 	if s.opts.FastPath.Any() {
 		// Where an allocation's time goes, for the accelerators' measurements; the plain
-		// path's transport is credentials.NewTLS alone.
+		// path's transport is credentials.NewTLS over the write coalescing alone.
 		creds = timedCreds{creds, &s.timeline}
 	}
 	received := time.Now().UnixNano()
