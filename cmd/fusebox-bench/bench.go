@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"text/tabwriter"
@@ -57,23 +58,7 @@ benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 			fmt.Fprintf(w, "  process run time inside (p50)\t%.3f ms\n", r.ExecProcessP50Ms)
 			fmt.Fprintf(w, "  fusebox overhead (p50/p99)\t%.3f / %.3f ms\n", r.ExecOverheadP50Ms, r.ExecOverheadP99Ms)
 			fmt.Fprintf(w, "  runsc exec of true (p50)\t%.3f ms (%.1fx slower)\n", r.RunscExecRoundtripP50Ms, r.RoundtripSpeedupVsRunsc)
-			fig := func(name string, f bench.Figure) {
-				what := fmt.Sprintf("%d x %d B, %s, %d dirs", f.Files, f.FileBytes, f.Data, f.Dirs)
-				if f.Files == 1 {
-					what = fmt.Sprintf("one %d MiB file, %s", f.FileBytes>>20, f.Data)
-				}
-				if f.Verified {
-					what += ", every byte verified"
-				}
-				val := fmt.Sprintf("%.3f s", f.Seconds)
-				if f.MiBPerS > 0 {
-					val = fmt.Sprintf("%.0f MiB/s", f.MiBPerS)
-				}
-				if f.RPCs > 0 {
-					val += fmt.Sprintf(" in %d RPCs", f.RPCs)
-				}
-				fmt.Fprintf(w, "%s\t%s\t(%s; client %s; median of %d)\n", name, val, what, f.Client, f.Rounds)
-			}
+			fig := func(name string, f bench.Figure) { printFigure(w, name, f) }
 			fig("write small files", r.Materialize)
 			fig("  in-sandbox write floor", r.MaterializeFloor)
 			fmt.Fprintf(w, "  against the floor\t%.2fx\n", r.MaterializeVsFloor)
@@ -481,8 +466,8 @@ bench.py) compares like with like. The sandbox is released at the end.`,
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "exec round trip of true (p50/p99)\t%.3f / %.3f ms\n", r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms)
-			fmt.Fprintf(w, "materialise 3000 x 4 KiB\t%.3f s (%d RPCs)\n", r.Materialize.Seconds, r.Materialize.RPCs)
-			fmt.Fprintf(w, "read back 3000 x 4 KiB, verified\t%.3f s (%d RPCs)\n", r.Read.Seconds, r.Read.RPCs)
+			printFigure(w, "write small files", r.Materialize)
+			printFigure(w, "read them back", r.Read)
 			return w.Flush()
 		},
 	}
@@ -492,4 +477,23 @@ bench.py) compares like with like. The sandbox is released at the end.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	mgrTLS.Register(f)
 	return cmd
+}
+
+// printFigure writes one figure as a table row: its value and what it measured.
+func printFigure(w io.Writer, name string, f bench.Figure) {
+	what := fmt.Sprintf("%d x %d B, %s, %d dirs", f.Files, f.FileBytes, f.Data, f.Dirs)
+	if f.Files == 1 {
+		what = fmt.Sprintf("one %d MiB file, %s", f.FileBytes>>20, f.Data)
+	}
+	if f.Verified {
+		what += ", every byte verified"
+	}
+	val := fmt.Sprintf("%.3f s", f.Seconds)
+	if f.MiBPerS > 0 {
+		val = fmt.Sprintf("%.0f MiB/s", f.MiBPerS)
+	}
+	if f.RPCs > 0 {
+		val += fmt.Sprintf(" in %d RPCs", f.RPCs)
+	}
+	fmt.Fprintf(w, "%s\t%s\t(%s; client %s; median of %d)\n", name, val, what, f.Client, f.Rounds)
 }

@@ -220,9 +220,6 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 
 	// The small-file workload: 3,000 files of 4 KiB of random bytes in 50 directories.
 	data := floor.Contents(nFiles, fileSize)
-	small := func(clientDesc string) Figure {
-		return Figure{Files: nFiles, FileBytes: fileSize, Dirs: floor.Dirs, Data: "random", Client: clientDesc, Rounds: rounds}
-	}
 	tunedDesc := fmt.Sprintf("tuned: concurrency %d, batch bytes %d", o.Tuned.Concurrency, o.Tuned.BatchBytes)
 	if o.Tuned.BatchBytes == 0 {
 		tunedDesc = fmt.Sprintf("tuned: concurrency %d", o.Tuned.Concurrency)
@@ -230,33 +227,17 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 	// Default and tuned clients alternate round by round, so that the machine's load falls
 	// on both alike.
 	o.Log.Info("materialising and reading back 3000 x 4 KiB", "rounds", rounds)
-	r.Materialize, r.MaterializeTuned = small("defaults"), small(tunedDesc)
-	r.Read, r.ReadTuned = small("defaults"), small(tunedDesc)
-	r.Read.Verified, r.ReadTuned.Verified = true, true
-	var mats, matsTuned, reads, readsTuned []float64
+	def, tun := newSmallRuns("defaults"), newSmallRuns(tunedDesc)
 	for i := range rounds {
-		for _, v := range []struct {
-			sbx        *client.Sandbox
-			root       string
-			mat, read  *[]float64
-			mfig, rfig *Figure
-		}{
-			{c, fmt.Sprintf("mat%d", i), &mats, &reads, &r.Materialize, &r.Read},
-			{tuned, fmt.Sprintf("tuned%d", i), &matsTuned, &readsTuned, &r.MaterializeTuned, &r.ReadTuned},
-		} {
-			s, n, err := materialize(ctx, v.sbx, v.root, data)
-			if err != nil {
-				return nil, err
-			}
-			*v.mat, v.mfig.RPCs = append(*v.mat, s), n
-			if s, n, err = readBack(ctx, v.sbx, v.root, data); err != nil {
-				return nil, err
-			}
-			*v.read, v.rfig.RPCs = append(*v.read, s), n
+		if err := def.round(ctx, c, fmt.Sprintf("mat%d", i), data); err != nil {
+			return nil, err
+		}
+		if err := tun.round(ctx, tuned, fmt.Sprintf("tuned%d", i), data); err != nil {
+			return nil, err
 		}
 	}
-	r.Materialize.Seconds, r.MaterializeTuned.Seconds = pct(mats, 50), pct(matsTuned, 50)
-	r.Read.Seconds, r.ReadTuned.Seconds = pct(reads, 50), pct(readsTuned, 50)
+	r.Materialize, r.Read = def.figures()
+	r.MaterializeTuned, r.ReadTuned = tun.figures()
 
 	o.Log.Info("in-sandbox floors", "rounds", rounds)
 	floorRun := func(args ...string) (float64, error) {
@@ -287,7 +268,7 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 		}
 		readFloors = append(readFloors, s)
 	}
-	r.MaterializeFloor, r.ReadFloor = small("none"), small("none")
+	r.MaterializeFloor, r.ReadFloor = smallFigure("none"), smallFigure("none")
 	r.ReadFloor.Verified = true
 	r.MaterializeFloor.Seconds, r.ReadFloor.Seconds = pct(floors, 50), pct(readFloors, 50)
 	r.MaterializeVsFloor = round(r.Materialize.Seconds / r.MaterializeFloor.Seconds)
@@ -386,6 +367,44 @@ func execRoundTrips(ctx context.Context, c *client.Sandbox, runs int) (rtts, pro
 		over = append(over, ms(rtt-res.Duration))
 	}
 	return rtts, procs, over, nil
+}
+
+// smallFigure describes the small-file workload (3,000 files of 4 KiB of random bytes in
+// floor.Dirs directories, the median of rounds) as measured with client.
+func smallFigure(client string) Figure {
+	return Figure{Files: nFiles, FileBytes: fileSize, Dirs: floor.Dirs, Data: "random", Client: client, Rounds: rounds}
+}
+
+// smallRuns collects the rounds of the small-file workload with one client.
+type smallRuns struct {
+	mat, read   Figure
+	mats, reads []float64
+}
+
+func newSmallRuns(client string) *smallRuns {
+	r := &smallRuns{mat: smallFigure(client), read: smallFigure(client)}
+	r.read.Verified = true
+	return r
+}
+
+// round materialises data under root with sbx and reads it back, compared.
+func (r *smallRuns) round(ctx context.Context, sbx *client.Sandbox, root string, data [][]byte) error {
+	s, n, err := materialize(ctx, sbx, root, data)
+	if err != nil {
+		return err
+	}
+	r.mats, r.mat.RPCs = append(r.mats, s), n
+	if s, n, err = readBack(ctx, sbx, root, data); err != nil {
+		return err
+	}
+	r.reads, r.read.RPCs = append(r.reads, s), n
+	return nil
+}
+
+// figures returns the write and read-back figures, each the median of the rounds.
+func (r *smallRuns) figures() (mat, read Figure) {
+	r.mat.Seconds, r.read.Seconds = pct(r.mats, 50), pct(r.reads, 50)
+	return r.mat, r.read
 }
 
 // materialize writes the small-file workload (floor.Path under root, data) with WriteFiles and

@@ -67,22 +67,12 @@ func SDK(ctx context.Context, o SDKOptions) (_ *SDKResult, err error) {
 
 	o.Log.Info("materialising and reading back 3000 x 4 KiB", "rounds", rounds)
 	data := floor.Contents(nFiles, fileSize)
-	r.Materialize = Figure{Files: nFiles, FileBytes: fileSize, Dirs: floor.Dirs, Data: "random", Client: "defaults", Rounds: rounds}
-	r.Read = r.Materialize
-	r.Read.Verified = true
-	var mats, reads []float64
+	runs := newSmallRuns("defaults")
 	for i := range rounds {
-		root := fmt.Sprintf("mat%d", i)
-		s, n, err := materialize(ctx, a.Sandbox, root, data)
-		if err != nil {
+		if err := runs.round(ctx, a.Sandbox, fmt.Sprintf("mat%d", i), data); err != nil {
 			return nil, err
 		}
-		mats, r.Materialize.RPCs = append(mats, s), n
-		if s, n, err = readBack(ctx, a.Sandbox, root, data); err != nil {
-			return nil, err
-		}
-		reads, r.Read.RPCs = append(reads, s), n
 	}
-	r.Materialize.Seconds, r.Read.Seconds = pct(mats, 50), pct(reads, 50)
+	r.Materialize, r.Read = runs.figures()
 	return r, nil
 }
