@@ -345,8 +345,7 @@ func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStrea
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		buf := buf[:min(int64(len(buf)), size-off)]
-		n, err := h.ReadAt(buf, off)
+		n, err := h.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
 		if err != nil && err != io.EOF {
 			return wrap("reading", rel, err)
 		}

@@ -73,7 +73,8 @@ class Manager:
         except BaseException:
             # The manager may allocate all the same: wait for its answer and release what it gave.
             if fut.exception() is None:
-                self._release(fut.result().sandbox_id, fut.result().lease_token)
+                got = fut.result()
+                self._release(got.sandbox_id, got.lease_token)
             raise
         try:
             resp = fut.result()
