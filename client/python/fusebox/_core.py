@@ -85,6 +85,20 @@ def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_b
     return addr.grpc_target, creds, channel_options(batch_bytes)
 
 
+def start_connecting(channel: grpc.Channel) -> None:
+    """Starts a sync channel's connection and TLS handshake now rather than at its first call,
+    so that they overlap the caller's next steps (about 0.3 ms of an allocation here).
+
+    grpc.Channel has no public call for it (subscribe(try_to_connect=True) starts a polling
+    thread); this uses the core channel's own call where grpcio has it, and otherwise leaves
+    the connection to the first call, as before. grpc.aio's channel has get_state(True).
+    """
+    core = getattr(channel, "_channel", None)
+    check = getattr(core, "check_connectivity_state", None)
+    if check is not None:
+        check(True)
+
+
 def channel_options(batch_bytes: int) -> List[Tuple[str, Any]]:
     limit = batch_bytes + (1 << 20)
     return [

@@ -192,6 +192,7 @@ class Sandbox:
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
         sb._channel = grpc.secure_channel(target, creds, options=options)
+        _core.start_connecting(sb._channel)
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         if not ttl:

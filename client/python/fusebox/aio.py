@@ -179,6 +179,7 @@ class Sandbox:
         sb._batch, sb._conc = batch_bytes, concurrency
         sb._mgr, sb._owned, sb._token = mgr, None, resp.lease_token
         sb._channel = grpc.aio.secure_channel(target, creds, options=options)
+        sb._channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         sb._expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         sb._lease_error = None

@@ -116,11 +116,88 @@ def test_pinned_root_refusals():
         (b"garbage", spki(k), "not a DER X.509"),
         (b"", spki(k), "no sandbox certificate"),
         (self_signed(k), b"", "empty"),
-        (self_signed(k), b"junk", "not a DER SubjectPublicKeyInfo"),
+        (self_signed(k), b"junk", "not the DER SubjectPublicKeyInfo"),
     ]
     for cert, key, msg in cases:
         with pytest.raises(fusebox.PinningError, match=msg):
             pinned_root(cert, key)
+
+
+def rich_certificate(key, names, critical: bool) -> bytes:
+    """A certificate with more than the sandbox's: several extensions, a critical SAN, IP names."""
+    import ipaddress
+
+    from cryptography.hazmat.primitives import hashes
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t"), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "o")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+         .add_extension(x509.KeyUsage(True, False, False, False, False, True, False, False, False), critical=True)
+         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]
+                                                    + [x509.DNSName(n) for n in names]), critical=critical)
+         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+    algo = None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    return b.sign(key, algo).public_bytes(serialization.Encoding.DER)
+
+
+def test_certificate_facts_agree_with_cryptography():
+    """The SDK's DER reader finds the key and the names that a full X.509 parser finds, and
+    pinned_root's PEM is the certificate's own."""
+    from fusebox import _der
+
+    for make in (ed25519.Ed25519PrivateKey.generate, lambda: ec.generate_private_key(ec.SECP256R1())):
+        for names, critical in [((fusebox.SERVER_NAME,), False), ((fusebox.SERVER_NAME, "b.example"), True), ((), False)]:
+            k = make()
+            for der in (self_signed(k, names=names), rich_certificate(k, names, critical)):
+                c = x509.load_der_x509_certificate(der)
+                got_spki, got_names = _der.certificate_facts(der)
+                assert got_spki == spki(k) == c.public_key().public_bytes(serialization.Encoding.DER,
+                                                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+                try:
+                    want = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+                except x509.ExtensionNotFound:
+                    want = []
+                assert got_names == want
+                if fusebox.SERVER_NAME in names:
+                    assert pinned_root(der, spki(k)) == c.public_bytes(serialization.Encoding.PEM)
+
+
+def test_certificate_facts_mutations():
+    """Truncated, extended or corrupted certificates raise only DERError; where the reader
+    still accepts one, a full X.509 parser that accepts it finds the same key and names."""
+    import random
+    import warnings
+
+    from fusebox import _der
+
+    k = ed25519.Ed25519PrivateKey.generate()
+    der = self_signed(k)
+    rnd = random.Random(7)
+    variants = [der[:n] for n in range(len(der))] + [der + b"\0", der + der]
+    for _ in range(3000):
+        b = bytearray(der)
+        for _ in range(rnd.randint(1, 3)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        variants.append(bytes(b))
+    accepted = 0
+    for v in variants:
+        try:
+            got = _der.certificate_facts(v)
+        except _der.DERError:
+            continue
+        accepted += 1
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a corrupted serial number is negative
+                c = x509.load_der_x509_certificate(v)
+            want_spki = c.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            want_names = c.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        except Exception:  # the full parser refuses it: the TLS stack would refuse the root too
+            continue
+        assert got == (want_spki, want_names), v.hex()
+    assert accepted > 0
 
 
 def test_check_public_key_types():
@@ -137,6 +214,12 @@ def test_agent_key():
         key_pem, cert_pem = k._credentials()
         cert = x509.load_pem_x509_certificate(cert_pem)
         assert cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == k.public_key
+        # The hand-made encodings are cryptography's own.
+        assert key_pem == k._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption())
+        assert serialization.load_pem_private_key(key_pem, None).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo) == k.public_key
+        check_public_key(k.public_key)
         assert b"PRIVATE" not in repr(k).encode()
     with pytest.raises(fusebox.InvalidArgumentError):
         AgentKey.generate("rsa")  # type: ignore[arg-type]
@@ -217,3 +300,22 @@ def test_parse_duration():
     for bad in ("1x", "s", "-1", "1m junk"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_duration(bad)
+
+
+def test_start_connecting_dials_before_any_call(tmp_path):
+    """The sync channel's connection starts at start_connecting, with no call made."""
+    import socket
+
+    path = str(tmp_path / "s.sock")
+    ln = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ln.bind(path)
+    ln.listen(1)
+    ln.settimeout(10)
+    ch = grpc.insecure_channel("unix://" + path)
+    try:
+        _core.start_connecting(ch)
+        conn, _ = ln.accept()
+        conn.close()
+    finally:
+        ch.close()
+        ln.close()
