@@ -108,11 +108,14 @@ type ManagerConfig struct {
 
 // PoolConfig sizes the warm pool and each sandbox.
 type PoolConfig struct {
-	Size          int    `json:"size"`
-	Max           int    `json:"max"`
-	Estimator     string `json:"estimator"`
-	SandboxCPU    string `json:"sandboxCPU"`
-	SandboxMemory string `json:"sandboxMemory"`
+	Size      int    `json:"size"`
+	Max       int    `json:"max"`
+	Estimator string `json:"estimator"`
+	// SandboxCPU is each sandbox's CPU request, a weight; SandboxCPULimit an optional CFS
+	// quota of at least that (none by default: a quota stalls gVisor's bursts).
+	SandboxCPU      string `json:"sandboxCPU"`
+	SandboxCPULimit string `json:"sandboxCPULimit"`
+	SandboxMemory   string `json:"sandboxMemory"`
 }
 
 // NodePoolConfig configures the sandbox node pool (Karpenter on eks/aks; on gke only the name

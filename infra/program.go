@@ -124,6 +124,7 @@ func Install(ctx *pulumi.Context, c *Config) error {
 		Sandbox: manager.SandboxTemplate{
 			Image:     c.Images.Sandbox,
 			CPU:       c.Pool.SandboxCPU,
+			CPULimit:  c.Pool.SandboxCPULimit,
 			Memory:    c.Pool.SandboxMemory,
 			Placement: placement,
 		},

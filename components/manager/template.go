@@ -20,8 +20,15 @@ type SandboxTemplate struct {
 	Image string
 	// RuntimeClassName defaults to "gvisor".
 	RuntimeClassName string
-	// CPU and Memory are each sandbox's requests and limits (defaults "1" and "2Gi").
+	// CPU is each sandbox's CPU request (default "1"): a weight (cgroup cpu.shares) that
+	// divides a busy node fairly and costs nothing while a CPU is idle. Memory is its request
+	// and limit (default "2Gi").
 	CPU, Memory string
+	// CPULimit, when set, is a CFS quota (limits.cpu) of at least CPU. Empty (the default):
+	// none, because a quota stops a sandbox for the rest of a 100 ms period once a burst of
+	// gVisor's host threads has used it, a first call's or a short command's p99-sized stall
+	// (docs/performance.md, "CPU limits"; the same default as fusebox local up's).
+	CPULimit string
 	// EphemeralStorage caps the workspace (default "10Gi").
 	EphemeralStorage string
 	// Placement puts sandbox pods on their nodes; nil is the fusebox sandbox pool (its label
@@ -75,17 +82,24 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 		return nil, fmt.Errorf("sandbox image: %w", err)
 	}
 	rc := or(t.RuntimeClassName, components.RuntimeClassName)
-	res := corev1.ResourceList{}
-	for k, v := range map[corev1.ResourceName]string{
+	req, err := quantities(map[corev1.ResourceName]string{
 		corev1.ResourceCPU:              or(t.CPU, "1"),
 		corev1.ResourceMemory:           or(t.Memory, "2Gi"),
 		corev1.ResourceEphemeralStorage: or(t.EphemeralStorage, "10Gi"),
-	} {
-		q, err := resource.ParseQuantity(v)
+	})
+	if err != nil {
+		return nil, err
+	}
+	lim := corev1.ResourceList{corev1.ResourceMemory: req[corev1.ResourceMemory], corev1.ResourceEphemeralStorage: req[corev1.ResourceEphemeralStorage]}
+	if t.CPULimit != "" {
+		q, err := resource.ParseQuantity(t.CPULimit)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox %s %q: %w", k, v, err)
+			return nil, fmt.Errorf("sandbox cpu limit %q: %w", t.CPULimit, err)
 		}
-		res[k] = q
+		if q.Cmp(req[corev1.ResourceCPU]) < 0 {
+			return nil, fmt.Errorf("sandbox cpu limit %s is below its request %s", t.CPULimit, or(t.CPU, "1"))
+		}
+		lim[corev1.ResourceCPU] = q
 	}
 	no, yes := false, true
 	place := SandboxPoolPlacement()
@@ -125,7 +139,7 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 					{Name: "init", ContainerPort: components.InitPort, Protocol: corev1.ProtocolTCP},
 					{Name: "data", ContainerPort: components.DataPort, Protocol: corev1.ProtocolTCP},
 				},
-				Resources: corev1.ResourceRequirements{Requests: res, Limits: res},
+				Resources: corev1.ResourceRequirements{Requests: req, Limits: lim},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(components.InitPort)},
 				}, PeriodSeconds: 1},
@@ -150,6 +164,19 @@ func (t SandboxTemplate) YAML() (string, error) {
 		return "", fmt.Errorf("encoding sandbox template: %w", err)
 	}
 	return string(b), nil
+}
+
+// quantities parses each resource's quantity, naming the one that does not parse.
+func quantities(m map[corev1.ResourceName]string) (corev1.ResourceList, error) {
+	l := corev1.ResourceList{}
+	for k, v := range m {
+		q, err := resource.ParseQuantity(v)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s %q: %w", k, v, err)
+		}
+		l[k] = q
+	}
+	return l, nil
 }
 
 func or(v, d string) string {

@@ -40,10 +40,15 @@ func TestManagerBuildsPodsFromTheRenderedTemplate(t *testing.T) {
 		t.Errorf("tolerations %v, want the sandbox taint's", s.Tolerations)
 	}
 	for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
-		if !rl.Cpu().Equal(resource.MustParse("1500m")) || !rl.Memory().Equal(resource.MustParse("3Gi")) ||
-			!rl.StorageEphemeral().Equal(resource.MustParse("5Gi")) {
+		if !rl.Memory().Equal(resource.MustParse("3Gi")) || !rl.StorageEphemeral().Equal(resource.MustParse("5Gi")) {
 			t.Errorf("resources %v", c.Resources)
 		}
+	}
+	if !c.Resources.Requests.Cpu().Equal(resource.MustParse("1500m")) {
+		t.Errorf("cpu request %v, want 1500m", c.Resources.Requests.Cpu())
+	}
+	if _, quota := c.Resources.Limits[corev1.ResourceCPU]; quota {
+		t.Errorf("cpu limit %v: a CFS quota the template did not ask for", c.Resources.Limits.Cpu())
 	}
 	if p.Labels["app.kubernetes.io/part-of"] != "fusebox" || p.Labels["app.kubernetes.io/name"] != components.SandboxAppLabel {
 		t.Errorf("labels %v", p.Labels)
@@ -112,5 +117,26 @@ func TestDeploymentReadsTheTemplate(t *testing.T) {
 	}
 	if !mounted {
 		t.Errorf("template ConfigMap not mounted at /etc/fusebox/sandbox: %v", mocktest.Dig(c, "volumeMounts"))
+	}
+}
+
+// TestSandboxCPULimitIsOptIn: a CPU limit (a CFS quota) is set only when the template asks
+// for one, and one below the request is refused naming both.
+func TestSandboxCPULimitIsOptIn(t *testing.T) {
+	p, err := SandboxTemplate{Image: sbxImage, CPU: "500m", CPULimit: "2"}.Pod()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Spec.Containers[0].Resources
+	if !r.Limits.Cpu().Equal(resource.MustParse("2")) || !r.Requests.Cpu().Equal(resource.MustParse("500m")) {
+		t.Errorf("resources %v, want a 500m request and a 2 CPU limit", r)
+	}
+	for _, tc := range []struct{ limit, want string }{
+		{"250m", "sandbox cpu limit 250m is below its request 500m"},
+		{"lots", `sandbox cpu limit "lots"`},
+	} {
+		if _, err := (SandboxTemplate{Image: sbxImage, CPU: "500m", CPULimit: tc.limit}).Pod(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CPULimit %s: Pod() = %v, want an error containing %q", tc.limit, err, tc.want)
+		}
 	}
 }

@@ -71,7 +71,9 @@ type Template struct {
 	ImagePullSecrets []string
 }
 
-// DefaultTemplate is 250m/256Mi requested, 1 CPU/1Gi limit, a 512Mi workspace.
+// DefaultTemplate is 250m/256Mi requested, a 1Gi memory limit, a 512Mi workspace, and no CPU
+// limit: a CFS quota stalls gVisor's bursts of host threads for the rest of its period, so the
+// CPU request (a weight) is what divides a busy node.
 func DefaultTemplate(image string) Template {
 	return Template{
 		Image: image,
@@ -80,7 +82,6 @@ func DefaultTemplate(image string) Template {
 			corev1.ResourceMemory: resource.MustParse("256Mi"),
 		},
 		Limits: corev1.ResourceList{
-			corev1.ResourceCPU:    resource.MustParse("1"),
 			corev1.ResourceMemory: resource.MustParse("1Gi"),
 		},
 		WorkspaceSize: resource.MustParse("512Mi"),

@@ -227,7 +227,7 @@ func TestCreatePodSpecSecurity(t *testing.T) {
 		{"drop ALL capabilities, add none", csc.Capabilities != nil && len(csc.Capabilities.Drop) == 1 && csc.Capabilities.Drop[0] == "ALL" && len(csc.Capabilities.Add) == 0},
 		{"container seccomp RuntimeDefault", csc.SeccompProfile != nil && csc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault},
 		{"cpu and memory requests", !c.Resources.Requests.Cpu().IsZero() && !c.Resources.Requests.Memory().IsZero()},
-		{"cpu and memory limits", !c.Resources.Limits.Cpu().IsZero() && !c.Resources.Limits.Memory().IsZero()},
+		{"a memory limit and no cpu quota", c.Resources.Limits.Cpu().IsZero() && !c.Resources.Limits.Memory().IsZero()},
 		{"nodeSelector sandbox pool", s.NodeSelector["fusebox.dev/pool"] == "sandbox"},
 		{"toleration for the sandbox taint", len(s.Tolerations) > 0 && s.Tolerations[0].Key == "fusebox.dev/sandbox"},
 		{"ports init 7070 and data 7071", len(c.Ports) == 2 && c.Ports[0].Name == "init" && c.Ports[0].ContainerPort == 7070 && c.Ports[1].Name == "data" && c.Ports[1].ContainerPort == 7071},
