@@ -20,6 +20,9 @@ type UnitInfo struct {
 	Created  time.Time
 	// Annotations are what the manager stored with Annotate (lease data for adoption).
 	Annotations map[string]string
+	// Version is the backend's version of the unit when it was read (kube: the pod's
+	// resourceVersion), where the allocator has one: OneWriteClaimer.ClaimBound's guard.
+	Version string
 }
 
 // Allocator manages the lifecycle of execution units. Implementations are safe for
@@ -165,6 +168,24 @@ type SharedPool interface {
 	// lease bound through one replica may be renewed through another a moment later.
 	// ErrUnitNotFound if there is no such unit.
 	Lookup(ctx context.Context, id string) (UnitInfo, error)
+}
+
+// OneWriteClaimer is implemented by SharedPool allocators that can claim a unit with the
+// write that binds it, so that an allocation makes one write to the backend before sFuse
+// where Claim then Annotate (beside sFuse) make two. The manager picks a unit without taking
+// it, claims it with the lease, and only then runs sFuse and binds its egress; a replica
+// that loses the claim has touched nothing and leaves the unit to the winner.
+type OneWriteClaimer interface {
+	// Pick returns a ready unit of template as the allocator last saw it, without taking
+	// it, passing over the units skip reports; its Version says which state of it was seen.
+	// ErrNoReadyUnit when there is none. Pick makes no request to the backend.
+	Pick(template string, skip func(id string) bool) (UnitInfo, error)
+	// ClaimBound takes unit u, as Pick returned it, and binds it with annotations (what
+	// Annotate would write) in one atomic write that succeeds only while the unit is still
+	// at u.Version: of all ClaimBound and Claim calls anywhere for one version, at most one
+	// succeeds. ErrUnitTaken when the unit changed or is gone; any other error leaves it
+	// unknown whether the write landed (if it did, the unit's lease expires unrenewed).
+	ClaimBound(ctx context.Context, u UnitInfo, annotations map[string]string) error
 }
 
 // ExitWatcher is implemented by allocators that learn when a unit ends on its own (its

@@ -13,6 +13,9 @@ var (
 	ErrAllocator       = errors.New("allocator failed")
 	ErrBadTransition   = errors.New("unit is not in the expected state")
 	ErrNoReadyUnit     = errors.New("no ready unit")
+	// ErrUnitTaken is OneWriteClaimer.ClaimBound's answer for a unit another replica took
+	// first (or that is gone): the allocation tries another unit and leaves that one alone.
+	ErrUnitTaken = errors.New("unit taken by another replica")
 	// ErrUnsupported: the request needs a feature the allocator does not declare (see
 	// Capabilities); the manager refuses rather than hand out a unit without it.
 	ErrUnsupported = errors.New("not supported by this manager's allocator")

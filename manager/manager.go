@@ -102,6 +102,10 @@ type Options struct {
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
 	ClaimGrace time.Duration
+	// SeparateClaim makes a shared pool claim each unit with its own write before binding
+	// it, even where the allocator is a OneWriteClaimer (which by default claims the unit
+	// with the lease's write, one write fewer on the allocation's path).
+	SeparateClaim bool
 	// MissedEventGuard is how long an Allocate waiting on an empty shared pool waits for the
 	// allocator's change notification before it tries to claim again anyway (default 1 s). It
 	// only guards against a notification lost to a bug: a change is never expected to go
@@ -131,6 +135,7 @@ type Manager struct {
 	binder    EgressBinder
 	annotator Annotator
 	handoffer Handoffer
+	claimer   OneWriteClaimer // a shared pool's, unless Options.SeparateClaim
 
 	wake chan struct{} // nudges the reconciler
 
@@ -208,6 +213,9 @@ func New(o Options) (*Manager, error) {
 	}
 	if m.caps.SharedPool {
 		m.pool = &sharedPool{Manager: m, shared: m.alloc.(SharedPool)}
+		if c, ok := m.alloc.(OneWriteClaimer); ok && !o.SeparateClaim {
+			m.claimer = c
+		}
 	} else {
 		m.pool = &localPool{Manager: m}
 	}
@@ -429,7 +437,7 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	}
 
 	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt, lost := 0, 0; attempt < 3; attempt++ {
 		took := time.Now()
 		u, err := m.pool.take(ctx, tmpl)
 		m.timeStep("take", took)
@@ -437,6 +445,13 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 			return Allocation{}, err
 		}
 		a, err := m.bind(ctx, u, req, allow, ttl)
+		if errors.Is(err, ErrUnitTaken) && lost < maxLostClaims {
+			// Another replica claimed the unit first: a race, not a failure of the unit.
+			lost++
+			attempt--
+			lastErr = err
+			continue
+		}
 		if err == nil {
 			d := time.Since(start)
 			m.recordAllocation()
@@ -457,6 +472,10 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	}
 	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
 }
+
+// maxLostClaims bounds the claims one allocation may lose to other replicas (beyond its
+// attempts) before it gives up.
+const maxLostClaims = 16
 
 // checkLabels refuses labels over the caps (MaxLabels, MaxLabelValueBytes, MaxLabelBytes) or
 // with a name that cannot be part of an annotation key.
@@ -534,6 +553,25 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
 	lease := &Lease{Owner: req.Owner, TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
 		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
+	if u.claimOnBind {
+		// Picked, not claimed: the lease's write claims the unit, and until it succeeds the
+		// unit is not this replica's, so nothing else touches it first (its sFuse and its
+		// egress policy, named after it, are the claim winner's alone). A unit another
+		// replica took is left to it, and one whose claim may have landed unseen to its
+		// lease's expiry: neither is destroyed here, only forgotten.
+		claiming := time.Now()
+		err := m.claimer.ClaimBound(ctx, u.Info, leaseAnnotations(lease))
+		m.timeStep("annotate", claiming)
+		if err != nil {
+			m.ops.Transition(id, Initialising, Destroying, nil)
+			m.ops.Transition(id, Destroying, Gone, nil)
+			if !errors.Is(err, ErrUnitTaken) {
+				m.failure("annotate")
+				err = fmt.Errorf("%w: %v", ErrAllocator, err)
+			}
+			return Allocation{}, fmt.Errorf("claiming %s: %w", id, err)
+		}
+	}
 	// The egress policy is bound and the lease persisted while sFuse runs: all three must
 	// succeed before the agent hears of the unit (nothing in it runs agent code before the
 	// agent connects, which it can only do after this returns), and a failure of any destroys
@@ -553,7 +591,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	default: // checkEgress has refused an allowlist this allocator cannot enforce
 		egressed <- nil
 	}
-	if m.annotator != nil {
+	if m.annotator != nil && !u.claimOnBind {
 		go func() {
 			defer m.timeStep("annotate", time.Now())
 			annotated <- m.annotator.Annotate(ctx, id, leaseAnnotations(lease))

@@ -33,12 +33,24 @@ func (p *sharedPool) take(ctx context.Context, tmpl string) (Unit, error) {
 	for {
 		// Taken before Claim: a unit that turns ready after Claim looked closes it.
 		changed := p.shared.Changed(tmpl)
-		info, err := p.shared.Claim(ctx, tmpl)
+		var info UnitInfo
+		var err error
+		if m.claimer != nil {
+			// Picked, not claimed: bind claims it. Units this replica is binding are
+			// passed over (the allocator's view may not show them taken yet).
+			info, err = m.claimer.Pick(tmpl, func(id string) bool { _, ok := m.ops.Get(id); return ok })
+		} else {
+			info, err = p.shared.Claim(ctx, tmpl)
+		}
 		if err == nil {
 			if err := m.ops.Insert(info, Initialising, nil); err != nil {
+				if m.claimer != nil {
+					continue // another allocation of this replica picked it meanwhile
+				}
 				return Unit{}, fmt.Errorf("%w: claimed unit %s twice: %v", ErrAllocator, info.ID, err)
 			}
 			u, _ := m.ops.Get(info.ID)
+			u.claimOnBind = m.claimer != nil
 			return u, nil
 		}
 		if !errors.Is(err, ErrNoReadyUnit) {

@@ -2,6 +2,7 @@ package manager_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
@@ -18,15 +20,23 @@ import (
 // replicas starts two managers on one shared pool: the first leads.
 func replicas(t *testing.T, pool int) (*memalloc.Shared, *fakeClock, [2]*manager.Manager) {
 	t.Helper()
+	return replicasWith(t, pool, func(*manager.Options) {})
+}
+
+// replicasWith is replicas with each manager's options changed by opt.
+func replicasWith(t *testing.T, pool int, opt func(*manager.Options)) (*memalloc.Shared, *fakeClock, [2]*manager.Manager) {
+	t.Helper()
 	a := memalloc.NewShared()
 	c := newFakeClock(time.Unix(2_000_000, 0))
 	var ms [2]*manager.Manager
 	for i := range ms {
 		leader := i == 0
-		m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: c,
+		o := manager.Options{Allocator: a, Estimator: estimator.Fixed{N: pool}, Clock: c,
 			Initializer: memalloc.Initializer, IsLeader: func() bool { return leader }, CreateConcurrency: 16,
 			ReconcileInterval: 5 * time.Millisecond, AllocateWait: 10 * time.Second,
-			Metrics: manager.NewMetrics(prometheus.NewRegistry())})
+			Metrics: manager.NewMetrics(prometheus.NewRegistry())}
+		opt(&o)
+		m, err := manager.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,33 +49,140 @@ func replicas(t *testing.T, pool int) (*memalloc.Shared, *fakeClock, [2]*manager
 	return a, c, ms
 }
 
+// TestReplicasNeverBindTheSameUnit: 200 allocations through two replicas at once, each
+// unit claimed with the lease's write (the default) or by a claim of its own
+// (SeparateClaim), bind 200 distinct units, and each allocation's sandbox key is the one its
+// own sFuse got: the initializer works once per unit, as a sandbox's fuse does, and no
+// allocation fails on a unit another replica's sFuse reached first.
 func TestReplicasNeverBindTheSameUnit(t *testing.T) {
-	a, _, ms := replicas(t, 8)
-	eventually(t, "shared pool filled by the leader", func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 8 })
-	key, _ := client.NewKey()
-	ctx := context.Background()
-	var mu sync.Mutex
-	bound := map[string]int{}
-	var wg sync.WaitGroup
-	for i := range 200 {
-		wg.Go(func() {
-			al, err := ms[i%2].Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
-			if err != nil {
-				t.Error(err)
-				return
+	for _, separate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one write", true: "separate claim"}[separate], func(t *testing.T) {
+			var fuseMu sync.Mutex
+			fused := map[string]string{} // init address -> the key its one sFuse returned
+			once := func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
+				r, err := memalloc.Initializer(ctx, addr, req)
+				if err != nil {
+					return r, err
+				}
+				fuseMu.Lock()
+				defer fuseMu.Unlock()
+				if _, blown := fused[addr]; blown {
+					return sfuse.Result{}, fmt.Errorf("%s: the fuse is blown", addr)
+				}
+				fused[addr] = string(r.SandboxKey)
+				return r, nil
 			}
-			mu.Lock()
-			bound[al.ID]++
-			mu.Unlock()
+			a, _, ms := replicasWith(t, 8, func(o *manager.Options) { o.Initializer, o.SeparateClaim = once, separate })
+			eventually(t, "shared pool filled by the leader", func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 8 })
+			key, _ := client.NewKey()
+			ctx := context.Background()
+			var mu sync.Mutex
+			bound := map[string]int{}
+			var wg sync.WaitGroup
+			for i := range 200 {
+				wg.Go(func() {
+					al, err := ms[i%2].Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					fuseMu.Lock()
+					got := fused["mem://"+al.ID+"/init"]
+					fuseMu.Unlock()
+					if got != string(al.SandboxKey) {
+						t.Errorf("%s handed out with a sandbox key its sFuse did not get", al.ID)
+					}
+					mu.Lock()
+					bound[al.ID]++
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			if len(bound) != 200 {
+				t.Fatalf("%d distinct units for 200 allocations", len(bound))
+			}
+			for id, n := range bound {
+				if n != 1 {
+					t.Fatalf("%s bound %d times", id, n)
+				}
+			}
+			oneWrite := 0
+			for _, c := range a.Calls() {
+				if c.Method == "ClaimBound" {
+					oneWrite++
+				}
+			}
+			// (Claim is also the leader's way to take a surplus unit to destroy.)
+			if separate && oneWrite > 0 || !separate && oneWrite < 200 {
+				t.Errorf("%d ClaimBound calls for 200 allocations", oneWrite)
+			}
+			t.Logf("%d ClaimBound calls for 200 allocations", oneWrite)
 		})
 	}
-	wg.Wait()
-	if len(bound) != 200 {
-		t.Fatalf("%d distinct units for 200 allocations", len(bound))
+}
+
+// TestLostClaimLeavesTheUnitAlone: a replica that picked a unit another replica then took
+// allocates another unit and neither destroys nor rewrites the one it lost.
+func TestLostClaimLeavesTheUnitAlone(t *testing.T) {
+	var fusedMu sync.Mutex
+	var fused []string
+	a, _, ms := replicasWith(t, 3, func(o *manager.Options) {
+		o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
+			fusedMu.Lock()
+			fused = append(fused, addr)
+			fusedMu.Unlock()
+			return memalloc.Initializer(ctx, addr, req)
+		}
+	})
+	eventually(t, "pool", func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 3 })
+	ctx := context.Background()
+	var lost string
+	winner := map[string]string{"fusebox.dev/state": "bound", "winner": "yes"}
+	var mu sync.Mutex
+	a.Fail = func(method, id string) error {
+		mu.Lock()
+		first := method == "ClaimBound" && lost == ""
+		if first {
+			lost = id
+		}
+		mu.Unlock()
+		if !first {
+			return nil
+		}
+		u, err := a.Lookup(ctx, id)
+		if err == nil {
+			err = a.ClaimBound(ctx, u, winner) // another replica wins it first
+		}
+		return err
 	}
-	for id, n := range bound {
-		if n != 1 {
-			t.Fatalf("%s bound %d times", id, n)
+	key, _ := client.NewKey()
+	al, err := ms[1].Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost == "" || al.ID == lost {
+		t.Fatalf("allocated %s; lost %q: the race was not exercised", al.ID, lost)
+	}
+	u, err := a.Lookup(ctx, lost)
+	if err != nil {
+		t.Fatalf("the lost unit is gone: %v", err)
+	}
+	if u.Annotations["winner"] != "yes" {
+		t.Errorf("the lost unit's annotations were rewritten: %v", u.Annotations)
+	}
+	for _, c := range a.Calls() {
+		if c.Method == "Destroy" && c.ID == lost {
+			t.Errorf("the replica that lost %s destroyed it", lost)
+		}
+	}
+	fusedMu.Lock()
+	defer fusedMu.Unlock()
+	if !slices.Equal(fused, []string{"mem://" + al.ID + "/init"}) {
+		t.Errorf("sFuse reached %v, want only the allocated unit %s", fused, al.ID)
+	}
+	for _, u := range ms[1].List() {
+		if u.Info.ID == lost && u.State != manager.Bound {
+			t.Errorf("the lost unit is listed %s by the replica that lost it", u.State)
 		}
 	}
 }

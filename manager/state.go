@@ -68,6 +68,10 @@ type Unit struct {
 	// Remains marks a Failed unit whose destroy failed: the allocator may still hold its
 	// resources (a running sandbox), so the manager destroys it again later.
 	Remains bool
+
+	// claimOnBind marks a unit a shared pool picked without claiming it: bind claims it
+	// with the lease's write (OneWriteClaimer).
+	claimOnBind bool
 }
 
 type unit struct {

@@ -92,6 +92,9 @@ type KubeConfig struct {
 	// ImagePullSecrets are given to every sandbox pod.
 	ImagePullSecrets []string
 	LeaderElect      bool
+	// SeparateClaim is manager.Options.SeparateClaim: claim each pod with its own write
+	// before binding it, instead of with the lease's write.
+	SeparateClaim bool
 	// QPS and Burst limit this replica's API requests (0: kubealloc.DefaultQPS, DefaultBurst).
 	QPS   float32
 	Burst int
@@ -208,7 +211,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, Logger: log, Metrics: manager.NewMetrics(reg)})
+		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, SeparateClaim: c.Kube.SeparateClaim,
+		Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err
 	}

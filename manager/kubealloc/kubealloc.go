@@ -9,7 +9,8 @@
 // Everything the allocator reads comes from one shared pod informer (filtered to
 // app.kubernetes.io/name=fusebox-sandbox in the namespace): no polling, no GET or LIST per
 // request once the cache has synced. Writes per operation: Create 1 (plus 1 delete on
-// failure), Claim 1 per attempt (a Conflict moves to the next candidate), BindEgress 1 per
+// failure), Claim 1 per attempt (a Conflict moves to the next candidate), Pick none and
+// ClaimBound 1 (the claim and the lease in one write: the manager's default), BindEgress 1 per
 // policy object (server-side apply; 2 on GKE when the allowlist names hosts), Annotate 1,
 // Destroy 1 plus 1 per policy kind of the flavour.
 //
@@ -25,10 +26,11 @@
 // component renders into its ConfigMap and refuses any that contradicts the security
 // settings BuildPod enforces.
 //
-// Several manager replicas share the pods. The pod's fusebox.dev/state label carries the
-// unit's state (ready -> claimed -> bound); Claim moves ready -> claimed with an Update that
-// carries the cached resourceVersion, so the API server lets exactly one replica win each
-// pod and no lock is needed.
+// Several manager replicas share the pods. The pod's state annotation carries the unit's
+// state (ready -> claimed -> bound, or ready -> bound); Claim moves ready -> claimed with an
+// Update, and ClaimBound ready -> bound with a patch, each carrying the cached
+// resourceVersion, so the API server lets exactly one replica win each pod and no lock is
+// needed.
 package kubealloc
 
 import (
@@ -66,7 +68,10 @@ import (
 // wraps manager.ErrNoReadyUnit, which the manager waits on.
 var ErrNoReady = fmt.Errorf("%w: no ready sandbox pod to claim", manager.ErrNoReadyUnit)
 
-var _ manager.SharedPool = (*Allocator)(nil)
+var (
+	_ manager.SharedPool      = (*Allocator)(nil)
+	_ manager.OneWriteClaimer = (*Allocator)(nil)
+)
 
 // FieldManager is the field manager of every write.
 const FieldManager = "fusebox-manager"
@@ -638,6 +643,80 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 		return a.unitInfo(got)
 	}
 	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
+}
+
+// Pick returns a Ready pod of template in state ready from the informer's cache, chosen at
+// random so that replicas rarely pick the same pod, passing over the pods skip names and
+// those the cache shows as they were before this replica's own write. It reads nothing from
+// the API server; the UnitInfo's Version is the pod's resourceVersion.
+func (a *Allocator) Pick(template string, skip func(id string) bool) (manager.UnitInfo, error) {
+	if err := a.ready(); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	if _, ok := a.o.Templates[template]; !ok {
+		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	if err != nil {
+		return manager.UnitInfo{}, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
+	}
+	for _, i := range rand.Perm(len(objs)) {
+		p := objs[i].(*corev1.Pod)
+		if !podReady(p) || skip(p.Name) || a.staleAfterOurWrite(p) {
+			continue
+		}
+		info, err := a.unitInfo(p)
+		if err != nil {
+			return manager.UnitInfo{}, err
+		}
+		info.Version = p.ResourceVersion
+		return info, nil
+	}
+	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
+}
+
+// ClaimBound claims pod u.ID and binds it in one merge patch that carries u.Version as its
+// resourceVersion: state bound, AnnotationClaimedBy = Identity, and annotations as the
+// manager's (as Annotate writes them). A Conflict or NotFound is manager.ErrUnitTaken (a
+// Conflict after a lost attempt is resolved by reading the pod back).
+func (a *Allocator) ClaimBound(ctx context.Context, u manager.UnitInfo, annotations map[string]string) error {
+	if err := a.ready(); err != nil {
+		return err
+	}
+	if u.Version == "" {
+		return fmt.Errorf("%w: pod %s picked without a resourceVersion", manager.ErrBadTransition, u.ID)
+	}
+	ann := map[string]any{}
+	for k, v := range annotations {
+		if !strings.HasPrefix(k, internalAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	ann[AnnotationState] = StateBound
+	ann[AnnotationClaimedBy] = a.o.Identity
+	ann[AnnotationClaimedAt] = a.o.Clock.Now().UTC().Format(time.RFC3339Nano)
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann, "resourceVersion": u.Version}})
+	if err != nil {
+		return err
+	}
+	retried, err := a.retry.do(ctx, func(ctx context.Context) error {
+		_, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, u.ID, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+		return err
+	})
+	if retried && apierrors.IsConflict(err) && a.annotated(ctx, u.ID, annotations) {
+		err = nil // the attempt whose answer was lost won
+	}
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		a.conflicts.Add(1)
+		return fmt.Errorf("%w: pod %s/%s: %w", manager.ErrUnitTaken, a.o.Namespace, u.ID, err)
+	case err != nil:
+		return fmt.Errorf("%w: claiming and binding pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, u.ID, err)
+	}
+	a.mu.Lock()
+	a.written[u.ID] = u.Version
+	a.mu.Unlock()
+	return nil
 }
 
 // getPod reads pod name from the API server (not the cache), retrying transient errors.

@@ -12,7 +12,9 @@ import (
 	"crypto/x509"
 	"fmt"
 	"maps"
+	mrand "math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +25,7 @@ import (
 
 // Call is one recorded call.
 type Call struct {
-	Method string // Create, Destroy, List, Annotate, BindEgress, Claim
+	Method string // Create, Destroy, List, Annotate, BindEgress, Claim, Pick, ClaimBound
 	ID     string
 	Arg    any
 }
@@ -198,9 +200,13 @@ type Shared struct {
 	creating atomic.Int32
 	// changed is closed when a unit turns ready (guarded by Allocator.mu).
 	changed chan struct{}
+	version uint64 // the last Version given (guarded by Allocator.mu)
 }
 
-var _ manager.SharedPool = (*Shared)(nil)
+var (
+	_ manager.SharedPool      = (*Shared)(nil)
+	_ manager.OneWriteClaimer = (*Shared)(nil)
+)
 
 // NewShared returns an empty shared-pool allocator.
 func NewShared() *Shared { return &Shared{Allocator: New()} }
@@ -217,6 +223,7 @@ func (s *Shared) Create(ctx context.Context, id, template string) (manager.UnitI
 	defer s.mu.Unlock()
 	if u, ok := s.units[id]; ok {
 		u.Annotations = map[string]string{"fusebox.dev/state": "ready"}
+		s.bumpLocked(u)
 		info = *u
 		if s.changed != nil {
 			close(s.changed)
@@ -260,9 +267,67 @@ func (s *Shared) Claim(ctx context.Context, template string) (manager.UnitInfo, 
 		return manager.UnitInfo{}, manager.ErrNoReadyUnit
 	}
 	best.Annotations = map[string]string{"fusebox.dev/state": "claimed"}
+	s.bumpLocked(best)
 	c := *best
 	c.Annotations = maps.Clone(best.Annotations)
 	return c, nil
+}
+
+// Annotate is Allocator.Annotate, as a new version of the unit.
+func (s *Shared) Annotate(ctx context.Context, id string, ann map[string]string) error {
+	if err := s.Allocator.Annotate(ctx, id, ann); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if u, ok := s.units[id]; ok {
+		s.bumpLocked(u)
+	}
+	return nil
+}
+
+// Pick returns a ready unit of template chosen at random (as replicas of the kube allocator
+// pick), not taking it.
+func (s *Shared) Pick(template string, skip func(id string) bool) (manager.UnitInfo, error) {
+	if err := s.record(Call{Method: "Pick", Arg: template}); err != nil {
+		return manager.UnitInfo{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ready []*manager.UnitInfo
+	for _, u := range s.units {
+		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" && !skip(u.ID) {
+			ready = append(ready, u)
+		}
+	}
+	if len(ready) == 0 {
+		return manager.UnitInfo{}, manager.ErrNoReadyUnit
+	}
+	c := *ready[mrand.IntN(len(ready))]
+	c.Annotations = maps.Clone(c.Annotations)
+	return c, nil
+}
+
+// ClaimBound binds unit u with ann if it is still ready at u.Version, else ErrUnitTaken.
+func (s *Shared) ClaimBound(ctx context.Context, u manager.UnitInfo, ann map[string]string) error {
+	if err := s.record(Call{Method: "ClaimBound", ID: u.ID, Arg: maps.Clone(ann)}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur, ok := s.units[u.ID]
+	if !ok || cur.Version != u.Version || cur.Annotations["fusebox.dev/state"] != "ready" {
+		return fmt.Errorf("%w: %s", manager.ErrUnitTaken, u.ID)
+	}
+	cur.Annotations = maps.Clone(ann)
+	s.bumpLocked(cur)
+	return nil
+}
+
+// bumpLocked gives unit u a new Version (a write).
+func (s *Shared) bumpLocked(u *manager.UnitInfo) {
+	s.version++
+	u.Version = strconv.FormatUint(s.version, 10)
 }
 
 // Counts returns the ready and creating units of template.
