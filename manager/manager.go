@@ -437,7 +437,8 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	}
 
 	var lastErr error
-	for attempt, lost := 0, 0; attempt < 3; attempt++ {
+	lostUntil := m.o.Clock.Now().Add(m.o.AllocateWait) // claims lost to other replicas retried until then
+	for attempt := 0; attempt < 3; attempt++ {
 		took := time.Now()
 		u, err := m.pool.take(ctx, tmpl)
 		m.timeStep("take", took)
@@ -445,9 +446,9 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 			return Allocation{}, err
 		}
 		a, err := m.bind(ctx, u, req, allow, ttl)
-		if errors.Is(err, ErrUnitTaken) && lost < maxLostClaims {
-			// Another replica claimed the unit first: a race, not a failure of the unit.
-			lost++
+		if errors.Is(err, ErrUnitTaken) && m.o.Clock.Now().Before(lostUntil) {
+			// Another replica claimed the unit first: a race, not a failure of the unit (the
+			// allocator offers that version of it no more), as Claim's lost races are.
 			attempt--
 			lastErr = err
 			continue
@@ -472,10 +473,6 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	}
 	return Allocation{}, fmt.Errorf("%w: %v", ErrAllocator, lastErr)
 }
-
-// maxLostClaims bounds the claims one allocation may lose to other replicas (beyond its
-// attempts) before it gives up.
-const maxLostClaims = 16
 
 // checkLabels refuses labels over the caps (MaxLabels, MaxLabelValueBytes, MaxLabelBytes) or
 // with a name that cannot be part of an annotation key.

@@ -706,6 +706,13 @@ func (a *Allocator) ClaimBound(ctx context.Context, u manager.UnitInfo, annotati
 	if retried && apierrors.IsConflict(err) && a.annotated(ctx, u.ID, annotations) {
 		err = nil // the attempt whose answer was lost won
 	}
+	if err == nil || apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		// Either way the cache's version is behind: Pick passes it over until the cache
+		// catches up, rather than offer the same lost pod again.
+		a.mu.Lock()
+		a.written[u.ID] = u.Version
+		a.mu.Unlock()
+	}
 	switch {
 	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 		a.conflicts.Add(1)
@@ -713,9 +720,6 @@ func (a *Allocator) ClaimBound(ctx context.Context, u manager.UnitInfo, annotati
 	case err != nil:
 		return fmt.Errorf("%w: claiming and binding pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, u.ID, err)
 	}
-	a.mu.Lock()
-	a.written[u.ID] = u.Version
-	a.mu.Unlock()
 	return nil
 }
 

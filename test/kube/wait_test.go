@@ -15,11 +15,25 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 )
 
-// countingClaims counts the Claim calls the manager makes; everything else is the allocator.
+// countingClaims counts the manager's tries to take a pod (Claim, or Pick with the claim in
+// ClaimBound); everything else is the allocator.
 type countingClaims struct {
 	*kubealloc.Allocator
 	claims  atomic.Int32
-	claimed atomic.Int64 // unix nanoseconds of the last successful Claim
+	claimed atomic.Int64 // unix nanoseconds of the last successful claim
+}
+
+func (c *countingClaims) Pick(template string, skip func(string) bool) (manager.UnitInfo, error) {
+	c.claims.Add(1)
+	return c.Allocator.Pick(template, skip)
+}
+
+func (c *countingClaims) ClaimBound(ctx context.Context, u manager.UnitInfo, annotations map[string]string) error {
+	err := c.Allocator.ClaimBound(ctx, u, annotations)
+	if err == nil {
+		c.claimed.Store(time.Now().UnixNano())
+	}
+	return err
 }
 
 func (c *countingClaims) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
@@ -33,7 +47,7 @@ func (c *countingClaims) Claim(ctx context.Context, template string) (manager.Un
 
 // TestAllocateOnEmptyPoolWaitsForTheInformer: an Allocate on an empty pool asks for a pod
 // and returns as soon as the informer sees it Ready. While it waits it makes no API request
-// (no get or list, no writes beyond the allocation's own) and calls Claim only before waiting
+// (no get or list, no writes beyond the allocation's own) and tries to take a pod only before waiting
 // and after the notification: it does not poll.
 func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 	ns := env.Namespace(t)
@@ -86,12 +100,12 @@ func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 	if d["get"]+d["list"]+d["watch"] != 0 {
 		t.Errorf("reads while waiting: %v", d)
 	}
-	// create (the pod it asked for), update (claim), patch (lease), patch (policy).
-	if kubealloc.Writes(d) != 4 || d["create"] != 1 {
-		t.Errorf("writes %v, want create, update and two patches", d)
+	// create (the pod it asked for), patch (claim and lease), patch (policy).
+	if kubealloc.Writes(d) != 3 || d["create"] != 1 || d["patch"] != 2 {
+		t.Errorf("writes %v, want create and two patches", d)
 	}
-	// One Claim before waiting and one after the notification: the wait does not poll.
+	// One pick before waiting and one after the notification: the wait does not poll.
 	if n := a.claims.Load(); n != 2 {
-		t.Errorf("%d Claim calls, want 2 (before waiting and after the notification)", n)
+		t.Errorf("%d picks, want 2 (before waiting and after the notification)", n)
 	}
 }
