@@ -137,7 +137,8 @@ type Manager struct {
 	handoffer Handoffer
 	claimer   OneWriteClaimer // a shared pool's, unless Options.SeparateClaim
 
-	wake chan struct{} // nudges the reconciler
+	wake        chan struct{} // nudges the reconciler
+	reconcileMu sync.Mutex    // one Reconcile pass at a time
 
 	backoffMu   sync.Mutex   // guards failStreak, holdUntil (Clock's time)
 	failStreak  int          // consecutive failed creations

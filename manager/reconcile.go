@@ -9,7 +9,12 @@ import (
 
 // Reconcile runs one pass of the control loop: expire leases, ask the estimator for a target,
 // and create or destroy ready units toward it.
-func (m *Manager) Reconcile(ctx context.Context) { m.pool.reconcile(ctx) }
+func (m *Manager) Reconcile(ctx context.Context) {
+	// One pass at a time: two passes reading the same counts would both fill one deficit.
+	m.reconcileMu.Lock()
+	defer m.reconcileMu.Unlock()
+	m.pool.reconcile(ctx)
+}
 
 // reconcile is the pass over this manager's own pool: destroy remains again, expire leases,
 // and size the pool.
@@ -26,8 +31,10 @@ func (p *localPool) reconcile(ctx context.Context) {
 			m.log.Info("lease expired; destroying sandbox", "id", id)
 		}
 	}
-	c := m.ops.Counts(m.o.PoolTemplate)
+	// Creations first: a unit turns Ready before its creation stops counting, so read in this
+	// order a creation that ends between the two reads is seen in one of them, not in neither.
 	creating := int(m.creating.Load())
+	c := m.ops.Counts(m.o.PoolTemplate)
 	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), c[Ready], creating, c[Bound], m.ProvisioningLatency()))
 	m.target.Store(int32(target))
 	if m.m != nil {
@@ -60,9 +67,9 @@ func (p *localPool) refillDue(ready int) bool {
 	if m.o.RefillDelay <= 0 {
 		return true
 	}
+	now := m.o.Clock.Now()
 	p.refillMu.Lock()
 	defer p.refillMu.Unlock()
-	now := m.o.Clock.Now()
 	if p.deficitSince.IsZero() {
 		p.deficitSince = now
 	}
@@ -73,11 +80,16 @@ func (p *localPool) refillDue(ready int) bool {
 	}
 	if !p.refillTimer {
 		p.refillTimer = true
+		// The callback takes refillMu on a goroutine of its own: a clock may run it while
+		// holding its own lock (a fake clock's Step does), which this code holds refillMu
+		// around.
 		m.o.Clock.AfterFunc(wait, func() {
-			p.refillMu.Lock()
-			p.refillTimer = false
-			p.refillMu.Unlock()
-			m.nudge()
+			go func() {
+				p.refillMu.Lock()
+				p.refillTimer = false
+				p.refillMu.Unlock()
+				m.nudge()
+			}()
 		})
 	}
 	return false

@@ -186,8 +186,9 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 			}()
 		}
 	}
+	inFlight := int(m.creating.Load()) // before Counts, as in localPool.reconcile
 	ready, creating := p.shared.Counts(m.o.PoolTemplate)
-	creating = max(creating, int(m.creating.Load()))
+	creating = max(creating, inFlight)
 	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), ready, creating, bound, m.ProvisioningLatency()))
 	m.target.Store(int32(target))
 	if m.m != nil {
