@@ -588,17 +588,10 @@ func (a *Allocator) staleAfterOurWrite(p *corev1.Pod) bool {
 // on to the next candidate, in random order so that replicas rarely race for the same pod.
 // ErrNoReady when every candidate is gone. Other API errors are returned.
 func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInfo, error) {
-	if err := a.ready(); err != nil {
+	objs, err := a.readyPods(template)
+	if err != nil {
 		return manager.UnitInfo{}, err
 	}
-	if _, ok := a.o.Templates[template]; !ok {
-		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
-	}
-	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
-	if err != nil {
-		return manager.UnitInfo{}, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
-	}
-	rand.Shuffle(len(objs), func(i, j int) { objs[i], objs[j] = objs[j], objs[i] })
 	for _, o := range objs {
 		if err := ctx.Err(); err != nil {
 			return manager.UnitInfo{}, context.Cause(ctx)
@@ -645,23 +638,34 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
 }
 
+// readyPods returns the cached pods of template in state ready, in random order so that
+// replicas rarely race for the same pod (Claim and Pick take the first that will do).
+func (a *Allocator) readyPods(template string) ([]any, error) {
+	if err := a.ready(); err != nil {
+		return nil, err
+	}
+	if _, ok := a.o.Templates[template]; !ok {
+		return nil, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
+	}
+	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	if err != nil {
+		return nil, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
+	}
+	rand.Shuffle(len(objs), func(i, j int) { objs[i], objs[j] = objs[j], objs[i] })
+	return objs, nil
+}
+
 // Pick returns a Ready pod of template in state ready from the informer's cache, chosen at
 // random so that replicas rarely pick the same pod, passing over the pods skip names and
 // those the cache shows as they were before this replica's own write. It reads nothing from
 // the API server; the UnitInfo's Version is the pod's resourceVersion.
 func (a *Allocator) Pick(template string, skip func(id string) bool) (manager.UnitInfo, error) {
-	if err := a.ready(); err != nil {
+	objs, err := a.readyPods(template)
+	if err != nil {
 		return manager.UnitInfo{}, err
 	}
-	if _, ok := a.o.Templates[template]; !ok {
-		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
-	}
-	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
-	if err != nil {
-		return manager.UnitInfo{}, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
-	}
-	for _, i := range rand.Perm(len(objs)) {
-		p := objs[i].(*corev1.Pod)
+	for _, o := range objs {
+		p := o.(*corev1.Pod)
 		if !podReady(p) || skip(p.Name) || a.staleAfterOurWrite(p) {
 			continue
 		}
@@ -686,13 +690,7 @@ func (a *Allocator) ClaimBound(ctx context.Context, u manager.UnitInfo, annotati
 	if u.Version == "" {
 		return fmt.Errorf("%w: pod %s picked without a resourceVersion", manager.ErrBadTransition, u.ID)
 	}
-	ann := map[string]any{}
-	for k, v := range annotations {
-		if !strings.HasPrefix(k, internalAnnotationPrefix) {
-			ann[k] = v
-		}
-	}
-	ann[AnnotationState] = StateBound
+	ann := boundAnnotations(annotations)
 	ann[AnnotationClaimedBy] = a.o.Identity
 	ann[AnnotationClaimedAt] = a.o.Clock.Now().UTC().Format(time.RFC3339Nano)
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann, "resourceVersion": u.Version}})
@@ -768,16 +766,12 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity && podState(p) != StateBound {
 		return fmt.Errorf("%w: pod %s was claimed by %s", manager.ErrBadTransition, id, by)
 	}
-	ann := map[string]any{}
+	ann := boundAnnotations(annotations)
 	for k := range managerAnnotations(p.Annotations) {
-		ann[k] = nil
-	}
-	for k, v := range annotations {
-		if !strings.HasPrefix(k, internalAnnotationPrefix) {
-			ann[k] = v
+		if _, set := ann[k]; !set {
+			ann[k] = nil // removed
 		}
 	}
-	ann[AnnotationState] = StateBound
 	meta := map[string]any{"annotations": ann}
 	if podState(p) == StateReady && !a.staleAfterOurWrite(p) {
 		// Not claimed through this replica's Claim (a stale cache still showing our own
@@ -807,6 +801,19 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 		return fmt.Errorf("%w: annotating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
 	return nil
+}
+
+// boundAnnotations is a merge patch's annotations for a bound pod: the manager's (the
+// allocator's own prefix is not the manager's to write) and state bound.
+func boundAnnotations(annotations map[string]string) map[string]any {
+	ann := map[string]any{}
+	for k, v := range annotations {
+		if !strings.HasPrefix(k, internalAnnotationPrefix) {
+			ann[k] = v
+		}
+	}
+	ann[AnnotationState] = StateBound
+	return ann
 }
 
 // annotated reports whether pod id, read from the API server, is bound by this replica with

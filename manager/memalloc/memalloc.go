@@ -259,7 +259,7 @@ func (s *Shared) Claim(ctx context.Context, template string) (manager.UnitInfo, 
 	defer s.mu.Unlock()
 	var best *manager.UnitInfo
 	for _, u := range s.units {
-		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" && (best == nil || u.Created.Before(best.Created)) {
+		if readyOf(u, template) && (best == nil || u.Created.Before(best.Created)) {
 			best = u
 		}
 	}
@@ -296,7 +296,7 @@ func (s *Shared) Pick(template string, skip func(id string) bool) (manager.UnitI
 	defer s.mu.Unlock()
 	var ready []*manager.UnitInfo
 	for _, u := range s.units {
-		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" && !skip(u.ID) {
+		if readyOf(u, template) && !skip(u.ID) {
 			ready = append(ready, u)
 		}
 	}
@@ -324,6 +324,11 @@ func (s *Shared) ClaimBound(ctx context.Context, u manager.UnitInfo, ann map[str
 	return nil
 }
 
+// readyOf reports whether u is a ready unit of template.
+func readyOf(u *manager.UnitInfo, template string) bool {
+	return u.Template == template && u.Annotations["fusebox.dev/state"] == "ready"
+}
+
 // bumpLocked gives unit u a new Version (a write).
 func (s *Shared) bumpLocked(u *manager.UnitInfo) {
 	s.version++
@@ -335,7 +340,7 @@ func (s *Shared) Counts(template string) (ready, creating int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, u := range s.units {
-		if u.Template == template && u.Annotations["fusebox.dev/state"] == "ready" {
+		if readyOf(u, template) {
 			ready++
 		}
 	}
