@@ -345,9 +345,14 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 || h.hs == nil {
 		// The plain path (with the handoff, when the manager offers one).
-		return dial("passthrough:///"+a.String(), o, append(extra,
+		sb, err := dial("passthrough:///"+a.String(), o, append(extra,
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
 			grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
+		if err != nil {
+			return nil, err
+		}
+		sb.withBulk(a, h.cfg)
+		return sb, nil
 	}
 	hs := h.hs
 	// gRPC sets its connection up while the handshake finishes; the finished handshake is
@@ -365,6 +370,9 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	_, err = hs.Finish(ctx, flight)
 	finished := time.Now()
 	g := <-grpcReady
+	if g.sb != nil {
+		g.sb.withBulk(a, h.cfg)
+	}
 	switch {
 	case g.err != nil:
 		return nil, g.err

@@ -109,15 +109,24 @@ func (s *Sandbox) WriteFileFrom(ctx context.Context, p string, mode fs.FileMode,
 }
 
 func (s *Sandbox) writeStream(ctx context.Context, p string, mode fs.FileMode, r io.Reader, size int64) (int64, error) {
+	hdr := &sandboxv1.WriteFileHeader{Path: p, Mode: uint32(mode.Perm())}
+	if size >= 0 {
+		hdr.Size = &size
+	}
+	if s.bulk != nil {
+		n, err := s.bulk.write(ctx, hdr, r)
+		if !errors.Is(err, errNoBulk) {
+			if err != nil {
+				return 0, fmt.Errorf("streaming %s: %w", p, err)
+			}
+			return n, nil
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // aborts the stream (and so the file) on any early return
 	stream, err := s.rpc.WriteFileStream(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("streaming %s: %w", p, err)
-	}
-	hdr := &sandboxv1.WriteFileHeader{Path: p, Mode: uint32(mode.Perm())}
-	if size >= 0 {
-		hdr.Size = &size
 	}
 	buf := make([]byte, streamChunk)
 	first := true
@@ -266,6 +275,15 @@ func (s *Sandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
 
 // ReadFileTo streams the file at p into w.
 func (s *Sandbox) ReadFileTo(ctx context.Context, p string, w io.Writer) error {
+	if s.bulk != nil {
+		err := s.bulk.read(ctx, &sandboxv1.ReadFileStreamRequest{Path: p}, w)
+		if !errors.Is(err, errNoBulk) {
+			if err != nil {
+				return fmt.Errorf("reading %s: %w", p, err)
+			}
+			return nil
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := s.rpc.ReadFileStream(ctx, &sandboxv1.ReadFileStreamRequest{Path: p})

@@ -1,8 +1,11 @@
 package client
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -38,6 +41,12 @@ type Options struct {
 	BatchBytes int
 	// Concurrency bounds the batches and streams in flight for one call (default 4).
 	Concurrency int
+	// NoBulk moves large files (WriteFileFrom, ReadFileTo, and the files of WriteFiles and
+	// ReadFiles too large for a batch) with the gRPC streams WriteFileStream and
+	// ReadFileStream instead of bulk connections (see BulkRequest in the sandbox service):
+	// the same results, more slowly. Without it, a sandbox server that does not offer bulk
+	// transfers gets the gRPC streams anyway.
+	NoBulk bool
 }
 
 // Sandbox is a connection to one sandbox's data plane. It is safe for concurrent use.
@@ -45,6 +54,7 @@ type Sandbox struct {
 	conn *grpc.ClientConn
 	rpc  sandboxv1.SandboxClient
 	opts Options
+	bulk *bulkPool // nil with Options.NoBulk
 }
 
 // Dial connects to the sandbox at addr (unix:///path or tcp://host:port), accepting only a
@@ -75,7 +85,20 @@ func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, 
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	return dial(a.GRPCTarget(), o, append(unixNoFollow(a), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
+	sb, err := dial(a.GRPCTarget(), o, append(unixNoFollow(a), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
+	if err != nil {
+		return nil, err
+	}
+	sb.withBulk(a, cfg)
+	return sb, nil
+}
+
+// withBulk gives s its bulk connections to a, pinned by cfg, unless its options say not to.
+func (s *Sandbox) withBulk(a endpoint.Addr, cfg *tls.Config) {
+	if !s.opts.NoBulk {
+		// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
+		s.bulk = newBulkPool(func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, cfg)
+	}
 }
 
 // unixNoFollow returns, for a unix socket address, the dial option that connects through
@@ -116,8 +139,13 @@ func dial(target string, o Options, security ...grpc.DialOption) (*Sandbox, erro
 	return &Sandbox{conn: conn, rpc: sandboxv1.NewSandboxClient(conn), opts: o}, nil
 }
 
-// Close closes the connection. The sandbox keeps running until its manager destroys it.
-func (s *Sandbox) Close() error { return s.conn.Close() }
+// Close closes the connections. The sandbox keeps running until its manager destroys it.
+func (s *Sandbox) Close() error {
+	if s.bulk != nil {
+		s.bulk.close()
+	}
+	return s.conn.Close()
+}
 
 // RPC returns the raw generated client, for calls this package does not wrap.
 func (s *Sandbox) RPC() sandboxv1.SandboxClient { return s.rpc }

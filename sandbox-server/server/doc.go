@@ -19,4 +19,8 @@
 // can each be switched off; with all off the data plane's transport is credentials.NewTLS
 // with the pinning configuration, over the read buffer (bufferedConn) and write coalescing
 // (coalescedCreds) below TLS that pass the sealed records through unchanged.
+//
+// A data connection whose handshake negotiated bulk.Proto instead of HTTP/2 is handed out of
+// gRPC after the handshake and carries bulk transfers of large files (bulk.go, package
+// internal/bulk); Options.NoBulk does not offer it.
 package server

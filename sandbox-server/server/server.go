@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -73,6 +75,9 @@ type Options struct {
 	StartEgress func(allow []string) (map[string]string, error)
 	Limits      Limits
 	Logger      *slog.Logger
+	// NoBulk, if set, refuses bulk connections (internal/bulk): the TLS handshake offers only
+	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
+	NoBulk bool
 	// FastPath says which latency accelerators the server takes part in (see
 	// internal/fastpath): Relay answers a ClientHello relayed in InitializeTLS (without it a
 	// relayed ClientHello is ignored and the agent makes a full handshake); Handoff keeps the
@@ -108,6 +113,7 @@ type Server struct {
 	firstCallOnce sync.Once
 	timeline      timeline
 	dataErr       chan error
+	life          context.Context // Serve's: bulk connections end with it
 }
 
 // New checks opts and returns a Server.
@@ -174,6 +180,7 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 		restoreProcs = func() { once.Do(func() { runtime.GOMAXPROCS(prev) }) }
 	}
 	defer restoreProcs()
+	s.life = ctx
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
 	if s.opts.FastPath.Handoff {
 		fo.Waiting = &fastpath.Latest{}
@@ -234,6 +241,11 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 // when the allocation has an allowlist, and builds the data plane's gRPC server on cfg. A bad
 // ClientHello or a failure to start egress leaves nothing started.
 func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) ([]byte, func(net.Listener), error) {
+	if !s.opts.NoBulk {
+		// Offered after HTTP/2: a client that offers both gets HTTP/2.
+		cfg = cfg.Clone()
+		cfg.NextProtos = append(slices.Clip(cfg.NextProtos), bulk.Proto)
+	}
 	creds := credentials.NewTLS(cfg)
 	var flight []byte
 	var pending *tlsflight.Pending
@@ -256,6 +268,9 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 		s.state.AddBase(env)
 	}
 	creds = coalescedCreds{creds}
+	if !s.opts.NoBulk {
+		creds = bulkCreds{creds, func(c net.Conn) { s.serveBulk(s.life, c) }}
+	}
 	if s.opts.FastPath.Any() {
 		// Where an allocation's time goes, for the accelerators' measurements; the plain
 		// path's transport is credentials.NewTLS over the write coalescing alone.

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
@@ -89,7 +90,15 @@ func startInProcess(t *testing.T, ttl time.Duration) (initAddr, dataAddr string,
 // workspace directory are set here).
 func startInProcessWith(t testing.TB, opts Options) (initAddr, dataAddr string, wait func() error) {
 	t.Helper()
-	dir := t.TempDir()
+	initAddr, dataAddr, _, wait = startInProcessIn(t, opts, nil)
+	return initAddr, dataAddr, wait
+}
+
+// startInProcessIn is startInProcessWith that also returns the workspace's directory and
+// serves the data plane on wrap(the data listener) when wrap is set.
+func startInProcessIn(t testing.TB, opts Options, wrap func(net.Listener) net.Listener) (initAddr, dataAddr, dir string, wait func() error) {
+	t.Helper()
+	dir = t.TempDir()
 	ws, err := workspace.Open(workspace.Options{Dir: dir, MountPath: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +118,9 @@ func startInProcessWith(t testing.TB, opts Options) (initAddr, dataAddr string, 
 	dataLn, err := endpoint.Listen(data)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		dataLn = wrap(dataLn)
 	}
 	initLn, err := endpoint.Listen(endpoint.Addr{Network: "unix", Address: filepath.Join(sock, "init.sock")})
 	if err != nil {
@@ -132,7 +144,7 @@ func startInProcessWith(t testing.TB, opts Options) (initAddr, dataAddr string, 
 		r.Close()
 		ws.Close()
 	})
-	return "unix://" + filepath.Join(sock, "init.sock"), data.String(), wait
+	return "unix://" + filepath.Join(sock, "init.sock"), data.String(), dir, wait
 }
 
 func TestFuseBlowsOnce(t *testing.T) {
@@ -458,6 +470,10 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 					if !tc.ok && status.Code(err) != codes.Unavailable {
 						t.Fatalf("call: %v, want Unavailable", err)
 					}
+					// The same handshake asking for a bulk connection instead of HTTP/2.
+					if err := bulkRequest(ctx, dataPath, tc.cfg); tc.ok != (status.Code(err) == codes.NotFound) {
+						t.Fatalf("bulk request: %v, want NotFound: %v", err, tc.ok)
+					}
 				})
 			}
 			t.Run("replayed ClientHello", func(t *testing.T) {
@@ -506,6 +522,29 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bulkRequest makes a bulk connection to the data socket at path with cfg (offering only
+// bulk.Proto) and asks it for a file that does not exist: the sandbox's answer (NOT_FOUND),
+// or why there was none.
+func bulkRequest(ctx context.Context, path string, cfg *tls.Config) error {
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{bulk.Proto}
+	d := tls.Dialer{Config: cfg}
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := bulk.WriteMsg(c, &sandboxv1.BulkRequest{Op: &sandboxv1.BulkRequest_Read{Read: &sandboxv1.ReadFileStreamRequest{Path: "missing"}}}); err != nil {
+		return err
+	}
+	var st sandboxv1.BulkStatus
+	if err := bulk.ReadMsg(c, &st); err != nil {
+		return err
+	}
+	return bulk.Err(&st)
 }
 
 // closedUnserved reports whether err is what reading a connection the server closed returns

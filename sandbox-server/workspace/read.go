@@ -312,6 +312,68 @@ func checkRegular(h handle, rel string) error {
 	return nil
 }
 
+// FileReader is a regular file opened for streaming out (OpenStream): its size when it was
+// opened, and its bytes from the offset asked for up to that size, in order.
+type FileReader struct {
+	h         handle
+	rel       string
+	size, off int64
+}
+
+// OpenStream opens the regular file req names for streaming out from req.Offset (an offset
+// past the end reads nothing). The caller closes it.
+func (w *Workspace) OpenStream(req *sandboxv1.ReadFileStreamRequest) (*FileReader, error) {
+	rel, err := w.Resolve(req.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if rel == "." {
+		return nil, &fs.PathError{Op: "read", Path: rel, Err: syscall.EISDIR}
+	}
+	h, err := w.root.openRead(rel)
+	if err != nil {
+		return nil, wrap("reading", rel, err)
+	}
+	if err := checkRegular(h, rel); err != nil {
+		h.Close()
+		return nil, wrap("reading", rel, err)
+	}
+	size, _, _ := h.stat()
+	if size > w.maxFileBytes {
+		h.Close()
+		return nil, fmt.Errorf("reading %q: %w: %d bytes, the limit is %d", rel, ErrLimit, size, w.maxFileBytes)
+	}
+	return &FileReader{h: h, rel: rel, size: size, off: int64(min(req.GetOffset(), uint64(size)))}, nil
+}
+
+// Size is the file's size when it was opened.
+func (r *FileReader) Size() int64 { return r.size }
+
+// Left is how many bytes remain to be read, up to the size the file had when it was opened.
+func (r *FileReader) Left() int64 { return r.size - r.off }
+
+// Read reads the next bytes into p, up to the size the file had when it was opened, and
+// returns io.EOF after the last (or when the file shrank).
+func (r *FileReader) Read(p []byte) (int, error) {
+	if r.off >= r.size {
+		return 0, io.EOF
+	}
+	n, err := r.h.ReadAt(p[:min(int64(len(p)), r.size-r.off)], r.off)
+	r.off += int64(n)
+	switch {
+	case err == io.EOF && n > 0:
+		err = nil // the file shrank: the next Read says so
+	case err == nil && n == 0:
+		err = io.EOF
+	case err != nil && err != io.EOF:
+		err = wrap("reading", r.rel, err)
+	}
+	return n, err
+}
+
+// Close closes the file.
+func (r *FileReader) Close() error { return r.h.Close() }
+
 // ReadStream sends one regular file from req.Offset in chunks of streamChunkBytes, up to the
 // size it had when opened; the first chunk carries that size (a single empty chunk is sent
 // when there is nothing to read). The chunks share one buffer: send must be done with a
@@ -319,48 +381,33 @@ func checkRegular(h handle, rel string) error {
 // buffer by then, and the data server installs no stats handler or binary log that could
 // read it later).
 func (w *Workspace) ReadStream(ctx context.Context, req *sandboxv1.ReadFileStreamRequest, send func(*sandboxv1.ReadFileChunk) error) error {
-	rel, err := w.Resolve(req.GetPath())
+	r, err := w.OpenStream(req)
 	if err != nil {
 		return err
 	}
-	if rel == "." {
-		return &fs.PathError{Op: "read", Path: rel, Err: syscall.EISDIR}
-	}
-	h, err := w.root.openRead(rel)
-	if err != nil {
-		return wrap("reading", rel, err)
-	}
-	defer h.Close()
-	if err := checkRegular(h, rel); err != nil {
-		return wrap("reading", rel, err)
-	}
-	size, _, _ := h.stat()
-	if size > w.maxFileBytes {
-		return fmt.Errorf("reading %q: %w: %d bytes, the limit is %d", rel, ErrLimit, size, w.maxFileBytes)
-	}
-	off := int64(min(req.GetOffset(), uint64(size)))
+	defer r.Close()
 	first := true
-	buf := make([]byte, min(streamChunkBytes, size-off))
-	for first || off < size {
+	buf := make([]byte, min(streamChunkBytes, r.Left()))
+	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n, err := h.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
+		n, err := r.Read(buf)
 		if err != nil && err != io.EOF {
-			return wrap("reading", rel, err)
+			return err
 		}
-		chunk := &sandboxv1.ReadFileChunk{Data: buf[:n]}
-		if first {
-			chunk.Size = uint64(size)
-			first = false
+		if n > 0 || first {
+			chunk := &sandboxv1.ReadFileChunk{Data: buf[:n]}
+			if first {
+				chunk.Size = uint64(r.size)
+				first = false
+			}
+			if serr := send(chunk); serr != nil {
+				return serr
+			}
 		}
-		if serr := send(chunk); serr != nil {
-			return serr
-		}
-		off += int64(n)
 		if err == io.EOF || n == 0 {
-			break // the file shrank
+			return nil
 		}
 	}
-	return nil
 }

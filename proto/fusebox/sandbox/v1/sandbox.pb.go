@@ -1522,6 +1522,170 @@ func (x *ReadFileChunk) GetSize() uint64 {
 	return 0
 }
 
+// ---- Bulk transfers (ALPN "fusebox-bulk/1", not gRPC) ----
+//
+// A connection to the data listener whose TLS handshake (the same pinned TLS 1.3 as the gRPC
+// service's) negotiates the application protocol "fusebox-bulk/1" instead of "h2" carries bulk
+// transfers: one large file in or out, without HTTP/2 framing, flow control or protobuf around
+// the bytes. A server may not offer it (the handshake then fails with no_application_protocol
+// and a client uses WriteFileStream and ReadFileStream instead); both mean the same.
+//
+// Frames: a control message is a 4-byte big-endian length (at most 64 KiB) and that many bytes
+// of BulkRequest or BulkStatus; a chunk is a 4-byte big-endian length (at most 4 MiB) and that
+// many bytes of file data, a zero length ending the file. An exchange:
+//
+//	write: agent BulkRequest{write}, chunks, an empty chunk; sandbox BulkStatus (bytes: the
+//	       bytes written). The sandbox may answer early with an error status and then reads
+//	       nothing more; the file is written as WriteFileStream's would be: atomically, or not.
+//	read:  agent BulkRequest{read}; sandbox BulkStatus (bytes: the file's size, or the error),
+//	       then, if it was OK, chunks, an empty chunk and a final BulkStatus.
+//
+// After an OK status the connection takes the next request; after an error it is closed.
+type BulkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*BulkRequest_Write
+	//	*BulkRequest_Read
+	Op            isBulkRequest_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkRequest) Reset() {
+	*x = BulkRequest{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkRequest) ProtoMessage() {}
+
+func (x *BulkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkRequest.ProtoReflect.Descriptor instead.
+func (*BulkRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *BulkRequest) GetOp() isBulkRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *BulkRequest) GetWrite() *WriteFileHeader {
+	if x != nil {
+		if x, ok := x.Op.(*BulkRequest_Write); ok {
+			return x.Write
+		}
+	}
+	return nil
+}
+
+func (x *BulkRequest) GetRead() *ReadFileStreamRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BulkRequest_Read); ok {
+			return x.Read
+		}
+	}
+	return nil
+}
+
+type isBulkRequest_Op interface {
+	isBulkRequest_Op()
+}
+
+type BulkRequest_Write struct {
+	Write *WriteFileHeader `protobuf:"bytes,1,opt,name=write,proto3,oneof"`
+}
+
+type BulkRequest_Read struct {
+	Read *ReadFileStreamRequest `protobuf:"bytes,2,opt,name=read,proto3,oneof"`
+}
+
+func (*BulkRequest_Write) isBulkRequest_Op() {}
+
+func (*BulkRequest_Read) isBulkRequest_Op() {}
+
+type BulkStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A gRPC status code (google.rpc.Code), the one WriteFileStream or ReadFileStream would
+	// return, and its message.
+	Code    int32  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// Write: the bytes written. Read: the file's size (first status) or the bytes sent (final).
+	Bytes         uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkStatus) Reset() {
+	*x = BulkStatus{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkStatus) ProtoMessage() {}
+
+func (x *BulkStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkStatus.ProtoReflect.Descriptor instead.
+func (*BulkStatus) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *BulkStatus) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *BulkStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BulkStatus) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type FileInfo struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Path     string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1537,7 +1701,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1713,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1726,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1619,7 +1783,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1795,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1808,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1670,7 +1834,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1846,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1859,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1720,7 +1884,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1896,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1909,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -1786,7 +1950,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +1962,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +1975,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -1839,7 +2003,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2015,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2028,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -1896,7 +2060,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2072,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2085,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 type RemoveRequest struct {
@@ -1936,7 +2100,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2112,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2125,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -1993,7 +2157,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2169,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2182,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type RenameRequest struct {
@@ -2033,7 +2197,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2209,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2222,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2090,7 +2254,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2266,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2279,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type SymlinkRequest struct {
@@ -2128,7 +2292,7 @@ type SymlinkRequest struct {
 
 func (x *SymlinkRequest) Reset() {
 	*x = SymlinkRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2140,7 +2304,7 @@ func (x *SymlinkRequest) String() string {
 func (*SymlinkRequest) ProtoMessage() {}
 
 func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2153,7 +2317,7 @@ func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkRequest.ProtoReflect.Descriptor instead.
 func (*SymlinkRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SymlinkRequest) GetTarget() string {
@@ -2178,7 +2342,7 @@ type SymlinkResponse struct {
 
 func (x *SymlinkResponse) Reset() {
 	*x = SymlinkResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2354,7 @@ func (x *SymlinkResponse) String() string {
 func (*SymlinkResponse) ProtoMessage() {}
 
 func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2367,7 @@ func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkResponse.ProtoReflect.Descriptor instead.
 func (*SymlinkResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 type FindRequest struct {
@@ -2223,7 +2387,7 @@ type FindRequest struct {
 
 func (x *FindRequest) Reset() {
 	*x = FindRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2399,7 @@ func (x *FindRequest) String() string {
 func (*FindRequest) ProtoMessage() {}
 
 func (x *FindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2412,7 @@ func (x *FindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindRequest.ProtoReflect.Descriptor instead.
 func (*FindRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FindRequest) GetPath() string {
@@ -2296,7 +2460,7 @@ type FindResponse struct {
 
 func (x *FindResponse) Reset() {
 	*x = FindResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2472,7 @@ func (x *FindResponse) String() string {
 func (*FindResponse) ProtoMessage() {}
 
 func (x *FindResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2485,7 @@ func (x *FindResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindResponse.ProtoReflect.Descriptor instead.
 func (*FindResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FindResponse) GetEntries() []*FileInfo {
@@ -2357,7 +2521,7 @@ type GrepRequest struct {
 
 func (x *GrepRequest) Reset() {
 	*x = GrepRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2533,7 @@ func (x *GrepRequest) String() string {
 func (*GrepRequest) ProtoMessage() {}
 
 func (x *GrepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2546,7 @@ func (x *GrepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepRequest.ProtoReflect.Descriptor instead.
 func (*GrepRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GrepRequest) GetPattern() string {
@@ -2439,7 +2603,7 @@ type GrepMatch struct {
 
 func (x *GrepMatch) Reset() {
 	*x = GrepMatch{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2615,7 @@ func (x *GrepMatch) String() string {
 func (*GrepMatch) ProtoMessage() {}
 
 func (x *GrepMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2628,7 @@ func (x *GrepMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepMatch.ProtoReflect.Descriptor instead.
 func (*GrepMatch) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GrepMatch) GetPath() string {
@@ -2500,7 +2664,7 @@ type GrepResponse struct {
 
 func (x *GrepResponse) Reset() {
 	*x = GrepResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2676,7 @@ func (x *GrepResponse) String() string {
 func (*GrepResponse) ProtoMessage() {}
 
 func (x *GrepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2689,7 @@ func (x *GrepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepResponse.ProtoReflect.Descriptor instead.
 func (*GrepResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GrepResponse) GetMatches() []*GrepMatch {
@@ -2653,7 +2817,16 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\"7\n" +
 	"\rReadFileChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\xd7\x01\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\x91\x01\n" +
+	"\vBulkRequest\x12;\n" +
+	"\x05write\x18\x01 \x01(\v2#.fusebox.sandbox.v1.WriteFileHeaderH\x00R\x05write\x12?\n" +
+	"\x04read\x18\x02 \x01(\v2).fusebox.sandbox.v1.ReadFileStreamRequestH\x00R\x04readB\x04\n" +
+	"\x02op\"P\n" +
+	"\n" +
+	"BulkStatus\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xd7\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.fusebox.sandbox.v1.FileTypeR\x04type\x12\x12\n" +
@@ -2765,7 +2938,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(StreamKind)(0),                 // 0: fusebox.sandbox.v1.StreamKind
 	(FileType)(0),                   // 1: fusebox.sandbox.v1.FileType
@@ -2791,35 +2964,37 @@ var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*ReadFilesResponse)(nil),       // 21: fusebox.sandbox.v1.ReadFilesResponse
 	(*ReadFileStreamRequest)(nil),   // 22: fusebox.sandbox.v1.ReadFileStreamRequest
 	(*ReadFileChunk)(nil),           // 23: fusebox.sandbox.v1.ReadFileChunk
-	(*FileInfo)(nil),                // 24: fusebox.sandbox.v1.FileInfo
-	(*StatRequest)(nil),             // 25: fusebox.sandbox.v1.StatRequest
-	(*StatResponse)(nil),            // 26: fusebox.sandbox.v1.StatResponse
-	(*ListRequest)(nil),             // 27: fusebox.sandbox.v1.ListRequest
-	(*ListResponse)(nil),            // 28: fusebox.sandbox.v1.ListResponse
-	(*MkdirRequest)(nil),            // 29: fusebox.sandbox.v1.MkdirRequest
-	(*MkdirResponse)(nil),           // 30: fusebox.sandbox.v1.MkdirResponse
-	(*RemoveRequest)(nil),           // 31: fusebox.sandbox.v1.RemoveRequest
-	(*RemoveResponse)(nil),          // 32: fusebox.sandbox.v1.RemoveResponse
-	(*RenameRequest)(nil),           // 33: fusebox.sandbox.v1.RenameRequest
-	(*RenameResponse)(nil),          // 34: fusebox.sandbox.v1.RenameResponse
-	(*SymlinkRequest)(nil),          // 35: fusebox.sandbox.v1.SymlinkRequest
-	(*SymlinkResponse)(nil),         // 36: fusebox.sandbox.v1.SymlinkResponse
-	(*FindRequest)(nil),             // 37: fusebox.sandbox.v1.FindRequest
-	(*FindResponse)(nil),            // 38: fusebox.sandbox.v1.FindResponse
-	(*GrepRequest)(nil),             // 39: fusebox.sandbox.v1.GrepRequest
-	(*GrepMatch)(nil),               // 40: fusebox.sandbox.v1.GrepMatch
-	(*GrepResponse)(nil),            // 41: fusebox.sandbox.v1.GrepResponse
-	nil,                             // 42: fusebox.sandbox.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
+	(*BulkRequest)(nil),             // 24: fusebox.sandbox.v1.BulkRequest
+	(*BulkStatus)(nil),              // 25: fusebox.sandbox.v1.BulkStatus
+	(*FileInfo)(nil),                // 26: fusebox.sandbox.v1.FileInfo
+	(*StatRequest)(nil),             // 27: fusebox.sandbox.v1.StatRequest
+	(*StatResponse)(nil),            // 28: fusebox.sandbox.v1.StatResponse
+	(*ListRequest)(nil),             // 29: fusebox.sandbox.v1.ListRequest
+	(*ListResponse)(nil),            // 30: fusebox.sandbox.v1.ListResponse
+	(*MkdirRequest)(nil),            // 31: fusebox.sandbox.v1.MkdirRequest
+	(*MkdirResponse)(nil),           // 32: fusebox.sandbox.v1.MkdirResponse
+	(*RemoveRequest)(nil),           // 33: fusebox.sandbox.v1.RemoveRequest
+	(*RemoveResponse)(nil),          // 34: fusebox.sandbox.v1.RemoveResponse
+	(*RenameRequest)(nil),           // 35: fusebox.sandbox.v1.RenameRequest
+	(*RenameResponse)(nil),          // 36: fusebox.sandbox.v1.RenameResponse
+	(*SymlinkRequest)(nil),          // 37: fusebox.sandbox.v1.SymlinkRequest
+	(*SymlinkResponse)(nil),         // 38: fusebox.sandbox.v1.SymlinkResponse
+	(*FindRequest)(nil),             // 39: fusebox.sandbox.v1.FindRequest
+	(*FindResponse)(nil),            // 40: fusebox.sandbox.v1.FindResponse
+	(*GrepRequest)(nil),             // 41: fusebox.sandbox.v1.GrepRequest
+	(*GrepMatch)(nil),               // 42: fusebox.sandbox.v1.GrepMatch
+	(*GrepResponse)(nil),            // 43: fusebox.sandbox.v1.GrepResponse
+	nil,                             // 44: fusebox.sandbox.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 45: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	42, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
-	43, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	44, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
+	45, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	6,  // 2: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
 	7,  // 3: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
 	0,  // 4: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
-	43, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	45, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
 	8,  // 6: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
 	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
 	12, // 8: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
@@ -2827,48 +3002,50 @@ var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
 	17, // 10: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
 	16, // 11: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
 	20, // 12: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
-	1,  // 13: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
-	44, // 14: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
-	24, // 15: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
-	24, // 16: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	1,  // 17: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
-	24, // 18: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	40, // 19: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
-	2,  // 20: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
-	4,  // 21: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
-	10, // 22: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
-	13, // 23: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
-	15, // 24: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
-	19, // 25: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
-	22, // 26: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
-	25, // 27: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
-	27, // 28: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
-	29, // 29: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
-	31, // 30: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
-	33, // 31: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
-	35, // 32: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
-	37, // 33: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
-	39, // 34: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
-	3,  // 35: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
-	5,  // 36: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
-	11, // 37: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
-	14, // 38: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
-	18, // 39: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
-	21, // 40: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
-	23, // 41: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
-	26, // 42: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
-	28, // 43: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
-	30, // 44: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
-	32, // 45: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
-	34, // 46: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
-	36, // 47: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
-	38, // 48: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
-	41, // 49: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
-	35, // [35:50] is the sub-list for method output_type
-	20, // [20:35] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	12, // 13: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	22, // 14: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
+	1,  // 15: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
+	46, // 16: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
+	26, // 17: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
+	26, // 18: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	1,  // 19: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
+	26, // 20: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	42, // 21: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
+	2,  // 22: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
+	4,  // 23: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
+	10, // 24: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
+	13, // 25: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
+	15, // 26: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
+	19, // 27: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
+	22, // 28: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
+	27, // 29: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
+	29, // 30: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
+	31, // 31: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
+	33, // 32: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
+	35, // 33: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
+	37, // 34: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
+	39, // 35: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
+	41, // 36: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
+	3,  // 37: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
+	5,  // 38: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
+	11, // 39: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
+	14, // 40: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
+	18, // 41: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
+	21, // 42: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
+	23, // 43: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
+	28, // 44: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
+	30, // 45: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
+	32, // 46: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
+	34, // 47: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
+	36, // 48: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
+	38, // 49: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
+	40, // 50: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
+	43, // 51: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
+	37, // [37:52] is the sub-list for method output_type
+	22, // [22:37] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_sandbox_v1_sandbox_proto_init() }
@@ -2881,13 +3058,17 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 		(*ExecEvent_Exit)(nil),
 	}
 	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10].OneofWrappers = []any{}
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22].OneofWrappers = []any{
+		(*BulkRequest_Write)(nil),
+		(*BulkRequest_Read)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_sandbox_v1_sandbox_proto_rawDesc), len(file_fusebox_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -16,6 +16,24 @@ STREAM_KIND_STDERR: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_UNSPECIFIED: StreamKind
 
+class BulkRequest(_message.Message):
+    __slots__ = ["read", "write"]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    read: ReadFileStreamRequest
+    write: WriteFileHeader
+    def __init__(self, write: _Optional[_Union[WriteFileHeader, _Mapping]] = ..., read: _Optional[_Union[ReadFileStreamRequest, _Mapping]] = ...) -> None: ...
+
+class BulkStatus(_message.Message):
+    __slots__ = ["bytes", "code", "message"]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+
 class ExecEvent(_message.Message):
     __slots__ = ["exit", "output"]
     EXIT_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,255 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/internal/bulk"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+)
+
+// Bulk transfers (internal/bulk): WriteFileFrom and ReadFileTo, and so the large files of
+// WriteFiles and ReadFiles, move their bytes over a connection of their own to the sandbox's
+// data socket, with the same pinned TLS 1.3 handshake as the gRPC connection but the
+// application protocol bulk.Proto instead of HTTP/2, which spares the bytes HTTP/2's framing
+// and flow control and protobuf's copies. A sandbox server that does not offer it refuses the
+// handshake; the Sandbox then uses the gRPC streams, which mean the same, for good.
+
+// bulkIdle is how long an idle bulk connection is kept for the next transfer: less than the
+// server keeps one waiting (its bulkIdle), so that a kept connection is never one the server
+// has closed.
+const bulkIdle = time.Minute
+
+// maxIdleBulk is how many idle bulk connections a Sandbox keeps.
+const maxIdleBulk = 2
+
+// errNoBulk reports that no bulk connection could be made: the transfer has not started and
+// goes through gRPC instead.
+var errNoBulk = errors.New("no bulk connection")
+
+// bulkPool makes and keeps one sandbox's bulk connections. It is safe for concurrent use.
+type bulkPool struct {
+	dial func(context.Context) (net.Conn, error) // a raw connection to the data socket
+	cfg  *tls.Config                             // the pinned configuration, offering bulk.Proto only
+	off  atomic.Bool                             // the server refused a bulk handshake
+
+	mu     sync.Mutex // guards idle and closed
+	idle   []idleConn
+	closed bool
+}
+
+type idleConn struct {
+	c     net.Conn
+	since time.Time
+}
+
+// newBulkPool returns the pool for a sandbox dialed with dial and pinned by cfg (an agent's
+// tlspin configuration, which is cloned).
+func newBulkPool(dial func(context.Context) (net.Conn, error), cfg *tls.Config) *bulkPool {
+	c := cfg.Clone()
+	c.NextProtos = []string{bulk.Proto}
+	return &bulkPool{dial: dial, cfg: c}
+}
+
+// get returns a kept connection or a new one; errNoBulk when none could be made.
+func (p *bulkPool) get(ctx context.Context) (net.Conn, error) {
+	if p.off.Load() {
+		return nil, errNoBulk
+	}
+	now := time.Now()
+	p.mu.Lock()
+	for len(p.idle) > 0 {
+		ic := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if now.Sub(ic.since) < bulkIdle {
+			p.mu.Unlock()
+			return ic.c, nil
+		}
+		ic.c.Close()
+	}
+	p.mu.Unlock()
+	raw, err := p.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errNoBulk, err)
+	}
+	// Below TLS, reads go through a buffer. Writes are not gathered as the sandbox's are: a
+	// host's write costs little, and the sandbox reads what has arrived in large reads anyway
+	// (gathering a chunk's records delayed its first byte and slowed uploads).
+	c := tls.Client(&readBuffered{Conn: raw, r: bufio.NewReaderSize(raw, 256<<10)}, p.cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		if !errors.Is(err, tlspin.ErrPinMismatch) && ctx.Err() == nil {
+			// A server without bulk transfers (its ALPN refusal), or one that cannot make
+			// the handshake for another reason: the gRPC connection will say which.
+			p.off.Store(true)
+		}
+		return nil, fmt.Errorf("%w: %w", errNoBulk, err)
+	}
+	return c, nil
+}
+
+// put keeps c for the next transfer.
+func (p *bulkPool) put(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle) >= maxIdleBulk {
+		c.Close()
+		return
+	}
+	p.idle = append(p.idle, idleConn{c, time.Now()})
+}
+
+// close closes the kept connections; transfers in flight end with their own.
+func (p *bulkPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, ic := range p.idle {
+		ic.c.Close()
+	}
+	p.idle = nil
+}
+
+// exchange runs one transfer on a connection from the pool: do's error decides whether the
+// connection is kept (nil) or closed. ctx's end closes the connection and becomes the error.
+func (p *bulkPool) exchange(ctx context.Context, do func(net.Conn) error) error {
+	c, err := p.get(ctx)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	err = do(c)
+	if !stop() || ctx.Err() != nil {
+		c.Close()
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if err != nil {
+		c.Close()
+		return err
+	}
+	p.put(c)
+	return nil
+}
+
+// transportErr is the error of a broken bulk connection, as gRPC reports one.
+func transportErr(doing string, err error) error {
+	return status.Errorf(codes.Unavailable, "bulk connection: %s: %v", doing, err)
+}
+
+// write is WriteFileStream over a bulk connection (see the sandbox service's BulkRequest).
+func (p *bulkPool) write(ctx context.Context, hdr *sandboxv1.WriteFileHeader, r io.Reader) (int64, error) {
+	var written int64
+	err := p.exchange(ctx, func(c net.Conn) error {
+		if err := bulk.WriteMsg(c, &sandboxv1.BulkRequest{Op: &sandboxv1.BulkRequest_Write{Write: hdr}}); err != nil {
+			return transportErr("sending the request", err)
+		}
+		// The sandbox answers at the end, or early with an error; either way it is read here.
+		answer := make(chan error, 1)
+		var st sandboxv1.BulkStatus
+		go func() { answer <- bulk.ReadMsg(c, &st) }()
+		answered := func(err error) error {
+			if err != nil {
+				return transportErr("reading the answer", err)
+			}
+			if err := bulk.Err(&st); err != nil {
+				return err
+			}
+			written = int64(st.GetBytes())
+			return nil
+		}
+		buf := bulk.NewChunk(bulk.MaxChunk)
+		for {
+			select {
+			case err := <-answer:
+				if err := answered(err); err != nil {
+					return err
+				}
+				return transportErr("sending", errors.New("the sandbox answered before the end of the file"))
+			default:
+			}
+			n, rerr := io.ReadFull(r, bulk.Data(buf))
+			if n > 0 {
+				if _, err := c.Write(bulk.Frame(buf, n)); err != nil {
+					return p.refused(answer, answered, err)
+				}
+			}
+			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+				break
+			}
+			if rerr != nil {
+				return fmt.Errorf("reading source: %w", rerr) // the connection is closed: no file
+			}
+		}
+		if _, err := c.Write(bulk.EndChunk); err != nil {
+			return p.refused(answer, answered, err)
+		}
+		return answered(<-answer)
+	})
+	return written, err
+}
+
+// refused is the error of a write to a bulk connection that failed: the sandbox's answer when
+// it sent one before it closed the connection (an early error), else the write's.
+func (p *bulkPool) refused(answer <-chan error, answered func(error) error, werr error) error {
+	select {
+	case err := <-answer:
+		if err == nil {
+			return answered(nil)
+		}
+	case <-time.After(time.Second):
+	}
+	return transportErr("sending", werr)
+}
+
+// read is ReadFileStream over a bulk connection, into w.
+func (p *bulkPool) read(ctx context.Context, req *sandboxv1.ReadFileStreamRequest, w io.Writer) error {
+	return p.exchange(ctx, func(c net.Conn) error {
+		if err := bulk.WriteMsg(c, &sandboxv1.BulkRequest{Op: &sandboxv1.BulkRequest_Read{Read: req}}); err != nil {
+			return transportErr("sending the request", err)
+		}
+		var st sandboxv1.BulkStatus
+		if err := bulk.ReadMsg(c, &st); err != nil {
+			return transportErr("reading the answer", err)
+		}
+		if err := bulk.Err(&st); err != nil {
+			return err
+		}
+		buf := make([]byte, min(bulk.MaxChunk, max(1, st.GetBytes())))
+		for {
+			b, err := bulk.ReadChunk(c, buf)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return transportErr("receiving", err)
+			}
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+		}
+		if err := bulk.ReadMsg(c, &st); err != nil {
+			return transportErr("reading the answer", err)
+		}
+		return bulk.Err(&st)
+	})
+}
+
+// readBuffered reads through a buffer: TLS reads a record at a time.
+type readBuffered struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *readBuffered) Read(p []byte) (int, error) { return c.r.Read(p) }

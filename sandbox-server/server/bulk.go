@@ -1,0 +1,215 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/fusebox-dev/fusebox/internal/bulk"
+	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+)
+
+// Bulk transfers (package internal/bulk): a data connection whose TLS handshake negotiated
+// bulk.Proto is taken out of gRPC after the handshake and served here, one exchange after
+// another. The handshake is the gRPC service's own (the same configuration and pin), so a bulk
+// connection is the pinned agent's as much as a gRPC one; what it saves is HTTP/2's framing,
+// flow control and per-frame hand-offs between goroutines, and protobuf's copies of the bytes.
+// Each transfer runs on two goroutines, the connection's side and the file's, so that under
+// gVisor a read or write of the socket overlaps one of the file.
+
+// bulkIdle is how long a bulk connection may wait for its next request. Clients keep an idle
+// connection for less (client.bulkIdle).
+const bulkIdle = 5 * time.Minute
+
+// bulkDepth is how many chunks a transfer has in flight between its two goroutines.
+const bulkDepth = 3
+
+// bulkCreds dispatches connections that negotiated bulk.Proto to serve, out of gRPC
+// (credentials.ErrConnDispatched), and hands every other connection to gRPC as it is.
+type bulkCreds struct {
+	credentials.TransportCredentials
+	serve func(net.Conn)
+}
+
+func (c bulkCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ti, ok := info.(credentials.TLSInfo); ok && ti.State.NegotiatedProtocol == bulk.Proto {
+		go c.serve(conn)
+		return nil, nil, credentials.ErrConnDispatched
+	}
+	return conn, info, nil
+}
+
+func (c bulkCreds) Clone() credentials.TransportCredentials {
+	return bulkCreds{c.TransportCredentials.Clone(), c.serve}
+}
+
+// serveBulk serves bulk exchanges on conn until the agent closes it, an exchange fails, the
+// connection idles for bulkIdle, or ctx ends; it closes conn.
+func (s *Server) serveBulk(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	defer context.AfterFunc(ctx, func() { conn.Close() })()
+	for {
+		if err := conn.SetReadDeadline(time.Now().Add(bulkIdle)); err != nil {
+			return
+		}
+		var req sandboxv1.BulkRequest
+		if err := bulk.ReadMsg(conn, &req); err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.log.Debug("bulk connection ended", "err", err)
+			}
+			return
+		}
+		if err := conn.SetReadDeadline(time.Time{}); err != nil {
+			return
+		}
+		var ok bool
+		switch op := req.GetOp().(type) {
+		case *sandboxv1.BulkRequest_Write:
+			ok = s.bulkWrite(ctx, conn, op.Write)
+		case *sandboxv1.BulkRequest_Read:
+			ok = s.bulkRead(ctx, conn, op.Read)
+		default:
+			sendStatus(conn, errors.Join(errInvalid, errors.New("bulk request without an operation")), 0)
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// sendStatus sends the BulkStatus for err (nil: OK) and n, with the code the gRPC service
+// would have returned (toStatus), and reports whether it was sent.
+func sendStatus(conn net.Conn, err error, n uint64) bool {
+	st, _ := status.FromError(toStatus(err))
+	return bulk.WriteMsg(conn, &sandboxv1.BulkStatus{Code: int32(st.Code()), Message: st.Message(), Bytes: n}) == nil
+}
+
+// bulkWrite is WriteFileStream over conn: the chunks are read from the connection on one
+// goroutine and written to the file on this one. It reports whether the connection may take
+// another request.
+func (s *Server) bulkWrite(ctx context.Context, conn net.Conn, hdr *sandboxv1.WriteFileHeader) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	free, full := make(chan []byte, bulkDepth), make(chan []byte, bulkDepth)
+	for range bulkDepth {
+		free <- make([]byte, bulk.MaxChunk)
+	}
+	ended := make(chan error, 1) // the reader's end: io.EOF after the empty chunk
+	go func() {
+		defer close(full)
+		for {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-ctx.Done():
+				ended <- ctx.Err()
+				return
+			}
+			b, err := bulk.ReadChunk(conn, buf)
+			if err != nil {
+				ended <- err
+				return
+			}
+			full <- b // never blocks: full has room for every buffer
+		}
+	}()
+	var held []byte // the chunk WriteStream is writing; returned to free on the next call
+	next := func() ([]byte, error) {
+		if held != nil {
+			free <- held[:cap(held)]
+			held = nil
+		}
+		b, ok := <-full
+		if !ok {
+			err := <-ended
+			if err != io.EOF {
+				err = fmt.Errorf("receiving: %w", err)
+			}
+			return nil, err
+		}
+		held = b
+		return b, nil
+	}
+	n, err := s.opts.Workspace.WriteStream(ctx, hdr, next)
+	if err != nil {
+		// The status goes out even while the reader still reads: the agent stops sending
+		// when it sees it, and the connection is closed after it.
+		sendStatus(conn, err, 0)
+		return false
+	}
+	return sendStatus(conn, nil, n)
+}
+
+// bulkRead is ReadFileStream over conn: the file is read on one goroutine and the chunks are
+// written to the connection on this one. It reports whether the connection may take another
+// request.
+func (s *Server) bulkRead(ctx context.Context, conn net.Conn, req *sandboxv1.ReadFileStreamRequest) bool {
+	r, err := s.opts.Workspace.OpenStream(req)
+	if err != nil {
+		sendStatus(conn, err, 0)
+		return false
+	}
+	defer r.Close()
+	if !sendStatus(conn, nil, uint64(r.Size())) {
+		return false
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A small file gets one small buffer; a large one bulkDepth full-size ones.
+	size := int(max(1, min(bulk.MaxChunk, r.Left())))
+	depth := int(max(1, min(bulkDepth, (r.Left()+bulk.MaxChunk-1)/bulk.MaxChunk)))
+	free, full := make(chan []byte, depth), make(chan []byte, depth)
+	for range depth {
+		free <- bulk.NewChunk(size)
+	}
+	ended := make(chan error, 1) // the file reader's end: io.EOF after the last chunk
+	go func() {
+		defer close(full)
+		for {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-ctx.Done():
+				ended <- ctx.Err()
+				return
+			}
+			n, err := io.ReadFull(r, bulk.Data(buf))
+			if n > 0 {
+				full <- bulk.Frame(buf, n)
+			}
+			if err == io.ErrUnexpectedEOF {
+				err = io.EOF
+			}
+			if err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	var sent uint64
+	for frame := range full {
+		if _, err := conn.Write(frame); err != nil {
+			return false // the agent has gone: nothing more can be said
+		}
+		sent += uint64(len(frame) - bulk.ChunkHeaderLen)
+		free <- frame[:cap(frame)]
+	}
+	if _, err := conn.Write(bulk.EndChunk); err != nil {
+		return false
+	}
+	if err := <-ended; err != io.EOF {
+		sendStatus(conn, err, sent)
+		return false
+	}
+	return sendStatus(conn, nil, sent)
+}
