@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
+	"github.com/fusebox-dev/fusebox/internal/coalesce"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
@@ -84,10 +85,15 @@ func (p *bulkPool) get(ctx context.Context) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errNoBulk, err)
 	}
-	// Below TLS, reads go through a buffer. Writes are not gathered as the sandbox's are: a
-	// host's write costs little, and the sandbox reads what has arrived in large reads anyway
-	// (gathering a chunk's records delayed its first byte and slowed uploads).
-	c := tls.Client(&readBuffered{Conn: raw, r: bufio.NewReaderSize(raw, 256<<10)}, p.cfg)
+	// Below TLS: reads through a buffer, and each chunk's records in one write into a send
+	// buffer of up to 4 MiB (as far as the host's net.core.wmem_max allows), so that the
+	// sandbox, for which every read is a round through gVisor's sentry, finds much to read at
+	// once (uploads: about 400 -> 550 MiB/s, docs/performance.md).
+	if u, ok := raw.(interface{ SetWriteBuffer(int) error }); ok {
+		u.SetWriteBuffer(4 << 20) // best effort: a smaller buffer is only slower
+	}
+	b := coalesce.Under(&readBuffered{Conn: raw, r: bufio.NewReaderSize(raw, 256<<10)})
+	c := tls.Client(b, p.cfg)
 	if err := c.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		if !errors.Is(err, tlspin.ErrPinMismatch) && ctx.Err() == nil {
@@ -97,7 +103,7 @@ func (p *bulkPool) get(ctx context.Context) (net.Conn, error) {
 		}
 		return nil, fmt.Errorf("%w: %w", errNoBulk, err)
 	}
-	return c, nil
+	return coalesce.Over(c, b), nil
 }
 
 // put keeps c for the next transfer.

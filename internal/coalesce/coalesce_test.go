@@ -1,4 +1,4 @@
-package server
+package coalesce
 
 import (
 	"bytes"
@@ -38,10 +38,10 @@ func (r recordWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func TestCoalescedWritesLeaveTogetherInOrder(t *testing.T) {
+func TestWritesLeaveTogetherInOrder(t *testing.T) {
 	raw := &countingConn{}
-	g := &gatherConn{Conn: raw}
-	c := &flushConn{Conn: recordWriter{below: g}, g: g}
+	g := Under(raw)
+	c := Over(recordWriter{below: g}, g)
 
 	// Outside a Write of the connection above (the handshake, an alert), writes go through.
 	if _, err := g.Write([]byte("hello")); err != nil {
@@ -64,11 +64,11 @@ func TestCoalescedWritesLeaveTogetherInOrder(t *testing.T) {
 	}
 }
 
-func TestCoalescedWriteReportsAFailedFlush(t *testing.T) {
+func TestWriteReportsAFailedFlush(t *testing.T) {
 	broken := errors.New("broken pipe")
 	raw := &countingConn{err: broken}
-	g := &gatherConn{Conn: raw}
-	c := &flushConn{Conn: recordWriter{below: g}, g: g}
+	g := Under(raw)
+	c := Over(recordWriter{below: g}, g)
 	if n, err := c.Write([]byte("0123456789")); n != 0 || !errors.Is(err, broken) {
 		t.Fatalf("Write = %d, %v; want 0, %v", n, err, broken)
 	}
