@@ -27,9 +27,11 @@ func benchDataplaneCmd() *cobra.Command {
 exec round trip and overhead of 'true' (against 'runsc exec' of the same), writing 3,000
 files of 4 KiB of random bytes in 50 directories (against the in-sandbox floor and a
 shell-per-file baseline), reading them back with every byte compared (against an in-sandbox
-read floor), and streaming one large random file in and out, compared as it comes back,
-against the streaming floor: the same bytes over a raw host unix socket into and out of the
-sandbox (fusebox-floor -receive and -send).
+read floor), and streaming one large random file in and out, compared as it comes back
+(over the client's bulk connections, and over the gRPC streams of a client without them),
+against the streaming floors: the same bytes over a raw host unix socket into and out of the
+sandbox (fusebox-floor -receive and -send), alone and with the file written and read in the
+same loop.
 Every main figure goes through the public client package with its default options, as an
 SDK user's code would; the figures labelled "tuned" use --tuned-concurrency. The floors are
 plain loops of open, write, close (and open, read, compare, close) run inside the sandbox by
@@ -70,9 +72,14 @@ benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 			fig("  tuned", r.ReadTuned)
 			fig("stream one file in", r.StreamWrite)
 			fig("stream it out", r.StreamRead)
+			fig("  gRPC streams in (no bulk)", r.StreamWriteGRPC)
+			fig("  gRPC streams out (no bulk)", r.StreamReadGRPC)
 			fig("  raw unix socket in (floor)", r.StreamFloorIn)
 			fig("  raw unix socket out (floor)", r.StreamFloorOut)
 			fmt.Fprintf(w, "  streams against the floor\tin %.2fx, out %.2fx\n", r.StreamWriteVsFloor, r.StreamReadVsFloor)
+			fig("  raw unix socket into a file (floor)", r.StreamFloorInFile)
+			fig("  raw unix socket from the file (floor)", r.StreamFloorOutFile)
+			fmt.Fprintf(w, "  streams against the file floor\tin %.2fx, out %.2fx\n", r.StreamWriteVsFileFloor, r.StreamReadVsFileFloor)
 			return w.Flush()
 		},
 	}

@@ -8,10 +8,11 @@
 //	fusebox-floor -read -dir /workspace/floor0 -files 3000 -size 4096
 //	fusebox-floor -receive /opt/fusebox-floor-sock/floor.sock
 //	fusebox-floor -send /opt/fusebox-floor-sock/floor.sock -bytes 268435456
+//	fusebox-floor -receive /opt/fusebox-floor-sock/floor.sock -file /workspace/big
 //
 // With -receive or -send it is the streaming floor instead: it connects to a host unix socket
-// and reads until EOF, or writes -bytes, and prints the seconds that took (and, receiving, the
-// bytes).
+// and reads until EOF, or writes -bytes, and prints the seconds that took and the bytes. With
+// -file it writes what it receives to that file, or sends that file.
 package main
 
 import (
@@ -30,10 +31,11 @@ func main() {
 	receive := flag.String("receive", "", "unix socket to read from until EOF (the streaming floor in)")
 	send := flag.String("send", "", "unix socket to write -bytes to (the streaming floor out)")
 	nbytes := flag.Int64("bytes", 256<<20, "bytes to write with -send")
+	file := flag.String("file", "", "with -receive: write what arrives to this file; with -send: send this file")
 	flag.Parse()
 	switch {
 	case *receive != "":
-		n, d, err := floor.ReceiveStream(*receive)
+		n, d, err := floor.ReceiveStream(*receive, *file)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
 			os.Exit(1)
@@ -41,16 +43,16 @@ func main() {
 		fmt.Printf("%.6f %d\n", d.Seconds(), n)
 		return
 	case *send != "":
-		d, err := floor.SendStream(*send, *nbytes)
+		n, d, err := floor.SendStream(*send, *nbytes, *file)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "fusebox-floor:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("%.6f %d\n", d.Seconds(), *nbytes)
+		fmt.Printf("%.6f %d\n", d.Seconds(), n)
 		return
 	}
 	if *dir == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: fusebox-floor [-read] -dir DIR [-files N] [-size BYTES] | -receive SOCKET | -send SOCKET [-bytes N]")
+		fmt.Fprintln(os.Stderr, "usage: fusebox-floor [-read] -dir DIR [-files N] [-size BYTES] | -receive SOCKET [-file F] | -send SOCKET [-bytes N | -file F]")
 		os.Exit(2)
 	}
 	run := floor.WriteFiles

@@ -87,7 +87,8 @@ type DataplaneResult struct {
 	ReadVsFloor float64 `json:"read_vs_floor"`
 	ReadTuned   Figure  `json:"read_tuned"`
 	// StreamWrite is WriteFileFrom of one large random file held in memory; StreamRead is
-	// ReadFileTo of it, compared as it arrives.
+	// ReadFileTo of it, compared as it arrives; both with the client's defaults (bulk
+	// connections).
 	StreamWrite Figure `json:"stream_write"`
 	StreamRead  Figure `json:"stream_read"`
 	// StreamFloorIn and StreamFloorOut are the streaming floor: the same bytes over a raw host
@@ -97,6 +98,17 @@ type DataplaneResult struct {
 	StreamFloorOut     Figure  `json:"stream_floor_out"`
 	StreamWriteVsFloor float64 `json:"stream_write_vs_floor"`
 	StreamReadVsFloor  float64 `json:"stream_read_vs_floor"`
+	// StreamFloorInFile and StreamFloorOutFile are that floor with the file: the helper writes
+	// what it receives to a workspace file in the same loop, and sends that file back. Any
+	// transfer that lands in a file does both.
+	StreamFloorInFile      Figure  `json:"stream_floor_in_file"`
+	StreamFloorOutFile     Figure  `json:"stream_floor_out_file"`
+	StreamWriteVsFileFloor float64 `json:"stream_write_vs_file_floor"`
+	StreamReadVsFileFloor  float64 `json:"stream_read_vs_file_floor"`
+	// StreamWriteGRPC and StreamReadGRPC are the streams with client.Options{NoBulk: true}:
+	// WriteFileStream and ReadFileStream over the gRPC connection instead of bulk connections.
+	StreamWriteGRPC Figure `json:"stream_write_grpc"`
+	StreamReadGRPC  Figure `json:"stream_read_grpc"`
 	RunscVersion       string  `json:"runsc"`
 	Platform           string  `json:"platform"`
 }
@@ -293,54 +305,94 @@ func Dataplane(ctx context.Context, o DataplaneOptions) (*DataplaneResult, error
 
 	// One large file of random bytes, held in memory so that only the transfer is timed;
 	// read back into a writer that compares each byte as it arrives.
-	o.Log.Info("streaming one file in and out", "mib", o.StreamMiB)
-	size := int64(o.StreamMiB) << 20
-	big := make([]byte, size)
-	rand.NewChaCha8([32]byte{'f', 'u', 's', 'e'}).Read(big)
-	const streamRounds = 3
-	r.StreamWrite = Figure{Files: 1, FileBytes: size, Data: "random", Client: "defaults", Rounds: streamRounds, RPCs: 1}
-	r.StreamRead = r.StreamWrite
-	r.StreamRead.Verified = true
-	var writes, readSpeeds []float64
-	for i := range streamRounds {
-		name := fmt.Sprintf("big%d.bin", i)
-		t0 := time.Now()
-		n, err := c.WriteFileFrom(ctx, name, 0o644, bytes.NewReader(big), size)
-		d := time.Since(t0)
-		if err != nil {
-			return nil, fmt.Errorf("streaming: %w", err)
-		}
-		if n != size {
-			return nil, fmt.Errorf("streamed %d bytes, want %d", n, size)
-		}
-		writes = append(writes, float64(o.StreamMiB)/d.Seconds())
-		cmp := &comparer{want: big}
-		t0 = time.Now()
-		if err := c.ReadFileTo(ctx, name, cmp); err != nil {
-			return nil, fmt.Errorf("streaming %s back: %w", name, err)
-		}
-		d = time.Since(t0)
-		if cmp.off != len(big) {
-			return nil, fmt.Errorf("streamed back %d bytes of %s, want %d", cmp.off, name, len(big))
-		}
-		readSpeeds = append(readSpeeds, float64(o.StreamMiB)/d.Seconds())
-		if err := c.Remove(ctx, name, false); err != nil {
-			return nil, err
-		}
-	}
-	r.StreamWrite.MiBPerS, r.StreamRead.MiBPerS = round(pct(writes, 50)), round(pct(readSpeeds, 50))
-
-	o.Log.Info("streaming floor: raw unix socket in and out", "mib", o.StreamMiB)
-	in, out, err := streamFloor(ctx, c, floorDir+"/"+filepath.Base(floorBin), sockDir, big, streamRounds)
+	grpcStreams, err := client.Dial(sb.DataAddr, pub.SandboxKey, key, client.Options{NoBulk: true})
 	if err != nil {
 		return nil, err
 	}
-	r.StreamFloorIn = Figure{Files: 1, FileBytes: size, Data: "random", Client: "none", Rounds: streamRounds, MiBPerS: round(pct(in, 50))}
-	r.StreamFloorOut = r.StreamFloorIn
-	r.StreamFloorOut.MiBPerS = round(pct(out, 50))
+	defer grpcStreams.Close()
+	if err := streams(ctx, r, c, grpcStreams, floorDir+"/"+filepath.Base(floorBin), sockDir, o); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// streamRounds is how many rounds the streams and their floors take; each figure is the median.
+const streamRounds = 5
+
+// streams measures one large file of random bytes (held in memory, so that only the transfer
+// is timed) streamed in and out, read back into a writer that compares each byte as it
+// arrives: with the client's defaults (bulk connections) and through the gRPC streams, and
+// the floors, raw and with the file, the four interleaved round by round.
+func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.Sandbox, helper, sockDir string, o DataplaneOptions) error {
+	o.Log.Info("streaming one file in and out, and the streaming floors", "mib", o.StreamMiB, "rounds", streamRounds)
+	size := int64(o.StreamMiB) << 20
+	big := make([]byte, size)
+	rand.NewChaCha8([32]byte{'f', 'u', 's', 'e'}).Read(big)
+	fig := func(client string, verified bool) Figure {
+		return Figure{Files: 1, FileBytes: size, Data: "random", Verified: verified, Client: client, Rounds: streamRounds, RPCs: 1}
+	}
+	r.StreamWrite, r.StreamRead = fig("defaults", false), fig("defaults", true)
+	r.StreamWriteGRPC, r.StreamReadGRPC = fig("no bulk: gRPC streams", false), fig("no bulk: gRPC streams", true)
+	var writes, reads, grpcWrites, grpcReads, floorIn, floorOut, fileIn, fileOut []float64
+	mibs := func(d time.Duration) float64 { return float64(o.StreamMiB) / d.Seconds() }
+	for i := range streamRounds {
+		for _, arm := range []struct {
+			sb          *client.Sandbox
+			write, read *[]float64
+		}{{c, &writes, &reads}, {grpcStreams, &grpcWrites, &grpcReads}} {
+			name := fmt.Sprintf("big%d.bin", i)
+			t0 := time.Now()
+			n, err := arm.sb.WriteFileFrom(ctx, name, 0o644, bytes.NewReader(big), size)
+			d := time.Since(t0)
+			if err != nil {
+				return fmt.Errorf("streaming: %w", err)
+			}
+			if n != size {
+				return fmt.Errorf("streamed %d bytes, want %d", n, size)
+			}
+			*arm.write = append(*arm.write, mibs(d))
+			cmp := &comparer{want: big}
+			t0 = time.Now()
+			if err := arm.sb.ReadFileTo(ctx, name, cmp); err != nil {
+				return fmt.Errorf("streaming %s back: %w", name, err)
+			}
+			d = time.Since(t0)
+			if cmp.off != len(big) {
+				return fmt.Errorf("streamed back %d bytes of %s, want %d", cmp.off, name, len(big))
+			}
+			*arm.read = append(*arm.read, mibs(d))
+			if err := c.Remove(ctx, name, false); err != nil {
+				return err
+			}
+		}
+		in, out, err := streamFloor(ctx, c, helper, sockDir, big, "")
+		if err != nil {
+			return err
+		}
+		floorIn, floorOut = append(floorIn, in), append(floorOut, out)
+		file := localsandbox.WorkspaceDir + "/floor-stream.bin"
+		if in, out, err = streamFloor(ctx, c, helper, sockDir, big, file); err != nil {
+			return err
+		}
+		fileIn, fileOut = append(fileIn, in), append(fileOut, out)
+		if err := c.Remove(ctx, file, false); err != nil {
+			return err
+		}
+	}
+	r.StreamWrite.MiBPerS, r.StreamRead.MiBPerS = round(pct(writes, 50)), round(pct(reads, 50))
+	r.StreamWriteGRPC.MiBPerS, r.StreamReadGRPC.MiBPerS = round(pct(grpcWrites, 50)), round(pct(grpcReads, 50))
+	floorFig := func(v []float64) Figure {
+		f := fig("none", false)
+		f.RPCs, f.MiBPerS = 0, round(pct(v, 50))
+		return f
+	}
+	r.StreamFloorIn, r.StreamFloorOut = floorFig(floorIn), floorFig(floorOut)
+	r.StreamFloorInFile, r.StreamFloorOutFile = floorFig(fileIn), floorFig(fileOut)
 	r.StreamWriteVsFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorIn.MiBPerS)
 	r.StreamReadVsFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOut.MiBPerS)
-	return r, nil
+	r.StreamWriteVsFileFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorInFile.MiBPerS)
+	r.StreamReadVsFileFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOutFile.MiBPerS)
+	return nil
 }
 
 // execRoundTrips runs `true` runs times over c, after 20 runs that warm the connection and the
@@ -445,22 +497,29 @@ func readBack(ctx context.Context, sbx *client.Sandbox, root string, data [][]by
 	return time.Since(t0).Seconds(), 1 + st.Batches + st.Streamed, nil
 }
 
-// streamFloor measures raw unix-socket throughput between this host and the sandbox, rounds
-// times each way: the host listens in sockDir (bound at floorSockDir) and the floor helper,
+// streamFloor measures raw unix-socket throughput between this host and the sandbox, one
+// round each way: the host listens in sockDir (bound at floorSockDir) and the floor helper,
 // run in the sandbox as a command, connects and reads data to EOF, or writes as many bytes
-// back. It returns the MiB/s of each round, as the helper timed them.
-func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string, data []byte, rounds int) (in, out []float64, err error) {
+// back. With file set the helper writes what it reads to that file in the sandbox, then sends
+// that file back, which the host compares with data. It returns the MiB/s of each way, as the
+// helper timed them.
+func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string, data []byte, file string) (in, out float64, err error) {
 	path := filepath.Join(sockDir, "floor.sock")
+	os.Remove(path)
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("streaming floor: %w", err)
+		return 0, 0, fmt.Errorf("streaming floor: %w", err)
 	}
 	defer ln.Close()
 	// The helper runs as the commands' user: it may connect, nothing else.
 	if err := os.Chmod(path, 0o666); err != nil {
-		return nil, nil, err
+		return 0, 0, err
 	}
 	sandboxPath := floorSockDir + "/floor.sock"
+	var fileArgs []string
+	if file != "" {
+		fileArgs = []string{"-file", file}
+	}
 	run := func(serve func(net.Conn) error, args ...string) (float64, error) {
 		errc := make(chan error, 1)
 		go func() {
@@ -472,7 +531,7 @@ func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string,
 			defer conn.Close()
 			errc <- serve(conn)
 		}()
-		res, err := c.Run(ctx, append([]string{helper}, args...)...)
+		res, err := c.Run(ctx, append(append([]string{helper}, args...), fileArgs...)...)
 		if err != nil {
 			ln.Close() // ends the Accept, should the helper never have connected
 			return 0, fmt.Errorf("streaming floor: %w", err)
@@ -491,32 +550,29 @@ func streamFloor(ctx context.Context, c *client.Sandbox, helper, sockDir string,
 		}
 		return float64(n) / (1 << 20) / secs, nil
 	}
-	for range rounds {
-		v, err := run(func(conn net.Conn) error {
-			_, err := conn.Write(data)
-			return err
-		}, "-receive", sandboxPath)
-		if err != nil {
-			return nil, nil, err
-		}
-		in = append(in, v)
-		v, err = run(func(conn net.Conn) error {
-			n, err := io.CopyBuffer(io.Discard, conn, make([]byte, 2<<20))
-			if err != nil {
-				return err
-			}
-			if n != int64(len(data)) {
-				return fmt.Errorf("read %d bytes, want %d", n, len(data))
-			}
-			_, err = conn.Write([]byte{1})
-			return err
-		}, "-send", sandboxPath, "-bytes", strconv.Itoa(len(data)))
-		if err != nil {
-			return nil, nil, err
-		}
-		out = append(out, v)
+	if in, err = run(func(conn net.Conn) error {
+		_, err := conn.Write(data)
+		return err
+	}, "-receive", sandboxPath); err != nil {
+		return 0, 0, err
 	}
-	return in, out, nil
+	out, err = run(func(conn net.Conn) error {
+		var w io.Writer = io.Discard
+		cmp := &comparer{want: data}
+		if file != "" {
+			w = cmp // the file holds what was sent in
+		}
+		n, err := io.CopyBuffer(struct{ io.Writer }{w}, conn, make([]byte, 2<<20))
+		if err != nil {
+			return err
+		}
+		if n != int64(len(data)) {
+			return fmt.Errorf("read %d bytes, want %d", n, len(data))
+		}
+		_, err = conn.Write([]byte{1})
+		return err
+	}, "-send", sandboxPath, "-bytes", strconv.Itoa(len(data)))
+	return in, out, err
 }
 
 // comparer is a writer that checks what it is given against want, in order.

@@ -4,7 +4,8 @@
 // are judged against them; fusebox-bench dataplane runs them there as the fusebox-floor
 // helper. The benchmark and the floor share the workload defined here: the same paths (Dirs
 // directories) and the same random contents (Content), so that both verify the same bytes.
-// ReceiveStream and SendStream are the streaming floor: raw bytes over a host unix socket.
+// ReceiveStream and SendStream are the streaming floor: raw bytes over a host unix socket,
+// alone or written to (read from) a file.
 package floor
 
 import (
@@ -85,43 +86,82 @@ func ReadFiles(dir string, n, size int) (time.Duration, error) {
 // streamBuf is the floor's socket buffer: as large as the client's stream chunk.
 const streamBuf = 2 << 20
 
-// ReceiveStream connects to the unix socket at path and reads from it until EOF, discarding
-// the bytes: the raw throughput of a host unix socket into the sandbox, with no TLS, HTTP/2
-// or file behind it. It returns the bytes read and the time from the connection to EOF.
-func ReceiveStream(path string) (int64, time.Duration, error) {
+// ReceiveStream connects to the unix socket at path and reads from it until EOF: the raw
+// throughput of a host unix socket into the sandbox, with no TLS, HTTP/2 or framing. With
+// file set it writes what arrives to that file (created), in the same loop: the floor of any
+// transfer that lands in a file. It returns the bytes read and the time from the connection to
+// EOF (and the file's close).
+func ReceiveStream(path, file string) (int64, time.Duration, error) {
+	var w io.Writer = io.Discard
+	var f *os.File
+	if file != "" {
+		var err error
+		if f, err = os.Create(file); err != nil {
+			return 0, 0, err
+		}
+		defer f.Close()
+		w = f
+	}
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer c.Close()
 	start := time.Now()
-	n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, make([]byte, streamBuf))
+	n, err := io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{c}, make([]byte, streamBuf))
+	if err == nil && f != nil {
+		err = f.Close()
+	}
 	return n, time.Since(start), err
 }
 
 // SendStream connects to the unix socket at path and writes n bytes of random data to it
-// (made before the clock starts), then closes: the raw throughput out of the sandbox.
-func SendStream(path string, n int64) (time.Duration, error) {
-	buf := Content(0, streamBuf)
+// (made before the clock starts), then closes: the raw throughput out of the sandbox. With
+// file set it sends that file's bytes instead (n is then ignored), read in the same loop. It
+// returns the bytes sent and the time until the host had them all.
+func SendStream(path string, n int64, file string) (int64, time.Duration, error) {
+	var src io.Reader
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer f.Close()
+		src = f
+	} else {
+		src = &repeated{b: Content(0, streamBuf), left: n}
+	}
 	c, err := net.Dial("unix", path)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer c.Close()
 	start := time.Now()
-	for left := n; left > 0; {
-		k := min(left, int64(len(buf)))
-		if _, err := c.Write(buf[:k]); err != nil {
-			return 0, err
-		}
-		left -= k
+	sent, err := io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{src}, make([]byte, streamBuf))
+	if err != nil {
+		return 0, 0, err
 	}
 	if err := c.(*net.UnixConn).CloseWrite(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The host answers one byte once it has read everything: the time covers the delivery.
 	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-		return 0, fmt.Errorf("waiting for the receiver: %w", err)
+		return 0, 0, fmt.Errorf("waiting for the receiver: %w", err)
 	}
-	return time.Since(start), nil
+	return sent, time.Since(start), nil
+}
+
+// repeated reads left bytes of b over and over.
+type repeated struct {
+	b    []byte
+	left int64
+}
+
+func (r *repeated) Read(p []byte) (int, error) {
+	if r.left == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(int64(len(p)), r.left)], r.b)
+	r.left -= int64(n)
+	return n, nil
 }

@@ -60,41 +60,55 @@ func TestContentIsRandomAndDistinct(t *testing.T) {
 }
 
 func TestStreams(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	const size = 5<<20 + 123
-	go func() { // the host side of ReceiveStream: size bytes, then EOF
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		c.Write(make([]byte, size))
-		c.Close()
-	}()
-	n, _, err := ReceiveStream(path)
-	if err != nil || n != size {
-		t.Fatalf("ReceiveStream = %d, %v; want %d bytes", n, err, size)
+	data := Content(3, size)
+	// host is the host side of a round: it sends data and closes, or reads to EOF and answers
+	// one byte, and returns what it read.
+	host := func(send bool) <-chan []byte {
+		got := make(chan []byte, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				got <- nil
+				return
+			}
+			defer c.Close()
+			if send {
+				c.Write(data)
+				got <- nil
+				return
+			}
+			b, _ := io.ReadAll(c)
+			c.Write([]byte{1})
+			got <- b
+		}()
+		return got
 	}
-	got := make(chan int64, 1)
-	go func() { // the host side of SendStream: read to EOF, answer one byte
-		c, err := ln.Accept()
-		if err != nil {
-			got <- -1
-			return
+	for _, file := range []string{"", filepath.Join(dir, "landed")} {
+		<-func() <-chan []byte {
+			got := host(true)
+			n, _, err := ReceiveStream(path, file)
+			if err != nil || n != size {
+				t.Fatalf("ReceiveStream(file %q) = %d, %v; want %d bytes", file, n, err, size)
+			}
+			return got
+		}()
+		got := host(false)
+		n, _, err := SendStream(path, size, file)
+		if err != nil || n != size {
+			t.Fatalf("SendStream(file %q) = %d, %v; want %d bytes", file, n, err, size)
 		}
-		defer c.Close()
-		n, _ := io.Copy(io.Discard, c)
-		c.Write([]byte{1})
-		got <- n
-	}()
-	if _, err := SendStream(path, size); err != nil {
-		t.Fatalf("SendStream: %v", err)
-	}
-	if n := <-got; n != size {
-		t.Fatalf("the host read %d bytes, want %d", n, size)
+		if b := <-got; len(b) != size {
+			t.Fatalf("the host read %d bytes, want %d", len(b), size)
+		} else if file != "" && !bytes.Equal(b, data) {
+			t.Fatal("the file sent differs from what was received into it")
+		}
 	}
 }
