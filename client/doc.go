@@ -17,6 +17,8 @@
 //
 // File transfers are batched: WriteFiles and WriteTree bin-pack small files into batches of at
 // most 3.5 MiB sent concurrently and stream larger files; ReadFiles asks the sandbox for a plan
-// first and then executes it. Concurrent commands that change the shell environment use a
+// first and then executes it. A streamed file (WriteFileFrom, ReadFileTo) moves over a bulk
+// connection of its own, with the same pinned handshake but no HTTP/2 around the bytes
+// (internal/bulk), or over the gRPC streams with Options.NoBulk or a server without it. Concurrent commands that change the shell environment use a
 // TaskGroup so that the logically last write wins whatever order they finish in.
 package client
