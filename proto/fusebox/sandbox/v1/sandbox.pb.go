@@ -1531,7 +1531,7 @@ func (x *ReadFileChunk) GetSize() uint64 {
 // and a client uses WriteFileStream and ReadFileStream instead); both mean the same.
 //
 // Frames: a control message is a 4-byte big-endian length (at most 64 KiB) and that many bytes
-// of BulkRequest or BulkStatus; a chunk is a 4-byte big-endian length (at most 4 MiB) and that
+// of BulkRequest or BulkStatus; a chunk is a 4-byte big-endian length (at most 1 MiB) and that
 // many bytes of file data, a zero length ending the file. An exchange:
 //
 //	write: agent BulkRequest{write}, chunks, an empty chunk; sandbox BulkStatus (bytes: the
