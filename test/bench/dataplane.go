@@ -109,8 +109,8 @@ type DataplaneResult struct {
 	// WriteFileStream and ReadFileStream over the gRPC connection instead of bulk connections.
 	StreamWriteGRPC Figure `json:"stream_write_grpc"`
 	StreamReadGRPC  Figure `json:"stream_read_grpc"`
-	RunscVersion       string  `json:"runsc"`
-	Platform           string  `json:"platform"`
+	RunscVersion    string `json:"runsc"`
+	Platform        string `json:"platform"`
 }
 
 // floorDir is where the floor helper's directory is bound in the benchmark's sandbox, and
