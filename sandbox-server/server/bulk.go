@@ -58,10 +58,12 @@ func (c bulkCreds) Clone() credentials.TransportCredentials {
 func (s *Server) serveBulk(ctx context.Context, conn net.Conn) {
 	defer conn.Close()
 	defer context.AfterFunc(ctx, func() { conn.Close() })()
+	// A timer, not a read deadline: gRPC clears the connection's deadlines after its
+	// handshake returns, which may be after this has begun to read.
+	idle := time.AfterFunc(bulkIdle, func() { conn.Close() })
+	defer idle.Stop()
 	for {
-		if err := conn.SetReadDeadline(time.Now().Add(bulkIdle)); err != nil {
-			return
-		}
+		idle.Reset(bulkIdle)
 		var req sandboxv1.BulkRequest
 		if err := bulk.ReadMsg(conn, &req); err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -69,9 +71,7 @@ func (s *Server) serveBulk(ctx context.Context, conn net.Conn) {
 			}
 			return
 		}
-		if err := conn.SetReadDeadline(time.Time{}); err != nil {
-			return
-		}
+		idle.Stop()
 		var ok bool
 		switch op := req.GetOp().(type) {
 		case *sandboxv1.BulkRequest_Write:
