@@ -56,12 +56,14 @@ func main() {
 	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
 	cfg.Server.FastPath = fastpath.All()
 	flag.Var(&cfg.Server.FastPath, "fast-path", fastpath.FlagHelp+" (keep-awake is the host's GODEBUG, not this process's); default all")
+	bulkOn := flag.Bool("bulk", true, "serve bulk transfers of large files (ALPN fusebox-bulk/1) after the same pinned handshake as the gRPC service; false: clients use the gRPC streams")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
 	commandUser := flag.String("command-user", "", "UID:GID that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")
 	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (when the relay runs)")
 	flag.Parse()
+	cfg.Server.NoBulk = !*bulkOn
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "fusebox-sandbox: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)

@@ -2,7 +2,9 @@
 // part of the trust path (sandbox-server/fuse and internal/tlspin): each only moves work off
 // an allocation's critical path, and each can be switched off, alone or all at once, leaving
 // the plain path (the data plane is credentials.NewTLS with the pinning configuration, over
-// the sandbox server's byte-preserving read and write buffering below TLS). They are:
+// the sandbox server's byte-preserving read and write buffering below TLS; after that
+// handshake a connection that chose the bulk protocol instead of HTTP/2 goes to the bulk
+// handler, which fusebox-sandbox -bulk=false switches off). They are:
 //
 //   - Relay: the agent's ClientHello travels in Allocate and InitializeTLS, and the data
 //     connection begins at the agent's second flight (internal/tlsflight, which also rewrites

@@ -273,7 +273,8 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 	}
 	if s.opts.FastPath.Any() {
 		// Where an allocation's time goes, for the accelerators' measurements; the plain
-		// path's transport is credentials.NewTLS over the write coalescing alone.
+		// path's transport is credentials.NewTLS over the write coalescing alone (and, unless
+		// NoBulk, the hand-off of bulk connections after it).
 		creds = timedCreds{creds, &s.timeline}
 	}
 	received := time.Now().UnixNano()
