@@ -16,7 +16,15 @@ type sharedPool struct {
 	*Manager
 	shared   SharedPool
 	expiring idSet // expiries in progress
+	// prepared maps the ready units this replica has prepared an init connection to (their
+	// init addresses), and leftAt when each was first seen out of the pool; touched only by
+	// reconcile, one pass at a time.
+	prepared map[string]string
+	leftAt   map[string]time.Time
 }
+
+// forgetDelay is how long a prepared init connection outlives its unit's leaving the pool.
+const forgetDelay = time.Second
 
 // leader reports whether this replica runs the pool-wide duties (sizing, expiry).
 func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
@@ -146,13 +154,14 @@ func (p *sharedPool) destroyShared(ctx context.Context, id string) {
 func (p *sharedPool) reconcile(ctx context.Context) {
 	m := p.Manager
 	now := m.o.Clock.Now()
-	if !m.leader() {
-		m.target.Store(0)
-		return
-	}
 	units, err := m.alloc.List(ctx)
 	if err != nil {
 		m.log.Error("listing units", "err", err)
+		return
+	}
+	p.prepareInits(units)
+	if !m.leader() {
+		m.target.Store(0)
 		return
 	}
 	bound := 0
@@ -210,6 +219,54 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 			}
 			m.bg.Add(1)
 			go func() { defer m.bg.Done(); p.destroyShared(context.WithoutCancel(ctx), info.ID) }()
+		}
+	}
+}
+
+// prepareInits keeps, on every replica, a prepared connection (Options.Prepare) to the init
+// endpoint of each ready unit of the shared pool, and forgets the connections of units that
+// are ready no more (claimed by any replica, or gone): any replica may take any of them, and
+// an allocation's sFuse is then one call on an open connection rather than a new connection
+// into the sandbox pod's network stack first.
+func (p *sharedPool) prepareInits(units []UnitInfo) {
+	m := p.Manager
+	if m.o.Prepare == nil || m.o.Forget == nil {
+		return
+	}
+	ready := make(map[string]string, len(units))
+	for _, u := range units {
+		if _, mine := m.ops.Get(u.ID); mine {
+			continue // claimed here: the informer's cache may not say so yet
+		}
+		if st := u.Annotations[annState]; (st == "" || st == "ready") && u.InitAddr != "" {
+			ready[u.ID] = u.InitAddr
+		}
+	}
+	now := m.o.Clock.Now()
+	for id, addr := range p.prepared {
+		if ready[id] == addr {
+			delete(p.leftAt, id)
+			continue
+		}
+		// Closed a while after the unit left the pool, not as another replica's sFuse and the
+		// agent's first call reach the sandbox (as Conns.Initialize closes its own).
+		if p.leftAt[id].IsZero() {
+			p.leftAt[id] = now
+			continue
+		}
+		if now.Sub(p.leftAt[id]) >= forgetDelay {
+			m.o.Forget(addr) // a no-op after this replica's own sFuse took it
+			delete(p.prepared, id)
+			delete(p.leftAt, id)
+		}
+	}
+	if p.prepared == nil {
+		p.prepared, p.leftAt = make(map[string]string, len(ready)), map[string]time.Time{}
+	}
+	for id, addr := range ready {
+		if _, ok := p.prepared[id]; !ok {
+			m.o.Prepare(addr)
+			p.prepared[id] = addr
 		}
 	}
 }

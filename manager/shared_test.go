@@ -3,8 +3,10 @@ package manager_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,4 +268,57 @@ func TestEveryReplicaCountsUnitsBeingMadeAsCreating(t *testing.T) {
 	if u[manager.Creating.String()] != 1 || u[manager.Ready.String()] != len(units)-1 {
 		t.Fatalf("the follower's pool status %v: want 1 creating and %d ready", u, len(units)-1)
 	}
+}
+
+// TestEveryReplicaPreparesTheReadyUnitsInits: each replica keeps a prepared init connection
+// to every ready unit of the shared pool, whichever replica made it, and forgets the one a
+// unit had once any replica has taken it; an allocation's sFuse then runs on an open one.
+func TestEveryReplicaPreparesTheReadyUnitsInits(t *testing.T) {
+	type conns struct {
+		sync.Mutex
+		open map[string]bool // init address -> prepared and not forgotten
+	}
+	var seen [2]conns
+	var replica atomic.Int32
+	a, clk, ms := replicasWith(t, 3, func(o *manager.Options) {
+		c := &seen[replica.Add(1)-1]
+		c.open = map[string]bool{}
+		o.Prepare = func(addr string) { c.Lock(); defer c.Unlock(); c.open[addr] = true }
+		o.Forget = func(addr string) { c.Lock(); defer c.Unlock(); delete(c.open, addr) }
+	})
+	readyAddrs := func() map[string]bool {
+		units, _ := a.List(context.Background())
+		out := map[string]bool{}
+		for _, u := range units {
+			if u.Annotations[manager.AnnotationState] == "ready" {
+				out[u.InitAddr] = true
+			}
+		}
+		return out
+	}
+	same := func(c *conns) bool {
+		c.Lock()
+		defer c.Unlock()
+		want := readyAddrs()
+		return len(want) == 3 && maps.Equal(c.open, want)
+	}
+	// Every replica's reconcile ticks on the manager's clock.
+	stepping(t, "both replicas prepared the 3 ready units", clk, 5*time.Millisecond, func() bool { return same(&seen[0]) && same(&seen[1]) })
+	key, _ := client.NewKey()
+	al, err := ms[1].Allocate(context.Background(), manager.AllocateRequest{AgentPublicKey: key.PublicKey(), LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := "mem://" + al.ID + "/init" // memalloc's init address of the unit
+	stepping(t, "the taken unit forgotten and its replacement prepared by both", clk, 5*time.Millisecond, func() bool {
+		for i := range seen {
+			seen[i].Lock()
+			open := seen[i].open[taken]
+			seen[i].Unlock()
+			if open || !same(&seen[i]) {
+				return false
+			}
+		}
+		return true
+	})
 }
