@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from . import _address
-from ._pack import prune_mkdirs
+from ._pack import Pending, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2
 from ._proto.sandbox.v1 import sandbox_pb2
 from .errors import CommandError, CommandTimeoutError, InvalidArgumentError
@@ -168,7 +168,7 @@ def new_group_id() -> str:
     return secrets.token_hex(12)
 
 
-def file_writes(files: FilesLike) -> List[sandbox_pb2.FileWrite]:
+def file_writes(files: FilesLike) -> List[Pending]:
     out = []
     items: Iterable[Any] = files.items() if isinstance(files, Mapping) else files
     for it in items:
@@ -186,7 +186,7 @@ def file_writes(files: FilesLike) -> List[sandbox_pb2.FileWrite]:
             data = data.encode()
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(f"write_files: {p}: want bytes or str data, got {type(data).__name__}")
-        out.append(sandbox_pb2.FileWrite(path=p, data=bytes(data), mode=mode & 0o7777))
+        out.append(Pending(p, bytes(data), mode & 0o7777))
     return out
 
 
@@ -231,7 +231,7 @@ def walk_tree(local_dir: Union[str, os.PathLike], remote_dir: str):
                 dirs.append(remote(rel))
             elif stat_mod.S_ISREG(st.st_mode):
                 with open(full, "rb") as f:
-                    files.append(sandbox_pb2.FileWrite(path=remote(rel), data=f.read(), mode=stat_mod.S_IMODE(st.st_mode)))
+                    files.append(Pending(remote(rel), f.read(), stat_mod.S_IMODE(st.st_mode)))
             # Devices, sockets and pipes have no meaning in a workspace.
     return files, prune_mkdirs(dirs), links
 

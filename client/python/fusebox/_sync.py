@@ -18,8 +18,8 @@ from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
 from .keys import AgentKey
-from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
-                    SandboxInfo, Symlink, WriteStats)
+from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
+                    ReadStats, SandboxInfo, Symlink, WriteStats)
 
 Sink = Union[Callable[[bytes], object], BinaryIO, None]
 
@@ -300,8 +300,7 @@ class Sandbox:
 
     def write_file(self, path: str, data: Union[bytes, str], mode: int = 0) -> None:
         """Writes one file of any size (in a batch when small, else streamed)."""
-        self._write(_core.file_writes([(path, data)]) if not mode else
-                    [sandbox_pb2.FileWrite(path=path, data=data.encode() if isinstance(data, str) else data, mode=mode)], [], [])
+        self._write(_core.file_writes([File(path, data.encode() if isinstance(data, str) else data, mode)]), [], [])
 
     def write_tree(self, local_dir, remote_dir: str = "") -> WriteStats:
         """Copies the local directory tree into ``remote_dir`` of the workspace: regular files,
@@ -335,8 +334,9 @@ class Sandbox:
             for b in batches:
                 start(lambda b=b: self._rpc.WriteFiles.future(b), ("batch", len(b.files)))
             for f in streamed:
-                hdr = _core.stream_header(f.path, f.mode, len(f.data))
-                start(lambda f=f, hdr=hdr: self._rpc.WriteFileStream.future(_core.chunks_of(f.data, hdr)), ("stream", f.path))
+                data = f.data  # once: reading a bytes field copies it
+                hdr = _core.stream_header(f.path, f.mode, len(data))
+                start(lambda data=data, hdr=hdr: self._rpc.WriteFileStream.future(_core.chunks_of(data, hdr)), ("stream", f.path))
             first_err = None
             for fut, (kind, what) in futures:
                 try:

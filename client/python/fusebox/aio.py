@@ -328,9 +328,10 @@ class Sandbox:
 
         async def stream(f):
             async with sem:
-                hdr = _core.stream_header(f.path, f.mode, len(f.data))
+                data = f.data  # once: reading a bytes field copies it
+                hdr = _core.stream_header(f.path, f.mode, len(data))
                 try:
-                    r = await self._rpc.WriteFileStream(_agen(_core.chunks_of(f.data, hdr)))
+                    r = await self._rpc.WriteFileStream(_agen(_core.chunks_of(data, hdr)))
                 except grpc.RpcError as e:
                     raise from_rpc(e, f"streaming {f.path}") from None
             st.files += 1

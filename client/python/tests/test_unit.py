@@ -54,6 +54,16 @@ def test_pack_3000_small_files_in_4_batches():
     assert all(b.ByteSize() <= fusebox.DEFAULT_BATCH_BYTES for b in batches)
 
 
+def test_pack_streams_large_files_from_their_own_bytes():
+    big = b"b" * (2 << 20)
+    files = _core.file_writes({"small": b"s" * 100, "big": big, "text": "t"})
+    batches, streamed = pack(files, [], [], 1 << 20)
+    assert len(streamed) == 1 and streamed[0].path == "big"
+    assert streamed[0].data is big, "a streamed file's bytes are not copied"
+    assert len(batches) == 1 and {f.path: f.data for f in batches[0].files} == {"small": b"s" * 100, "text": b"t"}
+    assert batches[0].ByteSize() <= 1 << 20
+
+
 def test_pack_only_dirs():
     batches, streamed = pack([], ["a"], [], 100)
     assert len(batches) == 1 and list(batches[0].mkdirs) == ["a"] and not streamed
