@@ -94,51 +94,77 @@ func sendStatus(conn net.Conn, err error, n uint64) bool {
 	return bulk.WriteMsg(conn, &sandboxv1.BulkStatus{Code: int32(st.Code()), Message: st.Message(), Bytes: n}) == nil
 }
 
+// chunks fills buffers on a goroutine of its own while the caller consumes them: the two
+// sides of a transfer, the socket's and the file's, overlap with len(bufs) chunks in flight.
+type chunks struct {
+	free, full chan []byte
+	ended      chan error // fill's last error (io.EOF at a clean end), once full is closed
+}
+
+// startChunks runs fill on each free buffer until it returns an error or ctx ends; fill
+// returns the part of the buffer it filled (nil for none) and, with the last, its error.
+func startChunks(ctx context.Context, bufs [][]byte, fill func(buf []byte) ([]byte, error)) *chunks {
+	c := &chunks{free: make(chan []byte, len(bufs)), full: make(chan []byte, len(bufs)), ended: make(chan error, 1)}
+	for _, b := range bufs {
+		c.free <- b
+	}
+	go func() {
+		defer close(c.full)
+		for {
+			var buf []byte
+			select {
+			case buf = <-c.free:
+			case <-ctx.Done():
+				c.ended <- ctx.Err()
+				return
+			}
+			b, err := fill(buf)
+			if b != nil {
+				c.full <- b // never blocks: full has room for every buffer
+			}
+			if err != nil {
+				c.ended <- err
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// next returns the next filled chunk, or nil and fill's last error after the last.
+func (c *chunks) next() ([]byte, error) {
+	if b, ok := <-c.full; ok {
+		return b, nil
+	}
+	return nil, <-c.ended
+}
+
+// done hands a consumed chunk's buffer back to be filled again.
+func (c *chunks) done(b []byte) { c.free <- b[:cap(b)] }
+
 // bulkWrite is WriteFileStream over conn: the chunks are read from the connection on one
 // goroutine and written to the file on this one. It reports whether the connection may take
 // another request.
 func (s *Server) bulkWrite(ctx context.Context, conn net.Conn, hdr *sandboxv1.WriteFileHeader) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	free, full := make(chan []byte, bulkDepth), make(chan []byte, bulkDepth)
-	for range bulkDepth {
-		free <- make([]byte, bulk.MaxChunk)
+	bufs := make([][]byte, bulkDepth)
+	for i := range bufs {
+		bufs[i] = make([]byte, bulk.MaxChunk)
 	}
-	ended := make(chan error, 1) // the reader's end: io.EOF after the empty chunk
-	go func() {
-		defer close(full)
-		for {
-			var buf []byte
-			select {
-			case buf = <-free:
-			case <-ctx.Done():
-				ended <- ctx.Err()
-				return
-			}
-			b, err := bulk.ReadChunk(conn, buf)
-			if err != nil {
-				ended <- err
-				return
-			}
-			full <- b // never blocks: full has room for every buffer
-		}
-	}()
-	var held []byte // the chunk WriteStream is writing; returned to free on the next call
+	in := startChunks(ctx, bufs, func(buf []byte) ([]byte, error) { return bulk.ReadChunk(conn, buf) })
+	var held []byte // the chunk WriteStream is writing; handed back on the next call
 	next := func() ([]byte, error) {
 		if held != nil {
-			free <- held[:cap(held)]
+			in.done(held)
 			held = nil
 		}
-		b, ok := <-full
-		if !ok {
-			err := <-ended
-			if err != io.EOF {
-				err = fmt.Errorf("receiving: %w", err)
-			}
-			return nil, err
+		b, err := in.next()
+		if err != nil && err != io.EOF {
+			err = fmt.Errorf("receiving: %w", err)
 		}
 		held = b
-		return b, nil
+		return b, err
 	}
 	n, err := s.opts.Workspace.WriteStream(ctx, hdr, next)
 	if err != nil {
@@ -167,48 +193,40 @@ func (s *Server) bulkRead(ctx context.Context, conn net.Conn, req *sandboxv1.Rea
 	defer cancel()
 	// A small file gets one small buffer; a large one bulkDepth full-size ones.
 	size := int(max(1, min(bulk.MaxChunk, r.Left())))
-	depth := int(max(1, min(bulkDepth, (r.Left()+bulk.MaxChunk-1)/bulk.MaxChunk)))
-	free, full := make(chan []byte, depth), make(chan []byte, depth)
-	for range depth {
-		free <- bulk.NewChunk(size)
+	bufs := make([][]byte, max(1, min(bulkDepth, (r.Left()+bulk.MaxChunk-1)/bulk.MaxChunk)))
+	for i := range bufs {
+		bufs[i] = bulk.NewChunk(size)
 	}
-	ended := make(chan error, 1) // the file reader's end: io.EOF after the last chunk
-	go func() {
-		defer close(full)
-		for {
-			var buf []byte
-			select {
-			case buf = <-free:
-			case <-ctx.Done():
-				ended <- ctx.Err()
-				return
-			}
-			n, err := io.ReadFull(r, bulk.Data(buf))
-			if n > 0 {
-				full <- bulk.Frame(buf, n)
-			}
-			if err == io.ErrUnexpectedEOF {
-				err = io.EOF
-			}
-			if err != nil {
-				ended <- err
-				return
-			}
+	out := startChunks(ctx, bufs, func(buf []byte) ([]byte, error) {
+		n, err := io.ReadFull(r, bulk.Data(buf))
+		if err == io.ErrUnexpectedEOF {
+			err = io.EOF
 		}
-	}()
+		if n == 0 {
+			return nil, err
+		}
+		return bulk.Frame(buf, n), err
+	})
 	var sent uint64
-	for frame := range full {
+	for {
+		frame, err := out.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if _, werr := conn.Write(bulk.EndChunk); werr != nil {
+				return false
+			}
+			sendStatus(conn, err, sent)
+			return false
+		}
 		if _, err := conn.Write(frame); err != nil {
 			return false // the agent has gone: nothing more can be said
 		}
 		sent += uint64(len(frame) - bulk.ChunkHeaderLen)
-		free <- frame[:cap(frame)]
+		out.done(frame)
 	}
 	if _, err := conn.Write(bulk.EndChunk); err != nil {
-		return false
-	}
-	if err := <-ended; err != io.EOF {
-		sendStatus(conn, err, sent)
 		return false
 	}
 	return sendStatus(conn, nil, sent)
