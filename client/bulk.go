@@ -188,7 +188,7 @@ func (p *bulkPool) write(ctx context.Context, hdr *sandboxv1.WriteFileHeader, r 
 			n, rerr := io.ReadFull(r, bulk.Data(buf))
 			if n > 0 {
 				if _, err := c.Write(bulk.Frame(buf, n)); err != nil {
-					return p.refused(answer, answered, err)
+					return refused(answer, answered, err)
 				}
 			}
 			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
@@ -199,7 +199,7 @@ func (p *bulkPool) write(ctx context.Context, hdr *sandboxv1.WriteFileHeader, r 
 			}
 		}
 		if _, err := c.Write(bulk.EndChunk); err != nil {
-			return p.refused(answer, answered, err)
+			return refused(answer, answered, err)
 		}
 		return answered(<-answer)
 	})
@@ -208,7 +208,7 @@ func (p *bulkPool) write(ctx context.Context, hdr *sandboxv1.WriteFileHeader, r 
 
 // refused is the error of a write to a bulk connection that failed: the sandbox's answer when
 // it sent one before it closed the connection (an early error), else the write's.
-func (p *bulkPool) refused(answer <-chan error, answered func(error) error, werr error) error {
+func refused(answer <-chan error, answered func(error) error, werr error) error {
 	select {
 	case err := <-answer:
 		if err == nil {

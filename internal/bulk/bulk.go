@@ -92,8 +92,9 @@ func Frame(buf []byte, n int) []byte {
 // EndChunk is the empty chunk that ends a file.
 var EndChunk = []byte{0, 0, 0, 0}
 
-// ReadChunk reads the next chunk into buf (which must hold MaxChunk bytes) and returns its
-// data; the empty chunk returns (nil, io.EOF).
+// ReadChunk reads the next chunk into buf (which must hold the largest chunk the peer sends:
+// MaxChunk, or the file's size when smaller) and returns its data; the empty chunk returns
+// (nil, io.EOF).
 func ReadChunk(r io.Reader, buf []byte) ([]byte, error) {
 	var h [4]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
