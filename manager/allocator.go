@@ -171,10 +171,11 @@ type SharedPool interface {
 }
 
 // OneWriteClaimer is implemented by SharedPool allocators that can claim a unit with the
-// write that binds it, so that an allocation makes one write to the backend before sFuse
-// where Claim then Annotate (beside sFuse) make two. The manager picks a unit without taking
-// it, claims it with the lease, and only then runs sFuse and binds its egress; a replica
-// that loses the claim has touched nothing and leaves the unit to the winner.
+// write that binds it, so that an allocation makes one write to the backend where Claim then
+// Annotate make two. The manager picks a unit without taking it and claims it with the lease
+// beside sFuse; it binds the unit's egress only once the claim has succeeded. A replica that
+// loses the claim leaves the unit to the winner: if its sFuse blew the unit's fuse (sFuse
+// works once), the winner's sFuse is refused and the winner destroys the unit.
 type OneWriteClaimer interface {
 	// Pick returns a ready unit of template as the allocator last saw it, without taking
 	// it, passing over the units skip reports; its Version says which state of it was seen.

@@ -529,7 +529,9 @@ func (m *Manager) recordAllocation() {
 func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow egress.Allowlist, ttl time.Duration) (Allocation, error) {
 	id := u.Info.ID
 	fail := func(stage string, err error) (Allocation, error) {
-		m.failure(stage)
+		if !errors.Is(err, ErrUnitTaken) { // a race, not a failure
+			m.failure(stage)
+		}
 		m.bg.Add(1)
 		go func() {
 			defer m.bg.Done()
@@ -551,24 +553,24 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	token := base64.RawURLEncoding.EncodeToString(raw[:])
 	lease := &Lease{Owner: req.Owner, TokenHash: sha256.Sum256([]byte(token)), Expires: m.o.Clock.Now().Add(ttl), TTL: ttl,
 		Egress: allow.Entries(), Labels: maps.Clone(req.Labels)}
+	// A picked unit is claimed by the lease's write (OneWriteClaimer), beside sFuse: the
+	// answer waits for the longer of the two, not their sum. Until the claim succeeds the unit
+	// is not this replica's: its egress policy, named after it, waits for the claim, and a
+	// lost claim leaves the unit to the winner whatever sFuse did. sFuse is exactly once, so
+	// of two replicas that picked one unit at most one agent key is pinned: if the loser's
+	// sFuse blew the fuse, the winner's is refused and the winner destroys the unit. A claim
+	// whose write may have landed unseen leaves the unit to its lease's expiry. Neither is
+	// destroyed here, only forgotten.
+	var claimErr error
+	claimed := make(chan struct{})
 	if u.claimOnBind {
-		// Picked, not claimed: the lease's write claims the unit, and until it succeeds the
-		// unit is not this replica's, so nothing else touches it first (its sFuse and its
-		// egress policy, named after it, are the claim winner's alone). A unit another
-		// replica took is left to it, and one whose claim may have landed unseen to its
-		// lease's expiry: neither is destroyed here, only forgotten.
-		claiming := time.Now()
-		err := m.claimer.ClaimBound(ctx, u.Info, leaseAnnotations(lease))
-		m.timeStep("annotate", claiming)
-		if err != nil {
-			m.ops.Transition(id, Initialising, Destroying, nil)
-			m.ops.Transition(id, Destroying, Gone, nil)
-			if !errors.Is(err, ErrUnitTaken) {
-				m.failure("annotate")
-				err = fmt.Errorf("%w: %v", ErrAllocator, err)
-			}
-			return Allocation{}, fmt.Errorf("claiming %s: %w", id, err)
-		}
+		go func() {
+			defer close(claimed)
+			defer m.timeStep("annotate", time.Now())
+			claimErr = m.claimer.ClaimBound(ctx, u.Info, leaseAnnotations(lease))
+		}()
+	} else {
+		close(claimed)
 	}
 	// The egress policy is bound and the lease persisted while sFuse runs: all three must
 	// succeed before the agent hears of the unit (nothing in it runs agent code before the
@@ -583,7 +585,13 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	}
 	switch {
 	case m.binder != nil && m.caps.SharedPool:
-		go func() { egressed <- bindEgress() }()
+		go func() {
+			if <-claimed; claimErr != nil {
+				egressed <- nil // not this replica's unit: nothing to bind
+				return
+			}
+			egressed <- bindEgress()
+		}()
 	case m.binder != nil:
 		egressed <- bindEgress()
 	default: // checkEgress has refused an allowlist this allocator cannot enforce
@@ -601,7 +609,17 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
 		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
 	m.timeStep("init", fusing)
+	<-claimed
 	eerr, aerr := <-egressed, <-annotated
+	if claimErr != nil {
+		m.ops.Transition(id, Initialising, Destroying, nil)
+		m.ops.Transition(id, Destroying, Gone, nil)
+		if !errors.Is(claimErr, ErrUnitTaken) {
+			m.failure("annotate")
+			claimErr = fmt.Errorf("%w: %v", ErrAllocator, claimErr)
+		}
+		return Allocation{}, fmt.Errorf("claiming %s: %w", id, claimErr)
+	}
 	if eerr != nil {
 		return fail("egress", eerr)
 	}
@@ -609,6 +627,11 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		// The sandbox refused what the agent sent (the fuse is intact, but the unit is
 		// destroyed all the same: it has been offered to someone).
 		err = fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if u.claimOnBind && errors.Is(err, sfuse.ErrBlown) {
+		// Another replica picked the unit too and its sFuse came first; this replica's claim
+		// won, so the unit is this replica's to destroy. A race, as a lost claim is: retried.
+		err = fmt.Errorf("%w: %v", ErrUnitTaken, err)
 	}
 	if err != nil {
 		return fail("init", err)

@@ -249,7 +249,7 @@ func TestCreateFailuresAreVisibleAndRetried(t *testing.T) {
 	var mu sync.Mutex
 	fails := 3
 	e := newEnv(t, 2, nil)
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if method == "Create" && fails > 0 {
@@ -257,7 +257,7 @@ func TestCreateFailuresAreVisibleAndRetried(t *testing.T) {
 			return errors.New("runsc create: injected failure")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	// The creation backoff (0.5 s, 1 s, 2 s) passes on the fake clock.
 	stepping(t, "pool filled despite failures", e.clock, 500*time.Millisecond, func() bool { return e.ready() == 2 })
@@ -295,7 +295,7 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 			})
 			if stage != "init" {
 				first := true
-				e.alloc.Fail = func(method, id string) error {
+				e.alloc.SetFail(func(method, id string) error {
 					mu.Lock()
 					defer mu.Unlock()
 					if method == stage && first {
@@ -303,7 +303,7 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 						return errors.New("injected failure")
 					}
 					return nil
-				}
+				})
 			}
 			e.start(t)
 			eventually(t, "pool", func() bool { return e.ready() == 2 })
@@ -401,12 +401,12 @@ func TestConcurrentAllocationsNeverShareAUnit(t *testing.T) {
 
 func TestNoCapacityIsResourceExhausted(t *testing.T) {
 	e := newEnv(t, 0, func(o *manager.Options) { o.AllocateWait = 50 * time.Millisecond })
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		if method == "Create" {
 			return fmt.Errorf("no capacity")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	done := make(chan error, 1)
 	go func() {
@@ -433,7 +433,7 @@ func TestCountsMatchUnits(t *testing.T) {
 	e := newEnv(t, 4, nil)
 	var mu sync.Mutex
 	n := 0
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		n++
@@ -441,7 +441,7 @@ func TestCountsMatchUnits(t *testing.T) {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	ctx := context.Background()
 	// Allocations that wait out a creation's backoff need the clock to move.
@@ -493,12 +493,12 @@ func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
 	// From now on a creation blocks in Create until released, so that one started shows in
 	// CreationsInFlight until the test lets it finish.
 	release := make(chan struct{})
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		if method == "Create" {
 			<-release
 		}
 		return nil
-	}
+	})
 	ctx := context.Background()
 	if _, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key}); err != nil {
 		t.Fatal(err)
@@ -621,12 +621,12 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 func TestWaitingAllocationRetriesAFailedCreation(t *testing.T) {
 	e := newEnv(t, 0, func(o *manager.Options) { o.AllocateWait = 20 * time.Second })
 	var creates atomic.Int32
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		if method == "Create" && creates.Add(1) == 1 {
 			return errors.New("injected: runsc create failed")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	type result struct {
 		a   manager.Allocation
@@ -719,12 +719,12 @@ func TestBadClientHelloSpendsAtMostOneUnit(t *testing.T) {
 func TestFailedDestroyIsRetried(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	var destroys atomic.Int32
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		if method == "Destroy" && destroys.Add(1) <= 2 {
 			return errors.New("injected: runsc delete failed")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	eventually(t, "a ready unit", func() bool { return e.ready() == 1 })
 	ctx := context.Background()
@@ -771,7 +771,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	var creates atomic.Int32
 	var first atomic.Value
-	e.alloc.Fail = func(method, id string) error {
+	e.alloc.SetFail(func(method, id string) error {
 		if method != "Create" {
 			return nil
 		}
@@ -783,7 +783,7 @@ func TestFailedCreationWithRemainsIsDestroyed(t *testing.T) {
 			return errors.New("injected: runsc create failed, cleaned up")
 		}
 		return nil
-	}
+	})
 	e.start(t)
 	stepping(t, "a ready unit after two failed creations", e.clock, 250*time.Millisecond, func() bool { return e.ready() == 1 })
 	destroyed := func(id string) bool {

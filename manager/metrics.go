@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		AllocationSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "fusebox_manager_allocation_step_seconds",
-			Help:    "Time of each step of Allocate: take (a ready unit; with a shared pool, the claim's API write), then, concurrently, egress (binding the allowlist), annotate (persisting the lease) and init (sFuse with the sandbox).",
+			Help:    "Time of each step of Allocate: take (a ready unit; with a separate claim, its API write), then, concurrently, egress (binding the allowlist; with a one-write claim, after it), annotate (persisting the lease; with a one-write claim, the claim) and init (sFuse with the sandbox).",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .021, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"step"}),
 		Units: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -64,10 +64,18 @@ func Initialize(ctx context.Context, initAddr string, req Request) (Result, erro
 // the request's fault, which another sandbox would refuse too. The fuse is intact.
 var ErrRefused = errors.New("the sandbox refused the request")
 
-// refused is the sandbox's INVALID_ARGUMENT: it is ErrRefused and unwraps to the status.
-type refused struct{ error }
+// ErrBlown reports a sandbox initialised already (FAILED_PRECONDITION): its fuse was blown
+// by an earlier InitializeTLS, which may have been another manager replica's.
+var ErrBlown = errors.New("the sandbox was initialised already")
 
-func (r refused) Is(target error) bool { return target == ErrRefused }
+// refused is the sandbox's INVALID_ARGUMENT or FAILED_PRECONDITION: it is is (ErrRefused or
+// ErrBlown) and unwraps to the status.
+type refused struct {
+	error
+	is error
+}
+
+func (r refused) Is(target error) bool { return target == r.is }
 func (r refused) Unwrap() error        { return r.error }
 
 // MaxCertificateBytes bounds the sandbox certificate relayed to the agent: a self-signed
@@ -103,8 +111,11 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
 	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
 		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello, Egress: req.Egress})
-	if status.Code(err) == codes.InvalidArgument {
-		err = refused{err}
+	switch status.Code(err) {
+	case codes.InvalidArgument:
+		err = refused{err, ErrRefused}
+	case codes.FailedPrecondition:
+		err = refused{err, ErrBlown}
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("InitializeTLS on %s: %w", addr, err)

@@ -19,12 +19,12 @@ func TestAwaitWarm(t *testing.T) {
 	var allow atomic.Bool
 	a := memalloc.New()
 	a.NoRecord = true
-	a.Fail = func(method, _ string) error {
+	a.SetFail(func(method, _ string) error {
 		if method == "Create" && !allow.Load() {
 			return errors.New("no capacity yet")
 		}
 		return nil
-	}
+	})
 	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 1}, Clock: manager.RealClock{},
 		Initializer: memalloc.Initializer, ReconcileInterval: 10 * time.Millisecond})
 	if err != nil {

@@ -34,7 +34,8 @@ type Call struct {
 type Allocator struct {
 	// Delay is how long Create takes.
 	Delay time.Duration
-	// Fail, if set, is asked before each call; a non-nil error fails the call.
+	// Fail, if set, is asked before each call; a non-nil error fails the call. Set it
+	// before the allocator is in use, or with SetFail.
 	Fail func(method, id string) error
 	// Templates accepted by Create (default: "default").
 	Templates []string
@@ -71,6 +72,13 @@ func (a *Allocator) record(c Call) error {
 		return fail(c.Method, c.ID)
 	}
 	return nil
+}
+
+// SetFail sets Fail while the allocator is in use.
+func (a *Allocator) SetFail(fail func(method, id string) error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.Fail = fail
 }
 
 // Calls returns the calls so far.
