@@ -68,8 +68,8 @@ var ErrRefused = errors.New("the sandbox refused the request")
 // by an earlier InitializeTLS, which may have been another manager replica's.
 var ErrBlown = errors.New("the sandbox was initialised already")
 
-// refused is the sandbox's INVALID_ARGUMENT or FAILED_PRECONDITION: it is is (ErrRefused or
-// ErrBlown) and unwraps to the status.
+// refused is the sandbox's INVALID_ARGUMENT or FAILED_PRECONDITION: it matches is
+// (ErrRefused or ErrBlown) and unwraps to the status.
 type refused struct {
 	error
 	is error

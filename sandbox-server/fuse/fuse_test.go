@@ -428,8 +428,13 @@ func TestDrainLater(t *testing.T) {
 		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
 	}
 	_, other := newKey(t)
-	if _, err := conns.Initialize(ctx, addr, sfuse.Request{AgentKey: other}); status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
+	_, err := conns.Initialize(ctx, addr, sfuse.Request{AgentKey: other})
+	if status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
 		t.Fatalf("InitializeTLS on a connection made before, not yet drained: %v, want FailedPrecondition", err)
+	}
+	// What a manager replica whose claim won learns when another replica's sFuse came first.
+	if !errors.Is(err, sfuse.ErrBlown) || errors.Is(err, sfuse.ErrRefused) {
+		t.Fatalf("InitializeTLS of a blown fuse: %v, want sfuse.ErrBlown only", err)
 	}
 	close(drain)
 }
