@@ -4,7 +4,9 @@
 //
 // Each started command has a waiter goroutine blocked in waitid(WNOWAIT) on its pid: when the
 // leader exits, the waiter kills the rest of its process group while the leader's pid (and so
-// the group id) cannot yet be reused, and only then reaps it. Waking the waiter straight from
+// the group id) cannot yet be reused, and only then reaps it; then it kills the group again
+// until nothing is left in it (a member forked while the first kill was delivered escapes
+// it), so that a command that has ended has nothing left running. Waking the waiter straight from
 // the exit, rather than through SIGCHLD delivery and a dispatcher goroutine, keeps a command's
 // end off several goroutine handoffs. A sweeper reaps orphans on SIGCHLD. Other code never
 // calls wait: a Process reports its end through Done.
@@ -183,7 +185,23 @@ func (r *Reaper) wait(p *Process) {
 	r.mu.Lock()
 	delete(r.procs, p.Pid)
 	r.mu.Unlock()
+	sweep(p.Pid)
 	close(p.done)
+}
+
+// sweepFor bounds how long a waiter keeps killing what is left of its group.
+const sweepFor = 5 * time.Second
+
+// sweep kills process group pgid until kill finds no member left (its dead members reaped by
+// the orphan sweeper), or for sweepFor. A member forked while a kill of the group was being
+// delivered (a fork bomb's) escapes that kill, and one surviving member can fork again: one
+// kill is not enough. The group's id stays its members' until the last is reaped, so kill
+// finds nobody else under it. Usually the group is empty and this is one failed kill.
+func sweep(pgid int) {
+	deadline := time.Now().Add(sweepFor)
+	for wait := 100 * time.Microsecond; syscall.Kill(-pgid, syscall.SIGKILL) == nil && time.Now().Before(deadline); wait = min(2*wait, 20*time.Millisecond) {
+		time.Sleep(wait)
+	}
 }
 
 func (r *Reaper) loop() {
@@ -230,10 +248,12 @@ func peek() (int, error) {
 	}
 }
 
-// reapAll reaps every exited orphan. Exited commands are left to their waiters; while one
-// of them is the first zombie waitid reports, the orphans behind it wait for the next round.
+// reapAll reaps every exited orphan, however many (a killed fork bomb leaves hundreds at
+// once, and their SIGCHLDs coalesce into a few). Exited commands are left to their waiters;
+// while one of them is the first zombie waitid reports, this waits for its waiter, for up to
+// about 100 ms, and the orphans behind it wait for the next round if it is still there.
 func (r *Reaper) reapAll() {
-	for range 100 {
+	for waits := 0; waits < 100; {
 		r.gate.Lock()
 		pid, err := peek()
 		if err != nil || pid == 0 {
@@ -248,6 +268,7 @@ func (r *Reaper) reapAll() {
 		}
 		r.gate.Unlock()
 		if tracked {
+			waits++
 			time.Sleep(time.Millisecond) // its waiter is reaping it right now
 		}
 	}

@@ -156,6 +156,18 @@ func hostEntries(t *testing.T, dir string) []string {
 
 // TestProcessLimitFailsInside: more processes than the template allows, and a fork bomb, fail
 // with EAGAIN inside the sandbox; the sandbox and its server live on.
+// othersScan prints, using shell builtins only, the stat line of every process but the
+// server (PID 1), the scanning shell and sleep processes.
+const othersScan = `
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  if [ "$p" = 1 ] || [ "$p" = "$$" ] || [ "$p" = "$BASHPID" ]; then continue; fi
+  IFS= read -r st < "$d/stat" 2>/dev/null || continue
+  case "$st" in *"(sleep) "*) continue;; esac
+  echo "$st"
+done
+`
+
 func TestProcessLimitFailsInside(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
 	ctx := testCtx(t, 4*time.Minute)
@@ -181,6 +193,11 @@ func TestProcessLimitFailsInside(t *testing.T) {
 	res = run(t, ctx, c, client.Command{Script: "bomb() { bomb | bomb & }; bomb; sleep 5", Timeout: 8 * time.Second})
 	t.Logf("fork bomb: exit %d, timed out %v, stderr %.200q", res.ExitCode, res.TimedOut, res.Stderr)
 	alive(t, ctx, c, "a fork bomb")
+	// Nothing of the bomb outlives its exec: members forked while its group was being killed
+	// escaped that kill, and kept the process limit used up after the exec had returned.
+	if left := sh(t, ctx, c, othersScan); left != "" {
+		t.Errorf("processes left after the fork bomb's exec returned:\n%s", left)
+	}
 	// The limit holds for every command together, and frees up as processes end.
 	sh(t, ctx, c, "pkill sleep; true")
 	waitNoLeftovers(t, ctx, c)
