@@ -57,6 +57,18 @@ type RemoteResult struct {
 	AnswerP99Ms    float64 `json:"answer_p99_ms"`
 	FirstCallP50Ms float64 `json:"first_call_p50_ms"`
 	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
+	// The first call split further, over the allocations whose handshake rode on the
+	// allocation (the relay: client.AllocateTrace's hooks): ConnectP50Ms and ConnectP99Ms
+	// from the answer until the agent finished the handshake (its connection to the sandbox,
+	// or the one handed over, and its part of the handshake); ReplyP50Ms and ReplyP99Ms from
+	// the agent's one write of its finished handshake and first request until the call's end
+	// (the sandbox's wake-up, its end of the handshake, the call, the way back). Relayed
+	// counts them.
+	ConnectP50Ms float64 `json:"first_call_connect_p50_ms"`
+	ConnectP99Ms float64 `json:"first_call_connect_p99_ms"`
+	ReplyP50Ms   float64 `json:"first_call_reply_p50_ms"`
+	ReplyP99Ms   float64 `json:"first_call_reply_p99_ms"`
+	Relayed      int     `json:"relayed"`
 	// HandedOff is how many allocations used the data connection the manager opened ahead.
 	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
@@ -122,7 +134,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 		}
 	}
 	var handedOff atomic.Int64
-	lat, answer, firstCall, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
+	lat, split, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
 	r.HandedOff = int(handedOff.Load())
 	if marks != nil {
 		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
@@ -136,39 +148,53 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 	}
 	r.ColdWaits = last.GetColdWaits() - first.GetColdWaits()
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(lat, 50), pct(lat, 90), pct(lat, 95), pct(lat, 99)
-	if len(answer) > 0 {
-		r.AnswerP50Ms, r.AnswerP99Ms = pct(answer, 50), pct(answer, 99)
-		r.FirstCallP50Ms, r.FirstCallP99Ms = pct(firstCall, 50), pct(firstCall, 99)
+	if len(split.answer) > 0 {
+		r.AnswerP50Ms, r.AnswerP99Ms = pct(split.answer, 50), pct(split.answer, 99)
+		r.FirstCallP50Ms, r.FirstCallP99Ms = pct(split.first, 50), pct(split.first, 99)
+	}
+	if r.Relayed = len(split.connect); r.Relayed > 0 {
+		r.ConnectP50Ms, r.ConnectP99Ms = pct(split.connect, 50), pct(split.connect, 99)
+		r.ReplyP50Ms, r.ReplyP99Ms = pct(split.reply, 50), pct(split.reply, 99)
 	}
 	return r, nil
 }
 
-// allocateRemote makes the o.Runs measured allocations and returns their times (ms), and
-// each one's split: until the manager's answer, and from it to the first call's end.
-func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat, answer, first []float64, err error) {
+// remoteSplit is where each allocation's time went (ms; see RemoteResult): answer and first
+// for every allocation the manager answered, connect and reply for those whose first call
+// continued a relayed handshake.
+type remoteSplit struct{ answer, first, connect, reply []float64 }
+
+// allocateRemote makes the o.Runs measured allocations and returns their times (ms) and
+// their split.
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat []float64, split remoteSplit, err error) {
 	for i := range o.Runs {
 		if err := marks.drain(); err != nil {
-			return nil, nil, nil, err
+			return nil, split, err
 		}
 		if err := waitFull(ctx, mc, o); err != nil {
-			return nil, nil, nil, err
+			return nil, split, err
 		}
-		var answered time.Time
+		var answered, finished, wrote time.Time
 		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"},
-			Trace: &client.AllocateTrace{Answered: func(at time.Time) { answered = at }}}
+			Trace: &client.AllocateTrace{Answered: func(at time.Time) { answered = at },
+				RelayedHandshake: func(at time.Time) { finished = at }, FirstWrite: func(at time.Time) { wrote = at }}}
 		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("allocation %d: %w", i+1, err)
+			return nil, split, fmt.Errorf("allocation %d: %w", i+1, err)
 		}
 		if err := a.Close(); err != nil {
-			return nil, nil, nil, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
+			return nil, split, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
 		}
 		lat = append(lat, ms(done.Sub(t0)))
-		if !answered.IsZero() {
-			answer, first = append(answer, ms(answered.Sub(t0))), append(first, ms(done.Sub(answered)))
+		if answered.IsZero() {
+			continue
+		}
+		split.answer, split.first = append(split.answer, ms(answered.Sub(t0))), append(split.first, ms(done.Sub(answered)))
+		if !finished.IsZero() && !wrote.IsZero() {
+			split.connect, split.reply = append(split.connect, ms(finished.Sub(answered))), append(split.reply, ms(done.Sub(wrote)))
 		}
 	}
-	return lat, answer, first, nil
+	return lat, split, nil
 }
 
 // waitFull returns once the manager's pool has been full (and quiet, unless o.Busy) for
