@@ -85,6 +85,9 @@ type AllocateTrace struct {
 	// HandedOff is called when the data connection is the one the manager opened ahead and
 	// handed to this agent (the handoff accelerator), rather than one it dialed.
 	HandedOff func()
+	// Connected is called once, when the first data connection is there (dialed, or handed
+	// over), with when it was.
+	Connected func(at time.Time)
 }
 
 // Allocation is a bound sandbox: the embedded Sandbox talks to it directly; Close releases it.
@@ -341,7 +344,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 		return nil, err
 	}
 	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
-	d := handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff)
+	d := connectedDialer(handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff), trace.Connected)
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 || h.hs == nil {
 		// The plain path (with the handoff, when the manager offers one).
@@ -420,6 +423,22 @@ func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Co
 			}
 		}
 		return dial(ctx)
+	}
+}
+
+// connectedDialer calls connected, if set, when dial first returns a connection.
+func connectedDialer(dial func(context.Context) (net.Conn, error), connected func(time.Time)) func(context.Context) (net.Conn, error) {
+	if connected == nil {
+		return dial
+	}
+	var once sync.Once
+	return func(ctx context.Context) (net.Conn, error) {
+		c, err := dial(ctx)
+		if err == nil {
+			at := time.Now()
+			once.Do(func() { connected(at) })
+		}
+		return c, err
 	}
 }
 

@@ -261,7 +261,7 @@ tcp:// one) does not show the ready units' ages: the wait for the warm-up is the
 				fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
 					r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
 				if r.Relayed > 0 {
-					fmt.Printf("  first call, %d with the handshake relayed: from the answer to the finished handshake p50 %.2f ms, p99 %.2f ms; from the one write to the call's end p50 %.2f ms, p99 %.2f ms\n",
+					fmt.Printf("  first call, %d with the handshake relayed: from the answer to the data connection p50 %.2f ms, p99 %.2f ms; from the one write to the call's end p50 %.2f ms, p99 %.2f ms\n",
 						r.Relayed, r.ConnectP50Ms, r.ConnectP99Ms, r.ReplyP50Ms, r.ReplyP99Ms)
 				}
 				if r.Sched != nil {

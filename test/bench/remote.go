@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,12 +59,12 @@ type RemoteResult struct {
 	FirstCallP50Ms float64 `json:"first_call_p50_ms"`
 	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
 	// The first call split further, over the allocations whose handshake rode on the
-	// allocation (the relay: client.AllocateTrace's hooks): ConnectP50Ms and ConnectP99Ms
-	// from the answer until the agent finished the handshake (its connection to the sandbox,
-	// or the one handed over, and its part of the handshake); ReplyP50Ms and ReplyP99Ms from
-	// the agent's one write of its finished handshake and first request until the call's end
-	// (the sandbox's wake-up, its end of the handshake, the call, the way back). Relayed
-	// counts them.
+	// allocation (the relay), by client.AllocateTrace's hooks: ConnectP50Ms and ConnectP99Ms
+	// from the answer until the data connection was there (dialed, or handed over);
+	// ReplyP50Ms and ReplyP99Ms from the agent's one write of its finished handshake and first
+	// request until the call's end (the sandbox's wake-up, its end of the handshake, the
+	// call, the way back). Between the two, the agent finished the handshake and set gRPC's
+	// transport up. Relayed counts them.
 	ConnectP50Ms float64 `json:"first_call_connect_p50_ms"`
 	ConnectP99Ms float64 `json:"first_call_connect_p99_ms"`
 	ReplyP50Ms   float64 `json:"first_call_reply_p50_ms"`
@@ -174,10 +175,15 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		if err := waitFull(ctx, mc, o); err != nil {
 			return nil, split, err
 		}
-		var answered, finished, wrote time.Time
+		var answered, connected, wrote time.Time
+		var relayed bool
+		var mu sync.Mutex // the hooks run on the client's goroutines
+		at := func(t *time.Time) func(time.Time) {
+			return func(v time.Time) { mu.Lock(); *t = v; mu.Unlock() }
+		}
 		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"},
-			Trace: &client.AllocateTrace{Answered: func(at time.Time) { answered = at },
-				RelayedHandshake: func(at time.Time) { finished = at }, FirstWrite: func(at time.Time) { wrote = at }}}
+			Trace: &client.AllocateTrace{Answered: at(&answered), Connected: at(&connected), FirstWrite: at(&wrote),
+				RelayedHandshake: func(time.Time) { mu.Lock(); relayed = true; mu.Unlock() }}}
 		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
 		if err != nil {
 			return nil, split, fmt.Errorf("allocation %d: %w", i+1, err)
@@ -186,13 +192,14 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 			return nil, split, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
 		}
 		lat = append(lat, ms(done.Sub(t0)))
-		if answered.IsZero() {
-			continue
+		mu.Lock()
+		if !answered.IsZero() {
+			split.answer, split.first = append(split.answer, ms(answered.Sub(t0))), append(split.first, ms(done.Sub(answered)))
+			if relayed && !connected.IsZero() && !wrote.IsZero() {
+				split.connect, split.reply = append(split.connect, ms(connected.Sub(answered))), append(split.reply, ms(done.Sub(wrote)))
+			}
 		}
-		split.answer, split.first = append(split.answer, ms(answered.Sub(t0))), append(split.first, ms(done.Sub(answered)))
-		if !finished.IsZero() && !wrote.IsZero() {
-			split.connect, split.reply = append(split.connect, ms(finished.Sub(answered))), append(split.reply, ms(done.Sub(wrote)))
-		}
+		mu.Unlock()
 	}
 	return lat, split, nil
 }

@@ -55,6 +55,9 @@ func TestAllocateExecRelease(t *testing.T) {
 	if !used.handedOff.Load() {
 		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
+	if n := used.connected.Load(); n != 1 {
+		t.Errorf("AllocateTrace.Connected ran %d times, want once", n)
+	}
 	// The server (the sandbox's first process) runs with its runtime monitor kept awake;
 	// the commands it starts do not inherit the setting. (Commands cannot read the server's
 	// /proc entries: its environment is read from the bundle runsc started it from.)
@@ -424,6 +427,9 @@ func TestPlainPath(t *testing.T) {
 		}
 		if used.relayed.Load() || used.handedOff.Load() {
 			t.Errorf("client %+v: relayed %v, handed off %v; want neither on the plain path", o, used.relayed.Load(), used.handedOff.Load())
+		}
+		if n := used.connected.Load(); n != 1 {
+			t.Errorf("client %+v: AllocateTrace.Connected ran %d times, want once on the plain path too", o, n)
 		}
 		if env := e.serverEnv(t, a.ID); slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
 			t.Errorf("the server's environment is %q: keep-awake is on with --fast-path=none", env)
