@@ -2,6 +2,7 @@ package schedtrace
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"os"
@@ -147,9 +148,39 @@ func TestRemoveStale(t *testing.T) {
 // counted for the busy thread. The loop runs on one locked thread until that thread has used
 // 30 ms of CPU, so a busy machine (other test packages, gVisor) stretches the window but
 // changes nothing the test asserts.
+// TestRecorder: the switches recorded between two marks give this process the CPU time its
+// busy thread used between them. On a machine busy with other work the buffer can overflow
+// (the trace says so: Lost), and a thread's edges can fall a little outside the marks, so it
+// takes the best of three attempts; attempts that lost switches do not count.
 func TestRecorder(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	lostAll := true
+	var last string
+	for range 3 {
+		self, burned, lost, msg := recordBusyLoop(t)
+		if lost {
+			last = "the trace lost switches"
+			continue
+		}
+		lostAll = false
+		// The kernel's count and the recorded switches measure the same run time; allow a
+		// tenth for the edges (the clock reads are not the marks).
+		if self >= burned*9/10 {
+			return
+		}
+		last = msg
+	}
+	if lostAll {
+		t.Skip("every attempt's trace lost switches (the machine is too busy to check the accounting)")
+	}
+	t.Fatal(last)
+}
+
+// recordBusyLoop records a thread that burns 30 ms of CPU between two marks and returns the
+// CPU time the trace gives this process in the marks' window, the CPU time the thread used,
+// whether the trace lost switches, and a description for a failure.
+func recordBusyLoop(t *testing.T) (self, burned time.Duration, lost bool, msg string) {
 	r, err := Start(1024)
 	if errors.Is(err, ErrNoTracefs) {
 		t.Skip(err)
@@ -165,7 +196,7 @@ func TestRecorder(t *testing.T) {
 	for threadCPU(t)-start < 30*time.Millisecond {
 		n++
 	}
-	burned := threadCPU(t) - start
+	burned = threadCPU(t) - start
 	if _, err := r.Drain(); err != nil {
 		t.Fatal(err)
 	}
@@ -193,17 +224,12 @@ func TestRecorder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var self time.Duration
 	for task, d := range tr.Usage(w.From, w.To) {
 		if mine[task.PID] {
 			self += d
 		}
 	}
-	// The kernel's count and the recorded switches measure the same run time; allow a tenth
-	// for the edges (the clock reads are not the marks).
-	if self < burned*9/10 {
-		t.Fatalf("the recorder gives this process %v of the %v window; the loop's thread alone used %v of CPU (%d iterations)", self, w.To-w.From, burned, n)
-	}
+	return self, burned, tr.Lost, fmt.Sprintf("the recorder gives this process %v of the %v window; the loop's thread alone used %v of CPU (%d iterations)", self, w.To-w.From, burned, n)
 }
 
 // threadCPU returns the calling thread's CPU time so far.
