@@ -3,9 +3,6 @@ package dataplane
 import (
 	"context"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,13 +18,7 @@ import (
 // (benchmarks are run by hand, on a quiet machine).
 func TestDataplaneBenchmarkRuns(t *testing.T) {
 	runscBin := runsctest.Binary(t)
-	floorBin := filepath.Join(t.TempDir(), "fusebox-floor")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", floorBin, "./cmd/fusebox-floor")
-	cmd.Dir = filepath.Join("..", "..")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building fusebox-floor: %v\n%s", err, out)
-	}
+	floorBin := sandboxtest.StaticBinary(t, "fusebox-floor")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	r, err := bench.Dataplane(ctx, bench.DataplaneOptions{Runsc: runscBin, SandboxBinary: sandboxtest.SandboxBinary(t),

@@ -27,14 +27,12 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-	buildOut  []byte
-	etcOnce   sync.Once
-	etcDir    string
-	etcErr    error
-	next      atomic.Uint64
+	buildMu sync.Mutex
+	built   = map[string]*build{} // by command name
+	etcOnce sync.Once
+	etcDir  string
+	etcErr  error
+	next    atomic.Uint64
 )
 
 // repoRoot is the module root, found from this file's location.
@@ -43,23 +41,51 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
+// build is one static build of a command of cmd/.
+type build struct {
+	once sync.Once
+	path string
+	err  error
+	out  []byte
+}
+
 // SandboxBinary builds cmd/fusebox-sandbox (static) once per test binary and returns its path.
 func SandboxBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "fusebox-sandbox-bin-")
-		if buildErr != nil {
+	return StaticBinary(t, "fusebox-sandbox")
+}
+
+// StaticBinary builds cmd/NAME (static, CGO_ENABLED=0) once per test binary and returns its
+// path.
+func StaticBinary(t testing.TB, name string) string {
+	t.Helper()
+	buildMu.Lock()
+	b := built[name]
+	if b == nil {
+		b = &build{}
+		built[name] = b
+	}
+	buildMu.Unlock()
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", name+"-bin-")
+		if err == nil {
+			// Searchable by every user: a sandbox may run it as another one (its commands').
+			err = os.Chmod(dir, 0o755)
+		}
+		if err != nil {
+			b.err = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(buildDir, "fusebox-sandbox"), "./cmd/fusebox-sandbox")
+		b.path = filepath.Join(dir, name)
+		cmd := exec.Command("go", "build", "-trimpath", "-o", b.path, "./cmd/"+name)
 		cmd.Dir = repoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		buildOut, buildErr = cmd.CombinedOutput()
+		b.out, b.err = cmd.CombinedOutput()
 	})
-	if buildErr != nil {
-		t.Fatalf("building fusebox-sandbox: %v\n%s", buildErr, buildOut)
+	if b.err != nil {
+		t.Fatalf("building %s: %v\n%s", name, b.err, b.out)
 	}
-	return filepath.Join(buildDir, "fusebox-sandbox")
+	return b.path
 }
 
 // EtcDir returns a sanitised /etc shared by the sandboxes of this test binary.
