@@ -238,7 +238,7 @@ func (p *sharedPool) prepareInits(units []UnitInfo) {
 		if _, mine := m.ops.Get(u.ID); mine {
 			continue // claimed here: the informer's cache may not say so yet
 		}
-		if st := u.Annotations[annState]; (st == "" || st == "ready") && u.InitAddr != "" {
+		if sharedState(u.Annotations) == Ready && u.InitAddr != "" {
 			ready[u.ID] = u.InitAddr
 		}
 	}
@@ -290,14 +290,8 @@ func (p *sharedPool) units() []Unit {
 	}
 	out := make([]Unit, 0, len(units))
 	for _, info := range units {
-		u := Unit{Info: info, State: Ready}
-		switch info.Annotations[annState] {
-		case "creating":
-			u.State = Creating
-		case "claimed":
-			u.State = Initialising
-		case "bound":
-			u.State = Bound
+		u := Unit{Info: info, State: sharedState(info.Annotations)}
+		if u.State == Bound {
 			u.Lease, _ = leaseFromAnnotations(info.Annotations)
 		}
 		if local, ok := m.ops.Get(info.ID); ok && local.State != Bound {
@@ -307,6 +301,19 @@ func (p *sharedPool) units() []Unit {
 	}
 	slices.SortFunc(out, byID)
 	return out
+}
+
+// sharedState is a shared pool unit's state as the allocator reports it (AnnotationState).
+func sharedState(annotations map[string]string) State {
+	switch annotations[annState] {
+	case "creating":
+		return Creating
+	case "claimed":
+		return Initialising
+	case "bound":
+		return Bound
+	}
+	return Ready
 }
 
 // create makes a unit of the shared pool: it is not tracked locally until claimed.

@@ -210,15 +210,16 @@ func (s *Server) bulkRead(ctx context.Context, conn net.Conn, req *sandboxv1.Rea
 	var sent uint64
 	for {
 		frame, err := out.next()
-		if err == io.EOF {
-			break
-		}
 		if err != nil {
+			// The end, clean (io.EOF) or not: the empty chunk, then the status; the
+			// connection takes another request only after a clean one.
+			if err == io.EOF {
+				err = nil
+			}
 			if _, werr := conn.Write(bulk.EndChunk); werr != nil {
 				return false
 			}
-			sendStatus(conn, err, sent)
-			return false
+			return sendStatus(conn, err, sent) && err == nil
 		}
 		if _, err := conn.Write(frame); err != nil {
 			return false // the agent has gone: nothing more can be said
@@ -226,8 +227,4 @@ func (s *Server) bulkRead(ctx context.Context, conn net.Conn, req *sandboxv1.Rea
 		sent += uint64(len(frame) - bulk.ChunkHeaderLen)
 		out.done(frame)
 	}
-	if _, err := conn.Write(bulk.EndChunk); err != nil {
-		return false
-	}
-	return sendStatus(conn, nil, sent)
 }
