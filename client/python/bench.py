@@ -8,8 +8,9 @@ in a temporary directory, and measures with the Python SDK, as an agent sees it:
 * 3,000 files of 4 KiB (random data, 50 directories) materialised with write_files, then read
   back through the plan and compared byte for byte: the median of 5 rounds, as Go's figure;
 * warm allocations including the first call (Manager.allocate over a kept manager connection
-  with a fresh agent key, then stat "."), each taken from a full pool that has settled, as
-  ``fusebox-bench allocate --manager`` does; every sandbox is released.
+  with a fresh agent key, which the kept Manager makes ahead as the Go SDK's does, then stat
+  "."), each taken from a full pool that has settled, as ``fusebox-bench allocate --manager``
+  does; every sandbox is released.
 
 In the same run it measures the Go SDK: ``fusebox-bench allocate --manager ADDR`` against the
 same manager, and ``fusebox-bench sdk --manager ADDR`` (one sandbox from the same manager, the

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import heapq
 import io
+import itertools
 import threading
 import time
 import weakref
@@ -17,7 +19,7 @@ from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
-from .keys import AgentKey
+from .keys import PREPARE_AFTER, AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     ReadStats, SandboxInfo, Symlink, WriteStats)
 
@@ -33,16 +35,26 @@ class Manager:
     ``unix:///run/fusebox/manager.sock``). ``credentials`` secure a TCP connection; None means
     none, which is right for the local manager's unix socket only. It is safe to share between
     threads; close it (or use it as a context manager) when done.
+
+    It makes the agent key of its next allocation ahead, in the background (a fresh key for
+    every allocation, held in memory only), so that an allocation does not wait for one.
     """
 
-    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None):
+    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 _ahead: bool = True):
         self.address = address if address is not None else _core.manager_address()
         addr = _address.parse(self.address, "manager address")
+        # Keys made ahead: not for the one allocation of Sandbox.allocate's own Manager.
+        self._keys = KeysAhead()
+        self._ahead = _ahead
+        self._keeper = _Keeper(self)
         if credentials is not None:
             self._channel = grpc.secure_channel(addr.grpc_target, credentials)
         else:
             self._channel = grpc.insecure_channel(addr.grpc_target)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
+        if _ahead:
+            self._keeper.want_key(0)
 
     def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
         hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
@@ -57,15 +69,15 @@ class Manager:
         ``egress`` lists the destinations it may reach ("host:port", "*.domain:port"; none by
         default); ``lease_ttl`` (seconds or a timedelta; the manager's default when None) is
         renewed in the background until the sandbox is closed; ``key`` is the agent key (a
-        fresh Ed25519 key by default, made in memory). The returned Sandbox releases the
-        sandbox on close(); the manager destroys it then.
+        fresh Ed25519 key by default, made in memory, ahead of the call). The returned Sandbox
+        releases the sandbox on close(); the manager destroys it then.
         """
         ttl = _core.seconds(lease_ttl, "lease_ttl")
         deadline = _core.seconds(timeout, "timeout")
         if not isinstance(concurrency, int) or concurrency <= 0:
             raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
         bb = _core.batch_bytes(batch_bytes)
-        key = key or AgentKey.generate()
+        key = key or self._keys.take()
         req = _core.allocate_request(key, template, egress, ttl, labels)
         fut = self._rpc.Allocate.future(req, timeout=deadline)
         try:
@@ -111,6 +123,8 @@ class Manager:
 
     def close(self) -> None:
         """Closes the connection; sandboxes allocated through it should be closed first."""
+        self._keeper.close()
+        self._keys.close()
         self._channel.close()
 
     def __enter__(self) -> "Manager":
@@ -121,35 +135,143 @@ class Manager:
 
 
 class _Lease:
-    """Renews a sandbox's lease in the background until stopped. It holds no reference to the
-    Sandbox, so that a Sandbox nobody closed can still be collected (and then released)."""
+    """A sandbox's lease, renewed by its Manager's keeper until stopped. It holds no reference
+    to the Sandbox, so that a Sandbox nobody closed can still be collected (and then released)."""
 
-    def __init__(self, mgr: Manager, sandbox_id: str, token: str, expires: datetime.datetime, every: float):
-        self.mgr, self.id, self.token, self.every = mgr, sandbox_id, token, every
+    def __init__(self, keeper: "_Keeper", sandbox_id: str, token: str, expires: datetime.datetime, every: float):
+        self.keeper, self.id, self.token, self.every = keeper, sandbox_id, token, every
         self.lock = threading.Lock()
         self.expires, self.error = expires, None  # guarded by lock
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"fusebox-lease-{sandbox_id}", daemon=True)
-        self.thread.start()
+        self.stopped = False  # guarded by the keeper's lock
+
+    def stop(self) -> None:
+        """Ends the renewals; one already on its way may still reach the manager."""
+        self.keeper.remove(self)
+
+    def _renewed(self, fut: grpc.Future) -> None:
+        try:
+            r = fut.result()
+        except grpc.RpcError as e:
+            with self.lock:
+                self.error = self.keeper.mgr._err(e, f"renewing lease of {self.id}")
+            return
+        except Exception:  # cancelled: the channel was closed
+            return
+        with self.lock:
+            self.expires, self.error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None
+
+
+class _Keeper:
+    """A Manager's background work, on one thread: it renews each of the Manager's leases every
+    third of its TTL (each renewal a future, so that a slow answer holds up no other lease),
+    and makes the Manager's next key ahead (KeysAhead) when asked. The thread starts with the
+    first job (a Manager that makes keys ahead asks for one when made, so that its thread is
+    not started on an allocation's path) and ends after IDLE_EXIT without one, so that a
+    Manager nobody closed can still be collected.
+    """
+
+    #: Seconds without leases or keys to make after which the thread ends.
+    IDLE_EXIT = 30.0
+
+    def __init__(self, mgr: Manager):
+        self.mgr = mgr
+        self._cond = threading.Condition()
+        # Guarded by _cond: leases by when they are due (stopped ones dropped lazily), when
+        # the next key is due (None: not asked for), the thread, and whether closed.
+        self._due: List[tuple] = []
+        self._seq = itertools.count()
+        self._key_due: Optional[float] = None
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def add(self, lease: _Lease) -> None:
+        """Renews lease every lease.every seconds from now until it is stopped."""
+        with self._cond:
+            heapq.heappush(self._due, (time.monotonic() + lease.every, next(self._seq), lease))
+            self._wake()
+
+    def remove(self, lease: _Lease) -> None:
+        with self._cond:
+            lease.stopped = True
+
+    def want_key(self, after: float) -> None:
+        """Has the next key made after seconds from now, unless one is already asked for sooner."""
+        with self._cond:
+            due = time.monotonic() + after
+            if self._key_due is None or due < self._key_due:
+                self._key_due = due
+            self._wake()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _wake(self) -> None:
+        # Called with _cond held.
+        if self._closed:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fusebox-keeper", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    def _next_jobs(self) -> Optional[tuple]:
+        """Waits for due work: returns (leases to renew, whether to make a key), or None when
+        the thread should end. Called with _cond held."""
+        idle_since = None
+        while not self._closed:
+            now = time.monotonic()
+            while self._due and self._due[0][2].stopped:
+                heapq.heappop(self._due)
+            first = min([t for t in (self._due[0][0] if self._due else None, self._key_due) if t is not None], default=None)
+            if first is None:
+                idle_since = idle_since or now
+                if now - idle_since >= self.IDLE_EXIT:
+                    return None
+                self._cond.wait(self.IDLE_EXIT - (now - idle_since))
+                continue
+            idle_since = None
+            if first > now:
+                self._cond.wait(first - now)
+                continue
+            renew = []
+            while self._due and self._due[0][0] <= now:
+                _, _, lease = heapq.heappop(self._due)
+                if not lease.stopped:
+                    renew.append(lease)
+                    heapq.heappush(self._due, (now + lease.every, next(self._seq), lease))
+            make_key = self._key_due is not None and self._key_due <= now
+            if make_key:
+                self._key_due = None
+            return renew, make_key
+        return None
 
     def _run(self) -> None:
-        while not self.stop.wait(self.every):
-            try:
-                r = self.mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self.token), timeout=self.every)
-                with self.lock:
-                    self.expires, self.error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None
-            except grpc.RpcError as e:
-                with self.lock:
-                    self.error = self.mgr._err(e, f"renewing lease of {self.id}")
-            except ValueError:  # the channel was closed under us
-                return
+        while True:
+            with self._cond:
+                jobs = self._next_jobs()
+                if jobs is None:
+                    self._thread = None
+                    return
+            renew, make_key = jobs
+            for lease in renew:
+                try:
+                    fut = self.mgr._rpc.Renew.future(manager_pb2.RenewRequest(sandbox_id=lease.id, lease_token=lease.token),
+                                                timeout=lease.every)
+                except ValueError:  # the channel was closed under us
+                    with self._cond:
+                        self._thread = None
+                        return
+                fut.add_done_callback(lease._renewed)
+            if make_key:
+                self.mgr._keys.make()
 
 
 def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
     """Stops renewing, releases the sandbox and closes the connections; returns the release's error."""
-    lease.stop.set()
-    lease.thread.join()
-    err = lease.mgr._release(lease.id, lease.token)
+    lease.stop()
+    err = lease.keeper.mgr._release(lease.id, lease.token)
     channel.close()
     if owned is not None:
         owned.close()
@@ -174,7 +296,7 @@ class Sandbox:
         The manager connection is closed with the sandbox. ``options`` are those of
         :meth:`Manager.allocate`.
         """
-        m = Manager(manager, credentials=credentials)
+        m = Manager(manager, credentials=credentials, _ahead=False)
         try:
             sb = m.allocate(**options)
         except BaseException:
@@ -197,7 +319,11 @@ class Sandbox:
         expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         if not ttl:
             ttl = max((expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
-        sb._lease = _Lease(mgr, resp.sandbox_id, resp.lease_token, expires, max(ttl / 3, 0.1))
+        sb._lease = _Lease(mgr._keeper, resp.sandbox_id, resp.lease_token, expires, max(ttl / 3, 0.1))
+        mgr._keeper.add(sb._lease)
+        if mgr._ahead:
+            # The next allocation's key, made once this one's first call is likely done.
+            mgr._keeper.want_key(PREPARE_AFTER)
         sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, None)
         return sb
 

@@ -25,7 +25,7 @@ from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
-from .keys import AgentKey
+from .keys import PREPARE_AFTER, AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
                     SandboxInfo, Symlink, WriteStats)
 
@@ -36,11 +36,17 @@ _MANAGER_HINT = "is `fusebox local up` running, and is {addr} its address?"
 
 
 class Manager:
-    """An asyncio connection to a fusebox manager (see :class:`fusebox.Manager`)."""
+    """An asyncio connection to a fusebox manager (see :class:`fusebox.Manager`); it makes
+    the agent key of its next allocation ahead, in a background thread."""
 
-    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None):
+    def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 _ahead: bool = True):
         self.address = address if address is not None else _core.manager_address()
         addr = _address.parse(self.address, "manager address")
+        self._keys = KeysAhead()  # not for allocate()'s one-allocation Manager
+        self._ahead = _ahead
+        if _ahead:
+            self._keys.prepare()
         if credentials is not None:
             self._channel = grpc.aio.secure_channel(addr.grpc_target, credentials)
         else:
@@ -62,7 +68,7 @@ class Manager:
         if not isinstance(concurrency, int) or concurrency <= 0:
             raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
         bb = _core.batch_bytes(batch_bytes)
-        key = key or AgentKey.generate()
+        key = key or self._keys.take()
         req = _core.allocate_request(key, template, egress, ttl, labels)
         call = self._rpc.Allocate(req, timeout=deadline)
         try:
@@ -114,6 +120,7 @@ class Manager:
             raise self._err(e, "reading pool status") from None
 
     async def close(self) -> None:
+        self._keys.close()
         await self._channel.close()
 
     async def __aenter__(self) -> "Manager":
@@ -148,7 +155,7 @@ def allocate(manager: Optional[str] = None, *, credentials: Optional[grpc.Channe
     (``async with``); the manager connection closes with the sandbox. ``options`` are those of
     :meth:`Manager.allocate`."""
     async def run() -> Sandbox:
-        m = Manager(manager, credentials=credentials)
+        m = Manager(manager, credentials=credentials, _ahead=False)
         try:
             sb = await m.allocate(**options)
         except BaseException:
@@ -190,8 +197,20 @@ class Sandbox:
         return sb
 
     async def _renew(self, every: float) -> None:
+        # The manager's next key is prepared PREPARE_AFTER from now or at close, whichever
+        # comes first (see fusebox.keys.KeysAhead): not beside this sandbox's first call.
+        wait = every
+        if self._mgr._ahead:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            try:
+                await asyncio.sleep(min(PREPARE_AFTER, every))
+            finally:
+                self._mgr._keys.prepare()
+            wait = max(every - (loop.time() - start), 0)
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(wait)
+            wait = every
             try:
                 r = await self._mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self._token), timeout=every)
                 self._expires, self._lease_error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import base64
 import datetime
-from typing import Literal, Union
+import threading
+from typing import Literal, Optional, Union
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -106,6 +107,73 @@ class AgentKey:
     def __repr__(self) -> str:  # never shows the private key
         kind = "Ed25519" if isinstance(self._key, ed25519.Ed25519PrivateKey) else "ECDSA P-256"
         return f"<AgentKey {kind} {self.public_key[-8:].hex()}>"
+
+
+class KeysAhead:
+    """One fresh agent key, with its certificate, made ahead in a background thread for the
+    next allocation that brings no key of its own, as the Go SDK's kept Manager does: the
+    key's generation and its certificate's signature then cost that allocation nothing.
+
+    Each key is handed out once (take) and exists only in this process's memory; close drops
+    the one waiting. Safe for concurrent use.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: Optional[AgentKey] = None  # guarded by _lock, as _making and _closed
+        self._making = False
+        self._closed = False
+
+    def take(self) -> AgentKey:
+        """Returns the key made ahead, or a fresh one made now when none is waiting."""
+        with self._lock:
+            key, self._next = self._next, None
+        if key is None:
+            key = AgentKey.generate()
+        return key
+
+    def prepare(self) -> None:
+        """Starts making the next key in a background thread, unless one is waiting or being
+        made (or the owner has closed)."""
+        if self._start():
+            threading.Thread(target=self._make, name="fusebox-key-ahead", daemon=True).start()
+
+    def make(self) -> None:
+        """Makes the next key in the calling thread, unless one is waiting or being made (or
+        the owner has closed)."""
+        if self._start():
+            self._make()
+
+    def _start(self) -> bool:
+        """Reports whether a key should be made now, and if so marks it being made."""
+        with self._lock:
+            if self._closed or self._next is not None or self._making:
+                return False
+            self._making = True
+            return True
+
+    def _make(self) -> None:
+        key: Optional[AgentKey] = None
+        try:
+            key = AgentKey.generate()
+            key._credentials()
+        except Exception:  # the next allocation makes its own key, and reports what fails
+            key = None
+        with self._lock:
+            self._making = False
+            if key is not None and not self._closed and self._next is None:
+                self._next = key
+
+    def close(self) -> None:
+        """Drops the waiting key; prepare and make do nothing from now on."""
+        with self._lock:
+            self._closed, self._next = True, None
+
+
+#: How long after an allocation answers the next key is made (KeysAhead): made at once, it
+#: would compete with the allocation's first call for the CPU (the Go SDK waits for the
+#: first call for the same reason).
+PREPARE_AFTER = 0.05
 
 
 def check_public_key(der: bytes, what: str = "sandbox key") -> None:

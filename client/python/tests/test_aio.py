@@ -14,7 +14,7 @@ from fusebox import _core
 from fusebox._proto.manager.v1 import manager_pb2
 from fusebox.keys import AgentKey
 
-from .test_e2e import sandbox_style_certificate, wait_unlisted
+from .test_e2e import sandbox_style_certificate, wait_key_ahead, wait_unlisted
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,6 +43,26 @@ async def test_lease_renewed_past_ttl(manager_address):
         assert sb.lease_error is None and sb.lease_expires > first
     finally:
         await sb.close()
+
+
+async def test_kept_manager_makes_each_key_ahead(manager_address):
+    async with fusebox.aio.Manager(manager_address) as m:
+        used = []
+        for _ in range(2):
+            ahead = await asyncio.get_running_loop().run_in_executor(None, wait_key_ahead, m)
+            sb = await m.allocate(lease_ttl=1.5)
+            try:
+                assert m._keys._next is not ahead
+                used.append(ahead.public_key)
+                first = sb.lease_expires
+                assert (await sb.exec("echo ok")).stdout == b"ok\n"
+                await asyncio.sleep(0.8)
+                assert sb.lease_error is None and sb.lease_expires > first
+            finally:
+                await sb.close()  # prepares the next key at once
+        assert len(set(used)) == 2
+        assert (await asyncio.get_running_loop().run_in_executor(None, wait_key_ahead, m)).public_key not in used
+    assert m._keys._next is None
 
 
 async def test_files(manager_address):

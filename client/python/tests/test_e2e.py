@@ -59,6 +59,48 @@ def test_close_destroys(manager_address):
     wait_unlisted(manager_address, sid)
 
 
+def wait_key_ahead(m, deadline: float = 30.0):
+    """Waits until the Manager has a key made ahead, and returns it."""
+    end = time.monotonic() + deadline
+    while m._keys._next is None:
+        assert time.monotonic() < end, "no key was made ahead"
+        time.sleep(0.01)
+    return m._keys._next
+
+
+def test_kept_manager_makes_each_key_ahead(manager_address):
+    """A kept Manager's allocations each use a fresh key, made ahead with its certificate
+    (never handed out twice), and the lease keeper that prepares the next one still renews."""
+    with fusebox.Manager(manager_address) as m:
+        used = []
+        for _ in range(3):
+            ahead = wait_key_ahead(m)
+            assert ahead._cert_pem is not None  # the certificate was made ahead too
+            with m.allocate(lease_ttl=1.5) as sb:
+                assert m._keys._next is not ahead  # taken by this allocation
+                used.append(ahead.public_key)
+                first = sb.lease_expires
+                assert sb.exec("echo ok").stdout == b"ok\n"
+                time.sleep(0.8)  # past the first renewal (every 0.5 s)
+                assert sb.lease_error is None and sb.lease_expires > first
+                assert listed(manager_address, sb.id)
+            assert wait_key_ahead(m).public_key not in used
+        assert len(set(used)) == 3
+        # A key the caller brings leaves the one made ahead waiting.
+        ahead = wait_key_ahead(m)
+        with m.allocate(key=AgentKey.generate("p256")) as sb:
+            assert sb.stat(".").type == "dir"
+        assert m._keys._next is ahead
+    assert m._keys._next is None  # closing drops it
+
+
+def test_one_allocation_makes_no_key_ahead(manager_address):
+    with fusebox.Sandbox.allocate(manager_address) as sb:
+        sb.stat(".")
+        time.sleep(0.2)  # past PREPARE_AFTER
+        assert sb._lease.keeper.mgr._keys._next is None and not sb._lease.keeper.mgr._keys._making
+
+
 def test_lease_renewed_past_ttl(manager_address):
     ttl = 2.0
     with fusebox.Sandbox.allocate(manager_address, lease_ttl=ttl) as sb:
@@ -120,7 +162,7 @@ def test_wrong_sandbox_key_refused(manager_address):
             with pytest.raises(fusebox.PinningError):
                 sb.exec(["true"])
             sb._finalizer.detach()
-            sb._lease.stop.set()
+            sb._lease.stop()
             sb._channel.close()
             # The real answer works.
             good = connect(m, resp, key)
@@ -174,7 +216,7 @@ def test_second_agent_key_cannot_talk(manager_address):
             with pytest.raises((fusebox.PinningError, fusebox.UnavailableError)):
                 other.write_file("intruder", b"x")
             other._finalizer.detach()
-            other._lease.stop.set()
+            other._lease.stop()
             other._channel.close()
             good = connect(m, resp, key)
             assert not good.exists("intruder")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 
 import grpc
 import pytest
@@ -16,7 +18,7 @@ from fusebox import _address, _core
 from fusebox._pack import encoded_size, pack, prune_mkdirs
 from fusebox._proto.sandbox.v1 import sandbox_pb2
 from fusebox.errors import from_rpc
-from fusebox.keys import AgentKey, check_public_key, pinned_root
+from fusebox.keys import AgentKey, KeysAhead, check_public_key, pinned_root
 
 
 @pytest.mark.parametrize("dirs,want", [
@@ -208,6 +210,130 @@ def test_certificate_facts_mutations():
             continue
         assert got == (want_spki, want_names), v.hex()
     assert accepted > 0
+
+
+def test_keys_ahead():
+    ka = KeysAhead()
+    a, b = ka.take(), ka.take()  # none waiting: made on the spot, fresh each time
+    assert isinstance(a, AgentKey) and a.public_key != b.public_key
+    ka.prepare()
+    ka.prepare()  # one at a time
+    end = time.monotonic() + 10
+    while ka._next is None:
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    made = ka._next
+    assert made._cert_pem is not None and made._key_pem is not None
+    assert ka.take() is made and ka._next is None
+    assert ka.take() is not made  # handed out once
+    ka.prepare()
+    ka.close()
+    time.sleep(0.2)
+    assert ka._next is None and not ka._making
+    ka.prepare()
+    assert not ka._making  # closed: nothing more is made
+
+
+def test_manager_makes_keys_ahead_unless_told():
+    m = fusebox.Manager("unix:///nonexistent/manager.sock")
+    try:
+        end = time.monotonic() + 10
+        while m._keys._next is None:  # made by the keeper's thread, started with the Manager
+            assert time.monotonic() < end
+            time.sleep(0.005)
+    finally:
+        m.close()
+    assert m._keys._next is None  # dropped
+    one = fusebox.Manager("unix:///nonexistent/manager.sock", _ahead=False)
+    try:
+        time.sleep(0.1)
+        assert not one._ahead and one._keys._next is None and one._keeper._thread is None
+    finally:
+        one.close()
+
+
+class _Renewals:
+    """A fake manager for the keeper: Renew futures answered at once, except for hung ids."""
+
+    def __init__(self, hung=()):
+        from fusebox._proto.manager.v1 import manager_pb2
+        self.pb, self.hung, self.calls, self.lock = manager_pb2, set(hung), [], threading.Lock()
+        self._rpc = self
+        self.Renew = self
+        self._keys = KeysAhead()
+
+    def future(self, req, timeout):
+        with self.lock:
+            self.calls.append((req.sandbox_id, threading.current_thread().name))
+        resp = self.pb.RenewResponse()
+        resp.lease_expires.FromDatetime(datetime.datetime(2030, 1, 1))
+        return _Done(resp, hung=req.sandbox_id in self.hung)
+
+    def _err(self, e, doing):
+        return fusebox.FuseboxError(doing)
+
+    def count(self, sid):
+        with self.lock:
+            return sum(1 for c in self.calls if c[0] == sid)
+
+
+class _Done:
+    def __init__(self, resp, hung):
+        self.resp, self.hung = resp, hung
+
+    def result(self):
+        return self.resp
+
+    def add_done_callback(self, fn):
+        if not self.hung:
+            fn(self)
+
+
+def test_keeper_renews_every_lease_on_one_thread():
+    from fusebox._sync import _Keeper, _Lease
+    fake = _Renewals(hung={"hung"})
+    k = _Keeper(fake)
+    leases = [_Lease(k, f"s{i}", "tok", None, 0.05) for i in range(40)] + [_Lease(k, "hung", "tok", None, 0.05)]
+    for l in leases:
+        k.add(l)
+    time.sleep(0.4)
+    # A renewal that never answers holds up no other lease.
+    assert all(fake.count(l.id) >= 3 for l in leases), [fake.count(l.id) for l in leases]
+    assert {name for _, name in fake.calls} == {"fusebox-keeper"}
+    assert leases[0].expires == datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc) and leases[0].error is None
+    leases[1].stop()
+    stopped_at = fake.count("s1")
+    time.sleep(0.2)
+    assert fake.count("s1") <= stopped_at + 1  # at most one already on its way
+    assert fake.count("s0") >= stopped_at + 2
+    k.want_key(0)
+    end = time.monotonic() + 10
+    while fake._keys._next is None:
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    thread = k._thread
+    k.close()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_keeper_thread_ends_when_idle():
+    from fusebox._sync import _Keeper, _Lease
+    fake = _Renewals()
+    k = _Keeper(fake)
+    k.IDLE_EXIT = 0.1
+    l = _Lease(k, "s", "tok", None, 0.02)
+    k.add(l)
+    thread = k._thread
+    time.sleep(0.1)
+    l.stop()
+    thread.join(5)
+    assert not thread.is_alive() and k._thread is None
+    n = fake.count("s")
+    k.add(_Lease(k, "t", "tok", None, 0.02))  # a new job starts a new thread
+    time.sleep(0.1)
+    assert fake.count("t") >= 2 and fake.count("s") == n
+    k.close()
 
 
 def test_check_public_key_types():
