@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from typing import Optional
 
 import grpc
 import pytest
@@ -253,11 +254,13 @@ def test_manager_makes_keys_ahead_unless_told():
 
 
 class _Renewals:
-    """A fake manager for the keeper: Renew futures answered at once, except for hung ids."""
+    """A fake manager for the keeper: Renew futures answered at once, except for hung ids,
+    whose answer never comes (until unhang)."""
 
     def __init__(self, hung=()):
         from fusebox._proto.manager.v1 import manager_pb2
         self.pb, self.hung, self.calls, self.lock = manager_pb2, set(hung), [], threading.Lock()
+        self.unhung = threading.Event()
         self._rpc = self
         self.Renew = self
         self._keys = KeysAhead()
@@ -267,7 +270,7 @@ class _Renewals:
             self.calls.append((req.sandbox_id, threading.current_thread().name))
         resp = self.pb.RenewResponse()
         resp.lease_expires.FromDatetime(datetime.datetime(2030, 1, 1))
-        return _Done(resp, hung=req.sandbox_id in self.hung)
+        return _Done(resp, self.unhung if req.sandbox_id in self.hung else None)
 
     def _err(self, e, doing):
         return fusebox.FuseboxError(doing)
@@ -277,15 +280,24 @@ class _Renewals:
             return sum(1 for c in self.calls if c[0] == sid)
 
 
+def _until(cond, what: str, deadline: float = 10.0) -> None:
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.005)
+
+
 class _Done:
-    def __init__(self, resp, hung):
+    def __init__(self, resp, hung: Optional[threading.Event]):
         self.resp, self.hung = resp, hung
 
     def result(self):
+        if self.hung is not None:
+            self.hung.wait()  # a keeper that waited for answers would stop here
         return self.resp
 
     def add_done_callback(self, fn):
-        if not self.hung:
+        if self.hung is None:
             fn(self)
 
 
@@ -296,25 +308,21 @@ def test_keeper_renews_every_lease_on_one_thread():
     leases = [_Lease(k, f"s{i}", "tok", None, 0.05) for i in range(40)] + [_Lease(k, "hung", "tok", None, 0.05)]
     for l in leases:
         k.add(l)
-    time.sleep(0.4)
     # A renewal that never answers holds up no other lease.
-    assert all(fake.count(l.id) >= 3 for l in leases), [fake.count(l.id) for l in leases]
+    _until(lambda: all(fake.count(l.id) >= 3 for l in leases), "every lease renewed three times")
     assert {name for _, name in fake.calls} == {"fusebox-keeper"}
     assert leases[0].expires == datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc) and leases[0].error is None
     leases[1].stop()
-    stopped_at = fake.count("s1")
-    time.sleep(0.2)
+    stopped_at, other = fake.count("s1"), fake.count("s0")
+    _until(lambda: fake.count("s0") >= other + 3, "the other leases still renewed")
     assert fake.count("s1") <= stopped_at + 1  # at most one already on its way
-    assert fake.count("s0") >= stopped_at + 2
     k.want_key(0)
-    end = time.monotonic() + 10
-    while fake._keys._next is None:
-        assert time.monotonic() < end
-        time.sleep(0.005)
+    _until(lambda: fake._keys._next is not None, "a key made on the keeper's thread")
     thread = k._thread
     k.close()
     thread.join(5)
     assert not thread.is_alive()
+    fake.unhung.set()
 
 
 def test_keeper_thread_ends_when_idle():
@@ -325,14 +333,14 @@ def test_keeper_thread_ends_when_idle():
     l = _Lease(k, "s", "tok", None, 0.02)
     k.add(l)
     thread = k._thread
-    time.sleep(0.1)
+    _until(lambda: fake.count("s") >= 2, "renewed")
     l.stop()
     thread.join(5)
     assert not thread.is_alive() and k._thread is None
     n = fake.count("s")
     k.add(_Lease(k, "t", "tok", None, 0.02))  # a new job starts a new thread
-    time.sleep(0.1)
-    assert fake.count("t") >= 2 and fake.count("s") == n
+    _until(lambda: fake.count("t") >= 2, "renewed by a new thread")
+    assert fake.count("s") == n
     k.close()
 
 
