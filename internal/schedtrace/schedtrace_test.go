@@ -145,13 +145,9 @@ func TestRemoveStale(t *testing.T) {
 
 // TestRecorder records this process burning a CPU between two marks on the real kernel: the
 // window's usage must give this process's threads at least the CPU time the kernel itself
-// counted for the busy thread. The loop runs on one locked thread until that thread has used
-// 30 ms of CPU, so a busy machine (other test packages, gVisor) stretches the window but
-// changes nothing the test asserts.
-// TestRecorder: the switches recorded between two marks give this process the CPU time its
-// busy thread used between them. On a machine busy with other work the buffer can overflow
-// (the trace says so: Lost), and a thread's edges can fall a little outside the marks, so it
-// takes the best of three attempts; attempts that lost switches do not count.
+// counted for the busy thread. On a machine busy with other work the buffer can overflow (the
+// trace says so: Lost), and a thread's edges can fall a little outside the marks, so it takes
+// the best of three attempts; attempts that lost switches do not count.
 func TestRecorder(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -179,7 +175,9 @@ func TestRecorder(t *testing.T) {
 
 // recordBusyLoop records a thread that burns 30 ms of CPU between two marks and returns the
 // CPU time the trace gives this process in the marks' window, the CPU time the thread used,
-// whether the trace lost switches, and a description for a failure.
+// whether the trace lost switches, and a description for a failure. The loop runs on the
+// caller's locked thread until that thread has used 30 ms of CPU, so a busy machine (other
+// test packages, gVisor) stretches the window but changes nothing the test asserts.
 func recordBusyLoop(t *testing.T) (self, burned time.Duration, lost bool, msg string) {
 	r, err := Start(1024)
 	if errors.Is(err, ErrNoTracefs) {

@@ -165,6 +165,35 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 // continued a relayed handshake.
 type remoteSplit struct{ answer, first, connect, reply []float64 }
 
+// callMarks are one allocation's times, set by client.AllocateTrace's hooks on the client's
+// goroutines.
+type callMarks struct {
+	mu                         sync.Mutex
+	answered, connected, wrote time.Time
+	relayed                    bool
+}
+
+func (c *callMarks) trace() *client.AllocateTrace {
+	at := func(t *time.Time) func(time.Time) {
+		return func(v time.Time) { c.mu.Lock(); *t = v; c.mu.Unlock() }
+	}
+	return &client.AllocateTrace{Answered: at(&c.answered), Connected: at(&c.connected), FirstWrite: at(&c.wrote),
+		RelayedHandshake: func(time.Time) { c.mu.Lock(); c.relayed = true; c.mu.Unlock() }}
+}
+
+// add adds the allocation that started at t0 and whose first call ended at done to s.
+func (c *callMarks) add(s *remoteSplit, t0, done time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.answered.IsZero() {
+		return
+	}
+	s.answer, s.first = append(s.answer, ms(c.answered.Sub(t0))), append(s.first, ms(done.Sub(c.answered)))
+	if c.relayed && !c.connected.IsZero() && !c.wrote.IsZero() {
+		s.connect, s.reply = append(s.connect, ms(c.connected.Sub(c.answered))), append(s.reply, ms(done.Sub(c.wrote)))
+	}
+}
+
 // allocateRemote makes the o.Runs measured allocations and returns their times (ms) and
 // their split.
 func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat []float64, split remoteSplit, err error) {
@@ -175,15 +204,8 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		if err := waitFull(ctx, mc, o); err != nil {
 			return nil, split, err
 		}
-		var answered, connected, wrote time.Time
-		var relayed bool
-		var mu sync.Mutex // the hooks run on the client's goroutines
-		at := func(t *time.Time) func(time.Time) {
-			return func(v time.Time) { mu.Lock(); *t = v; mu.Unlock() }
-		}
-		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"},
-			Trace: &client.AllocateTrace{Answered: at(&answered), Connected: at(&connected), FirstWrite: at(&wrote),
-				RelayedHandshake: func(time.Time) { mu.Lock(); relayed = true; mu.Unlock() }}}
+		var call callMarks
+		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"}, Trace: call.trace()}
 		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
 		if err != nil {
 			return nil, split, fmt.Errorf("allocation %d: %w", i+1, err)
@@ -192,14 +214,7 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 			return nil, split, fmt.Errorf("allocation %d (%s): releasing: %w", i+1, a.ID, err)
 		}
 		lat = append(lat, ms(done.Sub(t0)))
-		mu.Lock()
-		if !answered.IsZero() {
-			split.answer, split.first = append(split.answer, ms(answered.Sub(t0))), append(split.first, ms(done.Sub(answered)))
-			if relayed && !connected.IsZero() && !wrote.IsZero() {
-				split.connect, split.reply = append(split.connect, ms(connected.Sub(answered))), append(split.reply, ms(done.Sub(wrote)))
-			}
-		}
-		mu.Unlock()
+		call.add(&split, t0, done)
 	}
 	return lat, split, nil
 }

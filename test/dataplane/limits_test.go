@@ -154,8 +154,6 @@ func hostEntries(t *testing.T, dir string) []string {
 	return names
 }
 
-// TestProcessLimitFailsInside: more processes than the template allows, and a fork bomb, fail
-// with EAGAIN inside the sandbox; the sandbox and its server live on.
 // othersScan prints, using shell builtins only, the stat line of every process but the
 // server (PID 1), the scanning shell and sleep processes.
 const othersScan = `
@@ -168,6 +166,8 @@ for d in /proc/[0-9]*; do
 done
 `
 
+// TestProcessLimitFailsInside: more processes than the template allows, and a fork bomb, fail
+// with EAGAIN inside the sandbox; the sandbox and its server live on.
 func TestProcessLimitFailsInside(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
 	ctx := testCtx(t, 4*time.Minute)
