@@ -184,10 +184,13 @@ class _Keeper:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
-    def add(self, lease: _Lease) -> None:
-        """Renews lease every lease.every seconds from now until it is stopped."""
+    def add(self, lease: _Lease, key_after: Optional[float] = None) -> None:
+        """Renews lease every lease.every seconds from now until it is stopped, and with
+        key_after does what want_key does, under one lock and one wake-up."""
         with self._cond:
             heapq.heappush(self._due, (time.monotonic() + lease.every, next(self._seq), lease))
+            if key_after is not None:
+                self._want_key(key_after)
             self._wake()
 
     def remove(self, lease: _Lease) -> None:
@@ -197,10 +200,14 @@ class _Keeper:
     def want_key(self, after: float) -> None:
         """Has the next key made after seconds from now, unless one is already asked for sooner."""
         with self._cond:
-            due = time.monotonic() + after
-            if self._key_due is None or due < self._key_due:
-                self._key_due = due
+            self._want_key(after)
             self._wake()
+
+    def _want_key(self, after: float) -> None:
+        # Called with _cond held.
+        due = time.monotonic() + after
+        if self._key_due is None or due < self._key_due:
+            self._key_due = due
 
     def close(self) -> None:
         with self._cond:
@@ -224,7 +231,8 @@ class _Keeper:
             now = time.monotonic()
             while self._due and self._due[0][2].stopped:
                 heapq.heappop(self._due)
-            first = min([t for t in (self._due[0][0] if self._due else None, self._key_due) if t is not None], default=None)
+            dues = ([self._due[0][0]] if self._due else []) + ([self._key_due] if self._key_due is not None else [])
+            first = min(dues, default=None)
             if first is None:
                 idle_since = idle_since or now
                 if now - idle_since >= self.IDLE_EXIT:
@@ -320,10 +328,9 @@ class Sandbox:
         if not ttl:
             ttl = max((expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
         sb._lease = _Lease(mgr._keeper, resp.sandbox_id, resp.lease_token, expires, max(ttl / 3, 0.1))
-        mgr._keeper.add(sb._lease)
-        if mgr._ahead:
-            # The next allocation's key, made once this one's first call is likely done.
-            mgr._keeper.want_key(PREPARE_AFTER)
+        # With keys made ahead, the next allocation's key is made once this one's first call
+        # is likely done.
+        mgr._keeper.add(sb._lease, key_after=PREPARE_AFTER if mgr._ahead else None)
         sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, None)
         return sb
 
