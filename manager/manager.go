@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -99,6 +100,12 @@ type Options struct {
 	// allocation does (see pingHead). internal/sfuse.Conns.Ping in production.
 	Ping         func(ctx context.Context, initAddr string) error
 	PingInterval time.Duration
+	// Identify, if set, is called with the init address of each unit this manager creates
+	// when its allocator keeps a data connection opened before sFuse (Capabilities.Handoff),
+	// to learn the sandbox's identity while it waits in the pool: an allocation then names
+	// it to the agent before sFuse (AllocateRequest.Picked). internal/sfuse.Conns.Identify
+	// in production. A failure only costs that head start.
+	Identify func(ctx context.Context, initAddr string) (sfuse.Identity, error)
 	// ClaimGrace is how long a unit may stay claimed without being bound before the leader
 	// destroys it as an orphan of a replica that died mid-allocation (default 2 minutes).
 	ClaimGrace time.Duration
@@ -372,6 +379,19 @@ type AllocateRequest struct {
 	// allowlist (after both are checked, before a unit is taken); its error ends the
 	// allocation as it is.
 	Authorize func(template string, allow egress.Allowlist) error
+	// Picked, if set, is called before sFuse with the unit the allocation has picked, when
+	// the manager knows its identity (Options.Identify): the agent may dial it and start its
+	// TLS handshake while sFuse runs (the sandbox keeps that connection unread until its
+	// fuse blows). It is called again if the allocation moves on to another unit. The
+	// Allocation returned is what counts; it carries the same identity as the last Picked
+	// when it names the same unit.
+	Picked func(Picked)
+}
+
+// Picked names a unit an allocation has picked, before sFuse (AllocateRequest.Picked).
+type Picked struct {
+	ID, Endpoint string
+	Identity     sfuse.Identity
 }
 
 // Allocation is the result of Allocate.
@@ -605,10 +625,18 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	} else {
 		annotated <- nil
 	}
+	if req.Picked != nil && len(u.Identity.SandboxKey) > 0 {
+		req.Picked(Picked{ID: id, Endpoint: u.Info.DataAddr, Identity: u.Identity})
+	}
 	fusing := time.Now()
 	fused, err := m.o.Initializer(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
 		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
 	m.timeStep("init", fusing)
+	if err == nil && len(u.Identity.SandboxKey) > 0 && (!bytes.Equal(fused.SandboxKey, u.Identity.SandboxKey) ||
+		!bytes.Equal(fused.SandboxCertificate, u.Identity.SandboxCertificate)) {
+		// What the agent may have been told before sFuse must be what it gets.
+		err = errors.New("the sandbox answered sFuse with another identity than it told before")
+	}
 	<-claimed
 	eerr, aerr := <-egressed, <-annotated
 	if claimErr != nil {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/internal/sfuse"
 )
 
 // pool is where a Manager keeps its units, and how it takes, renews, releases, lists, counts,
@@ -181,6 +183,25 @@ func (p *localPool) release(ctx context.Context, id, token string) error {
 	return nil
 }
 
+// identify learns a new unit's identity (Options.Identify) when its sandbox keeps a data
+// connection opened before sFuse, and returns it; empty when it is not asked for or fails.
+func (m *Manager) identify(ctx context.Context, info UnitInfo) sfuse.Identity {
+	if m.o.Identify == nil || !m.caps.Handoff {
+		return sfuse.Identity{}
+	}
+	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
+	defer cancel()
+	id, err := m.o.Identify(ctx, info.InitAddr)
+	if err != nil {
+		m.log.Warn("asking a new unit for its identity; its allocation will not name it early", "id", info.ID, "err", err)
+		return sfuse.Identity{}
+	}
+	return id
+}
+
+// identifyTimeout bounds Options.Identify.
+const identifyTimeout = 5 * time.Second
+
 // create makes one unit of template and puts it into the pool, and reports whether it did.
 func (p *localPool) create(ctx context.Context, tmpl string) bool {
 	m := p.Manager
@@ -212,17 +233,21 @@ func (p *localPool) create(ctx context.Context, tmpl string) bool {
 	if got.Created.IsZero() {
 		got.Created = info.Created
 	}
-	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
+	if m.o.Prepare != nil {
+		m.o.Prepare(got.InitAddr)
+	}
+	ident := m.identify(ctx, got)
+	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info, u.Identity = got, ident }); err != nil {
 		m.log.Error("unit vanished while being created", "id", id, "err", err)
+		if m.o.Forget != nil {
+			m.o.Forget(got.InitAddr)
+		}
 		m.alloc.Destroy(context.WithoutCancel(ctx), id)
 		return false
 	}
 	m.totals.creations.Add(1)
 	if m.m != nil {
 		m.m.Creations.Inc()
-	}
-	if m.o.Prepare != nil {
-		m.o.Prepare(got.InitAddr)
 	}
 	m.publishCounts()
 	return true

@@ -11,7 +11,9 @@
 //     the first HTTP/2 frames on both ends and holds the first writes up to 5 ms).
 //   - Handoff: the local manager opens each unit's data connection when it creates the unit
 //     (the sandbox's gate keeps it unread, see Latest) and passes it to the agent by
-//     SCM_RIGHTS (internal/handoff).
+//     SCM_RIGHTS (internal/handoff). With it the manager also names the picked unit before
+//     sFuse (AllocateStream), for agents that dial the data socket themselves: the gate keeps
+//     their connection in place of the manager's.
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
 //     (localsandbox.KeepAwakeGODEBUG).
 //   - PoolProcs: the sandbox server runs with one P until the agent's first call.

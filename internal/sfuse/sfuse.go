@@ -4,7 +4,9 @@
 package sfuse
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
@@ -190,6 +192,58 @@ func (c *Conns) Initialize(ctx context.Context, initAddr string, req Request) (R
 	// would be more work for the sandbox during the agent's handshake.
 	defer time.AfterFunc(closeDelay, func() { conn.Close() })
 	return initialize(ctx, conn, initAddr, req)
+}
+
+// Identity is a sandbox's public identity: what InitializeTLS will return of it.
+type Identity struct {
+	// SandboxKey is the sandbox's public key, DER SubjectPublicKeyInfo.
+	SandboxKey []byte
+	// SandboxCertificate is its self-signed certificate (DER), whose key is SandboxKey.
+	SandboxCertificate []byte
+}
+
+// Identify asks the sandbox at initAddr for its identity without initialising it (the Init
+// service's Identity call), over the prepared connection when there is one. It checks that
+// the certificate carries the key, so that what the manager names to an agent before sFuse
+// is consistent; the agent checks it again, and the answer after sFuse must match it.
+func (c *Conns) Identify(ctx context.Context, initAddr string) (Identity, error) {
+	c.mu.Lock()
+	conn := c.m[initAddr]
+	c.mu.Unlock()
+	if conn == nil {
+		var err error
+		if conn, err = dial(initAddr); err != nil {
+			return Identity{}, err
+		}
+		defer conn.Close()
+	}
+	resp, err := sandboxv1.NewInitClient(conn).Identity(ctx, &sandboxv1.IdentityRequest{})
+	if err != nil {
+		return Identity{}, fmt.Errorf("asking %s for its identity: %w", initAddr, err)
+	}
+	id := Identity{SandboxKey: resp.GetSandboxPublicKey(), SandboxCertificate: resp.GetSandboxCertificate()}
+	if err := id.check(); err != nil {
+		return Identity{}, fmt.Errorf("identity of %s: %w", initAddr, err)
+	}
+	return id, nil
+}
+
+// check reports whether the key is one the agent can pin and the certificate carries it.
+func (id Identity) check() error {
+	if _, err := tlspin.ParsePublicKey(id.SandboxKey); err != nil {
+		return fmt.Errorf("bad key: %w", err)
+	}
+	if n := len(id.SandboxCertificate); n == 0 || n > MaxCertificateBytes {
+		return fmt.Errorf("a certificate of %d bytes (want 1 to %d)", n, MaxCertificateBytes)
+	}
+	cert, err := x509.ParseCertificate(id.SandboxCertificate)
+	if err != nil {
+		return fmt.Errorf("certificate: %w", err)
+	}
+	if !bytes.Equal(cert.RawSubjectPublicKeyInfo, id.SandboxKey) {
+		return errors.New("the certificate does not carry the sandbox's key")
+	}
+	return nil
 }
 
 // Ping checks that the init listener at initAddr answers (the gRPC health service, which a

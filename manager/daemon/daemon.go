@@ -211,7 +211,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	}
 	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
 		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, SeparateClaim: c.Kube.SeparateClaim,
+		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, Identify: conns.Identify, SeparateClaim: c.Kube.SeparateClaim,
 		Logger: log, Metrics: manager.NewMetrics(reg)})
 	if err != nil {
 		return err

@@ -12,6 +12,9 @@
 //     nobody can connect to the init endpoint again, and no code path reopens it.
 //   - A malformed request (bad key, or one Start refuses) gets INVALID_ARGUMENT and leaves
 //     the fuse intact; every call after the one that blew it gets FAILED_PRECONDITION.
+//   - Identity, the Init service's other call, returns the sandbox's public key and
+//     certificate (public: the data listener presents them to anyone) and changes nothing;
+//     once the fuse has blown it is refused as a second InitializeTLS is.
 //   - If nobody blows the fuse within the idle TTL, Serve returns ErrIdleTimeout.
 package fuse
 
@@ -203,7 +206,7 @@ type initService struct {
 	f *Fuse
 }
 
-// InitializeTLS is the Init service's one method; its errors become gRPC codes here only.
+// InitializeTLS blows the fuse; its errors become gRPC codes here only.
 func (i initService) InitializeTLS(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*sandboxv1.InitializeTLSResponse, error) {
 	resp, err := i.f.blow(ctx, req)
 	if err == nil {
@@ -222,6 +225,18 @@ func (i initService) InitializeTLS(ctx context.Context, req *sandboxv1.Initializ
 		code = codes.DeadlineExceeded
 	}
 	return nil, status.Error(code, err.Error())
+}
+
+// Identity returns the sandbox's public key and certificate while the fuse is intact, so that
+// the manager can name them to an agent before sFuse.
+func (i initService) Identity(context.Context, *sandboxv1.IdentityRequest) (*sandboxv1.IdentityResponse, error) {
+	i.f.mu.Lock()
+	blown := i.f.blown
+	i.f.mu.Unlock()
+	if blown {
+		return nil, status.Error(codes.FailedPrecondition, ErrBlown.Error())
+	}
+	return &sandboxv1.IdentityResponse{SandboxPublicKey: i.f.pub, SandboxCertificate: i.f.o.Identity.Certificate[0]}, nil
 }
 
 // closeOnce is a listener whose Close runs once (the fuse and gRPC's Stop both close it).

@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -184,6 +185,12 @@ func TestFuseBlowsOnce(t *testing.T) {
 	if err := conns.Ping(ctx, "unix://"+sb.initPath); err != nil {
 		t.Fatalf("ping before init: %v", err)
 	}
+	// Its identity is told before init and changes nothing.
+	ident, err := conns.Identify(ctx, "unix://"+sb.initPath)
+	if err != nil {
+		t.Fatalf("identity before init: %v", err)
+	}
+	servesNothing(t, sb.dataPath)
 	agent, agentDER := newKey(t)
 	for _, req := range []sfuse.Request{
 		{AgentKey: []byte("garbage")},
@@ -208,7 +215,15 @@ func TestFuseBlowsOnce(t *testing.T) {
 		c.Close()
 		t.Fatal("dialing the init socket after InitializeTLS answered succeeded")
 	}
-	// On a connection made before, a second call is refused.
+	if !bytes.Equal(res.SandboxKey, ident.SandboxKey) || !bytes.Equal(res.SandboxCertificate, ident.SandboxCertificate) {
+		t.Fatal("InitializeTLS returned another identity than Identity told")
+	}
+	// On a connection made before, the identity is refused now, and a second init.
+	if _, err := conns.Identify(ctx, "unix://"+sb.initPath); err == nil {
+		t.Fatal("Identity after the fuse blew succeeded")
+	} else if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
+		t.Fatalf("Identity after the fuse blew: %v, want FailedPrecondition (or Unavailable once drained)", err)
+	}
 	other, otherDER := newKey(t)
 	if _, err := conns.Initialize(ctx, "unix://"+sb.initPath, sfuse.Request{AgentKey: otherDER}); err == nil {
 		t.Fatal("second InitializeTLS succeeded")

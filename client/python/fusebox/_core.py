@@ -16,7 +16,7 @@ from . import _address
 from ._pack import Pending, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2
 from ._proto.sandbox.v1 import sandbox_pb2
-from .errors import CommandError, CommandTimeoutError, InvalidArgumentError
+from .errors import CommandError, CommandTimeoutError, FuseboxError, InvalidArgumentError
 from .keys import SERVER_NAME, AgentKey, pinned_root
 from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Symlink
 
@@ -78,11 +78,33 @@ def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_b
     Raises PinningError when the certificate's key is not the pinned key (the caller then
     releases the sandbox).
     """
-    root = pinned_root(resp.sandbox_certificate, resp.sandbox_public_key)
-    addr = _address.parse(resp.endpoint, "sandbox endpoint")
+    return _channel_args(resp.sandbox_certificate, resp.sandbox_public_key, resp.endpoint, key, batch_bytes)
+
+
+def _channel_args(certificate: bytes, sandbox_key: bytes, endpoint: str, key: AgentKey, batch_bytes: int):
+    root = pinned_root(certificate, sandbox_key)
+    addr = _address.parse(endpoint, "sandbox endpoint")
     key_pem, cert_pem = key._credentials()
     creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=cert_pem)
     return addr.grpc_target, creds, channel_options(batch_bytes)
+
+
+def picked_channel_args(picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int):
+    """(target, credentials, options) of the unit an AllocateStream named before sFuse, pinned
+    to the key it named; None when that identity does not pin (the answer then decides, and
+    data_channel_args says what is wrong with it)."""
+    try:
+        return _channel_args(picked.sandbox_certificate, picked.sandbox_public_key, picked.endpoint, key, batch_bytes)
+    except FuseboxError:
+        return None
+
+
+def same_sandbox(picked: manager_pb2.SandboxPicked, resp: manager_pb2.AllocateResponse) -> bool:
+    """Whether the allocation's answer names the picked unit with the identity named before:
+    only then is a connection started on the picked unit kept."""
+    return (picked.sandbox_id == resp.sandbox_id and picked.endpoint == resp.endpoint
+            and picked.sandbox_public_key == resp.sandbox_public_key
+            and picked.sandbox_certificate == resp.sandbox_certificate)
 
 
 def start_connecting(channel: grpc.Channel) -> None:

@@ -53,6 +53,9 @@ class Manager:
         else:
             self._channel = grpc.insecure_channel(addr.grpc_target)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
+        # Whether to allocate through AllocateStream (False once the manager turns out to
+        # predate it).
+        self._stream = True
         if _ahead:
             self._keeper.want_key(0)
 
@@ -79,6 +82,20 @@ class Manager:
         bb = _core.batch_bytes(batch_bytes)
         key = key or self._keys.take()
         req = _core.allocate_request(key, template, egress, ttl, labels)
+        got = self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        if got is None:  # the manager predates AllocateStream
+            got = self._allocate_unary(req, key, deadline)
+        resp, early = got
+        channel = early.take(resp) if early is not None else None
+        try:
+            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+        except BaseException:
+            if channel is not None:
+                channel.close()
+            self._release(resp.sandbox_id, resp.lease_token)
+            raise
+
+    def _allocate_unary(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
         fut = self._rpc.Allocate.future(req, timeout=deadline)
         try:
             key._credentials()  # the client certificate, made while the manager allocates
@@ -89,13 +106,48 @@ class Manager:
                 self._release(got.sandbox_id, got.lease_token)
             raise
         try:
-            resp = fut.result()
+            return fut.result(), None
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
+
+    def _allocate_stream(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float],
+                         batch_bytes: int):
+        """Allocates through AllocateStream: when the manager names the picked unit before
+        sFuse, the data channel to it is made and starts connecting (its TLS context, its
+        connection and its ClientHello) while the manager initialises the sandbox. Returns
+        (the answer, that _Early or None); sets _stream False and returns None when the
+        manager predates AllocateStream."""
+        call = self._rpc.AllocateStream(req, timeout=deadline)
+        early: Optional[_Early] = None
+        events = 0
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency)
+            key._credentials()  # the client certificate, made while the manager allocates
+            for ev in call:
+                events += 1
+                if ev.HasField("allocated"):
+                    return ev.allocated, early
+                if ev.HasField("picked"):
+                    if early is not None:
+                        early.close()  # the manager moved on to another unit
+                    early = _Early.start(ev.picked, key, batch_bytes)
+            raise FuseboxError("allocating sandbox: the manager ended the call without an answer")
+        except grpc.RpcError as e:
+            if early is not None:
+                early.close()
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED and events == 0:
+                self._stream = False
+                return None
+            raise self._err(e, "allocating sandbox") from None
         except BaseException:
-            self._release(resp.sandbox_id, resp.lease_token)
+            if early is not None:
+                early.close()
+            # The manager may allocate all the same: take its answer and release what it gave.
+            try:
+                for ev in call:
+                    if ev.HasField("allocated"):
+                        self._release(ev.allocated.sandbox_id, ev.allocated.lease_token)
+            except grpc.RpcError:
+                pass
             raise
 
     def _release(self, sandbox_id: str, token: str) -> Optional[FuseboxError]:
@@ -276,6 +328,37 @@ class _Keeper:
                 self.mgr._keys.make()
 
 
+class _Early:
+    """A data channel to the unit an AllocateStream named before sFuse (see
+    Manager._allocate_stream): made and connecting while the sandbox is initialised, pinned
+    to the identity the manager named. The sandbox keeps the connection unread until its fuse
+    blows; the channel is kept only if the answer names the same sandbox and identity."""
+
+    def __init__(self, picked: manager_pb2.SandboxPicked, channel: grpc.Channel):
+        self.picked, self.channel = picked, channel
+
+    @classmethod
+    def start(cls, picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int) -> Optional["_Early"]:
+        """Starts the channel; None when the named identity does not pin."""
+        args = _core.picked_channel_args(picked, key, batch_bytes)
+        if args is None:
+            return None
+        target, creds, options = args
+        ch = grpc.secure_channel(target, creds, options=options)
+        _core.start_connecting(ch)
+        return cls(picked, ch)
+
+    def take(self, resp: manager_pb2.AllocateResponse) -> Optional[grpc.Channel]:
+        """The channel if the answer names the picked sandbox and identity; else closes it."""
+        if _core.same_sandbox(self.picked, resp):
+            return self.channel
+        self.close()
+        return None
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
     """Stops renewing, releases the sandbox and closes the connections; returns the release's error."""
     lease.stop()
@@ -316,13 +399,18 @@ class Sandbox:
 
     @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
-                 batch_bytes: int, concurrency: int) -> "Sandbox":
-        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+                 batch_bytes: int, concurrency: int, channel: Optional[grpc.Channel] = None) -> "Sandbox":
+        """The Sandbox of an allocation's answer, on channel (started on the unit before the
+        answer, see _Early) or else on a channel made now."""
         sb = cls.__new__(cls)
+        sb._early = channel is not None
+        if channel is None:
+            target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+            channel = grpc.secure_channel(target, creds, options=options)
+            _core.start_connecting(channel)
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
-        sb._channel = grpc.secure_channel(target, creds, options=options)
-        _core.start_connecting(sb._channel)
+        sb._channel = channel
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         if not ttl:

@@ -52,6 +52,9 @@ class Manager:
         else:
             self._channel = grpc.aio.insecure_channel(addr.grpc_target)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
+        # Whether to allocate through AllocateStream (False once the manager turns out to
+        # predate it).
+        self._stream = True
 
     def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
         hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
@@ -70,6 +73,25 @@ class Manager:
         bb = _core.batch_bytes(batch_bytes)
         key = key or self._keys.take()
         req = _core.allocate_request(key, template, egress, ttl, labels)
+        got = await self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        if got is None:  # the manager predates AllocateStream
+            got = await self._allocate_unary(req, key, deadline)
+        resp, early = got
+        channel = None
+        if early is not None:
+            if _core.same_sandbox(early.picked, resp):
+                channel = early.channel
+            else:
+                await early.channel.close()
+        try:
+            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+        except BaseException:
+            if channel is not None:
+                await channel.close()
+            await asyncio.shield(self._release(resp.sandbox_id, resp.lease_token))
+            raise
+
+    async def _allocate_unary(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
         call = self._rpc.Allocate(req, timeout=deadline)
         try:
             await asyncio.sleep(0)  # the call starts...
@@ -78,14 +100,52 @@ class Manager:
             await asyncio.shield(self._reap(call))
             raise
         try:
-            resp = await call
+            return await call, None
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
+
+    async def _allocate_stream(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float],
+                               batch_bytes: int):
+        """Allocates through AllocateStream, starting the data channel on the unit the manager
+        names before sFuse (see fusebox.Manager._allocate_stream). Returns (the answer, that
+        _Early or None); sets _stream False and returns None when the manager predates it."""
+        call = self._rpc.AllocateStream(req, timeout=deadline)
+        early: Optional[_Early] = None
+        events = 0
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency)
+            await asyncio.sleep(0)  # the call starts...
+            key._credentials()  # ...and the client certificate is made while the manager allocates
+            async for ev in call:
+                events += 1
+                if ev.HasField("allocated"):
+                    return ev.allocated, early
+                if ev.HasField("picked"):
+                    if early is not None:
+                        await early.channel.close()  # the manager moved on to another unit
+                    early = _Early.start(ev.picked, key, batch_bytes)
+            raise FuseboxError("allocating sandbox: the manager ended the call without an answer")
+        except grpc.RpcError as e:
+            if early is not None:
+                await early.channel.close()
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED and events == 0:
+                self._stream = False
+                return None
+            raise self._err(e, "allocating sandbox") from None
         except BaseException:
-            await asyncio.shield(self._release(resp.sandbox_id, resp.lease_token))
+            await asyncio.shield(self._reap_stream(call, early))
             raise
+
+    async def _reap_stream(self, call, early: Optional["_Early"]) -> None:
+        """Closes the early channel and releases what an AllocateStream the caller gave up on
+        allocated, if anything."""
+        if early is not None:
+            await early.channel.close()
+        try:
+            async for ev in call:
+                if ev.HasField("allocated"):
+                    await self._release(ev.allocated.sandbox_id, ev.allocated.lease_token)
+        except grpc.RpcError:
+            return
 
     async def _reap(self, call) -> None:
         """Releases what an Allocate call the caller gave up on allocated, if anything."""
@@ -128,6 +188,26 @@ class Manager:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+class _Early:
+    """A data channel to the unit an AllocateStream named before sFuse: made and connecting
+    while the sandbox is initialised, pinned to the identity the manager named (see
+    fusebox._sync._Early). It is kept only if the answer names the same sandbox and identity."""
+
+    def __init__(self, picked: manager_pb2.SandboxPicked, channel: grpc.aio.Channel):
+        self.picked, self.channel = picked, channel
+
+    @classmethod
+    def start(cls, picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int) -> Optional["_Early"]:
+        """Starts the channel; None when the named identity does not pin."""
+        args = _core.picked_channel_args(picked, key, batch_bytes)
+        if args is None:
+            return None
+        target, creds, options = args
+        ch = grpc.aio.secure_channel(target, creds, options=options)
+        ch.get_state(try_to_connect=True)
+        return cls(picked, ch)
 
 
 class _Allocating:
@@ -179,14 +259,19 @@ class Sandbox:
 
     @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
-                 batch_bytes: int, concurrency: int) -> "Sandbox":
-        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+                 batch_bytes: int, concurrency: int, channel: Optional[grpc.aio.Channel] = None) -> "Sandbox":
+        """The Sandbox of an allocation's answer, on channel (started on the unit before the
+        answer, see _Early) or else on a channel made now."""
         sb = cls.__new__(cls)
+        sb._early = channel is not None
+        if channel is None:
+            target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+            channel = grpc.aio.secure_channel(target, creds, options=options)
+            channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
         sb._mgr, sb._owned, sb._token = mgr, None, resp.lease_token
-        sb._channel = grpc.aio.secure_channel(target, creds, options=options)
-        sb._channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
+        sb._channel = channel
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         sb._expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         sb._lease_error = None

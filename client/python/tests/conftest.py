@@ -31,8 +31,8 @@ START_DEADLINE = 180.0
 class LocalManager:
     """A running ``fusebox local up``: its address, state directory and log."""
 
-    def __init__(self, base: Path, binary: Path, runsc: str):
-        self.base, self.binary, self.runsc = base, binary, runsc
+    def __init__(self, base: Path, binary: Path, runsc: str, args: tuple = ()):
+        self.base, self.binary, self.runsc, self.args = base, binary, runsc, tuple(args)
         self.state = base / "state"
         self.socket = base / "run" / "manager.sock"
         self.address = "unix://" + str(self.socket)
@@ -44,7 +44,7 @@ class LocalManager:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [str(self.binary), "local", "up", "--runsc", self.runsc, "--state-dir", str(self.state),
-             "--listen", self.address, "--pool-size", "2", "--lease-ttl", "2m"],
+             "--listen", self.address, "--pool-size", "2", "--lease-ttl", "2m", *self.args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_DEADLINE
         while True:

@@ -28,11 +28,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Manager_Allocate_FullMethodName   = "/fusebox.manager.v1.Manager/Allocate"
-	Manager_Renew_FullMethodName      = "/fusebox.manager.v1.Manager/Renew"
-	Manager_Release_FullMethodName    = "/fusebox.manager.v1.Manager/Release"
-	Manager_List_FullMethodName       = "/fusebox.manager.v1.Manager/List"
-	Manager_PoolStatus_FullMethodName = "/fusebox.manager.v1.Manager/PoolStatus"
+	Manager_Allocate_FullMethodName       = "/fusebox.manager.v1.Manager/Allocate"
+	Manager_AllocateStream_FullMethodName = "/fusebox.manager.v1.Manager/AllocateStream"
+	Manager_Renew_FullMethodName          = "/fusebox.manager.v1.Manager/Renew"
+	Manager_Release_FullMethodName        = "/fusebox.manager.v1.Manager/Release"
+	Manager_List_FullMethodName           = "/fusebox.manager.v1.Manager/List"
+	Manager_PoolStatus_FullMethodName     = "/fusebox.manager.v1.Manager/PoolStatus"
 )
 
 // ManagerClient is the client API for Manager service.
@@ -42,6 +43,17 @@ type ManagerClient interface {
 	// Allocate takes a warm sandbox, pins the agent's key into it (sFuse), applies the egress
 	// allowlist and returns where and how to reach it. The manager keeps no key material.
 	Allocate(ctx context.Context, in *AllocateRequest, opts ...grpc.CallOption) (*AllocateResponse, error)
+	// AllocateStream is Allocate for clients that can start their data connection while the
+	// sandbox is being initialised. It ends with exactly one `allocated` event (Allocate's
+	// answer) or with Allocate's error. Before it, it sends a `picked` event for each unit the
+	// allocation picks whose identity the manager knows and whose data listener keeps one
+	// connection opened before sFuse unread until the fuse blows (the local manager's, with its
+	// handoff accelerator on): the client may then dial the endpoint and begin its TLS
+	// handshake, pinned to the picked key, while sFuse runs. A later `picked` replaces an
+	// earlier one (the first unit failed and another was taken). The `allocated` answer is the
+	// one that counts: a client keeps its early connection only when the answer names the same
+	// sandbox, key and certificate.
+	AllocateStream(ctx context.Context, in *AllocateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AllocateEvent], error)
 	// Renew extends a lease.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// Release ends a lease; the sandbox is destroyed, never reused.
@@ -69,6 +81,25 @@ func (c *managerClient) Allocate(ctx context.Context, in *AllocateRequest, opts 
 	}
 	return out, nil
 }
+
+func (c *managerClient) AllocateStream(ctx context.Context, in *AllocateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AllocateEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Manager_ServiceDesc.Streams[0], Manager_AllocateStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AllocateRequest, AllocateEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Manager_AllocateStreamClient = grpc.ServerStreamingClient[AllocateEvent]
 
 func (c *managerClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -117,6 +148,17 @@ type ManagerServer interface {
 	// Allocate takes a warm sandbox, pins the agent's key into it (sFuse), applies the egress
 	// allowlist and returns where and how to reach it. The manager keeps no key material.
 	Allocate(context.Context, *AllocateRequest) (*AllocateResponse, error)
+	// AllocateStream is Allocate for clients that can start their data connection while the
+	// sandbox is being initialised. It ends with exactly one `allocated` event (Allocate's
+	// answer) or with Allocate's error. Before it, it sends a `picked` event for each unit the
+	// allocation picks whose identity the manager knows and whose data listener keeps one
+	// connection opened before sFuse unread until the fuse blows (the local manager's, with its
+	// handoff accelerator on): the client may then dial the endpoint and begin its TLS
+	// handshake, pinned to the picked key, while sFuse runs. A later `picked` replaces an
+	// earlier one (the first unit failed and another was taken). The `allocated` answer is the
+	// one that counts: a client keeps its early connection only when the answer names the same
+	// sandbox, key and certificate.
+	AllocateStream(*AllocateRequest, grpc.ServerStreamingServer[AllocateEvent]) error
 	// Renew extends a lease.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// Release ends a lease; the sandbox is destroyed, never reused.
@@ -137,6 +179,9 @@ type UnimplementedManagerServer struct{}
 
 func (UnimplementedManagerServer) Allocate(context.Context, *AllocateRequest) (*AllocateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Allocate not implemented")
+}
+func (UnimplementedManagerServer) AllocateStream(*AllocateRequest, grpc.ServerStreamingServer[AllocateEvent]) error {
+	return status.Error(codes.Unimplemented, "method AllocateStream not implemented")
 }
 func (UnimplementedManagerServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
@@ -188,6 +233,17 @@ func _Manager_Allocate_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Manager_AllocateStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AllocateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ManagerServer).AllocateStream(m, &grpc.GenericServerStream[AllocateRequest, AllocateEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Manager_AllocateStreamServer = grpc.ServerStreamingServer[AllocateEvent]
 
 func _Manager_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RenewRequest)
@@ -289,6 +345,12 @@ var Manager_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Manager_PoolStatus_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "AllocateStream",
+			Handler:       _Manager_AllocateStream_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "fusebox/manager/v1/manager.proto",
 }

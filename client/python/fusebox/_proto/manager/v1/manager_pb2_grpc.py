@@ -19,6 +19,11 @@ class ManagerStub(object):
                 request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.SerializeToString,
                 response_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateResponse.FromString,
                 )
+        self.AllocateStream = channel.unary_stream(
+                '/fusebox.manager.v1.Manager/AllocateStream',
+                request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateEvent.FromString,
+                )
         self.Renew = channel.unary_unary(
                 '/fusebox.manager.v1.Manager/Renew',
                 request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.RenewRequest.SerializeToString,
@@ -47,6 +52,22 @@ class ManagerServicer(object):
     def Allocate(self, request, context):
         """Allocate takes a warm sandbox, pins the agent's key into it (sFuse), applies the egress
         allowlist and returns where and how to reach it. The manager keeps no key material.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AllocateStream(self, request, context):
+        """AllocateStream is Allocate for clients that can start their data connection while the
+        sandbox is being initialised. It ends with exactly one `allocated` event (Allocate's
+        answer) or with Allocate's error. Before it, it sends a `picked` event for each unit the
+        allocation picks whose identity the manager knows and whose data listener keeps one
+        connection opened before sFuse unread until the fuse blows (the local manager's, with its
+        handoff accelerator on): the client may then dial the endpoint and begin its TLS
+        handshake, pinned to the picked key, while sFuse runs. A later `picked` replaces an
+        earlier one (the first unit failed and another was taken). The `allocated` answer is the
+        one that counts: a client keeps its early connection only when the answer names the same
+        sandbox, key and certificate.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,6 +108,11 @@ def add_ManagerServicer_to_server(servicer, server):
                     servicer.Allocate,
                     request_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.FromString,
                     response_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateResponse.SerializeToString,
+            ),
+            'AllocateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.AllocateStream,
+                    request_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.FromString,
+                    response_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateEvent.SerializeToString,
             ),
             'Renew': grpc.unary_unary_rpc_method_handler(
                     servicer.Renew,
@@ -132,6 +158,23 @@ class Manager(object):
         return grpc.experimental.unary_unary(request, target, '/fusebox.manager.v1.Manager/Allocate',
             fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.SerializeToString,
             fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AllocateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/fusebox.manager.v1.Manager/AllocateStream',
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateRequest.SerializeToString,
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.AllocateEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
