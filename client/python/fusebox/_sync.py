@@ -13,6 +13,7 @@ import weakref
 from typing import BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
+import grpc.experimental
 
 from . import _address, _core
 from ._pack import pack, prune_mkdirs
@@ -48,10 +49,15 @@ class Manager:
         self._keys = KeysAhead()
         self._ahead = _ahead
         self._keeper = _Keeper(self)
+        # AllocateStream (this channel's one streaming call) is read by the allocating thread
+        # itself, rather than by a thread grpcio would start for each call and hand every
+        # message over from: alternating with and without it, 200 allocations each, twice, p99
+        # 15.36 and 13.79 ms against 19.98 and 15.54 (p50 alike).
+        opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
         if credentials is not None:
-            self._channel = grpc.secure_channel(addr.grpc_target, credentials)
+            self._channel = grpc.secure_channel(addr.grpc_target, credentials, options=opts)
         else:
-            self._channel = grpc.insecure_channel(addr.grpc_target)
+            self._channel = grpc.insecure_channel(addr.grpc_target, options=opts)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
         # Whether to allocate through AllocateStream (False once the manager turns out to
         # predate it).
