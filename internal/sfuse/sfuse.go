@@ -194,6 +194,21 @@ func (c *Conns) Initialize(ctx context.Context, initAddr string, req Request) (R
 	return initialize(ctx, conn, initAddr, req)
 }
 
+// conn returns the prepared connection to initAddr, kept after use, or else a connection made
+// for this use; done closes the latter.
+func (c *Conns) conn(initAddr string) (conn *grpc.ClientConn, done func(), err error) {
+	c.mu.Lock()
+	conn = c.m[initAddr]
+	c.mu.Unlock()
+	if conn != nil {
+		return conn, func() {}, nil
+	}
+	if conn, err = dial(initAddr); err != nil {
+		return nil, nil, err
+	}
+	return conn, func() { conn.Close() }, nil
+}
+
 // Identity is a sandbox's public identity: what InitializeTLS will return of it.
 type Identity struct {
 	// SandboxKey is the sandbox's public key, DER SubjectPublicKeyInfo.
@@ -207,16 +222,11 @@ type Identity struct {
 // the certificate carries the key, so that what the manager names to an agent before sFuse
 // is consistent; the agent checks it again, and the answer after sFuse must match it.
 func (c *Conns) Identify(ctx context.Context, initAddr string) (Identity, error) {
-	c.mu.Lock()
-	conn := c.m[initAddr]
-	c.mu.Unlock()
-	if conn == nil {
-		var err error
-		if conn, err = dial(initAddr); err != nil {
-			return Identity{}, err
-		}
-		defer conn.Close()
+	conn, done, err := c.conn(initAddr)
+	if err != nil {
+		return Identity{}, err
 	}
+	defer done()
 	resp, err := sandboxv1.NewInitClient(conn).Identity(ctx, &sandboxv1.IdentityRequest{})
 	if err != nil {
 		return Identity{}, fmt.Errorf("asking %s for its identity: %w", initAddr, err)
@@ -251,16 +261,11 @@ func (id Identity) check() error {
 // The manager pings the unit its next allocation will take, to find a dead one before an
 // agent does.
 func (c *Conns) Ping(ctx context.Context, initAddr string) error {
-	c.mu.Lock()
-	conn := c.m[initAddr]
-	c.mu.Unlock()
-	if conn == nil {
-		var err error
-		if conn, err = dial(initAddr); err != nil {
-			return err
-		}
-		defer conn.Close()
+	conn, done, err := c.conn(initAddr)
+	if err != nil {
+		return err
 	}
+	defer done()
 	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {
 		return fmt.Errorf("pinging %s: %w", initAddr, err)

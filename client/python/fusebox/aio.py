@@ -77,12 +77,7 @@ class Manager:
         if got is None:  # the manager predates AllocateStream
             got = await self._allocate_unary(req, key, deadline)
         resp, early = got
-        channel = None
-        if early is not None:
-            if _core.same_sandbox(early.picked, resp):
-                channel = early.channel
-            else:
-                await early.channel.close()
+        channel = await early.take(resp) if early is not None else None
         try:
             return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
         except BaseException:
@@ -208,6 +203,13 @@ class _Early:
         ch = grpc.aio.secure_channel(target, creds, options=options)
         ch.get_state(try_to_connect=True)
         return cls(picked, ch)
+
+    async def take(self, resp: manager_pb2.AllocateResponse) -> Optional[grpc.aio.Channel]:
+        """The channel if the answer names the picked sandbox and identity; else closes it."""
+        if _core.same_sandbox(self.picked, resp):
+            return self.channel
+        await self.channel.close()
+        return None
 
 
 class _Allocating:
