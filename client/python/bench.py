@@ -71,6 +71,11 @@ def settle(m: fusebox.Manager, target: int, settle_s: float, warm_s: float = 1.2
     raise RuntimeError("the manager's pool did not settle")
 
 
+# ALLOCATE_P99_TARGET_MS is the target for the p99 of warm allocations including the first
+# call; the figures count the allocations at or over it, since a p99 of a few hundred is
+# decided by its slowest two or three.
+ALLOCATE_P99_TARGET_MS = 15.0
+
 # ROUNDS is how many times the small-file workload runs; its figures are the median, as Go's.
 ROUNDS = 5
 
@@ -114,7 +119,9 @@ def python_figures(addr: str, exec_runs: int, alloc_runs: int, settle_s: float, 
             sb.stat(".")
             lat.append((time.perf_counter() - t0) * 1e3)
             sb.close()
-        out["allocate_p50_ms"], out["allocate_p99_ms"] = pct(lat, 50), pct(lat, 99)
+        out["allocate_p50_ms"], out["allocate_p90_ms"], out["allocate_p99_ms"] = pct(lat, 50), pct(lat, 90), pct(lat, 99)
+        out["allocate_max_ms"] = max(lat)
+        out["allocate_over_target"] = sum(1 for x in lat if x >= ALLOCATE_P99_TARGET_MS)
         out["allocate_runs"] = alloc_runs
     return out
 
@@ -141,7 +148,8 @@ def go_figures(bench: Path, addr: str, exec_runs: int, alloc_runs: int, settle_s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exec-runs", type=int, default=300)
-    ap.add_argument("--alloc-runs", type=int, default=30)
+    ap.add_argument("--alloc-runs", type=int, default=200,
+                    help="warm allocations per SDK; a p99 wants hundreds (1000 for a figure to quote)")
     ap.add_argument("--settle", type=float, default=0.1, help="seconds the full pool idles before each allocation")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -158,7 +166,7 @@ def main() -> int:
     r = {"python": py, "go": go, "ratios": {
         "exec_p50_python_over_go": py["exec_roundtrip_p50_ms"] / go["exec_roundtrip_p50_ms"],
         "materialize_python_over_go": py["materialize_3000x4k_s"] / go["materialize_3000x4k_s"]},
-        "targets": {"exec_p50_ratio_max": 1.5, "materialize_ratio_max": 2.0, "allocate_p99_ms_max": 15.0},
+        "targets": {"exec_p50_ratio_max": 1.5, "materialize_ratio_max": 2.0, "allocate_p99_ms_max": ALLOCATE_P99_TARGET_MS},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "note": "python: one fusebox local up, SDK defaults, random data verified; go: fusebox-bench allocate --manager "
                 "and fusebox-bench sdk --manager against the same manager"}
@@ -175,7 +183,8 @@ def main() -> int:
         print(f"{name:44} {f(py):>18} {f(go):>18}")
     print(f"python/go: exec p50 {r['ratios']['exec_p50_python_over_go']:.2f}x (target <= 1.5x), "
           f"materialise {r['ratios']['materialize_python_over_go']:.2f}x (target <= 2x); "
-          f"python allocation p99 {py['allocate_p99_ms']:.2f} ms (target < 15 ms); {r['date']}")
+          f"python allocation p99 {py['allocate_p99_ms']:.2f} ms (target < {ALLOCATE_P99_TARGET_MS:g} ms; "
+          f"{py['allocate_over_target']} of {py['allocate_runs']} at or over it); {r['date']}")
     return 0
 
 
