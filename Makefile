@@ -44,14 +44,17 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
+.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## Install the Debian packages the build and tests need (root)
+deps-run: ## Install the Debian packages make run needs (root)
+	@command -v mmdebstrap >/dev/null || { echo "installing mmdebstrap (the sandbox image's Debian userland)"; \
+		apt-get update -qq && apt-get install -y -qq mmdebstrap; }
+
+deps: deps-run ## Install the Debian packages the build and tests need (root)
 	@command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
-	@command -v mmdebstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq mmdebstrap; }
 	@command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-registry; }
 	@command -v htpasswd >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
 	@command -v iptables >/dev/null && command -v ipset >/dev/null || { apt-get update -qq && apt-get install -y -qq iptables ipset; }
@@ -59,19 +62,19 @@ deps: ## Install the Debian packages the build and tests need (root)
 	@$(PYTHON) -c 'import grpc, google.protobuf, cryptography, pytest, pytest_asyncio' 2>/dev/null || { apt-get update -qq && \
 		apt-get install -y -qq python3-grpcio python3-protobuf python3-cryptography python3-pytest python3-pytest-asyncio; }
 
-runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache (about 6 min cold)
+runsc: $(RUNSC) ## Build the pinned gVisor runsc into the cache when absent
 
 $(RUNSC):
-	@echo "building runsc $(RUNSC_VERSION) into $(RUNSC_DIR) (about 6 minutes cold)"
+	@echo "make: building runsc $(RUNSC_VERSION) into $(RUNSC_DIR) (once; several minutes cold)"
 	@mkdir -p $(RUNSC_DIR).tmp
 	GOBIN=$(abspath $(RUNSC_DIR)).tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
 	@rm -rf $(RUNSC_DIR) && mv $(RUNSC_DIR).tmp $(RUNSC_DIR)
 	@$(RUNSC) --version | head -1
 
-shim: $(SHIM) ## Build containerd-shim-runsc-v1 (same gVisor version) into the cache (about 3 min cold)
+shim: $(SHIM) ## Build containerd-shim-runsc-v1 (same gVisor version) into the cache when absent
 
 $(SHIM):
-	@echo "building containerd-shim-runsc-v1 $(RUNSC_VERSION) into $(SHIM_DIR)"
+	@echo "make: building containerd-shim-runsc-v1 $(RUNSC_VERSION) into $(SHIM_DIR) (once; minutes cold)"
 	@rm -rf $(SHIM_DIR).tmp && mkdir -p $(SHIM_DIR).tmp
 	GOBIN=$(abspath $(SHIM_DIR)).tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" gvisor.dev/gvisor/shim@$(RUNSC_VERSION)
 	@mv $(SHIM_DIR).tmp/shim $(SHIM_DIR).tmp/containerd-shim-runsc-v1
@@ -127,18 +130,20 @@ toolchains: # one after another: each compile uses every CPU
 	$(MAKE) --no-print-directory tools
 
 userlands: ## Build the Debian userlands of the release images and the tests into the cache when absent (root)
+	@echo "make: the Debian userlands of the images and tests, cached in $(FUSEBOX_CACHE) (mmdebstrap, once)"
 	FUSEBOX_CACHE=$(FUSEBOX_CACHE) go run ./hack/userlands
 
-k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent (about 35 CPU-min cold)
+k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent
 	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \
 		[ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
 		echo "kubernetes test binaries present in $(K8S_BIN)"; \
-	else ./hack/k8s/build-bins.sh $(K8S_BIN); fi
+	else echo "make: building the Kubernetes test binaries into $(K8S_BIN) (once; tens of CPU-minutes cold)"; \
+		./hack/k8s/build-bins.sh $(K8S_BIN); fi
 
 node-bins: ## Build containerd, the gVisor shim, kubelet, kube-scheduler, kube-proxy, CNI plugins and kube-router into the cache when absent
 	./hack/node/build-bins.sh $(NODE_BIN)
 
-tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent (about 40 CPU-min cold)
+tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent
 	./hack/pulumi/build-tools.sh $(PULUMI_TOOLS)
 	./hack/pulumi/setup-tools.sh $(PULUMI_TOOLS)
 
@@ -163,7 +168,7 @@ bench: runsc build ## Run the benchmarks under gVisor and print JSON
 SANDBOX_IMAGE := $(IMAGES)/sandbox
 RUN_IMAGE     ?= $(SANDBOX_IMAGE)
 
-run: runsc build ## Build everything (the sandbox image the first time) and run the local manager (gVisor warm pool) in the foreground
+run: deps-run runsc build ## Build everything (the sandbox image the first time) and run the local manager (gVisor warm pool) in the foreground
 	@if [ "$(RUN_IMAGE)" = "$(SANDBOX_IMAGE)" ]; then \
 		sum=$$(sha256sum $(BIN)/fusebox-sandbox | cut -d' ' -f1); \
 		if [ ! -f $(SANDBOX_IMAGE)/index.json ] || [ "$$(cat $(SANDBOX_IMAGE).built-from 2>/dev/null)" != "$$sum" ]; then \
