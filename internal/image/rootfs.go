@@ -134,30 +134,10 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	pkgs := slices.Clone(spec.Packages)
 	slices.Sort(pkgs)
 	pkgs = slices.Compact(pkgs)
-	inputs := []string{
-		"format=" + rootfsFormat,
-		"variant=" + spec.Variant,
-		"suite=" + spec.Suite,
-		"arch=" + debianArch(),
-		"packages=" + strings.Join(pkgs, ","),
-		fmt.Sprintf("sandboxUser=%v", spec.SandboxUser),
-		"mmdebstrap=" + version,
-		fmt.Sprintf("epoch=%d", epoch.Unix()),
-		"go=" + runtime.Version(),
+	key, inputs, err := rootfsKey(spec, pkgs, version, epoch, sources)
+	if err != nil {
+		return nil, err
 	}
-	h := sha256.New()
-	for _, in := range inputs {
-		fmt.Fprintln(h, in)
-	}
-	for _, s := range sources {
-		b, err := os.ReadFile(s)
-		if err != nil {
-			return nil, fmt.Errorf("reading apt sources %s: %w", s, err)
-		}
-		fmt.Fprintf(h, "source %d\n", len(b))
-		h.Write(b)
-	}
-	key := hex.EncodeToString(h.Sum(nil))
 	dir := filepath.Join(cacheDir, "rootfs", key)
 	if r, err := loadRootfs(dir); err == nil {
 		fmt.Fprintf(progress, "  userland %s (%s, %d packages): cached in %s\n", spec.Variant, spec.Suite, len(pkgs), dir)
@@ -175,18 +155,8 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	start := time.Now()
 	fmt.Fprintf(progress, "  userland %s (%s, %d packages): mmdebstrap (a few minutes cold)\n", spec.Variant, spec.Suite, len(pkgs))
 	rawTar := filepath.Join(tmp, "mmdebstrap.tar")
-	args := []string{"--quiet", "--variant=" + spec.Variant, "--architectures=" + debianArch(), "--format=tar"}
-	if len(pkgs) > 0 {
-		args = append(args, "--include="+strings.Join(pkgs, ","))
-	}
-	args = append(args, spec.Suite, rawTar)
-	args = append(args, sources...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("SOURCE_DATE_EPOCH=%d", epoch.Unix()))
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("mmdebstrap %s %s with packages %s: %w: %s", spec.Variant, spec.Suite, strings.Join(pkgs, ","), err, lastLines(stderr.String(), 15))
+	if err := mmdebstrap(bin, spec, pkgs, sources, epoch, rawTar); err != nil {
+		return nil, err
 	}
 	layerPath := filepath.Join(tmp, "layer.tar.gz")
 	status, err := normalizeRootfs(rawTar, layerPath, spec, epoch)
@@ -218,6 +188,54 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	}
 	r.cached = false
 	return r, nil
+}
+
+// rootfsKey returns the cache key of a userland and the inputs it hashes besides the apt
+// sources' contents.
+func rootfsKey(spec rootfsSpec, pkgs []string, version string, epoch time.Time, sources []string) (key string, inputs []string, err error) {
+	inputs = []string{
+		"format=" + rootfsFormat,
+		"variant=" + spec.Variant,
+		"suite=" + spec.Suite,
+		"arch=" + debianArch(),
+		"packages=" + strings.Join(pkgs, ","),
+		fmt.Sprintf("sandboxUser=%v", spec.SandboxUser),
+		"mmdebstrap=" + version,
+		fmt.Sprintf("epoch=%d", epoch.Unix()),
+		"go=" + runtime.Version(),
+	}
+	h := sha256.New()
+	for _, in := range inputs {
+		fmt.Fprintln(h, in)
+	}
+	for _, s := range sources {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			return "", nil, fmt.Errorf("reading apt sources %s: %w", s, err)
+		}
+		fmt.Fprintf(h, "source %d\n", len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)), inputs, nil
+}
+
+// mmdebstrap runs mmdebstrap (bin) to write the userland of spec with pkgs from sources as a
+// tarball at out.
+func mmdebstrap(bin string, spec rootfsSpec, pkgs, sources []string, epoch time.Time, out string) error {
+	args := []string{"--quiet", "--variant=" + spec.Variant, "--architectures=" + debianArch(), "--format=tar"}
+	if len(pkgs) > 0 {
+		args = append(args, "--include="+strings.Join(pkgs, ","))
+	}
+	args = append(args, spec.Suite, out)
+	args = append(args, sources...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("SOURCE_DATE_EPOCH=%d", epoch.Unix()))
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("mmdebstrap %s %s with packages %s: %w: %s", spec.Variant, spec.Suite, strings.Join(pkgs, ","), err, lastLines(stderr.String(), 15))
+	}
+	return nil
 }
 
 // loadRootfs opens a cache entry.
