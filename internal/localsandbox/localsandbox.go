@@ -122,34 +122,13 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if o.Runtime == nil || o.ID == "" || o.Dir == "" || (o.SandboxBinary == "" && len(o.Entrypoint) == 0) {
 		return nil, errors.New("localsandbox: Runtime, ID, Dir and SandboxBinary or Entrypoint are required")
 	}
-	var argv []string
-	var binMount []runsc.Mount
-	if len(o.Entrypoint) > 0 {
-		argv = slices.Clone(o.Entrypoint)
-	} else {
-		bin, err := filepath.Abs(o.SandboxBinary)
-		if err != nil {
-			return nil, err
-		}
-		// The one file: the rest of its host directory (bin/ holds the fusebox CLI too)
-		// stays out of the sandbox.
-		inside := filepath.Join(BinaryDir, filepath.Base(bin))
-		argv = []string{inside}
-		binMount = []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}
+	argv, binMount, err := serverCommand(o)
+	if err != nil {
+		return nil, err
 	}
-	// The socket directory, bound at SocketDir, is root's: the server binds its sockets there
-	// as root, and commands (another user) can list it but write nothing into it, so that
-	// nothing they write lands on the host's disk, and they cannot replace a socket by a link.
-	// Host users other than root cannot reach it: o.Dir is private.
-	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating sandbox directory: %w", err)
-	}
-	sock := filepath.Join(o.Dir, "sock")
-	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("creating socket directory: %w", err)
-	}
-	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
-		return nil, fmt.Errorf("creating socket directory: %w", err)
+	sock, err := socketDir(o.Dir)
+	if err != nil {
+		return nil, err
 	}
 	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
 		InitAddr: "unix://" + filepath.Join(sock, "init.sock"),
@@ -159,23 +138,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 			s.Destroy(context.WithoutCancel(ctx))
 		}
 	}()
-	spec := o.Bundle
-	spec.Dir = filepath.Join(o.Dir, "bundle")
-	spec.Workspace = WorkspaceDir
-	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
-	if cmdUser.UID == 0 {
-		cmdUser = DefaultCommandUser
-	}
-	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
-	if o.KeepAwake {
-		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
-	}
-	spec.Args = append(append(argv,
-		"-init-listen=unix://"+SocketDir+"/init.sock",
-		"-data-listen=unix://"+SocketDir+"/data.sock",
-		"-workspace="+WorkspaceDir,
-		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)), o.ServerArgs...)
-	spec.Mounts = append(append(slices.Clone(spec.Mounts), runsc.Mount{Source: sock, Destination: SocketDir}), binMount...)
+	spec := bundle(o, argv, append([]runsc.Mount{{Source: sock, Destination: SocketDir}}, binMount...))
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
@@ -197,30 +160,96 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	if err := s.waitReady(ctx, filepath.Join(sock, "init.sock"), timeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// serverCommand returns the sandbox server's command without its flags: o.Entrypoint, or
+// o.SandboxBinary bound read-only into the sandbox with the mount that does it.
+func serverCommand(o Options) ([]string, []runsc.Mount, error) {
+	if len(o.Entrypoint) > 0 {
+		return slices.Clone(o.Entrypoint), nil, nil
+	}
+	bin, err := filepath.Abs(o.SandboxBinary)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The one file: the rest of its host directory (bin/ holds the fusebox CLI too)
+	// stays out of the sandbox.
+	inside := filepath.Join(BinaryDir, filepath.Base(bin))
+	return []string{inside}, []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}, nil
+}
+
+// socketDir makes the sandbox's directory dir and the socket directory in it, and returns the
+// latter's path. The socket directory, bound at SocketDir, is root's: the server binds its
+// sockets there as root, and commands (another user) can list it but write nothing into it,
+// so that nothing they write lands on the host's disk, and they cannot replace a socket by a
+// link. Host users other than root cannot reach it: dir is private.
+func socketDir(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("creating sandbox directory: %w", err)
+	}
+	sock := filepath.Join(dir, "sock")
+	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	return sock, nil
+}
+
+// bundle returns the bundle of o's sandbox: the server (argv and its flags) runs as root, and
+// its commands as the bundle's user (DefaultCommandUser for root), with mounts added.
+func bundle(o Options, argv []string, mounts []runsc.Mount) runsc.BundleSpec {
+	spec := o.Bundle
+	spec.Dir = filepath.Join(o.Dir, "bundle")
+	spec.Workspace = WorkspaceDir
+	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
+	if cmdUser.UID == 0 {
+		cmdUser = DefaultCommandUser
+	}
+	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
+	if o.KeepAwake {
+		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
+	}
+	spec.Args = append(append(argv,
+		"-init-listen=unix://"+SocketDir+"/init.sock",
+		"-data-listen=unix://"+SocketDir+"/data.sock",
+		"-workspace="+WorkspaceDir,
+		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)), o.ServerArgs...)
+	spec.Mounts = append(slices.Clone(spec.Mounts), mounts...)
+	return spec
+}
+
+// waitReady waits until the server accepts connections on its init socket at initPath, for up
+// to timeout.
+func (s *Sandbox) waitReady(ctx context.Context, initPath string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	initPath := filepath.Join(sock, "init.sock")
 	nextStateCheck := time.Now().Add(250 * time.Millisecond)
 	for {
 		// The socket file appears at bind, before listen: only a successful connect says the
 		// server is ready.
 		if c, err := endpoint.DialUnix(ctx, initPath); err == nil {
 			c.Close()
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", o.ID, timeout, s.logTail())
+			return fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", s.ID, timeout, s.logTail())
 		}
 		// A server that exited (a bad flag, a failed self-check) fails the start at once
 		// rather than at the deadline.
 		if time.Now().After(nextStateCheck) {
 			nextStateCheck = time.Now().Add(250 * time.Millisecond)
-			if st, err := o.Runtime.State(ctx, o.ID); err == nil && st.Status == runsc.StatusStopped {
-				return nil, fmt.Errorf("sandbox %s: server exited before listening; server log: %s", o.ID, s.logTail())
+			if st, err := s.rt.State(ctx, s.ID); err == nil && st.Status == runsc.StatusStopped {
+				return fmt.Errorf("sandbox %s: server exited before listening; server log: %s", s.ID, s.logTail())
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
