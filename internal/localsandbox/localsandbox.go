@@ -61,31 +61,18 @@ type Options struct {
 }
 
 // KeepAwakeGODEBUG keeps the sandbox server's Go runtime monitor (sysmon) out of its deep
-// sleep, at a measured cost, for faster allocations.
+// sleep, at a cost in idle CPU, for faster allocations (the figures, and how to measure them
+// with fusebox-bench allocate --fast-path-arms: docs/performance.md).
 //
 // A Go process whose goroutines are all idle parks sysmon; the next system call wakes it and
 // it then polls every 20 µs for a millisecond or more. Under gVisor an idle sandbox is slow to
-// wake (its first request reaching the handler took 0.8 ms), and each of those polls is a
-// sleep through the sentry, on the CPUs the allocation is using. With schedtrace set, the
-// runtime never deep-sleeps sysmon (runtime.sysmon, Go 1.26): it wakes every 10 ms instead,
-// so the sandbox an allocation finds has run within the last 10 ms and no poll storm follows
-// its first read. The period is 2^31-1 ms, so no trace is ever printed: a sandbox's monotonic
-// clock starts at zero and no lease lasts 24.8 days. The server's environment is its own:
-// commands get the base environment the server builds, not this variable.
-//
-// Measured with fusebox-bench allocate --trace (three interleaved pairs of 100 warm
-// allocations each, 2026-12-01): InitializeTLS reaching its handler 0.76-0.95 -> 0.53-0.61 ms,
-// the agent's handshake finish 0.43-0.48 -> 0.35-0.37 ms, total p50 3.84-4.31 -> 3.53-3.62 ms.
-// Over 700 allocations each way (five interleaved pairs): p50 3.95 against 4.27 ms, p90 5.63
-// against 5.95, but p99 7.91 against 7.53, when the manager's garbage collector still ran
-// every few seconds and made much of the tail. With it at GOGC=400 (daemon.GCPercent), ten
-// interleaved pairs of 100 (fusebox-bench allocate --sched, 03:41-03:52 UTC): p50, p90 and
-// p95 lower in all ten, p99 in seven; pooled over the last four pairs p50 3.68 against 4.28
-// ms, p95 4.62 against 5.50, p99 5.51 against 6.11; gVisor's CPU time per allocation lower in
-// all ten (2.45-3.14 against 2.83-4.27 ms). Cost: 4 idle sandboxes' processes (sentry, gofer,
-// stubs) used 1.64 s of CPU in 20 s with it, 0.12-0.14 s without (two runs each, 03:55 UTC):
-// about 2 % of one CPU per idle sandbox. fusebox local up turns it on unless
-// --keep-sandboxes-awake=false.
+// wake, and each of those polls is a sleep through the sentry, on the CPUs the allocation is
+// using. With schedtrace set, the runtime never deep-sleeps sysmon (runtime.sysmon, Go 1.26):
+// it wakes every 10 ms instead, so the sandbox an allocation finds has run within the last
+// 10 ms and no poll storm follows its first read. The period is 2^31-1 ms, so no trace is
+// ever printed: a sandbox's monotonic clock starts at zero and no lease lasts 24.8 days. The
+// server's environment is its own: commands get the base environment the server builds, not
+// this variable. fusebox local up turns it on unless --keep-sandboxes-awake=false.
 const KeepAwakeGODEBUG = "schedtrace=2147483647"
 
 // withGODEBUG returns env with setting added to its GODEBUG entry (or as a new entry).
