@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/fusebox-dev/fusebox/cmd/internal/daemoncmd"
 	"github.com/fusebox-dev/fusebox/cmd/internal/managerflags"
@@ -146,18 +148,8 @@ func printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-func benchAllocateCmd() *cobra.Command {
-	var o bench.AllocateOptions
-	var asJSON bool
-	var allocator, remote string
-	var mgrTLS managerflags.TLS // with --manager tcp://
-	var realNode bool
-	var busy bool
-	var arms []string
-	cmd := &cobra.Command{
-		Use:   "allocate",
-		Short: "Warm and cold allocation latency and pool refill rate with the runsc allocator",
-		Long: `Runs a manager with the runsc allocator in this process and measures, through the
+// allocateLong is fusebox-bench allocate's help.
+const allocateLong = `Runs a manager with the runsc allocator in this process and measures, through the
 real gRPC API and client SDK: warm allocations (Allocate with a ready sandbox waiting, sFuse and
 the first data-plane call included), cold starts (empty pool), and the pool refill rate. Needs root.
 The sandboxes' root is assembled from this host, or with --image it is the sandbox image, as
@@ -224,8 +216,9 @@ others use too) and its oldest ready unit is past the warm-up; every allocation 
 Only --runs, --settle, --busy, --sched, --sched-csv, --json and the manager's --token-file,
 --ca-file and --tls-server-name apply (with --sched, a manager on this machine shows as other
 fusebox processes). A manager that lists a caller only its own sandboxes (an authenticated
-tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`,
-		Example: `  fusebox-bench allocate --json --runs 100
+tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`
+
+const allocateExample = `  fusebox-bench allocate --json --runs 100
   fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-relay,no-handoff,no-keep-awake,no-pool-procs
   fusebox-bench allocate --runs 100 --fast-path-arms all,all
   fusebox-bench allocate --runs 100 --fast-path-arms all
@@ -233,150 +226,195 @@ tcp:// one) does not show the ready units' ages: the wait for the warm-up is the
   fusebox-bench allocate --runs 100 --sched
   fusebox-bench allocate --runs 100 --image bin/images/sandbox
   fusebox-bench allocate --manager unix:///run/fusebox/manager.sock --runs 50
-  fusebox-bench allocate --manager tcp://10.96.0.20:9090 --ca-file ca.crt --token-file token --tls-server-name fusebox-manager.fusebox.svc --runs 50`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-			if o.SchedCSV != "" && !o.Sched {
-				return fmt.Errorf("--sched-csv needs --sched")
-			}
-			if remote != "" || allocator == "kube" {
-				if cmd.Flags().Changed("fast-path-arms") || cmd.Flags().Changed("arm-seed") {
-					return fmt.Errorf("--fast-path-arms and --arm-seed need --allocator runsc without --manager (the arms are managers this process starts)")
-				}
-			}
-			if remote != "" {
-				if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
-					return fmt.Errorf("--manager measures a running manager: --trace, --allocator and --image do not apply (start it with fusebox local up --image)")
-				}
-				r, err := bench.AllocateRemote(cmd.Context(), bench.RemoteOptions{Manager: remote, ManagerOptions: mgrTLS.Options(), Runs: o.Runs,
-					Settle: o.Settle, Busy: busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return printJSON(r)
-				}
-				fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s, %d on a connection handed over); %d allocations waited for a cold start meanwhile\n",
-					r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
-				fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
-					r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
-				if r.Relayed > 0 {
-					fmt.Printf("  first call, %d with the handshake relayed: from the answer to the data connection p50 %.2f ms, p99 %.2f ms; from the one write to the call's end p50 %.2f ms, p99 %.2f ms\n",
-						r.Relayed, r.ConnectP50Ms, r.ConnectP99Ms, r.ReplyP50Ms, r.ReplyP99Ms)
-				}
-				if r.Sched != nil {
-					printSched(r.Sched)
-				}
-				return nil
-			}
-			if realNode && allocator != "kube" {
-				return fmt.Errorf("--real-node needs --allocator kube")
-			}
-			if allocator == "kube" {
-				if o.Image != "" {
-					return fmt.Errorf("--image needs --allocator runsc (the kube benchmark's pods run no sandbox)")
-				}
-				if o.Trace || o.Sched {
-					return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
-				}
-				daemon.TuneGC() // this process runs the manager
-				if realNode {
-					r, err := bench.KubeRealNodeAllocate(cmd.Context(), o.Runs, o.Settle, o.SandboxBinary, o.Log)
-					if err != nil {
-						return err
-					}
-					if asJSON {
-						return printJSON(r)
-					}
-					fmt.Printf("warm allocation of a real gVisor pod p50 %.2f ms, p99 %.2f ms; with a fresh pinned-TLS connection to the pod and a first call p50 %.2f ms, p99 %.2f ms (%d runs, pool %d), %.1f API writes per allocation\n",
-						r.AllocateP50Ms, r.AllocateP99Ms, r.WithFirstCallP50Ms, r.WithFirstCallP99Ms, r.Runs, r.Pool, r.APIWritesPerAllocation)
-					return nil
-				}
-				r, err := bench.KubeAllocate(cmd.Context(), o.Runs, o.Settle, o.Log)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return printJSON(r)
-				}
-				fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs), %.1f API writes per allocation\n",
-					r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.APIWritesPerAllocation)
-				return nil
-			}
-			if o.TraceCSV != "" && !o.Trace {
-				return fmt.Errorf("--trace-csv needs --trace")
-			}
-			if allocator != "runsc" {
-				return fmt.Errorf("--allocator %q: want runsc or kube", allocator)
-			}
-			if _, err := os.Stat(o.Runsc); err != nil {
-				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
-			}
-			var err error
-			if o.Arms, err = bench.ParseArms(arms); err != nil {
-				return fmt.Errorf("--fast-path-arms: %w", err)
-			}
-			daemon.TuneGC() // this process runs the manager, as fusebox local up does
-			r, err := bench.Allocate(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(r)
-			}
-			fmt.Printf("warm allocation (fast path %s) p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
-				r.FastPath.Arms[0].Arm, r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
-			if r.DemandRuns > 0 {
-				fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
-					r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)
-			}
-			printArms(r.FastPath)
-			if r.Steps != nil {
-				fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
-				w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(w, "STEP\tP50 MS\tP90 MS\tTAIL +MS\t")
-				for _, st := range r.Steps.Steps {
-					fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%+.2f\t%s\n", st.Name, st.P50Ms, st.P90Ms, st.TailExcessMs, st.What)
-				}
-				fmt.Fprintf(w, "total\t%.2f\t%.2f\t\t\n", r.Steps.Total, r.Steps.TotalP90)
-				w.Flush()
-				fmt.Printf("TAIL +MS: over the %d allocations slower than the total's p90, each step's mean less its median\n", r.Steps.TailRuns)
-				if o.TraceCSV != "" {
-					fmt.Printf("each traced allocation's steps: %s\n", o.TraceCSV)
-				}
-			}
-			if r.Sched != nil {
-				printSched(r.Sched)
-			}
-			return nil
-		},
+  fusebox-bench allocate --manager tcp://10.96.0.20:9090 --ca-file ca.crt --token-file token --tls-server-name fusebox-manager.fusebox.svc --runs 50`
+
+func benchAllocateCmd() *cobra.Command {
+	a := &allocateRun{}
+	cmd := &cobra.Command{
+		Use:     "allocate",
+		Short:   "Warm and cold allocation latency and pool refill rate with the runsc allocator",
+		Long:    allocateLong,
+		Example: allocateExample,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return a.run(cmd) },
 	}
-	f := cmd.Flags()
-	f.StringVar(&o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
-	f.StringVar(&o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
-	f.IntVar(&o.Runs, "runs", 50, "warm allocations per fast-path arm (the interleaved rounds; with --manager, warm allocations)")
-	f.StringVar(&o.Image, "image", "", "sandbox image as the sandboxes' root, as fusebox local up --image: an OCI image layout directory (fusebox image build writes bin/images/sandbox) or a registry reference; empty: a root assembled from this host")
-	f.IntVar(&o.ColdRuns, "cold-runs", 5, "cold starts")
-	f.IntVar(&o.YoungRuns, "young-runs", 20, "allocations of units younger than their warm-up")
-	f.DurationVar(&o.PoolPing, "pool-ping", daemoncmd.DefaultPoolPing, "the manager's liveness ping of the pool's next sandbox (0: none), as fusebox local up --pool-ping")
-	f.BoolVar(&o.KeepAwake, "keep-sandboxes-awake", daemoncmd.DefaultKeepAwake, "as fusebox local up --keep-sandboxes-awake")
-	f.IntVar(&o.PoolSize, "pool-size", 4, "pool size for the refill measurement")
-	f.DurationVar(&o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
-	f.StringVar(&allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
-	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.BoolVar(&realNode, "real-node", false, "with --allocator kube: run the pods on a real node (kubelet, containerd and the gVisor shim, bridge CNI, kube-router from make node-bins; root) with real sFuse and a first data-plane call to the pod IP")
-	f.IntVar(&o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
-	f.Float64Var(&o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
-	f.StringVar(&o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
-	f.StringVar(&remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
-	f.BoolVar(&busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
-	mgrTLS.Register(f) // --token-file, --ca-file, --tls-server-name, as fusebox run's
-	f.StringVar(&o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
-	f.BoolVar(&o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation (the first fast-path arm's): this process, gVisor, other processes, nobody")
-	f.BoolVar(&o.Trace, "trace", false, "also time each step of the warm allocations (the first fast-path arm's; agent, manager, and the sandbox's own log) and print where the time goes")
-	f.StringSliceVar(&arms, "fast-path-arms", bench.DefaultArms, bench.ArmsHelp)
-	f.Uint64Var(&o.ArmSeed, "arm-seed", 0, "seed of the arms' order in each round (0: from the clock; the output says which)")
+	a.register(cmd.Flags())
 	return cmd
+}
+
+// allocateRun is one run of fusebox-bench allocate: its flags, and the three benchmarks it
+// picks from (a running manager, the kube allocator, the runsc allocator).
+type allocateRun struct {
+	o                 bench.AllocateOptions
+	asJSON            bool
+	allocator, remote string
+	mgrTLS            managerflags.TLS // with --manager tcp://
+	realNode          bool
+	busy              bool
+	arms              []string
+}
+
+func (a *allocateRun) register(f *pflag.FlagSet) {
+	f.StringVar(&a.o.Runsc, "runsc", daemoncmd.EnvOr("FUSEBOX_RUNSC", daemoncmd.DefaultRunsc), "path of the pinned runsc")
+	f.StringVar(&a.o.SandboxBinary, "sandbox-binary", daemoncmd.SiblingBinary("fusebox-sandbox"), "path of the static fusebox-sandbox binary")
+	f.IntVar(&a.o.Runs, "runs", 50, "warm allocations per fast-path arm (the interleaved rounds; with --manager, warm allocations)")
+	f.StringVar(&a.o.Image, "image", "", "sandbox image as the sandboxes' root, as fusebox local up --image: an OCI image layout directory (fusebox image build writes bin/images/sandbox) or a registry reference; empty: a root assembled from this host")
+	f.IntVar(&a.o.ColdRuns, "cold-runs", 5, "cold starts")
+	f.IntVar(&a.o.YoungRuns, "young-runs", 20, "allocations of units younger than their warm-up")
+	f.DurationVar(&a.o.PoolPing, "pool-ping", daemoncmd.DefaultPoolPing, "the manager's liveness ping of the pool's next sandbox (0: none), as fusebox local up --pool-ping")
+	f.BoolVar(&a.o.KeepAwake, "keep-sandboxes-awake", daemoncmd.DefaultKeepAwake, "as fusebox local up --keep-sandboxes-awake")
+	f.IntVar(&a.o.PoolSize, "pool-size", 4, "pool size for the refill measurement")
+	f.DurationVar(&a.o.Settle, "settle", 100*time.Millisecond, "how long the full pool idles before each warm allocation (negative: none)")
+	f.StringVar(&a.allocator, "allocator", "runsc", "runsc (local gVisor) or kube (a loopback kube-apiserver + kwok from make k8s-bins; in-memory sFuse)")
+	f.BoolVar(&a.asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&a.realNode, "real-node", false, "with --allocator kube: run the pods on a real node (kubelet, containerd and the gVisor shim, bridge CNI, kube-router from make node-bins; root) with real sFuse and a first data-plane call to the pod IP")
+	f.IntVar(&a.o.DemandRuns, "demand-runs", 100, "allocations of the steady-demand phase (negative: skip it)")
+	f.Float64Var(&a.o.DemandRate, "demand-rate", 0, "their arrivals per second (0: half the measured pool refill rate)")
+	f.StringVar(&a.o.TraceCSV, "trace-csv", "", "with --trace: also write each traced allocation's steps (ms) to this CSV file")
+	f.StringVar(&a.remote, "manager", "", "measure warm allocations against this running manager (unix:///path or tcp://host:port) instead of starting one")
+	f.BoolVar(&a.busy, "busy", false, "with --manager: do not wait for the manager's creations and destructions to pause")
+	a.mgrTLS.Register(f) // --token-file, --ca-file, --tls-server-name, as fusebox run's
+	f.StringVar(&a.o.SchedCSV, "sched-csv", "", "with --sched: also write each allocation's CPU time by class (ms) to this CSV file")
+	f.BoolVar(&a.o.Sched, "sched", false, "also record the kernel's context switches (tracefs; root) and print who had the CPUs during each warm allocation (the first fast-path arm's): this process, gVisor, other processes, nobody")
+	f.BoolVar(&a.o.Trace, "trace", false, "also time each step of the warm allocations (the first fast-path arm's; agent, manager, and the sandbox's own log) and print where the time goes")
+	f.StringSliceVar(&a.arms, "fast-path-arms", bench.DefaultArms, bench.ArmsHelp)
+	f.Uint64Var(&a.o.ArmSeed, "arm-seed", 0, "seed of the arms' order in each round (0: from the clock; the output says which)")
+}
+
+// run checks the flags that go together and runs the benchmark they pick.
+func (a *allocateRun) run(cmd *cobra.Command) error {
+	o := &a.o
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if o.SchedCSV != "" && !o.Sched {
+		return fmt.Errorf("--sched-csv needs --sched")
+	}
+	if a.remote != "" || a.allocator == "kube" {
+		if cmd.Flags().Changed("fast-path-arms") || cmd.Flags().Changed("arm-seed") {
+			return fmt.Errorf("--fast-path-arms and --arm-seed need --allocator runsc without --manager (the arms are managers this process starts)")
+		}
+	}
+	if a.remote != "" {
+		if o.Trace || cmd.Flags().Changed("allocator") || o.Image != "" {
+			return fmt.Errorf("--manager measures a running manager: --trace, --allocator and --image do not apply (start it with fusebox local up --image)")
+		}
+		return a.runRemote(cmd.Context())
+	}
+	if a.realNode && a.allocator != "kube" {
+		return fmt.Errorf("--real-node needs --allocator kube")
+	}
+	if a.allocator == "kube" {
+		if o.Image != "" {
+			return fmt.Errorf("--image needs --allocator runsc (the kube benchmark's pods run no sandbox)")
+		}
+		if o.Trace || o.Sched {
+			return fmt.Errorf("--trace and --sched need --allocator runsc (the kube benchmark's pods run no sandbox)")
+		}
+		daemon.TuneGC() // this process runs the manager
+		return a.runKube(cmd.Context())
+	}
+	if o.TraceCSV != "" && !o.Trace {
+		return fmt.Errorf("--trace-csv needs --trace")
+	}
+	if a.allocator != "runsc" {
+		return fmt.Errorf("--allocator %q: want runsc or kube", a.allocator)
+	}
+	if _, err := os.Stat(o.Runsc); err != nil {
+		return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+	}
+	var err error
+	if o.Arms, err = bench.ParseArms(a.arms); err != nil {
+		return fmt.Errorf("--fast-path-arms: %w", err)
+	}
+	daemon.TuneGC() // this process runs the manager, as fusebox local up does
+	return a.runLocal(cmd.Context())
+}
+
+// runRemote measures warm allocations against a running manager.
+func (a *allocateRun) runRemote(ctx context.Context) error {
+	o := &a.o
+	r, err := bench.AllocateRemote(ctx, bench.RemoteOptions{Manager: a.remote, ManagerOptions: a.mgrTLS.Options(), Runs: o.Runs,
+		Settle: o.Settle, Busy: a.busy, Sched: o.Sched, SchedCSV: o.SchedCSV, Log: o.Log})
+	if err != nil {
+		return err
+	}
+	if a.asJSON {
+		return printJSON(r)
+	}
+	fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s, %d on a connection handed over); %d allocations waited for a cold start meanwhile\n",
+		r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
+	fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
+		r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
+	if r.Relayed > 0 {
+		fmt.Printf("  first call, %d with the handshake relayed: from the answer to the data connection p50 %.2f ms, p99 %.2f ms; from the one write to the call's end p50 %.2f ms, p99 %.2f ms\n",
+			r.Relayed, r.ConnectP50Ms, r.ConnectP99Ms, r.ReplyP50Ms, r.ReplyP99Ms)
+	}
+	if r.Sched != nil {
+		printSched(r.Sched)
+	}
+	return nil
+}
+
+// runKube measures warm allocations through the kube allocator, on kwok or a real node.
+func (a *allocateRun) runKube(ctx context.Context) error {
+	o := &a.o
+	if a.realNode {
+		r, err := bench.KubeRealNodeAllocate(ctx, o.Runs, o.Settle, o.SandboxBinary, o.Log)
+		if err != nil {
+			return err
+		}
+		if a.asJSON {
+			return printJSON(r)
+		}
+		fmt.Printf("warm allocation of a real gVisor pod p50 %.2f ms, p99 %.2f ms; with a fresh pinned-TLS connection to the pod and a first call p50 %.2f ms, p99 %.2f ms (%d runs, pool %d), %.1f API writes per allocation\n",
+			r.AllocateP50Ms, r.AllocateP99Ms, r.WithFirstCallP50Ms, r.WithFirstCallP99Ms, r.Runs, r.Pool, r.APIWritesPerAllocation)
+		return nil
+	}
+	r, err := bench.KubeAllocate(ctx, o.Runs, o.Settle, o.Log)
+	if err != nil {
+		return err
+	}
+	if a.asJSON {
+		return printJSON(r)
+	}
+	fmt.Printf("warm allocation p50 %.2f ms, p99 %.2f ms (%d runs), %.1f API writes per allocation\n",
+		r.AllocateP50Ms, r.AllocateP99Ms, r.Runs, r.APIWritesPerAllocation)
+	return nil
+}
+
+// runLocal measures allocations with the runsc allocator in this process.
+func (a *allocateRun) runLocal(ctx context.Context) error {
+	o := &a.o
+	r, err := bench.Allocate(ctx, *o)
+	if err != nil {
+		return err
+	}
+	if a.asJSON {
+		return printJSON(r)
+	}
+	fmt.Printf("warm allocation (fast path %s) p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
+		r.FastPath.Arms[0].Arm, r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+	if r.DemandRuns > 0 {
+		fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
+			r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)
+	}
+	printArms(r.FastPath)
+	if r.Steps != nil {
+		fmt.Printf("\nwhere a warm allocation's time goes (%d traced):\n", r.Steps.Runs)
+		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "STEP\tP50 MS\tP90 MS\tTAIL +MS\t")
+		for _, st := range r.Steps.Steps {
+			fmt.Fprintf(w, "%s\t%.2f\t%.2f\t%+.2f\t%s\n", st.Name, st.P50Ms, st.P90Ms, st.TailExcessMs, st.What)
+		}
+		fmt.Fprintf(w, "total\t%.2f\t%.2f\t\t\n", r.Steps.Total, r.Steps.TotalP90)
+		w.Flush()
+		fmt.Printf("TAIL +MS: over the %d allocations slower than the total's p90, each step's mean less its median\n", r.Steps.TailRuns)
+		if o.TraceCSV != "" {
+			fmt.Printf("each traced allocation's steps: %s\n", o.TraceCSV)
+		}
+	}
+	if r.Sched != nil {
+		printSched(r.Sched)
+	}
+	return nil
 }
 
 func benchManagerCmd() *cobra.Command {

@@ -98,22 +98,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *egressSocket != "" {
-		// The relay runs only for an allocation with an egress allowlist: a sandbox without
-		// one has no listener and its commands no proxy variables.
-		cfg.Server.StartEgress = func(allow []string) (map[string]string, error) {
-			ln, err := relay.Listen(*egressListen)
-			if err != nil {
-				return nil, err
-			}
-			rlog := log.With("component", "egress-relay")
-			go func() {
-				if err := relay.Serve(ctx, ln, *egressSocket, rlog); err != nil {
-					rlog.Error("egress relay stopped", "err", err)
-				}
-			}()
-			rlog.Info("egress relay started", "listen", ln.Addr().String(), "socket", *egressSocket)
-			return relay.ProxyEnv(ln.Addr(), allow), nil
-		}
+		cfg.Server.StartEgress = egressStarter(ctx, *egressListen, *egressSocket, log)
 	}
 	err := server.Run(ctx, cfg, log)
 	switch {
@@ -124,6 +109,26 @@ func main() {
 	default:
 		log.Error("sandbox server failed", "err", err)
 		os.Exit(1)
+	}
+}
+
+// egressStarter returns the server's StartEgress: the relay from listen to the host's egress
+// proxy at socket runs only for an allocation with an egress allowlist, so that a sandbox
+// without one has no listener and its commands no proxy variables.
+func egressStarter(ctx context.Context, listen, socket string, log *slog.Logger) func(allow []string) (map[string]string, error) {
+	return func(allow []string) (map[string]string, error) {
+		ln, err := relay.Listen(listen)
+		if err != nil {
+			return nil, err
+		}
+		rlog := log.With("component", "egress-relay")
+		go func() {
+			if err := relay.Serve(ctx, ln, socket, rlog); err != nil {
+				rlog.Error("egress relay stopped", "err", err)
+			}
+		}()
+		rlog.Info("egress relay started", "listen", ln.Addr().String(), "socket", socket)
+		return relay.ProxyEnv(ln.Addr(), allow), nil
 	}
 }
 

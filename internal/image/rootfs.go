@@ -134,30 +134,10 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	pkgs := slices.Clone(spec.Packages)
 	slices.Sort(pkgs)
 	pkgs = slices.Compact(pkgs)
-	inputs := []string{
-		"format=" + rootfsFormat,
-		"variant=" + spec.Variant,
-		"suite=" + spec.Suite,
-		"arch=" + debianArch(),
-		"packages=" + strings.Join(pkgs, ","),
-		fmt.Sprintf("sandboxUser=%v", spec.SandboxUser),
-		"mmdebstrap=" + version,
-		fmt.Sprintf("epoch=%d", epoch.Unix()),
-		"go=" + runtime.Version(),
+	key, inputs, err := rootfsKey(spec, pkgs, version, epoch, sources)
+	if err != nil {
+		return nil, err
 	}
-	h := sha256.New()
-	for _, in := range inputs {
-		fmt.Fprintln(h, in)
-	}
-	for _, s := range sources {
-		b, err := os.ReadFile(s)
-		if err != nil {
-			return nil, fmt.Errorf("reading apt sources %s: %w", s, err)
-		}
-		fmt.Fprintf(h, "source %d\n", len(b))
-		h.Write(b)
-	}
-	key := hex.EncodeToString(h.Sum(nil))
 	dir := filepath.Join(cacheDir, "rootfs", key)
 	if r, err := loadRootfs(dir); err == nil {
 		fmt.Fprintf(progress, "  userland %s (%s, %d packages): cached in %s\n", spec.Variant, spec.Suite, len(pkgs), dir)
@@ -175,18 +155,8 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	start := time.Now()
 	fmt.Fprintf(progress, "  userland %s (%s, %d packages): mmdebstrap (a few minutes cold)\n", spec.Variant, spec.Suite, len(pkgs))
 	rawTar := filepath.Join(tmp, "mmdebstrap.tar")
-	args := []string{"--quiet", "--variant=" + spec.Variant, "--architectures=" + debianArch(), "--format=tar"}
-	if len(pkgs) > 0 {
-		args = append(args, "--include="+strings.Join(pkgs, ","))
-	}
-	args = append(args, spec.Suite, rawTar)
-	args = append(args, sources...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("SOURCE_DATE_EPOCH=%d", epoch.Unix()))
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("mmdebstrap %s %s with packages %s: %w: %s", spec.Variant, spec.Suite, strings.Join(pkgs, ","), err, lastLines(stderr.String(), 15))
+	if err := mmdebstrap(bin, spec, pkgs, sources, epoch, rawTar); err != nil {
+		return nil, err
 	}
 	layerPath := filepath.Join(tmp, "layer.tar.gz")
 	status, err := normalizeRootfs(rawTar, layerPath, spec, epoch)
@@ -218,6 +188,54 @@ func buildRootfs(spec rootfsSpec, cacheDir string, epoch time.Time, progress io.
 	}
 	r.cached = false
 	return r, nil
+}
+
+// rootfsKey returns the cache key of a userland and the inputs it hashes besides the apt
+// sources' contents.
+func rootfsKey(spec rootfsSpec, pkgs []string, version string, epoch time.Time, sources []string) (key string, inputs []string, err error) {
+	inputs = []string{
+		"format=" + rootfsFormat,
+		"variant=" + spec.Variant,
+		"suite=" + spec.Suite,
+		"arch=" + debianArch(),
+		"packages=" + strings.Join(pkgs, ","),
+		fmt.Sprintf("sandboxUser=%v", spec.SandboxUser),
+		"mmdebstrap=" + version,
+		fmt.Sprintf("epoch=%d", epoch.Unix()),
+		"go=" + runtime.Version(),
+	}
+	h := sha256.New()
+	for _, in := range inputs {
+		fmt.Fprintln(h, in)
+	}
+	for _, s := range sources {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			return "", nil, fmt.Errorf("reading apt sources %s: %w", s, err)
+		}
+		fmt.Fprintf(h, "source %d\n", len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)), inputs, nil
+}
+
+// mmdebstrap runs mmdebstrap (bin) to write the userland of spec with pkgs from sources as a
+// tarball at out.
+func mmdebstrap(bin string, spec rootfsSpec, pkgs, sources []string, epoch time.Time, out string) error {
+	args := []string{"--quiet", "--variant=" + spec.Variant, "--architectures=" + debianArch(), "--format=tar"}
+	if len(pkgs) > 0 {
+		args = append(args, "--include="+strings.Join(pkgs, ","))
+	}
+	args = append(args, spec.Suite, out)
+	args = append(args, sources...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("SOURCE_DATE_EPOCH=%d", epoch.Unix()))
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("mmdebstrap %s %s with packages %s: %w: %s", spec.Variant, spec.Suite, strings.Join(pkgs, ","), err, lastLines(stderr.String(), 15))
+	}
+	return nil
 }
 
 // loadRootfs opens a cache entry.
@@ -293,10 +311,41 @@ func normalizeRootfs(in, out string, spec rootfsSpec, epoch time.Time) ([]byte, 
 		return nil, err
 	}
 	defer f.Close()
+	entries, err := readTarEntries(f)
+	if err != nil {
+		return nil, err
+	}
+	n := &normalizer{f: f, spec: spec, epoch: epoch}
+	n.groupLinks(entries)
+	err = writeLayer(out, func(tw *tar.Writer) error {
+		for _, e := range entries {
+			h, data, err := n.entry(e)
+			if err != nil {
+				return err
+			}
+			if err := tw.WriteHeader(h); err != nil {
+				return fmt.Errorf("writing %s: %w", h.Name, err)
+			}
+			if data != nil {
+				if _, err := io.CopyN(tw, data, h.Size); err != nil {
+					return fmt.Errorf("writing %s: %w", h.Name, err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n.status, nil
+}
+
+// readTarEntries reads the headers of mmdebstrap's tarball f, and where each entry's data
+// starts, sorted by name, with names without "./" and device nodes and apt sources left out.
+func readTarEntries(f *os.File) ([]tarEntry, error) {
 	or := &offsetReader{f: f}
 	tr := tar.NewReader(or)
 	var entries []tarEntry
-	byName := map[string]*tar.Header{}
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -323,131 +372,143 @@ func normalizeRootfs(in, out string, spec rootfsSpec, epoch time.Time) ([]byte, 
 			h.Linkname = strings.TrimPrefix(h.Linkname, "./")
 		}
 		entries = append(entries, tarEntry{hdr: h, off: or.off})
-		byName[name] = h
 	}
 	slices.SortFunc(entries, func(a, b tarEntry) int { return strings.Compare(a.hdr.Name, b.hdr.Name) })
+	return entries, nil
+}
 
-	// Hard-link groups: the first name of a group in sorted order gets the data.
-	firstOf := map[string]string{} // link target in mmdebstrap's tarball -> first name of its group
-	for _, e := range entries {
-		if e.hdr.Typeflag == tar.TypeLink {
-			t := e.hdr.Linkname
-			cur, ok := firstOf[t]
-			if !ok {
-				cur = t
-			}
-			firstOf[t] = min(cur, e.hdr.Name)
-		}
-	}
-	dataOf := map[string]tarEntry{} // target name -> its entry with data
-	for _, e := range entries {
-		if _, ok := firstOf[e.hdr.Name]; ok {
-			dataOf[e.hdr.Name] = e
-		}
-	}
-
+// writeLayer writes a gzipped tar file at out with write.
+func writeLayer(out string, write func(*tar.Writer) error) error {
 	o, err := os.Create(out)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer o.Close()
 	bw := bufio.NewWriterSize(o, 1<<20)
 	zw, err := gzip.NewWriterLevel(bw, gzip.DefaultCompression)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	tw := tar.NewWriter(zw)
-	var status []byte
-	write := func(h *tar.Header, data io.Reader) error {
-		if err := tw.WriteHeader(h); err != nil {
-			return fmt.Errorf("writing %s: %w", h.Name, err)
-		}
-		if data != nil {
-			if _, err := io.CopyN(tw, data, h.Size); err != nil {
-				return fmt.Errorf("writing %s: %w", h.Name, err)
-			}
-		}
-		return nil
-	}
-	read := func(e tarEntry) ([]byte, error) {
-		b := make([]byte, e.hdr.Size)
-		_, err := f.ReadAt(b, e.off)
-		return b, err
-	}
-	for _, e := range entries {
-		h := clean(e.hdr, epoch)
-		var data io.Reader
-		var content []byte
-		switch {
-		case h.Typeflag == tar.TypeLink:
-			target := e.hdr.Linkname
-			first := firstOf[target]
-			src, ok := dataOf[target]
-			if !ok {
-				return nil, fmt.Errorf("hard link %s to %s, which is not in the tarball", h.Name, target)
-			}
-			if h.Name == first {
-				// This link is the first of its group: it takes the data.
-				h = clean(src.hdr, epoch)
-				h.Name = e.hdr.Name
-				data = io.NewSectionReader(f, src.off, src.hdr.Size)
-			} else {
-				h.Linkname = first
-			}
-		case h.Typeflag == tar.TypeReg:
-			if first, ok := firstOf[h.Name]; ok && first != h.Name {
-				// The original target comes after one of its links: it becomes a link.
-				h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
-				break
-			}
-			switch h.Name {
-			case "etc/resolv.conf":
-				content = emptyResolvConf
-			case "etc/hostname":
-				content = imageHostname
-			case "etc/passwd", "etc/group":
-				if spec.SandboxUser {
-					b, err := read(e)
-					if err != nil {
-						return nil, err
-					}
-					line := "sandbox:x:65532:65532:fusebox sandbox:/workspace:/bin/bash\n"
-					if h.Name == "etc/group" {
-						line = "sandbox:x:65532:\n"
-					}
-					content = append(b, line...)
-				}
-			case "var/lib/dpkg/status":
-				b, err := read(e)
-				if err != nil {
-					return nil, err
-				}
-				status = b
-			}
-			if content != nil {
-				h.Size = int64(len(content))
-				data = bytes.NewReader(content)
-			} else {
-				data = io.NewSectionReader(f, e.off, e.hdr.Size)
-			}
-		}
-		if err := write(h, data); err != nil {
-			return nil, err
-		}
+	if err := write(tw); err != nil {
+		return err
 	}
 	if err := tw.Close(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := zw.Close(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return o.Close()
+}
+
+// normalizer rewrites the entries of mmdebstrap's tarball f one by one.
+type normalizer struct {
+	f     *os.File
+	spec  rootfsSpec
+	epoch time.Time
+	// firstOf maps a hard link's target in mmdebstrap's tarball to the first name of its
+	// group in sorted order, which gets the data.
+	firstOf map[string]string
+	// dataOf maps a hard link's target to its entry, the one with data.
+	dataOf map[string]tarEntry
+	// status is the userland's dpkg status file, once its entry has been rewritten.
+	status []byte
+}
+
+// groupLinks finds the hard-link groups of the sorted entries.
+func (n *normalizer) groupLinks(entries []tarEntry) {
+	n.firstOf, n.dataOf = map[string]string{}, map[string]tarEntry{}
+	for _, e := range entries {
+		if e.hdr.Typeflag == tar.TypeLink {
+			t := e.hdr.Linkname
+			cur, ok := n.firstOf[t]
+			if !ok {
+				cur = t
+			}
+			n.firstOf[t] = min(cur, e.hdr.Name)
+		}
+	}
+	for _, e := range entries {
+		if _, ok := n.firstOf[e.hdr.Name]; ok {
+			n.dataOf[e.hdr.Name] = e
+		}
+	}
+}
+
+// entry returns e's header in the layer's form and the reader of its data, nil for none.
+func (n *normalizer) entry(e tarEntry) (*tar.Header, io.Reader, error) {
+	h := clean(e.hdr, n.epoch)
+	switch h.Typeflag {
+	case tar.TypeLink:
+		target := e.hdr.Linkname
+		first := n.firstOf[target]
+		src, ok := n.dataOf[target]
+		if !ok {
+			return nil, nil, fmt.Errorf("hard link %s to %s, which is not in the tarball", h.Name, target)
+		}
+		if h.Name != first {
+			h.Linkname = first
+			return h, nil, nil
+		}
+		// This link is the first of its group: it takes the data.
+		h = clean(src.hdr, n.epoch)
+		h.Name = e.hdr.Name
+		return h, io.NewSectionReader(n.f, src.off, src.hdr.Size), nil
+	case tar.TypeReg:
+		if first, ok := n.firstOf[h.Name]; ok && first != h.Name {
+			// The original target comes after one of its links: it becomes a link.
+			h.Typeflag, h.Linkname, h.Size = tar.TypeLink, first, 0
+			return h, nil, nil
+		}
+		content, err := n.content(e)
+		if err != nil {
+			return nil, nil, err
+		}
+		if content == nil {
+			return h, io.NewSectionReader(n.f, e.off, e.hdr.Size), nil
+		}
+		h.Size = int64(len(content))
+		return h, bytes.NewReader(content), nil
+	}
+	return h, nil, nil
+}
+
+// content returns what replaces the data of the regular file e, or nil to keep it, and keeps
+// the dpkg status file.
+func (n *normalizer) content(e tarEntry) ([]byte, error) {
+	read := func() ([]byte, error) {
+		b := make([]byte, e.hdr.Size)
+		_, err := n.f.ReadAt(b, e.off)
+		return b, err
+	}
+	switch e.hdr.Name {
+	case "etc/resolv.conf":
+		return emptyResolvConf, nil
+	case "etc/hostname":
+		return imageHostname, nil
+	case "etc/passwd", "etc/group":
+		if !n.spec.SandboxUser {
+			return nil, nil
+		}
+		b, err := read()
+		if err != nil {
+			return nil, err
+		}
+		line := "sandbox:x:65532:65532:fusebox sandbox:/workspace:/bin/bash\n"
+		if e.hdr.Name == "etc/group" {
+			line = "sandbox:x:65532:\n"
+		}
+		return append(b, line...), nil
+	case "var/lib/dpkg/status":
+		b, err := read()
+		n.status = b
 		return nil, err
 	}
-	if err := o.Close(); err != nil {
-		return nil, err
-	}
-	return status, nil
+	return nil, nil
 }
 
 // clean returns a copy of h in the layer's canonical form.

@@ -61,31 +61,18 @@ type Options struct {
 }
 
 // KeepAwakeGODEBUG keeps the sandbox server's Go runtime monitor (sysmon) out of its deep
-// sleep, at a measured cost, for faster allocations.
+// sleep, at a cost in idle CPU, for faster allocations (the figures, and how to measure them
+// with fusebox-bench allocate --fast-path-arms: docs/performance.md).
 //
 // A Go process whose goroutines are all idle parks sysmon; the next system call wakes it and
 // it then polls every 20 µs for a millisecond or more. Under gVisor an idle sandbox is slow to
-// wake (its first request reaching the handler took 0.8 ms), and each of those polls is a
-// sleep through the sentry, on the CPUs the allocation is using. With schedtrace set, the
-// runtime never deep-sleeps sysmon (runtime.sysmon, Go 1.26): it wakes every 10 ms instead,
-// so the sandbox an allocation finds has run within the last 10 ms and no poll storm follows
-// its first read. The period is 2^31-1 ms, so no trace is ever printed: a sandbox's monotonic
-// clock starts at zero and no lease lasts 24.8 days. The server's environment is its own:
-// commands get the base environment the server builds, not this variable.
-//
-// Measured with fusebox-bench allocate --trace (three interleaved pairs of 100 warm
-// allocations each, 2026-12-01): InitializeTLS reaching its handler 0.76-0.95 -> 0.53-0.61 ms,
-// the agent's handshake finish 0.43-0.48 -> 0.35-0.37 ms, total p50 3.84-4.31 -> 3.53-3.62 ms.
-// Over 700 allocations each way (five interleaved pairs): p50 3.95 against 4.27 ms, p90 5.63
-// against 5.95, but p99 7.91 against 7.53, when the manager's garbage collector still ran
-// every few seconds and made much of the tail. With it at GOGC=400 (daemon.GCPercent), ten
-// interleaved pairs of 100 (fusebox-bench allocate --sched, 03:41-03:52 UTC): p50, p90 and
-// p95 lower in all ten, p99 in seven; pooled over the last four pairs p50 3.68 against 4.28
-// ms, p95 4.62 against 5.50, p99 5.51 against 6.11; gVisor's CPU time per allocation lower in
-// all ten (2.45-3.14 against 2.83-4.27 ms). Cost: 4 idle sandboxes' processes (sentry, gofer,
-// stubs) used 1.64 s of CPU in 20 s with it, 0.12-0.14 s without (two runs each, 03:55 UTC):
-// about 2 % of one CPU per idle sandbox. fusebox local up turns it on unless
-// --keep-sandboxes-awake=false.
+// wake, and each of those polls is a sleep through the sentry, on the CPUs the allocation is
+// using. With schedtrace set, the runtime never deep-sleeps sysmon (runtime.sysmon, Go 1.26):
+// it wakes every 10 ms instead, so the sandbox an allocation finds has run within the last
+// 10 ms and no poll storm follows its first read. The period is 2^31-1 ms, so no trace is
+// ever printed: a sandbox's monotonic clock starts at zero and no lease lasts 24.8 days. The
+// server's environment is its own: commands get the base environment the server builds, not
+// this variable. fusebox local up turns it on unless --keep-sandboxes-awake=false.
 const KeepAwakeGODEBUG = "schedtrace=2147483647"
 
 // withGODEBUG returns env with setting added to its GODEBUG entry (or as a new entry).
@@ -122,34 +109,13 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if o.Runtime == nil || o.ID == "" || o.Dir == "" || (o.SandboxBinary == "" && len(o.Entrypoint) == 0) {
 		return nil, errors.New("localsandbox: Runtime, ID, Dir and SandboxBinary or Entrypoint are required")
 	}
-	var argv []string
-	var binMount []runsc.Mount
-	if len(o.Entrypoint) > 0 {
-		argv = slices.Clone(o.Entrypoint)
-	} else {
-		bin, err := filepath.Abs(o.SandboxBinary)
-		if err != nil {
-			return nil, err
-		}
-		// The one file: the rest of its host directory (bin/ holds the fusebox CLI too)
-		// stays out of the sandbox.
-		inside := filepath.Join(BinaryDir, filepath.Base(bin))
-		argv = []string{inside}
-		binMount = []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}
+	argv, binMount, err := serverCommand(o)
+	if err != nil {
+		return nil, err
 	}
-	// The socket directory, bound at SocketDir, is root's: the server binds its sockets there
-	// as root, and commands (another user) can list it but write nothing into it, so that
-	// nothing they write lands on the host's disk, and they cannot replace a socket by a link.
-	// Host users other than root cannot reach it: o.Dir is private.
-	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating sandbox directory: %w", err)
-	}
-	sock := filepath.Join(o.Dir, "sock")
-	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("creating socket directory: %w", err)
-	}
-	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
-		return nil, fmt.Errorf("creating socket directory: %w", err)
+	sock, err := socketDir(o.Dir)
+	if err != nil {
+		return nil, err
 	}
 	s := &Sandbox{ID: o.ID, Dir: o.Dir, rt: o.Runtime,
 		InitAddr: "unix://" + filepath.Join(sock, "init.sock"),
@@ -159,23 +125,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 			s.Destroy(context.WithoutCancel(ctx))
 		}
 	}()
-	spec := o.Bundle
-	spec.Dir = filepath.Join(o.Dir, "bundle")
-	spec.Workspace = WorkspaceDir
-	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
-	if cmdUser.UID == 0 {
-		cmdUser = DefaultCommandUser
-	}
-	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
-	if o.KeepAwake {
-		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
-	}
-	spec.Args = append(append(argv,
-		"-init-listen=unix://"+SocketDir+"/init.sock",
-		"-data-listen=unix://"+SocketDir+"/data.sock",
-		"-workspace="+WorkspaceDir,
-		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)), o.ServerArgs...)
-	spec.Mounts = append(append(slices.Clone(spec.Mounts), runsc.Mount{Source: sock, Destination: SocketDir}), binMount...)
+	spec := bundle(o, argv, append([]runsc.Mount{{Source: sock, Destination: SocketDir}}, binMount...))
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
@@ -197,30 +147,96 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	if err := s.waitReady(ctx, filepath.Join(sock, "init.sock"), timeout); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// serverCommand returns the sandbox server's command without its flags: o.Entrypoint, or
+// o.SandboxBinary bound read-only into the sandbox with the mount that does it.
+func serverCommand(o Options) ([]string, []runsc.Mount, error) {
+	if len(o.Entrypoint) > 0 {
+		return slices.Clone(o.Entrypoint), nil, nil
+	}
+	bin, err := filepath.Abs(o.SandboxBinary)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The one file: the rest of its host directory (bin/ holds the fusebox CLI too)
+	// stays out of the sandbox.
+	inside := filepath.Join(BinaryDir, filepath.Base(bin))
+	return []string{inside}, []runsc.Mount{{Source: bin, Destination: inside, ReadOnly: true}}, nil
+}
+
+// socketDir makes the sandbox's directory dir and the socket directory in it, and returns the
+// latter's path. The socket directory, bound at SocketDir, is root's: the server binds its
+// sockets there as root, and commands (another user) can list it but write nothing into it,
+// so that nothing they write lands on the host's disk, and they cannot replace a socket by a
+// link. Host users other than root cannot reach it: dir is private.
+func socketDir(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("creating sandbox directory: %w", err)
+	}
+	sock := filepath.Join(dir, "sock")
+	if err := os.Mkdir(sock, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	if err := os.Chmod(sock, 0o755); err != nil { // undo the umask
+		return "", fmt.Errorf("creating socket directory: %w", err)
+	}
+	return sock, nil
+}
+
+// bundle returns the bundle of o's sandbox: the server (argv and its flags) runs as root, and
+// its commands as the bundle's user (DefaultCommandUser for root), with mounts added.
+func bundle(o Options, argv []string, mounts []runsc.Mount) runsc.BundleSpec {
+	spec := o.Bundle
+	spec.Dir = filepath.Join(o.Dir, "bundle")
+	spec.Workspace = WorkspaceDir
+	cmdUser := runsc.User{UID: spec.UID, GID: spec.GID}
+	if cmdUser.UID == 0 {
+		cmdUser = DefaultCommandUser
+	}
+	spec.UID, spec.GID, spec.CommandUser = 0, 0, &cmdUser
+	if o.KeepAwake {
+		spec.Env = withGODEBUG(spec.Env, KeepAwakeGODEBUG)
+	}
+	spec.Args = append(append(argv,
+		"-init-listen=unix://"+SocketDir+"/init.sock",
+		"-data-listen=unix://"+SocketDir+"/data.sock",
+		"-workspace="+WorkspaceDir,
+		fmt.Sprintf("-command-user=%d:%d", cmdUser.UID, cmdUser.GID)), o.ServerArgs...)
+	spec.Mounts = append(slices.Clone(spec.Mounts), mounts...)
+	return spec
+}
+
+// waitReady waits until the server accepts connections on its init socket at initPath, for up
+// to timeout.
+func (s *Sandbox) waitReady(ctx context.Context, initPath string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	initPath := filepath.Join(sock, "init.sock")
 	nextStateCheck := time.Now().Add(250 * time.Millisecond)
 	for {
 		// The socket file appears at bind, before listen: only a successful connect says the
 		// server is ready.
 		if c, err := endpoint.DialUnix(ctx, initPath); err == nil {
 			c.Close()
-			return s, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", o.ID, timeout, s.logTail())
+			return fmt.Errorf("sandbox %s: init socket did not appear within %v; server log: %s", s.ID, timeout, s.logTail())
 		}
 		// A server that exited (a bad flag, a failed self-check) fails the start at once
 		// rather than at the deadline.
 		if time.Now().After(nextStateCheck) {
 			nextStateCheck = time.Now().Add(250 * time.Millisecond)
-			if st, err := o.Runtime.State(ctx, o.ID); err == nil && st.Status == runsc.StatusStopped {
-				return nil, fmt.Errorf("sandbox %s: server exited before listening; server log: %s", o.ID, s.logTail())
+			if st, err := s.rt.State(ctx, s.ID); err == nil && st.Status == runsc.StatusStopped {
+				return fmt.Errorf("sandbox %s: server exited before listening; server log: %s", s.ID, s.logTail())
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}

@@ -49,107 +49,134 @@ type dirMeta struct {
 //
 // progress, if set, is called after every progressEvery entries.
 func writeTree(ctx context.Context, r io.Reader, dir string, progress func(treeStats)) (treeStats, error) {
-	var st treeStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return st, err
+		return treeStats{}, err
 	}
 	defer root.Close()
-	chown := os.Geteuid() == 0
-	var dirs []dirMeta
-	var hardLinks []*tar.Header
+	w := &treeWriter{root: root, chown: os.Geteuid() == 0}
 	tr := tar.NewReader(r)
 	for n := 1; ; n++ {
 		if err := ctx.Err(); err != nil {
-			return st, err
+			return w.st, err
 		}
 		if progress != nil && n%progressEvery == 0 {
-			progress(st)
+			progress(w.st)
 		}
 		h, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return st, fmt.Errorf("reading the image: %w", err)
+			return w.st, fmt.Errorf("reading the image: %w", err)
 		}
-		name, err := entryName(h.Name)
-		if err != nil {
-			return st, err
-		}
-		mode := fs.FileMode(h.Mode).Perm()
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if h.Mode&0o1000 != 0 {
-				mode |= fs.ModeSticky
-			}
-			if name != "." {
-				if err := mkdir(root, name); err != nil {
-					return st, err
-				}
-			}
-			dirs = append(dirs, dirMeta{name: name, mode: mode, uid: h.Uid, gid: h.Gid, mtime: h.ModTime})
-			st.dirs++
-		case tar.TypeReg:
-			if err := parent(root, name); err != nil {
-				return st, err
-			}
-			if err := writeFile(root, name, tr, h, mode, chown); err != nil {
-				return st, err
-			}
-			st.files++
-			st.bytes += h.Size
-		case tar.TypeSymlink:
-			if err := parent(root, name); err != nil {
-				return st, err
-			}
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return st, fmt.Errorf("creating link %s: %w", name, err)
-			}
-			if chown {
-				if err := root.Lchown(name, h.Uid, h.Gid); err != nil {
-					return st, fmt.Errorf("setting the owner of %s: %w", name, err)
-				}
-			}
-			st.links++
-		case tar.TypeLink:
-			// The target may come later in the stream (it can be in a lower layer).
-			hardLinks = append(hardLinks, h)
-		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-			st.devices++
-		default:
-			return st, fmt.Errorf("entry %s: unsupported type %q", name, h.Typeflag)
+		if err := w.entry(h, tr); err != nil {
+			return w.st, err
 		}
 	}
 	// mutate.Extract ends its archive properly even when flattening failed (a layer that
 	// did not read, a name it refuses) and reports the failure only after the end marker.
 	if _, err := io.Copy(io.Discard, r); err != nil {
-		return st, fmt.Errorf("reading the image: %w", err)
+		return w.st, fmt.Errorf("reading the image: %w", err)
 	}
-	for _, h := range hardLinks {
+	if err := w.linkAll(); err != nil {
+		return w.st, err
+	}
+	return w.st, w.setDirs()
+}
+
+// treeWriter writes the entries of an archive under root.
+type treeWriter struct {
+	root      *os.Root
+	chown     bool // set owners and groups (when running as root)
+	st        treeStats
+	dirs      []dirMeta     // directories, whose mode and times are set last
+	hardLinks []*tar.Header // hard links, made after every other entry
+}
+
+// entry writes the entry h, whose data is data, or notes it for later.
+func (w *treeWriter) entry(h *tar.Header, data io.Reader) error {
+	name, err := entryName(h.Name)
+	if err != nil {
+		return err
+	}
+	mode := fs.FileMode(h.Mode).Perm()
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if h.Mode&0o1000 != 0 {
+			mode |= fs.ModeSticky
+		}
+		if name != "." {
+			if err := mkdir(w.root, name); err != nil {
+				return err
+			}
+		}
+		w.dirs = append(w.dirs, dirMeta{name: name, mode: mode, uid: h.Uid, gid: h.Gid, mtime: h.ModTime})
+		w.st.dirs++
+	case tar.TypeReg:
+		if err := parent(w.root, name); err != nil {
+			return err
+		}
+		if err := writeFile(w.root, name, data, h, mode, w.chown); err != nil {
+			return err
+		}
+		w.st.files++
+		w.st.bytes += h.Size
+	case tar.TypeSymlink:
+		if err := parent(w.root, name); err != nil {
+			return err
+		}
+		if err := w.root.Symlink(h.Linkname, name); err != nil {
+			return fmt.Errorf("creating link %s: %w", name, err)
+		}
+		if w.chown {
+			if err := w.root.Lchown(name, h.Uid, h.Gid); err != nil {
+				return fmt.Errorf("setting the owner of %s: %w", name, err)
+			}
+		}
+		w.st.links++
+	case tar.TypeLink:
+		// The target may come later in the stream (it can be in a lower layer).
+		w.hardLinks = append(w.hardLinks, h)
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		w.st.devices++
+	default:
+		return fmt.Errorf("entry %s: unsupported type %q", name, h.Typeflag)
+	}
+	return nil
+}
+
+// linkAll makes the hard links.
+func (w *treeWriter) linkAll() error {
+	for _, h := range w.hardLinks {
 		name, _ := entryName(h.Name)
 		target, err := entryName(h.Linkname)
 		if err != nil {
-			return st, fmt.Errorf("hard link %s: %w", name, err)
+			return fmt.Errorf("hard link %s: %w", name, err)
 		}
-		if err := parent(root, name); err != nil {
-			return st, err
+		if err := parent(w.root, name); err != nil {
+			return err
 		}
-		if err := root.Link(target, name); err != nil {
-			return st, fmt.Errorf("creating hard link %s to %s: %w", name, target, err)
+		if err := w.root.Link(target, name); err != nil {
+			return fmt.Errorf("creating hard link %s to %s: %w", name, target, err)
 		}
-		st.links++
+		w.st.links++
 	}
-	// Deepest first, so that setting a directory's times does not change its parent's.
-	slices.SortStableFunc(dirs, func(a, b dirMeta) int {
+	return nil
+}
+
+// setDirs gives the directories their mode, owner and times, deepest first, so that setting a
+// directory's times does not change its parent's.
+func (w *treeWriter) setDirs() error {
+	slices.SortStableFunc(w.dirs, func(a, b dirMeta) int {
 		return strings.Count(b.name, "/") - strings.Count(a.name, "/")
 	})
-	for _, d := range dirs {
-		if err := setDir(root, d, chown); err != nil {
-			return st, err
+	for _, d := range w.dirs {
+		if err := setDir(w.root, d, w.chown); err != nil {
+			return err
 		}
 	}
-	return st, nil
+	return nil
 }
 
 // entryName returns an archive name relative to the root ("." for the root itself), or

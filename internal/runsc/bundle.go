@@ -205,73 +205,95 @@ func WriteBundle(spec BundleSpec) (err error) {
 
 // validate checks spec before anything is written.
 func (spec *BundleSpec) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("invalid bundle spec: "+format, args...)
-	}
 	if spec.Dir == "" {
-		return bad("Dir is required")
+		return badSpec("Dir is required")
 	}
 	if len(spec.Args) == 0 || spec.Args[0] == "" {
-		return bad("Args is required")
+		return badSpec("Args is required")
 	}
+	if err := spec.validatePaths(); err != nil {
+		return err
+	}
+	if err := spec.validateLimits(); err != nil {
+		return err
+	}
+	return spec.validateMounts()
+}
+
+func badSpec(format string, args ...any) error {
+	return fmt.Errorf("invalid bundle spec: "+format, args...)
+}
+
+// validatePaths checks the host paths and the working directory.
+func (spec *BundleSpec) validatePaths() error {
 	if spec.RootFS != "" {
 		if !filepath.IsAbs(spec.RootFS) {
-			return bad("RootFS %q is not absolute", spec.RootFS)
+			return badSpec("RootFS %q is not absolute", spec.RootFS)
 		}
 		if err := isDir(spec.RootFS); err != nil {
-			return bad("RootFS: %v", err)
+			return badSpec("RootFS: %v", err)
 		}
 		if spec.EtcDir != "" {
-			return bad("EtcDir is only for a host-derived root (RootFS empty)")
+			return badSpec("EtcDir is only for a host-derived root (RootFS empty)")
 		}
 	}
 	if spec.EtcDir != "" {
 		if !filepath.IsAbs(spec.EtcDir) {
-			return bad("EtcDir %q is not absolute", spec.EtcDir)
+			return badSpec("EtcDir %q is not absolute", spec.EtcDir)
 		}
 		if err := isDir(spec.EtcDir); err != nil {
-			return bad("EtcDir: %v", err)
+			return badSpec("EtcDir: %v", err)
 		}
 	}
 	if spec.Cwd != "" && !filepath.IsAbs(spec.Cwd) {
-		return bad("Cwd %q is not absolute", spec.Cwd)
+		return badSpec("Cwd %q is not absolute", spec.Cwd)
 	}
 	if spec.WorkspaceHostDir != "" {
 		if !filepath.IsAbs(spec.WorkspaceHostDir) {
-			return bad("WorkspaceHostDir %q is not absolute", spec.WorkspaceHostDir)
+			return badSpec("WorkspaceHostDir %q is not absolute", spec.WorkspaceHostDir)
 		}
 		if err := isDir(spec.WorkspaceHostDir); err != nil {
-			return bad("WorkspaceHostDir: %v", err)
+			return badSpec("WorkspaceHostDir: %v", err)
 		}
 	}
+	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
+		return badSpec("NetNSPath %q is not absolute", spec.NetNSPath)
+	}
+	return nil
+}
+
+// validateLimits checks the resource limits and the command user.
+func (spec *BundleSpec) validateLimits() error {
 	if spec.CPUShares != 0 && (spec.CPUShares < 2 || spec.CPUShares > 262144) {
-		return bad("CPUShares %d is outside 2 to 262144", spec.CPUShares)
+		return badSpec("CPUShares %d is outside 2 to 262144", spec.CPUShares)
 	}
 	if spec.MemoryLimitBytes < 0 || spec.CPUQuota < 0 || spec.PidsLimit < 0 || spec.ProcessLimit < 0 ||
 		spec.WorkspaceSizeBytes < 0 || spec.TmpSizeBytes < 0 {
-		return bad("negative limit")
+		return badSpec("negative limit")
 	}
 	if spec.MemoryLimitBytes > 0 {
 		ws, tmp := spec.memoryFSSizes()
 		if ws+tmp >= spec.MemoryLimitBytes {
-			return bad("WorkspaceSizeBytes + TmpSizeBytes (%d) must stay below MemoryLimitBytes (%d): "+
+			return badSpec("WorkspaceSizeBytes + TmpSizeBytes (%d) must stay below MemoryLimitBytes (%d): "+
 				"their files are the sandbox's memory, and a sandbox that reaches its memory limit is killed", ws+tmp, spec.MemoryLimitBytes)
 		}
 	}
 	if u := spec.CommandUser; u != nil {
 		if spec.UID != 0 || spec.GID != 0 {
-			return bad("CommandUser needs a root init process (UID and GID 0), not %d:%d", spec.UID, spec.GID)
+			return badSpec("CommandUser needs a root init process (UID and GID 0), not %d:%d", spec.UID, spec.GID)
 		}
 		if u.UID == 0 {
-			return bad("CommandUser must not be root: commands would share the init process's user and could signal it")
+			return badSpec("CommandUser must not be root: commands would share the init process's user and could signal it")
 		}
 	}
 	if spec.CPUQuota > 0 && spec.CPUQuota*float64(cpuPeriod) < 1000 {
-		return bad("CPUQuota %g is below 1 ms per period", spec.CPUQuota)
+		return badSpec("CPUQuota %g is below 1 ms per period", spec.CPUQuota)
 	}
-	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
-		return bad("NetNSPath %q is not absolute", spec.NetNSPath)
-	}
+	return nil
+}
+
+// validateMounts checks the workspace's and the mounts' destinations, and the mounts' sources.
+func (spec *BundleSpec) validateMounts() error {
 	// Destinations: absolute, clean, distinct, and not over what the
 	// bundle itself provides.
 	seen := map[string]bool{"/": true, "/proc": true, "/sys": true, "/dev": true, "/tmp": true, "/etc": true}
@@ -280,17 +302,17 @@ func (spec *BundleSpec) validate() error {
 	}
 	ws := orDefault(spec.Workspace, DefaultWorkspace)
 	if err := checkDest(ws, seen); err != nil {
-		return bad("Workspace: %v", err)
+		return badSpec("Workspace: %v", err)
 	}
 	for _, m := range spec.Mounts {
 		if !filepath.IsAbs(m.Source) {
-			return bad("mount source %q is not absolute", m.Source)
+			return badSpec("mount source %q is not absolute", m.Source)
 		}
 		if _, err := os.Stat(m.Source); err != nil {
-			return bad("mount source: %v", err)
+			return badSpec("mount source: %v", err)
 		}
 		if err := checkDest(m.Destination, seen); err != nil {
-			return bad("mount: %v", err)
+			return badSpec("mount: %v", err)
 		}
 	}
 	return nil
@@ -448,23 +470,7 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	if spec.ProcessLimit > 0 {
 		rlimits = append(rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(spec.ProcessLimit), Soft: uint64(spec.ProcessLimit)})
 	}
-	wsSize, tmpSize := spec.memoryFSSizes()
-
-	mounts := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-	}
-	mounts = append(mounts, rootMounts...)
-	mounts = append(mounts, tmpfsMount("/tmp", tmpSize, "mode=1777"))
-	if spec.WorkspaceHostDir != "" {
-		mounts = append(mounts, bindMount(spec.WorkspaceHostDir, ws, false))
-	} else {
-		mounts = append(mounts, tmpfsMount(ws, wsSize, "mode=0755",
-			"uid="+strconv.FormatUint(uint64(owner.UID), 10), "gid="+strconv.FormatUint(uint64(owner.GID), 10)))
-	}
-	for _, m := range spec.Mounts {
-		mounts = append(mounts, bindMount(m.Source, m.Destination, m.ReadOnly))
-	}
+	mounts := spec.mounts(rootMounts, ws, owner)
 
 	namespaces := []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace},
@@ -474,28 +480,6 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	}
 	if spec.NetNSPath != "" {
 		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath})
-	}
-
-	var res *specs.LinuxResources
-	if spec.MemoryLimitBytes > 0 || spec.CPUQuota > 0 || spec.CPUShares > 0 || spec.PidsLimit > 0 {
-		res = &specs.LinuxResources{}
-		if spec.MemoryLimitBytes > 0 {
-			res.Memory = &specs.LinuxMemory{Limit: &spec.MemoryLimitBytes}
-		}
-		if spec.CPUQuota > 0 {
-			quota, period := int64(spec.CPUQuota*float64(cpuPeriod)), cpuPeriod
-			res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
-		}
-		if spec.CPUShares > 0 {
-			if res.CPU == nil {
-				res.CPU = &specs.LinuxCPU{}
-			}
-			shares := uint64(spec.CPUShares)
-			res.CPU.Shares = &shares
-		}
-		if spec.PidsLimit > 0 {
-			res.Pids = &specs.LinuxPids{Limit: spec.PidsLimit}
-		}
 	}
 
 	return &specs.Spec{
@@ -514,8 +498,56 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 		Mounts:   mounts,
 		Linux: &specs.Linux{
 			Namespaces:  namespaces,
-			Resources:   res,
+			Resources:   spec.resources(),
 			CgroupsPath: spec.CgroupsPath,
 		},
 	}
+}
+
+// mounts returns the sandbox's mounts: /proc and /sys, the host-derived root's rootMounts,
+// /tmp, the workspace at ws (owned by owner when it is a tmpfs) and spec's own.
+func (spec *BundleSpec) mounts(rootMounts []specs.Mount, ws string, owner User) []specs.Mount {
+	wsSize, tmpSize := spec.memoryFSSizes()
+	mounts := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	mounts = append(mounts, rootMounts...)
+	mounts = append(mounts, tmpfsMount("/tmp", tmpSize, "mode=1777"))
+	if spec.WorkspaceHostDir != "" {
+		mounts = append(mounts, bindMount(spec.WorkspaceHostDir, ws, false))
+	} else {
+		mounts = append(mounts, tmpfsMount(ws, wsSize, "mode=0755",
+			"uid="+strconv.FormatUint(uint64(owner.UID), 10), "gid="+strconv.FormatUint(uint64(owner.GID), 10)))
+	}
+	for _, m := range spec.Mounts {
+		mounts = append(mounts, bindMount(m.Source, m.Destination, m.ReadOnly))
+	}
+	return mounts
+}
+
+// resources returns the sandbox's cgroup limits, nil for none.
+func (spec *BundleSpec) resources() *specs.LinuxResources {
+	if !(spec.MemoryLimitBytes > 0 || spec.CPUQuota > 0 || spec.CPUShares > 0 || spec.PidsLimit > 0) {
+		return nil
+	}
+	res := &specs.LinuxResources{}
+	if spec.MemoryLimitBytes > 0 {
+		res.Memory = &specs.LinuxMemory{Limit: &spec.MemoryLimitBytes}
+	}
+	if spec.CPUQuota > 0 {
+		quota, period := int64(spec.CPUQuota*float64(cpuPeriod)), cpuPeriod
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if spec.CPUShares > 0 {
+		if res.CPU == nil {
+			res.CPU = &specs.LinuxCPU{}
+		}
+		shares := uint64(spec.CPUShares)
+		res.CPU.Shares = &shares
+	}
+	if spec.PidsLimit > 0 {
+		res.Pids = &specs.LinuxPids{Limit: spec.PidsLimit}
+	}
+	return res
 }

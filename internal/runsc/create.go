@@ -95,7 +95,7 @@ const wholeTimeout = time.Minute
 
 // runWhole runs c (a create or start) to its end even if ctx ends first, then reports ctx's
 // error. Killed part-way, runsc can leave a sandbox's processes running with no container
-// state to find them by, so that no delete removes them (seen: a creation cancelled 64 ms in,
+// state to find them by, so that no delete removes them (seen: a creation cancelled early,
 // under load, left its gofer and sandbox running).
 func (r *Runtime) runWhole(ctx context.Context, c call) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wholeTimeout)

@@ -51,8 +51,8 @@ const sandboxHosts = `127.0.0.1	localhost
 // WriteBundle calls it for each bundle with a host-derived root unless
 // BundleSpec.EtcDir names a copy made once. On a Debian host the copy is
 // about 3 MiB in some 1,100 entries, 750 of them symbolic links
-// (alternatives, rc.d, ssl/certs); it took 0.1-0.6 s on this VM's ext4
-// (cp -a /etc: 0.8 s; onto tmpfs: 20 ms), so an allocator makes it once.
+// (alternatives, rc.d, ssl/certs), too slow to make on the allocation
+// path, so an allocator makes it once.
 func WriteSanitizedEtc(dst string) error {
 	return copySanitizedEtc("/etc", dst)
 }

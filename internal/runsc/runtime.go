@@ -189,16 +189,10 @@ func (r *Runtime) run(ctx context.Context, c call) (stdout []byte, exitCode int,
 	}
 	var logFile *os.File
 	if c.sharedStdio {
-		// A regular file, not a pipe: if it leaked into a sandbox process,
-		// a pipe would keep this call waiting; an unlinked file costs nothing.
-		logFile, err = os.CreateTemp("", "runsc-log-")
-		if err != nil {
-			return nil, -1, fmt.Errorf("runsc %s: creating error log file: %w", c.command, err)
+		if logFile, err = openLogFile(c.command); err != nil {
+			return nil, -1, err
 		}
 		defer logFile.Close()
-		if err := os.Remove(logFile.Name()); err != nil {
-			return nil, -1, fmt.Errorf("runsc %s: unlinking error log file: %w", c.command, err)
-		}
 		// ExtraFiles[0] is fd 3 in the child.
 		global = append(global, "--log-fd=3")
 	}
@@ -262,6 +256,21 @@ func (r *Runtime) run(ctx context.Context, c call) (stdout []byte, exitCode int,
 		return nil, exitCode, &CommandError{Command: c.command, ID: c.id, ExitCode: exitCode, Message: msg}
 	}
 	return out.Bytes(), 0, nil
+}
+
+// openLogFile returns an unlinked temporary file for runsc's --log-fd. A regular file, not a
+// pipe: if it leaked into a sandbox process, a pipe would keep the call waiting; an unlinked
+// file costs nothing.
+func openLogFile(command string) (*os.File, error) {
+	f, err := os.CreateTemp("", "runsc-log-")
+	if err != nil {
+		return nil, fmt.Errorf("runsc %s: creating error log file: %w", command, err)
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("runsc %s: unlinking error log file: %w", command, err)
+	}
+	return f, nil
 }
 
 // readLogFile returns the messages runsc wrote to its --log-fd file, one

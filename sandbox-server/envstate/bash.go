@@ -13,9 +13,9 @@ var ErrBadDump = errors.New("malformed shell state dump")
 
 // BashTrap is prepended to scripts run by bash. On exit it writes the final working directory,
 // whether the script changed directory, and the exported variables to file descriptor 3, using
-// only builtins (no extra process: every process start costs about 10 ms under gVisor), and
-// keeps the script's exit status. cd, pushd and popd are wrapped so that a change of
-// directory counts as a write even when it ends where it started.
+// only builtins (no extra process: starting one is among the dearest things a sandbox does,
+// docs/performance.md), and keeps the script's exit status. cd, pushd and popd are wrapped so
+// that a change of directory counts as a write even when it ends where it started.
 const BashTrap = `cd() { builtin cd "$@" && __fusebox_cd=1; }; ` +
 	`pushd() { builtin pushd "$@" && __fusebox_cd=1; }; ` +
 	`popd() { builtin popd "$@" && __fusebox_cd=1; }; ` +

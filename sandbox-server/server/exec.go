@@ -174,7 +174,9 @@ func lookPath(name, pathVar, cwd string) (string, error) {
 }
 
 // run executes one command and reports its events to send, which is called from one goroutine
-// at a time.
+// at a time and never after run returns. Its steps: plan the command from the request and the
+// state it starts from, open its descriptors, start it, pump its output while waiting for its
+// end, and report the exit (after recording a script's state delta).
 func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send func(*sandboxv1.ExecEvent) error) error {
 	if err := validateExec(req); err != nil {
 		return err
@@ -183,204 +185,30 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 	if err != nil {
 		return err
 	}
-
-	env := snap.Env
-	if len(req.GetEnv()) > 0 || len(req.GetUnsetEnv()) > 0 {
-		env = maps.Clone(snap.Env)
-		if env == nil {
-			env = map[string]string{}
-		}
-		maps.Copy(env, req.GetEnv())
-		for _, k := range req.GetUnsetEnv() {
-			delete(env, k)
-		}
-	}
-	cwd := snap.Cwd
-	if c := req.GetCwd(); c != "" {
-		if filepath.IsAbs(c) {
-			cwd = filepath.Clean(c)
-		} else {
-			cwd = filepath.Join(snap.Cwd, c)
-		}
-	}
-	var path string
-	var argv []string
-	capture := false
-	switch {
-	case req.GetScript() != "" && e.bash != "":
-		path, argv, capture = e.bash, []string{"bash", "-c", envstate.BashTrap + req.GetScript()}, true
-	case req.GetScript() != "":
-		path, argv = e.sh, []string{"sh", "-c", req.GetScript()}
-	default:
-		argv = req.GetArgv()
-		if path, err = e.paths.lookup(argv[0], env["PATH"], cwd); err != nil {
-			return err
-		}
-	}
-	envList := make([]string, 0, len(env))
-	for k, v := range env {
-		envList = append(envList, k+"="+v)
-	}
-
-	// Descriptors: 0 stdin, 1 stdout, 2 stderr, 3 the state dump (scripts under bash). The
-	// child's ends are raw blocking descriptors; only the ends this process reads are
-	// non-blocking and registered with Go's poller, so that closing them interrupts a read.
-	// Every syscall counts here: under gVisor each costs microseconds.
-	var childFDs []int // closed once the child has them
-	var closeAtEnd []*os.File
-	defer func() {
-		for _, fd := range childFDs {
-			unix.Close(fd)
-		}
-		for _, f := range closeAtEnd {
-			f.Close()
-		}
-	}()
-	files := make([]int, 3, 4)
-	var stdinW *os.File
-	if len(req.GetStdin()) > 0 {
-		var p [2]int
-		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-			return fmt.Errorf("creating stdin pipe: %w", err)
-		}
-		childFDs = append(childFDs, p[0])
-		files[0], stdinW = p[0], os.NewFile(uintptr(p[1]), "stdin")
-	} else {
-		null, err := devNull()
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", os.DevNull, err)
-		}
-		files[0] = int(null.Fd())
-	}
-	outR, outW, err := readPipe("stdout")
+	c, err := e.plan(req, snap)
 	if err != nil {
 		return err
 	}
-	closeAtEnd, childFDs = append(closeAtEnd, outR), append(childFDs, outW)
-	errR, errW, err := readPipe("stderr")
+	fds, err := openStdio(len(req.GetStdin()) > 0, c.capture)
 	if err != nil {
 		return err
 	}
-	closeAtEnd, childFDs = append(closeAtEnd, errR), append(childFDs, errW)
-	files[1], files[2] = outW, errW
-	var dump *os.File
-	if capture {
-		fd, err := unix.MemfdCreate("fusebox-state", unix.MFD_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("creating state file: %w", err)
-		}
-		dump = os.NewFile(uintptr(fd), "fusebox-state")
-		closeAtEnd = append(closeAtEnd, dump)
-		files = append(files, fd)
-	}
-
-	timeout := e.limits.DefaultTimeout
-	if d := req.GetTimeout(); d != nil && d.AsDuration() > 0 {
-		timeout = d.AsDuration()
-	}
-	timeout = min(timeout, e.limits.MaxTimeout)
-
-	spec := procs.Spec{Path: path, Argv: argv, Env: envList, Dir: cwd, Files: files, User: e.user}
-	p, err := e.reaper.Start(spec)
-	if err != nil && len(req.GetArgv()) > 0 && e.paths.forget(argv[0], env["PATH"], cwd) {
-		// The cached location went stale (the binary moved): look it up afresh once.
-		if spec.Path, err = e.paths.lookup(argv[0], env["PATH"], cwd); err == nil {
-			p, err = e.reaper.Start(spec)
-		}
-	}
+	defer fds.close()
+	p, err := e.start(c, fds.files)
 	if err != nil {
-		// The working directory is checked only now, off the hot path: a failed chdir and a
-		// missing binary both surface as ForkExec errors.
-		if fi, serr := os.Stat(cwd); serr != nil {
-			return fmt.Errorf("working directory %s: %w", cwd, serr)
-		} else if !fi.IsDir() {
-			return fmt.Errorf("working directory %s: %w", cwd, unix.ENOTDIR)
-		}
-		if errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("%w: %v", os.ErrNotExist, err)
-		}
 		return err
 	}
-	for _, fd := range childFDs {
-		unix.Close(fd)
-	}
-	childFDs = nil
-	if stdinW != nil {
-		go func() {
-			// EPIPE when the command does not read its input is not an error of ours.
-			stdinW.Write(req.GetStdin())
-			stdinW.Close()
-		}()
-	}
+	fds.handOver(req.GetStdin())
 
-	var sendMu sync.Mutex // serialises send and guards sendErr, sent, truncated
-	var sendErr error
-	var sent int64
-	truncated := false
-
-	emit := func(ev *sandboxv1.ExecEvent) {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if sendErr == nil {
-			sendErr = send(ev)
-		}
-	}
-	_ = emit // emit(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Started{Started: &sandboxv1.ExecStarted{Pid: int32(p.Pid)}}})
-
-	var readers sync.WaitGroup
-	pump := func(r *os.File, kind sandboxv1.StreamKind) {
-		defer readers.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 {
-				sendMu.Lock()
-				keep := int64(n)
-				if room := e.limits.MaxOutputBytes - sent; keep > room {
-					keep, truncated = max(room, 0), true
-				}
-				sent += keep
-				if keep > 0 && sendErr == nil {
-					sendErr = send(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Output{
-						Output: &sandboxv1.ExecOutput{Stream: kind, Data: buf[:keep]}}})
-				}
-				sendMu.Unlock()
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	readers.Add(2)
-	go pump(outR, sandboxv1.StreamKind_STREAM_KIND_STDOUT)
-	go pump(errR, sandboxv1.StreamKind_STREAM_KIND_STDERR)
-
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	timedOut := false
-	select {
-	case <-p.Done():
-	case <-timer.C:
-		timedOut = true
-		p.KillGroup()
-		<-p.Done()
-	case <-ctx.Done():
+	out := &output{send: send, limit: e.limits.MaxOutputBytes}
+	out.start(fds.stdout, fds.stderr)
+	timedOut, err := wait(ctx, p, c.timeout)
+	if err != nil {
 		// The client cancelled or went away: nobody is left to see the result.
-		p.KillGroup()
-		<-p.Done()
-		return ctx.Err()
+		out.stop(fds.stdout, fds.stderr, 0)
+		return err
 	}
-
-	drained := make(chan struct{})
-	go func() { readers.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(drainGrace):
-		// Someone outside the process group still holds the pipes: stop reading.
-		outR.Close()
-		errR.Close()
-		<-drained
-	}
+	out.stop(fds.stdout, fds.stderr, drainGrace)
 
 	st := p.Status()
 	exit := &sandboxv1.ExecExit{
@@ -391,17 +219,279 @@ func (e *executor) run(ctx context.Context, req *sandboxv1.ExecRequest, send fun
 	if st.Signal != 0 {
 		exit.Signal = unix.SignalName(st.Signal)
 	}
-	if capture && !timedOut && st.Signal == 0 {
-		exit.StateRecorded = e.record(dump, env, cwd, ticket)
+	if c.capture && !timedOut && st.Signal == 0 {
+		exit.StateRecorded = e.record(fds.dump, c.env, c.cwd, ticket)
 	}
-	sendMu.Lock()
-	exit.Truncated = truncated
-	err = sendErr
-	sendMu.Unlock()
-	if err != nil {
+	if exit.Truncated, err = out.result(); err != nil {
 		return err
 	}
 	return send(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Exit{Exit: exit}})
+}
+
+// command is what one Exec runs.
+type command struct {
+	path     string            // the program
+	argv     []string          // its arguments, argv[0] included
+	env      map[string]string // its environment, also the base of a script's state delta
+	cwd      string            // its working directory
+	capture  bool              // a script under bash, whose state dump is read after it exits
+	lookedUp bool              // path came from the PATH cache, for argv[0]
+	timeout  time.Duration
+}
+
+// plan works out what req runs from the state snap it starts from: the request's environment
+// changes and working directory over the state's, the program (a shell for a script, argv[0]
+// looked up in the command's PATH otherwise) and the timeout within the limits.
+func (e *executor) plan(req *sandboxv1.ExecRequest, snap *envstate.Snapshot) (*command, error) {
+	c := &command{env: snap.Env, cwd: snap.Cwd}
+	if len(req.GetEnv()) > 0 || len(req.GetUnsetEnv()) > 0 {
+		c.env = maps.Clone(snap.Env)
+		if c.env == nil {
+			c.env = map[string]string{}
+		}
+		maps.Copy(c.env, req.GetEnv())
+		for _, k := range req.GetUnsetEnv() {
+			delete(c.env, k)
+		}
+	}
+	if d := req.GetCwd(); d != "" {
+		if filepath.IsAbs(d) {
+			c.cwd = filepath.Clean(d)
+		} else {
+			c.cwd = filepath.Join(snap.Cwd, d)
+		}
+	}
+	switch {
+	case req.GetScript() != "" && e.bash != "":
+		c.path, c.argv, c.capture = e.bash, []string{"bash", "-c", envstate.BashTrap + req.GetScript()}, true
+	case req.GetScript() != "":
+		c.path, c.argv = e.sh, []string{"sh", "-c", req.GetScript()}
+	default:
+		c.argv, c.lookedUp = req.GetArgv(), true
+		var err error
+		if c.path, err = e.paths.lookup(c.argv[0], c.env["PATH"], c.cwd); err != nil {
+			return nil, err
+		}
+	}
+	c.timeout = e.limits.DefaultTimeout
+	if d := req.GetTimeout(); d != nil && d.AsDuration() > 0 {
+		c.timeout = d.AsDuration()
+	}
+	c.timeout = min(c.timeout, e.limits.MaxTimeout)
+	return c, nil
+}
+
+// stdio holds a command's descriptors: 0 stdin, 1 stdout, 2 stderr, and 3 the state dump of a
+// script under bash. The child's ends are raw blocking descriptors; only the ends this process
+// reads are non-blocking and registered with Go's poller, so that closing them interrupts a
+// read. Every syscall counts here: under gVisor each is a round into its kernel.
+type stdio struct {
+	files          []int    // the child's descriptors, in order
+	child          []int    // the child's ends of the pipes, closed once it has them
+	stdin          *os.File // the write end of stdin's pipe; nil without input or once handed over
+	stdout, stderr *os.File // the read ends of the output pipes
+	dump           *os.File // the state dump; nil unless the command is a script under bash
+}
+
+// openStdio opens a command's descriptors: a pipe for stdin when it has input (else the shared
+// /dev/null), pipes for its output, and with capture a memory file for its state dump.
+func openStdio(stdin, capture bool) (_ *stdio, err error) {
+	s := &stdio{files: make([]int, 3, 4)}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if stdin {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			return nil, fmt.Errorf("creating stdin pipe: %w", err)
+		}
+		s.child = append(s.child, p[0])
+		s.files[0], s.stdin = p[0], os.NewFile(uintptr(p[1]), "stdin")
+	} else {
+		null, err := devNull()
+		if err != nil {
+			return nil, fmt.Errorf("opening %s: %w", os.DevNull, err)
+		}
+		s.files[0] = int(null.Fd())
+	}
+	var outW, errW int
+	if s.stdout, outW, err = readPipe("stdout"); err != nil {
+		return nil, err
+	}
+	s.child = append(s.child, outW)
+	if s.stderr, errW, err = readPipe("stderr"); err != nil {
+		return nil, err
+	}
+	s.child = append(s.child, errW)
+	s.files[1], s.files[2] = outW, errW
+	if capture {
+		fd, err := unix.MemfdCreate("fusebox-state", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("creating state file: %w", err)
+		}
+		s.dump = os.NewFile(uintptr(fd), "fusebox-state")
+		s.files = append(s.files, fd)
+	}
+	return s, nil
+}
+
+// handOver closes the child's ends, which the started child now holds, and writes its input
+// from a goroutine of its own, which closes the pipe after.
+func (s *stdio) handOver(input []byte) {
+	for _, fd := range s.child {
+		unix.Close(fd)
+	}
+	s.child = nil
+	if w := s.stdin; w != nil {
+		s.stdin = nil
+		go func() {
+			// EPIPE when the command does not read its input is not an error of ours.
+			w.Write(input)
+			w.Close()
+		}()
+	}
+}
+
+// close closes every descriptor still held.
+func (s *stdio) close() {
+	for _, fd := range s.child {
+		unix.Close(fd)
+	}
+	for _, f := range []*os.File{s.stdin, s.stdout, s.stderr, s.dump} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// start starts c with files as its descriptors. A failure to start from a cached PATH entry
+// looks argv[0] up afresh once, and a failure is explained by the working directory when it is
+// the cause.
+func (e *executor) start(c *command, files []int) (*procs.Process, error) {
+	spec := procs.Spec{Path: c.path, Argv: c.argv, Env: envList(c.env), Dir: c.cwd, Files: files, User: e.user}
+	p, err := e.reaper.Start(spec)
+	if err != nil && c.lookedUp && e.paths.forget(c.argv[0], c.env["PATH"], c.cwd) {
+		// The cached location went stale (the binary moved): look it up afresh once.
+		if spec.Path, err = e.paths.lookup(c.argv[0], c.env["PATH"], c.cwd); err == nil {
+			p, err = e.reaper.Start(spec)
+		}
+	}
+	if err == nil {
+		return p, nil
+	}
+	// The working directory is checked only now, off the hot path: a failed chdir and a
+	// missing binary both surface as ForkExec errors.
+	if fi, serr := os.Stat(c.cwd); serr != nil {
+		return nil, fmt.Errorf("working directory %s: %w", c.cwd, serr)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("working directory %s: %w", c.cwd, unix.ENOTDIR)
+	}
+	if errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("%w: %v", os.ErrNotExist, err)
+	}
+	return nil, err
+}
+
+func envList(env map[string]string) []string {
+	l := make([]string, 0, len(env))
+	for k, v := range env {
+		l = append(l, k+"="+v)
+	}
+	return l
+}
+
+// output sends a command's output as it comes, up to limit bytes in all, from two pumps (stdout
+// and stderr) that take turns at send.
+type output struct {
+	send    func(*sandboxv1.ExecEvent) error
+	limit   int64
+	readers sync.WaitGroup
+
+	mu        sync.Mutex // serialises send; guards err, sent, truncated
+	err       error      // send's first error; nothing is sent after it
+	sent      int64
+	truncated bool
+}
+
+// start starts the pumps of stdout and stderr.
+func (o *output) start(stdout, stderr *os.File) {
+	o.readers.Add(2)
+	go o.pump(stdout, sandboxv1.StreamKind_STREAM_KIND_STDOUT)
+	go o.pump(stderr, sandboxv1.StreamKind_STREAM_KIND_STDERR)
+}
+
+// pump sends what it reads from r as output of kind until r ends or is closed.
+func (o *output) pump(r *os.File, kind sandboxv1.StreamKind) {
+	defer o.readers.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			o.mu.Lock()
+			keep := int64(n)
+			if room := o.limit - o.sent; keep > room {
+				keep, o.truncated = max(room, 0), true
+			}
+			o.sent += keep
+			if keep > 0 && o.err == nil {
+				o.err = o.send(&sandboxv1.ExecEvent{Event: &sandboxv1.ExecEvent_Output{
+					Output: &sandboxv1.ExecOutput{Stream: kind, Data: buf[:keep]}}})
+			}
+			o.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// stop returns once both pumps have, after reading to the end of the pipes for up to grace:
+// someone outside the command's process group (a process that called setsid) may still hold
+// them open, and then the pipes are closed to stop the reads.
+func (o *output) stop(stdout, stderr *os.File, grace time.Duration) {
+	drained := make(chan struct{})
+	go func() { o.readers.Wait(); close(drained) }()
+	if grace > 0 {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-drained:
+			return
+		case <-t.C:
+		}
+	}
+	stdout.Close()
+	stderr.Close()
+	<-drained
+}
+
+// result reports whether output was cut at the limit, and send's error if it failed; valid
+// once stop has returned.
+func (o *output) result() (truncated bool, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.truncated, o.err
+}
+
+// wait waits for p to exit. At the timeout it kills p's process group and reports that time
+// ran out; when ctx ends first it kills the group and returns ctx's error.
+func wait(ctx context.Context, p *procs.Process, timeout time.Duration) (timedOut bool, err error) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-p.Done():
+		return false, nil
+	case <-timer.C:
+		p.KillGroup()
+		<-p.Done()
+		return true, nil
+	case <-ctx.Done():
+		p.KillGroup()
+		<-p.Done()
+		return false, ctx.Err()
+	}
 }
 
 // readPipe returns a pipe whose read end is a non-blocking *os.File on Go's poller and whose
