@@ -1,13 +1,13 @@
 package client
 
 import (
-	"cmp"
 	"path"
 	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fusebox-dev/fusebox/internal/binpack"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
@@ -20,16 +20,11 @@ func encodedSize(f *sandboxv1.FileWrite) int {
 	return len(f.GetPath()) + len(f.GetData()) + fileOverhead
 }
 
-// pack bin-packs files into requests whose encoded size stays within limit, using first fit
-// over the files in decreasing size (which keeps the batch count near the minimum). Files
-// that cannot fit in any batch on their own are returned as streamed. mkdirs go into the first
-// request and symlinks into the last; every file appears exactly once.
+// pack bin-packs files into requests whose encoded size stays within limit (package binpack:
+// first fit over the files in decreasing size). Files that cannot fit in any batch on their
+// own are returned as streamed. mkdirs go into the first request and symlinks into the last;
+// every file appears exactly once.
 func pack(files []*sandboxv1.FileWrite, mkdirs []string, symlinks []*sandboxv1.SymlinkSpec, limit int) (batches []*sandboxv1.WriteFilesRequest, streamed []*sandboxv1.FileWrite) {
-	type bin struct {
-		req  *sandboxv1.WriteFilesRequest
-		size int
-	}
-	var bins []*bin
 	fixed := 0
 	for _, d := range mkdirs {
 		fixed += len(d) + 8
@@ -37,47 +32,19 @@ func pack(files []*sandboxv1.FileWrite, mkdirs []string, symlinks []*sandboxv1.S
 	for _, l := range symlinks {
 		fixed += len(l.GetPath()) + len(l.GetTarget()) + 16
 	}
-	order := slices.Clone(files)
-	slices.SortStableFunc(order, func(a, b *sandboxv1.FileWrite) int {
-		return cmp.Compare(encodedSize(b), encodedSize(a))
-	})
-	for _, f := range order {
-		sz := encodedSize(f)
-		if sz > limit-fixed {
-			streamed = append(streamed, f)
-			continue
-		}
-		placed := false
-		for _, b := range bins {
-			if b.size+sz <= limit {
-				b.req.Files = append(b.req.Files, f)
-				b.size += sz
-				placed = true
-				break
-			}
-		}
-		if !placed {
-			bins = append(bins, &bin{req: &sandboxv1.WriteFilesRequest{Files: []*sandboxv1.FileWrite{f}}, size: sz + fixed*btoi(len(bins) == 0)})
-		}
-	}
-	if len(bins) == 0 && (len(mkdirs) > 0 || len(symlinks) > 0) {
-		bins = append(bins, &bin{req: &sandboxv1.WriteFilesRequest{}})
-	}
+	bins, streamed := binpack.FirstFitDecreasing(files, func(f *sandboxv1.FileWrite) int64 { return int64(encodedSize(f)) },
+		binpack.Bins{Capacity: int64(limit), Reserved: int64(fixed)})
 	for _, b := range bins {
-		batches = append(batches, b.req)
+		batches = append(batches, &sandboxv1.WriteFilesRequest{Files: b})
+	}
+	if len(batches) == 0 && (len(mkdirs) > 0 || len(symlinks) > 0) {
+		batches = append(batches, &sandboxv1.WriteFilesRequest{})
 	}
 	if len(batches) > 0 {
 		batches[0].Mkdirs = mkdirs
 		batches[len(batches)-1].Symlinks = symlinks
 	}
 	return batches, streamed
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // requestSize is the exact encoded size of a batch, for tests and assertions.

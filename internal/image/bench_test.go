@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 func envOr(k, def string) string {
@@ -24,7 +26,7 @@ func BenchmarkImageBuild(b *testing.B) {
 	needMmdebstrap(b)
 	cache := filepath.Join(envOr("FUSEBOX_CACHE", "/var/cache/fusebox"), "")
 	o := BuildOptions{
-		ModuleDir: moduleDir(b), ManagerPackage: managerPackage(b),
+		ModuleDir: testenv.ModuleRoot(), ManagerPackage: managerPackage(b),
 		Runsc: envOr("FUSEBOX_RUNSC", filepath.Join(cache, "runsc-v0.0.0-20260905035102-160fafc42237", "runsc")),
 		Shim:  envOr("FUSEBOX_SHIM", filepath.Join(cache, "shim-v0.0.0-20260905035102-160fafc42237", "containerd-shim-runsc-v1")),
 	}

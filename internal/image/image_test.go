@@ -10,13 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 var testEpoch = time.Unix(DefaultEpoch, 0).UTC()
@@ -175,7 +176,7 @@ func TestNormalizeRootfs(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	t.Run("unknown image", func(t *testing.T) {
-		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{"sandbox", "runner"}})
+		_, err := Build(BuildOptions{ModuleDir: testenv.ModuleRoot(), Out: t.TempDir(), Images: []string{"sandbox", "runner"}})
 		if !errors.Is(err, ErrUnknownImage) || !strings.Contains(err.Error(), `"runner"`) || !strings.Contains(err.Error(), "manager, sandbox, gvisor-installer") {
 			t.Fatalf("unknown image: %v", err)
 		}
@@ -201,7 +202,7 @@ func TestBadInput(t *testing.T) {
 	t.Run("mmdebstrap missing, before anything is built", func(t *testing.T) {
 		t.Setenv("PATH", t.TempDir()) // no go either: the manager's build would fail otherwise
 		out := t.TempDir()
-		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: out, CacheDir: t.TempDir(), Runsc: "/r", Shim: "/s"})
+		_, err := Build(BuildOptions{ModuleDir: testenv.ModuleRoot(), Out: out, CacheDir: t.TempDir(), Runsc: "/r", Shim: "/s"})
 		if !errors.Is(err, ErrMmdebstrap) || !strings.Contains(err.Error(), "install the Debian package mmdebstrap") {
 			t.Fatalf("mmdebstrap missing: %v", err)
 		}
@@ -218,23 +219,17 @@ func TestBadInput(t *testing.T) {
 		}
 	})
 	t.Run("bad package name", func(t *testing.T) {
-		_, err := Build(BuildOptions{ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Sandbox}, ExtraPackages: []string{"jq; rm -rf /"}})
+		_, err := Build(BuildOptions{ModuleDir: testenv.ModuleRoot(), Out: t.TempDir(), Images: []string{Sandbox}, ExtraPackages: []string{"jq; rm -rf /"}})
 		if err == nil || !strings.Contains(err.Error(), "Debian package name") {
 			t.Fatalf("bad package: %v", err)
 		}
 	})
 }
 
-func moduleDir(t testing.TB) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
 // managerPackage is the manager's main package, or another static main of the module where
 // the manager's own command does not exist.
 func managerPackage(t testing.TB) string {
-	if _, err := os.Stat(filepath.Join(moduleDir(t), DefaultManagerPackage)); err == nil {
+	if _, err := os.Stat(filepath.Join(testenv.ModuleRoot(), DefaultManagerPackage)); err == nil {
 		return DefaultManagerPackage
 	}
 	return DefaultSandboxPackage
@@ -259,7 +254,7 @@ func TestUserlandsWarmTheBuild(t *testing.T) {
 	needMmdebstrap(t)
 	var warm, build bytes.Buffer
 	o := BuildOptions{
-		ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Sandbox}, CacheDir: t.TempDir(), Epoch: testEpoch,
+		ModuleDir: testenv.ModuleRoot(), Out: t.TempDir(), Images: []string{Sandbox}, CacheDir: t.TempDir(), Epoch: testEpoch,
 		SandboxVariant: "extract", SandboxPackages: []string{"base-files", "busybox"}, Progress: &warm,
 	}
 	if err := Userlands(o); err != nil {
@@ -288,7 +283,7 @@ func TestReproducibleDigests(t *testing.T) {
 	build := func(cache string) ([]Built, string) {
 		var progress bytes.Buffer
 		o := BuildOptions{
-			ModuleDir: moduleDir(t), Out: t.TempDir(), Images: []string{Manager, Sandbox},
+			ModuleDir: testenv.ModuleRoot(), Out: t.TempDir(), Images: []string{Manager, Sandbox},
 			ManagerPackage: managerPackage(t), CacheDir: cache, Epoch: testEpoch, Progress: &progress,
 			// A small userland keeps the test fast; the full set is built by make images.
 			SandboxVariant: "extract", SandboxPackages: []string{"base-files", "busybox"},

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
+	"github.com/fusebox-dev/fusebox/test/procstat"
 )
 
 // waitForFile returns the content of path once it is non-empty, failing the
@@ -357,7 +357,7 @@ func TestKillOrphans(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+	for syscall.Kill(pid, 0) == nil && procstat.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the orphan's sandbox process %d still runs", pid)
 		}
@@ -366,14 +366,4 @@ func TestKillOrphans(t *testing.T) {
 	if st, err := rt.State(ctx, ids[0]); err != nil || st.Status != runsc.StatusCreated {
 		t.Errorf("the recorded container: State = %+v, %v; want it still created", st, err)
 	}
-}
-
-// zombie reports whether process pid has ended and awaits its reaping.
-func zombie(pid int) bool {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	_, rest, _ := strings.Cut(string(b), ") ")
-	return strings.HasPrefix(rest, "Z")
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/test/procstat"
 )
 
 // A creation cut short (its sandbox never listened) kills the process it started and removes
@@ -44,7 +45,7 @@ func TestCancelledCreateLeavesNothing(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
 	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) {
+	for procstat.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d still runs after the failed creation", pid)
 		}
@@ -57,16 +58,4 @@ func TestCancelledCreateLeavesNothing(t *testing.T) {
 	if err != nil || len(units) != 0 {
 		t.Errorf("List = %v, %v; want nothing", units, err)
 	}
-}
-
-// alive reports whether pid runs (a zombie does not).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: the state follows the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }

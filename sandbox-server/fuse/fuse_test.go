@@ -25,6 +25,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
@@ -267,31 +268,17 @@ func TestPinning(t *testing.T) {
 		t.Fatal(err)
 	}
 	sandboxKey, _ := tlspin.ParsePublicKey(res.SandboxKey)
-	other, _ := newKey(t)
-	good, _ := tlspin.ClientConfig(agent, sandboxKey)
-	wrongAgent, _ := tlspin.ClientConfig(other, sandboxKey)
-	wrongSandbox, _ := tlspin.ClientConfig(agent, other.Public())
-	noCert := good.Clone()
-	noCert.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
-	tls12 := good.Clone()
-	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
-	for _, tc := range []struct {
-		name string
-		cfg  *tls.Config
-		ok   bool
-	}{
-		{"pinned agent", good, true},
-		{"wrong agent key", wrongAgent, false},
-		{"wrong sandbox key", wrongSandbox, false},
-		{"no client certificate", noCert, false},
-		{"TLS 1.2", tls12, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := sb.call(ctx, tc.cfg)
-			if tc.ok && err != nil {
+	cert, err := tlspin.Certificate(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tlspintest.Cases(t, cert, sandboxKey) {
+		t.Run(tc.Name, func(t *testing.T) {
+			err := sb.call(ctx, tc.Config)
+			if tc.OK && err != nil {
 				t.Fatal(err)
 			}
-			if !tc.ok && status.Code(err) != codes.Unavailable {
+			if !tc.OK && status.Code(err) != codes.Unavailable {
 				t.Fatalf("call: %v, want Unavailable", err)
 			}
 		})

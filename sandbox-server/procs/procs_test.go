@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/test/procstat"
 )
 
 func fds(files ...*os.File) []int {
@@ -42,16 +44,6 @@ func wait(t *testing.T, p *Process) Status {
 		t.Fatalf("process %d did not finish", p.Pid)
 		return Status{}
 	}
-}
-
-func alive(pid int) bool {
-	// A zombie still answers kill(0); read its state to tell.
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	return len(f) > 0 && f[0] != "Z"
 }
 
 func TestExitCodesAndSignals(t *testing.T) {
@@ -101,10 +93,10 @@ func TestKillGroupKillsTheTreeAndLeavesNoZombies(t *testing.T) {
 	}
 	for _, pid := range pids {
 		deadline := time.Now().Add(5 * time.Second)
-		for alive(pid) && time.Now().Before(deadline) {
+		for procstat.Alive(pid) && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
-		if alive(pid) {
+		if procstat.Alive(pid) {
 			t.Errorf("descendant %d survived", pid)
 		}
 	}
@@ -142,10 +134,10 @@ func TestLeaderExitKillsBackgroundMembers(t *testing.T) {
 	n, _ := rd.Read(buf)
 	bg, _ := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
 	deadline := time.Now().Add(5 * time.Second)
-	for alive(bg) && time.Now().Before(deadline) {
+	for procstat.Alive(bg) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if alive(bg) {
+	if procstat.Alive(bg) {
 		t.Fatalf("background member %d outlived its leader", bg)
 	}
 }

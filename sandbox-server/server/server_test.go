@@ -33,6 +33,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
@@ -436,46 +437,28 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 				t.Fatalf("pinned agent's call: %v", err)
 			}
 
-			other, _ := client.NewKey()
-			otherCert, _ := tlspin.Certificate(other.Signer())
-			good, _ := tlspin.ClientConfigCert(cert, sandboxKey)
-			wrongAgent, _ := tlspin.ClientConfigCert(otherCert, sandboxKey)
-			otherPub, _ := tlspin.ParsePublicKey(other.PublicKey())
-			wrongSandbox, _ := tlspin.ClientConfigCert(cert, otherPub)
-			noCert := good.Clone()
-			noCert.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
-			tls12 := good.Clone()
-			tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
-			for _, tc := range []struct {
-				name string
-				cfg  *tls.Config
-				ok   bool
-			}{
-				{"ordinary handshake of the pinned agent", good, true},
-				{"wrong agent key", wrongAgent, false},
-				{"wrong sandbox key", wrongSandbox, false},
-				{"no client certificate", noCert, false},
-				{"TLS 1.2", tls12, false},
-			} {
-				t.Run(tc.name, func(t *testing.T) {
-					c, err := grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc.cfg)))
+			// Ordinary handshakes, the pinned agent's and those to be refused.
+			for _, tc := range tlspintest.Cases(t, cert, sandboxKey) {
+				t.Run(tc.Name, func(t *testing.T) {
+					c, err := grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(tc.Config)))
 					if err != nil {
 						t.Fatal(err)
 					}
 					defer c.Close()
 					_, err = sandboxv1.NewSandboxClient(c).Stat(ctx, &sandboxv1.StatRequest{Path: "."})
-					if tc.ok && err != nil {
+					if tc.OK && err != nil {
 						t.Fatal(err)
 					}
-					if !tc.ok && status.Code(err) != codes.Unavailable {
+					if !tc.OK && status.Code(err) != codes.Unavailable {
 						t.Fatalf("call: %v, want Unavailable", err)
 					}
 					// The same handshake asking for a bulk connection instead of HTTP/2.
-					if err := bulkRequest(ctx, dataPath, tc.cfg); tc.ok != (status.Code(err) == codes.NotFound) {
-						t.Fatalf("bulk request: %v, want NotFound: %v", err, tc.ok)
+					if err := bulkRequest(ctx, dataPath, tc.Config); tc.OK != (status.Code(err) == codes.NotFound) {
+						t.Fatalf("bulk request: %v, want NotFound: %v", err, tc.OK)
 					}
 				})
 			}
+			other, _ := client.NewKey()
 			t.Run("replayed ClientHello", func(t *testing.T) {
 				// On a prepared connection (a new one finds no socket): the fuse is blown.
 				_, err := conns.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey(), TLSClientHello: hs.Hello()})

@@ -1,7 +1,6 @@
 package workspace
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/fusebox-dev/fusebox/internal/binpack"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
@@ -161,46 +161,29 @@ func (pl *planner) addWalked(e *walkEntry) error {
 	return nil
 }
 
-// packBatches sorts files by path and packs them first-fit-decreasing into batches of at most
-// limit bytes; files over limit are streamed. First fit only looks at the most recent batches,
-// so packing stays linear for any number of files.
+// packBatches packs files into batches of at most limit bytes (package binpack: first fit
+// over the files in decreasing size, ties in path order); files over limit are streamed.
+// First fit only looks at the most recent batches, so packing stays linear for any number of
+// files. Batches, the files in each and the streamed files are sorted by path.
 func packBatches(files []*sandboxv1.PlannedFile, limit uint64) ([]*sandboxv1.ReadBatch, []*sandboxv1.PlannedFile, uint64) {
 	const lookBack = 64
-	var (
-		total    uint64
-		streamed []*sandboxv1.PlannedFile
-		small    []*sandboxv1.PlannedFile
-	)
+	var total uint64
 	for _, f := range files {
 		total += f.Size
-		if f.Size > limit {
-			streamed = append(streamed, f)
-		} else {
-			small = append(small, f)
-		}
-	}
-	slices.SortFunc(small, func(a, b *sandboxv1.PlannedFile) int {
-		return cmp.Or(cmp.Compare(b.Size, a.Size), strings.Compare(a.Path, b.Path))
-	})
-	var batches []*sandboxv1.ReadBatch
-	for _, f := range small {
-		var dst *sandboxv1.ReadBatch
-		for _, b := range batches[max(0, len(batches)-lookBack):] {
-			if b.TotalBytes+f.Size <= limit {
-				dst = b
-				break
-			}
-		}
-		if dst == nil {
-			dst = &sandboxv1.ReadBatch{}
-			batches = append(batches, dst)
-		}
-		dst.Files = append(dst.Files, f)
-		dst.TotalBytes += f.Size
 	}
 	byPath := func(a, b *sandboxv1.PlannedFile) int { return strings.Compare(a.Path, b.Path) }
-	for _, b := range batches {
-		slices.SortFunc(b.Files, byPath)
+	files = slices.SortedFunc(slices.Values(files), byPath)
+	// Sizes come from stat and limit from MaxBatchBytes (an int64): both fit an int64.
+	bins, streamed := binpack.FirstFitDecreasing(files, func(f *sandboxv1.PlannedFile) int64 { return int64(f.Size) },
+		binpack.Bins{Capacity: int64(limit), LookBack: lookBack})
+	batches := make([]*sandboxv1.ReadBatch, 0, len(bins))
+	for _, b := range bins {
+		batch := &sandboxv1.ReadBatch{Files: b}
+		for _, f := range b {
+			batch.TotalBytes += f.Size
+		}
+		slices.SortFunc(batch.Files, byPath)
+		batches = append(batches, batch)
 	}
 	slices.SortFunc(batches, func(a, b *sandboxv1.ReadBatch) int { return byPath(a.Files[0], b.Files[0]) })
 	slices.SortFunc(streamed, byPath)

@@ -20,7 +20,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +48,7 @@ import (
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // registry is the stack's registry: the images are never pulled from it, the node holds
@@ -64,11 +64,6 @@ func TestMain(m *testing.M) {
 	}
 	imagetest.Cleanup()
 	os.Exit(code)
-}
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // deployment is the local stack as up made it on the node, and the agent's settings.
@@ -168,7 +163,7 @@ func deployUp(tools string, built map[string]imagetest.Built) (*deployment, erro
 	if err != nil {
 		return nil, err
 	}
-	project, err := os.ReadFile(filepath.Join(repoRoot(), "infra", "Pulumi.yaml"))
+	project, err := os.ReadFile(filepath.Join(testenv.ModuleRoot(), "infra", "Pulumi.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -397,7 +392,7 @@ func TestUpOnARealNode(t *testing.T) {
 // stackFile is stacks/Pulumi.local.yaml with release written in as `fusebox release` writes
 // it, the sandboxes sized for this 2-CPU node, and this host as an agent (dataClientCIDRs).
 func stackFile(release infra.ReleaseImages) ([]byte, error) {
-	b, err := os.ReadFile(filepath.Join(repoRoot(), "stacks", "Pulumi.local.yaml"))
+	b, err := os.ReadFile(filepath.Join(testenv.ModuleRoot(), "stacks", "Pulumi.local.yaml"))
 	if err != nil {
 		return nil, err
 	}

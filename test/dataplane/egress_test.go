@@ -22,6 +22,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // Every server these tests reach is on the host's loopback; the proxy's dialer refuses
@@ -195,11 +196,11 @@ func TestEgressAllowlistedThroughProxy(t *testing.T) {
 	blocked := newEgressServer(t, "secret", false)
 	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-egress-socket=/run/fusebox/egress.sock"},
 		Egress: []string{allowed.hostPort(), allowedTLS.hostPort()}})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	serveEgress(t, b, allowed.hostPort(), allowedTLS.hostPort())
 
 	t.Run("proxy variables", func(t *testing.T) {
-		got := sh(t, ctx, b.Client, "env | grep -i -e _proxy= | LC_ALL=C sort")
+		got := sandboxtest.Sh(t, ctx, b.Client, "env | grep -i -e _proxy= | LC_ALL=C sort")
 		want := "HTTPS_PROXY=http://127.0.0.1:3128\nHTTP_PROXY=http://127.0.0.1:3128\nNO_PROXY=localhost,::1\n" +
 			"http_proxy=http://127.0.0.1:3128\nhttps_proxy=http://127.0.0.1:3128\nno_proxy=localhost,::1\n"
 		if got != want {
@@ -263,7 +264,7 @@ func TestEgressAllowlistedThroughProxy(t *testing.T) {
 func interfaces(t *testing.T, ctx context.Context, c *client.Sandbox) []string {
 	t.Helper()
 	var names []string
-	for line := range strings.Lines(sh(t, ctx, c, "cat /proc/net/dev")) {
+	for line := range strings.Lines(sandboxtest.Sh(t, ctx, c, "cat /proc/net/dev")) {
 		if name, _, ok := strings.Cut(line, ":"); ok {
 			names = append(names, strings.TrimSpace(name))
 		}
@@ -273,9 +274,9 @@ func interfaces(t *testing.T, ctx context.Context, c *client.Sandbox) []string {
 
 func TestEgressDisabledWithoutFlag(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	srv := newEgressServer(t, "unreachable", false)
-	if got := sh(t, ctx, b.Client, "env | grep -i _proxy= || true"); got != "" {
+	if got := sandboxtest.Sh(t, ctx, b.Client, "env | grep -i _proxy= || true"); got != "" {
 		t.Errorf("proxy variables without -egress-socket: %q", got)
 	}
 	if ifaces := interfaces(t, ctx, b.Client); !slices.Equal(ifaces, []string{"lo"}) {
@@ -294,7 +295,7 @@ func TestEgressDisabledWithoutFlag(t *testing.T) {
 	if res.ExitCode == 0 {
 		t.Errorf("GET through 127.0.0.1:3128 without -egress-socket succeeded: %q", res.Stdout)
 	}
-	if got := sh(t, ctx, b.Client, "ls -A /run/fusebox"); strings.Contains(got, "egress") {
+	if got := sandboxtest.Sh(t, ctx, b.Client, "ls -A /run/fusebox"); strings.Contains(got, "egress") {
 		t.Errorf("/run/fusebox without egress: %q", got)
 	}
 	if n := srv.hits.Load(); n != 0 {
@@ -308,9 +309,9 @@ func TestEgressDisabledWithoutFlag(t *testing.T) {
 // with the server, and HTTP_PROXY was set in every sandbox).
 func TestNoRelayWithoutAnAllowlist(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-egress-socket=/run/fusebox/egress.sock"}})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	srv := newEgressServer(t, "unreachable", false)
-	if got := sh(t, ctx, b.Client, "env | grep -i _proxy= || true"); got != "" {
+	if got := sandboxtest.Sh(t, ctx, b.Client, "env | grep -i _proxy= || true"); got != "" {
 		t.Errorf("proxy variables in a sandbox allocated without egress: %q", got)
 	}
 	// Nothing listens on the relay's port: curl's exit 7 is "failed to connect" (to the

@@ -16,6 +16,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // The sandbox's root filesystem is read-only except /tmp, /workspace and /run/fusebox, so
@@ -48,10 +49,10 @@ echo victim > victim
 
 func TestEscapeAttemptsRefused(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	c, rpc := b.Client, b.Client.RPC()
 	data := []byte("pwned\n")
-	sh(t, ctx, c, escapeSetup)
+	sandboxtest.Sh(t, ctx, c, escapeSetup)
 	// A link whose target is lexically inside the workspace but runs through an escaping
 	// link: creating it is allowed (the check is lexical); following it is not.
 	if err := c.Symlink(ctx, "esc/tmplink/fusebox-secret", "innerlink"); err != nil {
@@ -124,7 +125,7 @@ func TestEscapeAttemptsRefused(t *testing.T) {
 	}
 
 	assertNothingOutside(t, ctx, b, tmpBefore)
-	if got := sh(t, ctx, c, "cat /tmp/fusebox-secret"); got != "TOPSECRET\n" {
+	if got := sandboxtest.Sh(t, ctx, c, "cat /tmp/fusebox-secret"); got != "TOPSECRET\n" {
 		t.Errorf("/tmp/fusebox-secret now holds %q", got)
 	}
 }
@@ -269,7 +270,7 @@ func assertNothingOutside(t *testing.T, ctx context.Context, b *sandboxtest.Boun
 	if tmpAfter := lsA(t, ctx, b.Client, "/tmp"); !slices.Equal(tmpBefore, tmpAfter) {
 		t.Errorf("/tmp changed: before %q, after %s", tmpBefore, capList(tmpAfter))
 	}
-	if out := strings.Fields(sh(t, ctx, b.Client, outsideScan)); len(out) > 0 {
+	if out := strings.Fields(sandboxtest.Sh(t, ctx, b.Client, outsideScan)); len(out) > 0 {
 		t.Errorf("found outside the workspace: %s", capList(out))
 	}
 	if got := lsA(t, ctx, b.Client, "/run/fusebox"); !slices.Equal(got, []string{"data.sock"}) {
@@ -334,7 +335,7 @@ echo $n
 
 func TestEscapeSymlinkSwapDuringWrites(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	c := b.Client
 	tmpBefore := lsA(t, ctx, c, "/tmp")
 
@@ -394,6 +395,6 @@ func TestEscapeSymlinkSwapDuringWrites(t *testing.T) {
 			t.Errorf("%s failed with %s during the swap", op, code)
 		}
 	}
-	sh(t, ctx, c, "rm -rf /workspace/sw")
+	sandboxtest.Sh(t, ctx, c, "rm -rf /workspace/sw")
 	assertNothingOutside(t, ctx, b, tmpBefore)
 }

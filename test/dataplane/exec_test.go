@@ -18,18 +18,19 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 func TestExecSeesGVisorKernel(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	var uts unix.Utsname
 	if err := unix.Uname(&uts); err != nil {
 		t.Fatal(err)
 	}
 	host := unix.ByteSliceToString(uts.Release[:])
-	release := strings.TrimSpace(sh(t, ctx, b.Client, "uname -r"))
-	version := sh(t, ctx, b.Client, "cat /proc/version")
+	release := strings.TrimSpace(sandboxtest.Sh(t, ctx, b.Client, "uname -r"))
+	version := sandboxtest.Sh(t, ctx, b.Client, "cat /proc/version")
 	if release == "" || release == host {
 		t.Errorf("uname -r in the sandbox = %q, the host's is %q: want gVisor's own kernel", release, host)
 	}
@@ -60,9 +61,9 @@ func rawExec(ctx context.Context, rpc sandboxv1.SandboxClient, req *sandboxv1.Ex
 
 func TestExecIO(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
-	sh(t, ctx, c, "mkdir -p /workspace/sub/deeper && echo f > /workspace/afile")
+	sandboxtest.Sh(t, ctx, c, "mkdir -p /workspace/sub/deeper && echo f > /workspace/afile")
 
 	t.Run("stdout and stderr", func(t *testing.T) {
 		res, err := c.Exec(ctx, client.Command{Script: "echo out; echo err >&2; printf o2; printf e2 >&2"})
@@ -161,7 +162,7 @@ func TestExecIO(t *testing.T) {
 			t.Errorf("HOME was unset but is there: %q", env)
 		}
 		// The next command has the base environment again.
-		env = strings.Split(sh(t, ctx, c, "env"), "\n")
+		env = strings.Split(sandboxtest.Sh(t, ctx, c, "env"), "\n")
 		for _, want := range []string{"HOME=/workspace", "LANG=C.UTF-8"} {
 			if !slices.Contains(env, want) {
 				t.Errorf("next command lacks %q: %q", want, env)
@@ -244,7 +245,7 @@ func TestExecIO(t *testing.T) {
 
 func TestExecOutputLimit(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{"-max-output-bytes=1000"}})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	tests := []struct {
 		name      string
 		script    string
@@ -285,7 +286,7 @@ wait
 
 func TestExecTimeoutKillsProcessTree(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	// Watch the tree grow while the command runs, for the log only: whether the scan catches
 	// it within the timeout depends on scheduling.
 	var most int
@@ -363,7 +364,7 @@ func startLong(t *testing.T, ctx context.Context, c, observer *client.Sandbox) <
 
 func TestExecCancelKillsCommand(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	cctx, cancel := context.WithCancel(ctx)
 	done := startLong(t, cctx, b.Client, b.Client)
 	cancel()
@@ -373,7 +374,7 @@ func TestExecCancelKillsCommand(t *testing.T) {
 
 func TestExecClientDisconnectKillsCommand(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	second := dial(t, b.DataAddr, b.SandboxKey, b.Key)
 	done := startLong(t, ctx, second, b.Client)
 	second.Close()
@@ -385,7 +386,7 @@ func TestExecClientDisconnectKillsCommand(t *testing.T) {
 
 func TestExecBackgroundProcesses(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 
 	// A command's background jobs share its process group, and the server kills the group
 	// when the command's main process exits: nothing a command forgets to wait for survives
@@ -418,7 +419,7 @@ echo $p`})
 	if !slices.Contains(l, "sleep "+pid+" 2000") {
 		t.Errorf("the setsid'ed sleep %s did not outlive its command: %q", pid, l)
 	}
-	sh(t, ctx, b.Client, "kill -KILL "+pid)
+	sandboxtest.Sh(t, ctx, b.Client, "kill -KILL "+pid)
 	waitNoLeftovers(t, ctx, b.Client)
 }
 
@@ -427,9 +428,9 @@ const echoState = `echo "A=${A-unset} B=${B-unset} C=${C-unset} D=${D-unset} F=$
 
 func TestExecLazyCommitState(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
-	state := func() string { return strings.TrimSpace(sh(t, ctx, c, echoState)) }
+	state := func() string { return strings.TrimSpace(sandboxtest.Sh(t, ctx, c, echoState)) }
 	steps := []struct {
 		name     string
 		cmd      client.Command
@@ -475,7 +476,7 @@ type groupAction struct {
 
 func TestTaskGroupLastLogicalWriteWins(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 10*time.Minute)
+	ctx := testenv.Context(t, 10*time.Minute)
 	c := b.Client
 	const rounds, perGroup, maxDelayMs = 20, 50, 30
 	seed := uint64(time.Now().UnixNano())
@@ -489,7 +490,7 @@ func TestTaskGroupLastLogicalWriteWins(t *testing.T) {
 	started := time.Now()
 	for round := range rounds {
 		// U is set in each round's base, so that an unset in the round is always a change.
-		sh(t, ctx, c, fmt.Sprintf("export U=base%d", round))
+		sandboxtest.Sh(t, ctx, c, fmt.Sprintf("export U=base%d", round))
 		want["U"] = fmt.Sprintf("base%d", round)
 		g := c.NewTaskGroup()
 		waits := make([]func() (*client.Result, error), perGroup)
@@ -531,7 +532,7 @@ func TestTaskGroupLastLogicalWriteWins(t *testing.T) {
 					round, i, scripts[i], res.ExitCode, res.StateRecorded, res.Stderr)
 			}
 		}
-		got := strings.TrimSpace(sh(t, ctx, c, `echo "V=${V-unset} W=${W-unset} U=${U-unset}"`))
+		got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, `echo "V=${V-unset} W=${W-unset} U=${U-unset}"`))
 		if exp := fmt.Sprintf("V=%s W=%s U=%s", want["V"], want["W"], want["U"]); got != exp {
 			t.Fatalf("round %d: next command sees %q, want %q (the logically last write of each variable)", round, got, exp)
 		}
@@ -541,13 +542,13 @@ func TestTaskGroupLastLogicalWriteWins(t *testing.T) {
 
 func TestTaskGroupLastLogicalCwdWins(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 10*time.Minute)
+	ctx := testenv.Context(t, 10*time.Minute)
 	c := b.Client
 	const rounds, perGroup, maxDelayMs = 10, 30, 30
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
-	sh(t, ctx, c, fmt.Sprintf("mkdir -p $(seq -f /workspace/cw/d%%g 0 %d)", perGroup-1))
+	sandboxtest.Sh(t, ctx, c, fmt.Sprintf("mkdir -p $(seq -f /workspace/cw/d%%g 0 %d)", perGroup-1))
 
 	want := "/workspace"
 	started := time.Now()
@@ -573,7 +574,7 @@ func TestTaskGroupLastLogicalCwdWins(t *testing.T) {
 				t.Fatalf("round %d command %d: %+v, %v", round, i, res, err)
 			}
 		}
-		if got := strings.TrimSpace(sh(t, ctx, c, "pwd")); got != want {
+		if got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, "pwd")); got != want {
 			t.Fatalf("round %d: next command runs in %q, want %q (the logically last cd)", round, got, want)
 		}
 	}
@@ -586,9 +587,9 @@ func TestTaskGroupLastLogicalCwdWins(t *testing.T) {
 // documented limit of diff-based deltas).
 func TestTaskGroupWriteOfBaseValue(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	c := b.Client
-	sh(t, ctx, c, "export A=base; mkdir -p /workspace/sub")
+	sandboxtest.Sh(t, ctx, c, "export A=base; mkdir -p /workspace/sub")
 	tests := []struct {
 		name          string
 		first, second string
@@ -611,10 +612,10 @@ func TestTaskGroupWriteOfBaseValue(t *testing.T) {
 					t.Fatalf("%+v, %v", res, err)
 				}
 			}
-			if got := strings.TrimSpace(sh(t, ctx, c, tc.check)); got != tc.want {
+			if got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, tc.check)); got != tc.want {
 				t.Errorf("after %q then (logically last) %q, the next command sees %q, want %q", tc.first, tc.second, got, tc.want)
 			}
-			sh(t, ctx, c, "export A=base; cd /workspace") // reset for the next case
+			sandboxtest.Sh(t, ctx, c, "export A=base; cd /workspace") // reset for the next case
 		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // tempPrefix is the name prefix of the server's in-flight atomic writes.
@@ -28,7 +29,7 @@ const tempPrefix = ".fusebox-tmp-"
 
 func TestWriteTreeRoundTrip(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	c := b.Client
 	rng := rand.New(rand.NewPCG(1, 2))
 
@@ -179,7 +180,7 @@ func tempFiles(t testing.TB, ctx context.Context, c *client.Sandbox, dir string)
 
 func TestWriteFileFromCancelledLeavesNothing(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 3*time.Minute)
+	ctx := testenv.Context(t, 3*time.Minute)
 	c := b.Client
 	if err := c.WriteFile(ctx, "up/existing.txt", []byte("old content"), 0o644); err != nil {
 		t.Fatal(err)
@@ -247,7 +248,7 @@ func wantNoFile(t testing.TB, ctx context.Context, c *client.Sandbox, p string) 
 
 func TestWriteFileFromSizeMismatch(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
 	if err := c.Mkdir(ctx, "sz", false); err != nil {
 		t.Fatal(err)
@@ -281,7 +282,7 @@ func TestWriteFileFromSizeMismatch(t *testing.T) {
 func TestWriteOverFileLimit(t *testing.T) {
 	const limit = 1 << 20
 	b := sandboxtest.StartBound(t, sandboxtest.Options{ServerArgs: []string{fmt.Sprintf("-max-file-bytes=%d", limit)}})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
 	if err := c.Mkdir(ctx, "lim", false); err != nil {
 		t.Fatal(err)
@@ -317,14 +318,14 @@ func TestWriteOverFileLimit(t *testing.T) {
 	if _, err := c.WriteFileFrom(ctx, "lim/at-limit", 0o644, bytes.NewReader(make([]byte, limit)), -1); err != nil {
 		t.Errorf("a stream of exactly the limit: %v", err)
 	}
-	sh(t, ctx, c, "head -c 2097152 /dev/zero > /workspace/lim/made-by-command")
+	sandboxtest.Sh(t, ctx, c, "head -c 2097152 /dev/zero > /workspace/lim/made-by-command")
 	_, err := c.ReadFile(ctx, "lim/made-by-command")
 	wantCode(t, "reading a file over the limit", err, codes.ResourceExhausted)
 }
 
 func TestGrepAndFind(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
 	var many strings.Builder
 	for i := range 100 {
@@ -443,7 +444,7 @@ func TestGrepAndFind(t *testing.T) {
 
 func TestReadFilesPlan(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
 	files := []client.File{
 		{Path: "p/a.txt", Data: []byte("aaaaaaaa")},

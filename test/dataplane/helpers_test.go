@@ -14,16 +14,6 @@ import (
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
-// testCtx returns a context that ends when the test ends or after d, whichever comes first.
-// The deadline only keeps a broken server from hanging the test binary; no test asserts on
-// how long anything takes.
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // codeOf is the gRPC status code of err, looking through the client's wrapping.
 func codeOf(err error) codes.Code { return status.Code(err) }
 
@@ -37,19 +27,6 @@ func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
 
 // socketPath is the host path of a unix:// address.
 func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
-
-// sh runs a script that must succeed and returns its standard output.
-func sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) string {
-	t.Helper()
-	res, err := c.Exec(ctx, client.Command{Script: script})
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	if res.ExitCode != 0 {
-		t.Fatalf("exec %q: exit %d (signal %q)\nstdout: %s\nstderr: %s", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
-	}
-	return string(res.Stdout)
-}
 
 // procScan prints, using shell builtins only (so that the scan starts no process that could
 // show up in it), one line per process whose argv[0] is sleep ("sleep <pid> <args...>") and
@@ -74,7 +51,7 @@ exit 0
 func leftovers(t testing.TB, ctx context.Context, c *client.Sandbox) []string {
 	t.Helper()
 	var out []string
-	for line := range strings.Lines(sh(t, ctx, c, procScan)) {
+	for line := range strings.Lines(sandboxtest.Sh(t, ctx, c, procScan)) {
 		if line = strings.TrimSpace(line); line != "" {
 			out = append(out, line)
 		}
@@ -96,6 +73,6 @@ func waitNoLeftovers(t testing.TB, ctx context.Context, c *client.Sandbox) {
 // lsA lists a directory inside the sandbox, one name a line, hidden names included.
 func lsA(t testing.TB, ctx context.Context, c *client.Sandbox, dir string) []string {
 	t.Helper()
-	out := sh(t, ctx, c, "ls -A "+dir)
+	out := sandboxtest.Sh(t, ctx, c, "ls -A "+dir)
 	return strings.Fields(out)
 }

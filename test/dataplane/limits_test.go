@@ -15,6 +15,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // The tests in this file attack the sandbox's limits and its server the way untrusted code
@@ -33,7 +34,7 @@ func alive(t *testing.T, ctx context.Context, c *client.Sandbox, after string) {
 	if _, err := c.Stat(ctx, ".", false); err != nil {
 		t.Fatalf("after %s: the server does not answer Stat: %v", after, err)
 	}
-	if got := sh(t, ctx, c, "echo alive"); got != "alive\n" {
+	if got := sandboxtest.Sh(t, ctx, c, "echo alive"); got != "alive\n" {
 		t.Fatalf("after %s: echo printed %q", after, got)
 	}
 }
@@ -52,12 +53,12 @@ func run(t *testing.T, ctx context.Context, c *client.Sandbox, cmd client.Comman
 // the server's process) is refused, and the server keeps serving.
 func TestCommandsCannotKillServer(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
-	if got := strings.TrimSpace(sh(t, ctx, c, "id -u; id -g; id -G")); got != "65532\n65532\n65532" {
+	if got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, "id -u; id -g; id -G")); got != "65532\n65532\n65532" {
 		t.Errorf("commands run as %q, want user and group 65532 and no other group", got)
 	}
-	if got := strings.TrimSpace(sh(t, ctx, c, "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status | awk '{print $2}' | sort -u | head -3")); !strings.HasPrefix(got, "0000000000000000") {
+	if got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status | awk '{print $2}' | sort -u | head -3")); !strings.HasPrefix(got, "0000000000000000") {
 		t.Errorf("commands hold capabilities: %q", got)
 	}
 	for _, sig := range []string{"KILL", "TERM", "STOP", "INT", "SEGV"} {
@@ -86,7 +87,7 @@ func TestCommandsCannotKillServer(t *testing.T) {
 	if err := c.WriteFile(ctx, "by-server.txt", []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(sh(t, ctx, c, "stat -c %u:%g /workspace /workspace/by-server.txt; rm by-server.txt && echo removed")); got != "65532:65532\n65532:65532\nremoved" {
+	if got := strings.TrimSpace(sandboxtest.Sh(t, ctx, c, "stat -c %u:%g /workspace /workspace/by-server.txt; rm by-server.txt && echo removed")); got != "65532:65532\n65532:65532\nremoved" {
 		t.Errorf("workspace ownership: %q", got)
 	}
 }
@@ -96,7 +97,7 @@ func TestCommandsCannotKillServer(t *testing.T) {
 // nor can it replace or remove the server's data socket.
 func TestSocketDirectoryHoldsSocketsOnly(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	c := b.Client
 	hostDir := filepath.Dir(socketPath(b.DataAddr))
 	alive(t, ctx, c, "init") // the init listener is closed by the first call's end
@@ -170,7 +171,7 @@ done
 // with EAGAIN inside the sandbox; the sandbox and its server live on.
 func TestProcessLimitFailsInside(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
-	ctx := testCtx(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 	c := b.Client
 	limit := runscalloc.DefaultProcessLimit
 	// 300 processes at once were enough to kill a sandbox whose host pids limit was 512.
@@ -195,11 +196,11 @@ func TestProcessLimitFailsInside(t *testing.T) {
 	alive(t, ctx, c, "a fork bomb")
 	// Nothing of the bomb outlives its exec: members forked while its group was being killed
 	// escaped that kill, and kept the process limit used up after the exec had returned.
-	if left := sh(t, ctx, c, othersScan); left != "" {
+	if left := sandboxtest.Sh(t, ctx, c, othersScan); left != "" {
 		t.Errorf("processes left after the fork bomb's exec returned:\n%s", left)
 	}
 	// The limit holds for every command together, and frees up as processes end.
-	sh(t, ctx, c, "pkill sleep; true")
+	sandboxtest.Sh(t, ctx, c, "pkill sleep; true")
 	waitNoLeftovers(t, ctx, c)
 	res = run(t, ctx, c, client.Command{Argv: []string{"sh", "-c",
 		"i=0; while [ $i -lt 300 ]; do sleep 600 & i=$((i+1)); done; echo started $i"}, Timeout: time.Minute})
@@ -214,7 +215,7 @@ func TestProcessLimitFailsInside(t *testing.T) {
 // the file API) well before the memory limit, and the sandbox lives on.
 func TestMemoryFilesystemsFullFailInside(t *testing.T) {
 	b := sandboxtest.StartBound(t, defaultBundle())
-	ctx := testCtx(t, 4*time.Minute)
+	ctx := testenv.Context(t, 4*time.Minute)
 	c := b.Client
 	tmpl := runscalloc.DefaultTemplate().Bundle
 	// Twice the memory limit: without a cap this got the sandbox killed by the host.
@@ -226,7 +227,7 @@ func TestMemoryFilesystemsFullFailInside(t *testing.T) {
 		}
 		alive(t, ctx, c, "filling "+dir)
 	}
-	got := strings.Fields(sh(t, ctx, c, "stat -c %s /workspace/fill /tmp/fill"))
+	got := strings.Fields(sandboxtest.Sh(t, ctx, c, "stat -c %s /workspace/fill /tmp/fill"))
 	if want := []string{fmt.Sprint(tmpl.WorkspaceSizeBytes), fmt.Sprint(tmpl.TmpSizeBytes)}; !slices.Equal(got, want) {
 		t.Errorf("sizes of the filled files: %q, want the caps %q", got, want)
 	}
@@ -234,7 +235,7 @@ func TestMemoryFilesystemsFullFailInside(t *testing.T) {
 	err := c.WriteFile(ctx, "more", make([]byte, 1<<20), 0o644)
 	wantCode(t, "WriteFile into a full workspace", err, codes.ResourceExhausted)
 	// Freeing space makes it usable again.
-	sh(t, ctx, c, "rm /workspace/fill /tmp/fill")
+	sandboxtest.Sh(t, ctx, c, "rm /workspace/fill /tmp/fill")
 	if err := c.WriteFile(ctx, "more", make([]byte, 1<<20), 0o644); err != nil {
 		t.Errorf("WriteFile after freeing space: %v", err)
 	}

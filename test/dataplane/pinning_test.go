@@ -24,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // pinServer checks, as a hand-built TLS client, that the server presents exactly sandboxKey.
@@ -145,7 +146,7 @@ func TestPlaintextH2ExecIsAValidCall(t *testing.T) {
 		if s != "touch /workspace/m" {
 			t.Fatalf("Exec got script %q", s)
 		}
-	case <-testCtx(t, 30*time.Second).Done():
+	case <-testenv.Context(t, 30*time.Second).Done():
 		t.Fatal("the hand-encoded HTTP/2 request never reached Exec")
 	}
 }
@@ -160,7 +161,7 @@ func TestDataPlaneRejectsUnpinnedClients(t *testing.T) {
 
 func dataPlaneRejectsUnpinnedClients(t *testing.T, fast string) {
 	sb := sandboxtest.Start(t, sandboxtest.Options{ServerArgs: []string{"-fast-path=" + fast}})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	// The agent's signer is needed for hand-built TLS configurations, so bind by hand.
 	signer, err := tlspin.GenerateKey()
 	if err != nil {
@@ -204,7 +205,7 @@ func dataPlaneRejectsUnpinnedClients(t *testing.T, fast string) {
 		attempt func(t *testing.T, marker string) error
 	}{
 		{"other agent key", func(t *testing.T, marker string) error {
-			return execMarker(ctx, dial(t, sb.DataAddr, sandboxKey, newKey(t)), marker)
+			return execMarker(ctx, dial(t, sb.DataAddr, sandboxKey, sandboxtest.NewKey(t)), marker)
 		}},
 		{"TLS 1.3 without a client certificate", func(t *testing.T, marker string) error {
 			cfg := &tls.Config{
@@ -285,7 +286,7 @@ func dataPlaneRejectsUnpinnedClients(t *testing.T, fast string) {
 	})
 
 	// All of that left the server serving the pinned agent.
-	if out := sh(t, ctx, good, "echo still-serving"); out != "still-serving\n" {
+	if out := sandboxtest.Sh(t, ctx, good, "echo still-serving"); out != "still-serving\n" {
 		t.Fatalf("pinned agent after the attempts: %q", out)
 	}
 }

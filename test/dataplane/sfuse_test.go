@@ -25,16 +25,8 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
-
-func newKey(t testing.TB) *client.Key {
-	t.Helper()
-	k, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
 
 // dial connects to the data plane pinning sandboxKey and presenting key.
 func dial(t testing.TB, addr string, sandboxKey []byte, key *client.Key) *client.Sandbox {
@@ -67,7 +59,7 @@ func wantNoMarker(t testing.TB, ctx context.Context, good *client.Sandbox, marke
 
 func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 	sb := sandboxtest.Start(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 
 	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -85,7 +77,7 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good := newKey(t).PublicKey()
+	good := sandboxtest.NewKey(t).PublicKey()
 	garbage := make([]byte, 91)
 	rand.Read(garbage)
 
@@ -110,13 +102,13 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 	}
 
 	// The fuse is intact: a valid initialisation still succeeds and serves the data plane.
-	key := newKey(t)
+	key := sandboxtest.NewKey(t)
 	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("valid InitializeTLS after malformed ones: %v", err)
 	}
 	c := dial(t, sb.DataAddr, fused.SandboxKey, key)
-	if out := sh(t, ctx, c, "echo ok"); out != "ok\n" {
+	if out := sandboxtest.Sh(t, ctx, c, "echo ok"); out != "ok\n" {
 		t.Fatalf("exec after init: stdout %q", out)
 	}
 }
@@ -131,8 +123,8 @@ func TestInitializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T) {
 
 func initializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T, fast string) {
 	sb := sandboxtest.Start(t, sandboxtest.Options{ServerArgs: []string{"-fast-path=" + fast}})
-	ctx := testCtx(t, 2*time.Minute)
-	first, second := newKey(t), newKey(t)
+	ctx := testenv.Context(t, 2*time.Minute)
+	first, second := sandboxtest.NewKey(t), sandboxtest.NewKey(t)
 
 	fused, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: first.PublicKey()})
 	if err != nil {
@@ -158,11 +150,11 @@ func initializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T, fast string) {
 
 func TestInitializeTLSConcurrentExactlyOneWins(t *testing.T) {
 	sb := sandboxtest.Start(t, sandboxtest.Options{})
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	const n = 10
 	keys := make([]*client.Key, n)
 	for i := range keys {
-		keys[i] = newKey(t)
+		keys[i] = sandboxtest.NewKey(t)
 	}
 	pubs := make([]sfuse.Result, n)
 	errs := make([]error, n)
@@ -263,7 +255,7 @@ func errString(err error) string {
 
 func TestInitSocketRemovedAfterInit(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
-	ctx := testCtx(t, time.Minute)
+	ctx := testenv.Context(t, time.Minute)
 	initPath := socketPath(b.InitAddr)
 	waitSocketGone(t, initPath)
 	if c, err := net.Dial("unix", initPath); err == nil {
@@ -281,7 +273,7 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 	// able to ask runsc about the container.
 	rt := runsctest.Runtime(t)
 	id := runsc.ID("idle", 1)
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{
 		Runtime:       rt,
 		ID:            id,
@@ -312,6 +304,6 @@ func TestUninitialisedSandboxExitsAfterIdleTTL(t *testing.T) {
 		t.Errorf("server log does not say why it exited:\n%s", log)
 	}
 	// And it can no longer be initialised.
-	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: newKey(t).PublicKey()})
+	_, err = sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: sandboxtest.NewKey(t).PublicKey()})
 	wantCode(t, "InitializeTLS after the idle TTL", err, codes.Unavailable)
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -20,12 +19,8 @@ import (
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/test/stacktest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 func tools(t *testing.T) string {
 	t.Helper()
@@ -46,11 +41,11 @@ func tools(t *testing.T) string {
 // loading and every component must hold together for each cloud.
 func TestPreviewEveryStack(t *testing.T) {
 	tl := tools(t)
-	stacks, _ := filepath.Glob(filepath.Join(repoRoot(), "stacks", "Pulumi.*.yaml"))
+	stacks, _ := filepath.Glob(filepath.Join(testenv.ModuleRoot(), "stacks", "Pulumi.*.yaml"))
 	if len(stacks) < 5 {
 		t.Fatalf("found %d stacks, want at least eks-dev, eks-prod, gke-dev, aks-dev, local", len(stacks))
 	}
-	repo := stacktest.Repo(t, repoRoot())
+	repo := stacktest.Repo(t, testenv.ModuleRoot())
 	for _, f := range stacks {
 		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "Pulumi."), ".yaml")
 		t.Run(name, func(t *testing.T) {
@@ -74,7 +69,7 @@ func TestPreviewRefusesAnUnreleasedStack(t *testing.T) {
 	tl := tools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	_, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "eks-dev", RepoDir: repoRoot(), Tools: tl,
+	_, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "eks-dev", RepoDir: testenv.ModuleRoot(), Tools: tl,
 		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": "/nonexistent"}})
 	if err == nil || !strings.Contains(err.Error(), "fusebox release --registry HOST[:PORT]/PATH --stack eks-dev") {
 		t.Fatalf("preview of an unreleased stack = %v, want an error saying to run fusebox release", err)
@@ -85,7 +80,7 @@ func TestPreviewRefusesAnUnreleasedStack(t *testing.T) {
 // message naming the key.
 func TestPreviewRefusesATaggedImage(t *testing.T) {
 	tl := tools(t)
-	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, repoRoot()), "tagged", func(local string) string {
+	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, testenv.ModuleRoot()), "tagged", func(local string) string {
 		tagged := strings.Replace(local, stacktest.Registry+"/manager@sha256:", stacktest.Registry+"/manager:latest#", 1)
 		if tagged == local {
 			t.Fatal("the released local stack has no manager image to tag")
@@ -108,7 +103,7 @@ func TestPreviewCreatesAFileBackendDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "not", "yet")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: stacktest.Repo(t, repoRoot()), Tools: tl,
+	if _, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: stacktest.Repo(t, testenv.ModuleRoot()), Tools: tl,
 		Backend: "file://" + dir, Env: map[string]string{"KUBECONFIG": "/nonexistent"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +118,7 @@ func TestPreviewCreatesAFileBackendDir(t *testing.T) {
 // file parses as a Kubernetes object, and the state backend passed in is left untouched.
 func TestUpRendersManifests(t *testing.T) {
 	tl := tools(t)
-	repo := stacktest.Repo(t, repoRoot())
+	repo := stacktest.Repo(t, testenv.ModuleRoot())
 	stacks, _ := filepath.Glob(filepath.Join(repo, "stacks", "Pulumi.*.yaml"))
 	for _, f := range stacks {
 		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "Pulumi."), ".yaml")
@@ -172,7 +167,7 @@ func TestUpRendersManifests(t *testing.T) {
 			}
 		})
 	}
-	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "local", RepoDir: repoRoot(), Tools: tl, RenderDir: t.TempDir()})
+	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "local", RepoDir: testenv.ModuleRoot(), Tools: tl, RenderDir: t.TempDir()})
 	if err == nil {
 		t.Error("preview with a render directory was accepted: it would render nothing")
 	}
@@ -228,7 +223,7 @@ func expectedObjects(t *testing.T, stackFile, stack string) map[string]bool {
 }
 
 func TestUnknownStack(t *testing.T) {
-	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "nope", RepoDir: repoRoot(), Tools: "/nonexistent"})
+	_, err := deploy.Run(context.Background(), deploy.Preview, deploy.Options{Stack: "nope", RepoDir: testenv.ModuleRoot(), Tools: "/nonexistent"})
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("unknown stack: %v", err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/test/stacktest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // helmReleaseType is skipped: a Helm release is not an API object but a chart the provider
@@ -42,7 +43,7 @@ const helmReleaseType = "kubernetes:helm.sh/v3:Release"
 func TestStackObjectsAreValid(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	paths, err := filepath.Glob(filepath.Join(repoRoot(), "stacks", "Pulumi.*.yaml"))
+	paths, err := filepath.Glob(filepath.Join(testenv.ModuleRoot(), "stacks", "Pulumi.*.yaml"))
 	if err != nil || len(paths) == 0 {
 		t.Fatalf("stack files: %v %v", paths, err)
 	}
@@ -118,7 +119,7 @@ func TestDryRunRefusesInvalidObjects(t *testing.T) {
 	recorded := map[string]*unstructured.Unstructured{} // by kind, from the EKS and AKS stacks
 	for _, stack := range []string{"eks-dev", "aks-dev"} {
 		m, err := mocktest.Run(infra.Program,
-			mocktest.WithConfig(stackConfig(t, filepath.Join(repoRoot(), "stacks", "Pulumi."+stack+".yaml"))),
+			mocktest.WithConfig(stackConfig(t, filepath.Join(testenv.ModuleRoot(), "stacks", "Pulumi."+stack+".yaml"))),
 			func(info *pulumi.RunInfo) { info.Stack = stack })
 		if err != nil {
 			t.Fatalf("%s: %v", stack, err)

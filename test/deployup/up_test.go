@@ -9,7 +9,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -29,16 +28,12 @@ import (
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 	"github.com/fusebox-dev/fusebox/test/stacktest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 var env *kubetest.Env
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m, &env)) }
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 func TestUpLocalStack(t *testing.T) {
 	tools := os.Getenv("FUSEBOX_PULUMI_TOOLS")
@@ -55,7 +50,7 @@ func TestUpLocalStack(t *testing.T) {
 
 	// The local stack, with skipAwait: this control plane runs no deployment controller or
 	// scheduler, so the manager's Deployment never gets pods.
-	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, repoRoot()), "local", func(local string) string {
+	repo := mocktest.ScratchRepo(t, stacktest.Repo(t, testenv.ModuleRoot()), "local", func(local string) string {
 		stack := strings.Replace(local, "  fusebox:manager:\n", "  fusebox:manager:\n    skipAwait: true\n", 1)
 		if stack == local {
 			t.Fatal("stacks/Pulumi.local.yaml has no fusebox:manager block to extend")

@@ -7,16 +7,16 @@ package deps
 import (
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
+
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 func TestProductBinaryDeps(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("go not on PATH (the check runs go list -deps): %v", err)
 	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
+	root := testenv.ModuleRoot()
 	cmd := exec.Command(filepath.Join(root, "hack", "deps-lists.sh"), "--check")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -6,15 +6,12 @@ package imagebuild
 
 import (
 	"bufio"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 )
@@ -27,11 +24,6 @@ func TestMain(m *testing.M) {
 
 // goarch is the platform's architecture as OCI names it.
 const goarch = runtime.GOARCH
-
-func moduleDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 // The release images and the tools' paths, as test/imagetest gives them.
 var (
@@ -49,15 +41,6 @@ func fileSHA256(t *testing.T, p string) string {
 	}
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
-}
-
-// testCtx ends with the test or after d: the deadline only keeps a broken tool from hanging
-// the test binary.
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // waitForLine reads r line by line until a line contains want, and returns every line read.

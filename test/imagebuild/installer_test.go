@@ -23,6 +23,8 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/image"
 	"github.com/fusebox-dev/fusebox/internal/rootfs"
+	"github.com/fusebox-dev/fusebox/test/procstat"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // The installer's contract with its DaemonSet (components/gvisor): the startup taint it
@@ -170,7 +172,7 @@ func TestNodeInstallerImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := r.Dir
-	want, err := os.ReadFile(filepath.Join(moduleDir(), "components", "gvisor", "node-installer.sh"))
+	want, err := os.ReadFile(filepath.Join(testenv.ModuleRoot(), "components", "gvisor", "node-installer.sh"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +186,7 @@ func TestNodeInstallerImage(t *testing.T) {
 	}
 
 	imageEnv := slices.Clone(cf.Config.Env)
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	// The binaries run from the unpacked layers, and every tool the script calls is in the
 	// image's userland.
 	for _, tc := range []struct {
@@ -345,20 +347,8 @@ func envValue(env []string, key string) string {
 // waitForChild waits until a process named comm runs in process group pgid.
 func waitForChild(ctx context.Context, pgid int, comm string) error {
 	for {
-		stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-		for _, p := range stats {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				continue
-			}
-			// pid (comm) state ppid pgrp ...
-			s := string(b)
-			i, j := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-			if i < 0 || j < i {
-				continue
-			}
-			f := strings.Fields(s[j+1:])
-			if s[i+1:j] == comm && len(f) > 2 && f[2] == strconv.Itoa(pgid) {
+		for _, p := range procstat.All() {
+			if p.Comm == comm && p.PGRP == pgid {
 				return nil
 			}
 		}

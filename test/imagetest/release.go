@@ -6,12 +6,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/internal/image"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // Built is one image as `fusebox image build --tar` printed it.
@@ -33,11 +33,6 @@ func Cleanup() {
 	if buildOut != "" {
 		os.RemoveAll(buildOut)
 	}
-}
-
-func moduleDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // NeedImageBuild skips or fails a test that builds the release images when the machine
@@ -115,7 +110,7 @@ func FuseboxCLI(dir string) (string, error) {
 	}
 	cli := filepath.Join(dir, "fusebox")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", cli, "./cmd/fusebox")
-	cmd.Dir = moduleDir()
+	cmd.Dir = testenv.ModuleRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build -trimpath ./cmd/fusebox: %v\n%s", err, out)
@@ -138,7 +133,7 @@ func Release(t testing.TB) map[string]Built {
 			return
 		}
 		cmd := exec.Command(cli, "image", "build", "--tar", "--out", filepath.Join(buildOut, "images"),
-			"--repo", moduleDir(), "--runsc", RunscPath(), "--shim", ShimPath(), "--cache", CacheDir())
+			"--repo", testenv.ModuleRoot(), "--runsc", RunscPath(), "--shim", ShimPath(), "--cache", CacheDir())
 		var stdout strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
 		if err := cmd.Run(); err != nil {

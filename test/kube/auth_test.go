@@ -34,6 +34,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/transport"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 const testAudience = "fusebox-test-manager"
@@ -108,7 +109,7 @@ func writeFile(t *testing.T, dir, name, content string) string {
 // server and publishes the CA; agents authenticate with ServiceAccount tokens from
 // TokenRequest, checked by TokenReview; the policy, List's filtering and the lease tokens hold.
 func TestManagerAPIAuthentication(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	mgrNS, agents, others := env.Namespace(t), env.Namespace(t), env.Namespace(t)
 	dir := t.TempDir()
 	policy := writeFile(t, dir, "policy.yaml", "rules:\n- namespaces: ["+agents+"]\n  egress: [\"pypi.org:443\"]\n")

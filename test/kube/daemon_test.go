@@ -17,6 +17,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 func daemonConfig(t *testing.T, ns string) daemon.Config {
@@ -50,7 +51,7 @@ func TestManagerRefusesNamespaceWithoutDefaultDeny(t *testing.T) {
 // wins the election and fills the pool to its target; on exit it leaves the shared pool.
 func TestManagerFillsSharedPool(t *testing.T) {
 	ns := env.Namespace(t)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	createDefaultDeny(t, ctx, ns)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -122,7 +123,7 @@ spec:
 // from the file, with the enforced security settings.
 func TestManagerUsesSandboxTemplate(t *testing.T) {
 	ns := env.Namespace(t)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	createDefaultDeny(t, ctx, ns)
 	cfg := daemonConfig(t, ns)
 	cfg.PoolSize, cfg.PoolMax = 1, 1

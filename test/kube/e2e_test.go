@@ -19,6 +19,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // runscEndpoints maps each pod kwok runs to a real gVisor sandbox started on this machine, so
@@ -74,7 +75,7 @@ func TestAllocateExecThroughKube(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // forbidPolicies answers every write of a CiliumNetworkPolicy with 403, as an API server
@@ -69,7 +70,7 @@ func TestPolicyFailureIsNotHandedOut(t *testing.T) {
 	})
 	m := startManager(t, a, 4, manager.Options{AllocateWait: time.Minute})
 	waitFor(t, func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 4 })
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	key, _ := client.NewKey()
 	_, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey(), Egress: []string{"api.example.com:443"}})
 	if !errors.Is(err, manager.ErrAllocator) || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "egress") {
@@ -108,7 +109,7 @@ func TestNeverReadyPodIsDestroyedAndCounted(t *testing.T) {
 		o.ReadyTimeout = 500 * time.Millisecond
 	})
 	m := startManager(t, a, 1, manager.Options{})
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	var seen []string
 	waitFor(t, func() bool {
 		pods, _ := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})

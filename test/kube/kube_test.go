@@ -18,6 +18,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -129,17 +130,11 @@ func newAllocatorWith(t *testing.T, ns, identity string, counts *kubealloc.Reque
 	return a
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // createPool creates n pods concurrently and waits until every allocator's cache counts
 // them ready.
 func createPool(t *testing.T, a *kubealloc.Allocator, prefix string, n int, all ...*kubealloc.Allocator) []string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	ids := make([]string, n)
 	errs := make(chan error, n)
 	for i := range n {
@@ -187,7 +182,7 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestCreatePodSpecSecurity(t *testing.T) {
 	ns := env.Namespace(t)
 	a := newAllocator(t, ns, "replica-a", nil)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	start := time.Now()
 	info, err := a.Create(ctx, "sb-0001", manager.DefaultTemplate)
 	if err != nil {
@@ -262,7 +257,7 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	a := newAllocatorWith(t, ns, "replica-a", nil, func(o *kubealloc.Options) {
 		o.Endpoints = func(*corev1.Pod) (string, string, error) { return "", "", errors.New("no endpoint for this pod") }
 	})
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	_, err := a.Create(ctx, "fail-0001", manager.DefaultTemplate)
 	if !errors.Is(err, manager.ErrAllocator) {
 		t.Fatalf("Create: %v, want ErrAllocator", err)
@@ -279,7 +274,7 @@ func TestConcurrentClaimsTwoReplicas(t *testing.T) {
 	b := newAllocator(t, ns, "replica-b", nil)
 	const pool, claims = 40, 200
 	createPool(t, a, "pool", pool, b)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	type result struct {
 		id, by string
 		err    error
@@ -347,7 +342,7 @@ func TestOneWriteClaimsTwoReplicas(t *testing.T) {
 	b := newAllocator(t, ns, "replica-b", nil)
 	const pool, allocs = 30, 120
 	createPool(t, a, "ow", pool, b)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	type result struct {
 		id, by string
 		lost   int
@@ -421,7 +416,7 @@ func TestOneWriteClaimsTwoReplicas(t *testing.T) {
 func TestBindEgressOnePolicyPerSandbox(t *testing.T) {
 	ns := env.Namespace(t)
 	a := newAllocator(t, ns, "replica-a", nil)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	ids := createPool(t, a, "eg", 2)
 	allow := map[string][]string{
 		ids[0]: {"api.github.com:443", "*.pypi.org:443", "192.0.2.10:8080", "[2001:db8::1]:443"},
@@ -489,7 +484,7 @@ func TestBindEgressOnePolicyPerSandbox(t *testing.T) {
 func TestDestroyDeletesPodAndPolicy(t *testing.T) {
 	ns := env.Namespace(t)
 	a := newAllocator(t, ns, "replica-a", nil)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	ids := createPool(t, a, "ds", 1)
 	if err := a.BindEgress(ctx, ids[0], []string{"example.com:443"}); err != nil {
 		t.Fatal(err)
@@ -514,7 +509,7 @@ func TestDestroyDeletesPodAndPolicy(t *testing.T) {
 func TestNewReplicaListsExistingPods(t *testing.T) {
 	ns := env.Namespace(t)
 	a := newAllocator(t, ns, "replica-a", nil)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	ids := createPool(t, a, "ad", 2)
 	info, err := a.Claim(ctx, manager.DefaultTemplate)
 	if err != nil {
@@ -575,7 +570,7 @@ func TestNewReplicaListsExistingPods(t *testing.T) {
 
 func TestCheckDefaultDeny(t *testing.T) {
 	ns := env.Namespace(t)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	if err := kubealloc.CheckDefaultDeny(ctx, env.Dynamic, ns, sandboxnet.Cilium); !errors.Is(err, kubealloc.ErrNoDefaultDeny) {
 		t.Fatalf("without the policy: %v", err)
 	}
@@ -604,7 +599,7 @@ func TestAPIRequestsPerAllocationConstant(t *testing.T) {
 	ns := env.Namespace(t)
 	var counts kubealloc.RequestCounts
 	a := newAllocator(t, ns, "replica-a", &counts)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	const n = 8
 	createPool(t, a, "rq", n)
 	before := counts.Snapshot()

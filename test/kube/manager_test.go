@@ -12,6 +12,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // TestManagersOverKube runs two manager replicas on the kube allocator against the real API
@@ -114,7 +115,7 @@ func TestLeaderCollectsOrphanedClaims(t *testing.T) {
 	dead := newAllocator(t, ns, "replica-dead", nil)
 	live := newAllocator(t, ns, "replica-live", nil)
 	createPool(t, dead, "orph", 2, live)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 	orphan, err := dead.Claim(ctx, manager.DefaultTemplate)
 	if err != nil {
 		t.Fatal(err)

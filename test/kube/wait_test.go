@@ -13,6 +13,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // countingClaims counts the manager's tries to take a pod (Claim, or Pick with the claim in
@@ -53,7 +54,7 @@ func TestAllocateOnEmptyPoolWaitsForTheInformer(t *testing.T) {
 	ns := env.Namespace(t)
 	var counts kubealloc.RequestCounts
 	a := &countingClaims{Allocator: newAllocator(t, ns, "replica-a", &counts)}
-	ctx := ctxT(t)
+	ctx := testenv.Context(t, 2*time.Minute)
 
 	// The test's own watch notes when the pod turns Ready.
 	w, err := env.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})

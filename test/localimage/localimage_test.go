@@ -28,6 +28,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 var (
@@ -64,22 +65,10 @@ func sandboxLayout(t testing.TB) string {
 	return layoutDir
 }
 
-// testCtx returns a context that ends with the test or after d; the deadline only keeps a
-// broken sandbox from hanging the test binary.
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // bind performs sFuse on a unit's init socket and dials its data plane.
 func bind(t testing.TB, ctx context.Context, initAddr, dataAddr string) *client.Sandbox {
 	t.Helper()
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	key := sandboxtest.NewKey(t)
 	res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatalf("sFuse: %v", err)
@@ -100,16 +89,6 @@ func run(t testing.TB, ctx context.Context, c *client.Sandbox, script string) (i
 		t.Fatalf("exec %q: %v", script, err)
 	}
 	return int(res.ExitCode), string(res.Stdout), string(res.Stderr)
-}
-
-// sh runs script, which must succeed, and returns its stdout.
-func sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) string {
-	t.Helper()
-	code, out, errOut := run(t, ctx, c, script)
-	if code != 0 {
-		t.Fatalf("exec %q: exit %d\nstdout: %s\nstderr: %s", script, code, out, errOut)
-	}
-	return out
 }
 
 // listDir returns the names in dir, sorted.
@@ -155,7 +134,7 @@ func TestSandboxFromTheImage(t *testing.T) {
 	rootDir := filepath.Join(state, "rootfs", digests[0], "root")
 	before := listDir(t, rootDir)
 
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	var units []manager.UnitInfo
 	for i := range 2 {
 		id := runsc.ID("img", uint64(i+1))
@@ -193,19 +172,19 @@ func TestSandboxFromTheImage(t *testing.T) {
 	}
 
 	c := bind(t, ctx, units[0].InitAddr, units[0].DataAddr)
-	if out := sh(t, ctx, c, "python3 -c 'print(1)'"); out != "1\n" {
+	if out := sandboxtest.Sh(t, ctx, c, "python3 -c 'print(1)'"); out != "1\n" {
 		t.Errorf("python3 -c 'print(1)' printed %q", out)
 	}
-	if out := sh(t, ctx, c, "git --version"); !strings.HasPrefix(out, "git version ") {
+	if out := sandboxtest.Sh(t, ctx, c, "git --version"); !strings.HasPrefix(out, "git version ") {
 		t.Errorf("git --version printed %q", out)
 	}
-	if out := sh(t, ctx, c, "cat /etc/os-release"); out != wantOS {
+	if out := sandboxtest.Sh(t, ctx, c, "cat /etc/os-release"); out != wantOS {
 		t.Errorf("/etc/os-release is\n%s\nwant the image's\n%s", out, wantOS)
 	}
 	if !strings.Contains(wantOS, `VERSION_CODENAME=bookworm`) {
 		t.Errorf("the image's os-release is not Debian 12's:\n%s", wantOS)
 	}
-	if out := sh(t, ctx, c, "id -u; id -g; pwd; echo $LANG"); out != "65532\n65532\n/workspace\nC.UTF-8\n" {
+	if out := sandboxtest.Sh(t, ctx, c, "id -u; id -g; pwd; echo $LANG"); out != "65532\n65532\n/workspace\nC.UTF-8\n" {
 		t.Errorf("id -u, id -g, pwd, $LANG: %q, want the image's user, working directory and environment", out)
 	}
 	// Nothing of the host's bin/ is bound in: the server is the image's own.
@@ -216,7 +195,7 @@ func TestSandboxFromTheImage(t *testing.T) {
 	if code, _, _ := run(t, ctx, c, "echo x > /usr/x || exit 1; exit 0"); code == 0 {
 		t.Error("wrote to /usr of the image root")
 	}
-	sh(t, ctx, c, "echo x > /workspace/f && echo y > /tmp/f && git init -q /workspace/repo")
+	sandboxtest.Sh(t, ctx, c, "echo x > /workspace/f && echo y > /tmp/f && git init -q /workspace/repo")
 	// Bound without an allowlist, the sandbox runs no egress relay at all.
 	egress := `import socket
 socket.create_connection(("127.0.0.1", 3128), timeout=30)`
@@ -226,7 +205,7 @@ socket.create_connection(("127.0.0.1", 3128), timeout=30)`
 
 	// The second sandbox answers too, and sees nothing of the first one's writes.
 	c2 := bind(t, ctx, units[1].InitAddr, units[1].DataAddr)
-	if out := sh(t, ctx, c2, "ls -A /workspace /tmp"); strings.Contains(out, "repo") || strings.Contains(out, " f") {
+	if out := sandboxtest.Sh(t, ctx, c2, "ls -A /workspace /tmp"); strings.Contains(out, "repo") || strings.Contains(out, " f") {
 		t.Errorf("second sandbox sees the first one's files: %q", out)
 	}
 	if after := listDir(t, rootDir); !slices.Equal(before, after) {
@@ -261,8 +240,8 @@ func TestHostRootShowsOnlyTheSandboxBinary(t *testing.T) {
 		}
 	}
 	b := sandboxtest.StartBound(t, sandboxtest.Options{SandboxBinary: filepath.Join(bin, "fusebox-sandbox")})
-	ctx := testCtx(t, 2*time.Minute)
-	if out := sh(t, ctx, b.Client, "ls -A /opt/fusebox"); out != "fusebox-sandbox\n" {
+	ctx := testenv.Context(t, 2*time.Minute)
+	if out := sandboxtest.Sh(t, ctx, b.Client, "ls -A /opt/fusebox"); out != "fusebox-sandbox\n" {
 		t.Errorf("ls -A /opt/fusebox = %q, want only fusebox-sandbox", out)
 	}
 	for _, p := range []string{"/opt/fusebox/fusebox", "/opt/fusebox/secret.txt"} {
@@ -270,7 +249,7 @@ func TestHostRootShowsOnlyTheSandboxBinary(t *testing.T) {
 			t.Errorf("%s is visible in the sandbox: %q", p, out)
 		}
 	}
-	if out := sh(t, ctx, b.Client, "/opt/fusebox/fusebox-sandbox -h 2>&1 | head -1; test -w /opt/fusebox/fusebox-sandbox || echo read-only"); !strings.Contains(out, "read-only") {
+	if out := sandboxtest.Sh(t, ctx, b.Client, "/opt/fusebox/fusebox-sandbox -h 2>&1 | head -1; test -w /opt/fusebox/fusebox-sandbox || echo read-only"); !strings.Contains(out, "read-only") {
 		t.Errorf("the bound binary: %q, want it present and read-only", out)
 	}
 }

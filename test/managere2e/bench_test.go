@@ -8,6 +8,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/schedtrace"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/bench"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // fusebox-bench allocate --manager measures warm allocations against a running manager and
@@ -15,7 +16,7 @@ import (
 func TestBenchAgainstRunningManager(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 
 	// With --sched where the kernel has tracefs (root: this test's sandboxes need it anyway).
 	noTracefs := schedtrace.Available()
@@ -67,7 +68,7 @@ func TestBenchAgainstRunningManager(t *testing.T) {
 func TestSDKBenchAgainstRunningManager(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	r, err := bench.SDK(ctx, bench.SDKOptions{Manager: e.Addr, ExecRuns: 5})
 	if err != nil {
 		t.Fatalf("SDK: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // A manager killed with SIGKILL does not interrupt the sandbox bound through it; the next
@@ -29,7 +30,7 @@ import (
 // nothing but bound sandboxes, and here none.
 func TestManagerKilledWhileBound(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, 10*time.Minute)
+	ctx := testenv.Context(t, 10*time.Minute)
 	mc := dialManager(t, e.Addr)
 	web := newLoopbackServer(t, "egress ok")
 	egressOK := func(sb *client.Sandbox) curlResult {
@@ -39,7 +40,7 @@ func TestManagerKilledWhileBound(t *testing.T) {
 	first := e.startLocalUp(t, "manager-1", "--pool-size", "2")
 	e.waitServing(t, first, mc)
 	waitPoolSettled(t, ctx, mc, 2)
-	key := newKey(t)
+	key := sandboxtest.NewKey(t)
 	resp, err := mc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(),
 		LeaseTtl: durationpb.New(10 * time.Minute), Egress: []string{web.hostPort()}, Labels: map[string]string{"session": "s-1"}})
 	if err != nil {
@@ -51,14 +52,14 @@ func TestManagerKilledWhileBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Close()
-	if out := sh(t, ctx, sb, "echo before > /workspace/state; cat /workspace/state"); out != "before\n" {
+	if out := sandboxtest.Sh(t, ctx, sb, "echo before > /workspace/state; cat /workspace/state"); out != "before\n" {
 		t.Fatalf("exec before the kill: %q", out)
 	}
 	if r := egressOK(sb); r.code != "200" || r.body != "egress ok" {
 		t.Fatalf("egress before the kill: %+v", r)
 	}
 	// A second sandbox whose short lease will end while no manager runs.
-	short, _ := rawAllocate(t, ctx, mc, newKey(t), 5*time.Second)
+	short, _ := rawAllocate(t, ctx, mc, sandboxtest.NewKey(t), 5*time.Second)
 	shortID := short.GetSandboxId()
 	units := waitPoolSettled(t, ctx, mc, 2)
 	oldReady := idsIn(units, managerv1.UnitState_UNIT_STATE_READY)
@@ -71,7 +72,7 @@ func TestManagerKilledWhileBound(t *testing.T) {
 		t.Errorf("SIGKILLed manager exit code %d", code)
 	}
 	// The data path does not go through the manager.
-	if out := sh(t, ctx, sb, "cat /workspace/state; echo during >> /workspace/state"); out != "before\n" {
+	if out := sandboxtest.Sh(t, ctx, sb, "cat /workspace/state; echo during >> /workspace/state"); out != "before\n" {
 		t.Errorf("exec with the manager dead: %q", out)
 	}
 	if !slices.Contains(e.containers(t), id) {
@@ -95,7 +96,7 @@ func TestManagerKilledWhileBound(t *testing.T) {
 	if s.GetState() != managerv1.UnitState_UNIT_STATE_BOUND || s.GetLabels()["session"] != "s-1" || !slices.Equal(s.GetEgress(), []string{web.hostPort()}) {
 		t.Errorf("after the restart List shows the bound sandbox as %v, want BOUND with its labels and egress", s)
 	}
-	if out := sh(t, ctx, sb, "cat /workspace/state"); out != "before\nduring\n" {
+	if out := sandboxtest.Sh(t, ctx, sb, "cat /workspace/state"); out != "before\nduring\n" {
 		t.Errorf("exec after the restart: %q", out)
 	}
 	if r := egressOK(sb); r.code != "200" || r.body != "egress ok" {
@@ -149,7 +150,7 @@ func TestManagerKilledWhileBound(t *testing.T) {
 // serves allocations and the manager logs a warning for each.
 func TestProcessAllocatorNeedsInsecureFlag(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 
 	refused := e.startLocalUp(t, "refused", "--allocator", "process", "--pool-size", "1")
 	if code := refused.wait(t); code == 0 {
@@ -169,7 +170,7 @@ func TestProcessAllocatorNeedsInsecureFlag(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
-	if out := sh(t, ctx, a.Sandbox, "echo hi"); out != "hi\n" {
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo hi"); out != "hi\n" {
 		t.Errorf("echo hi: %q", out)
 	}
 	if err := a.Close(); err != nil {
@@ -216,7 +217,7 @@ func runFusebox(t *testing.T, ctx context.Context, args ...string) (int, string,
 // releases; `fusebox status` shows the pool.
 func TestFuseboxRunAndStatus(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, 10*time.Minute)
+	ctx := testenv.Context(t, 10*time.Minute)
 	mc := dialManager(t, e.Addr)
 	p := e.startLocalUp(t, "manager", "--pool-size", "2")
 	e.waitServing(t, p, mc)
@@ -348,7 +349,7 @@ func TestFuseboxRunAndStatus(t *testing.T) {
 // touch the running manager's sandboxes or socket.
 func TestSecondManagerOnSameStateDirRefused(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 	first := e.startLocalUp(t, "manager-1", "--pool-size", "2")
 	e.waitServing(t, first, mc)

@@ -25,6 +25,7 @@ import (
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // An allocation through the in-process daemon runs commands under gVisor, and releasing it
@@ -32,7 +33,7 @@ import (
 func TestAllocateExecRelease(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 
 	var used fastUse
 	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
@@ -49,7 +50,7 @@ func TestAllocateExecRelease(t *testing.T) {
 	if want := "unix://" + e.StateDir + "/sandboxes/" + id + "/sock/data.sock"; a.Endpoint != want {
 		t.Errorf("endpoint %q, want %q", a.Endpoint, want)
 	}
-	if out := sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
 	}
 	if !used.handedOff.Load() {
@@ -64,7 +65,7 @@ func TestAllocateExecRelease(t *testing.T) {
 	if env := e.serverEnv(t, id); !slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
 		t.Errorf("the server's environment is %q, want GODEBUG=%s in it", env, localsandbox.KeepAwakeGODEBUG)
 	}
-	if out := sh(t, ctx, a.Sandbox, "env"); strings.Contains(out, "GODEBUG") {
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "env"); strings.Contains(out, "GODEBUG") {
 		t.Errorf("a command's environment has GODEBUG:\n%s", out)
 	}
 	if err := a.Close(); err != nil {
@@ -105,7 +106,7 @@ func TestAllocateExecRelease(t *testing.T) {
 func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, 10*time.Minute)
+	ctx := testenv.Context(t, 10*time.Minute)
 
 	const n = 20
 	var ids []string
@@ -143,7 +144,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 				t.Errorf("the server's environment, read %q, should have no %s with keep-awake off", env, localsandbox.KeepAwakeGODEBUG)
 			}
 		}
-		out := sh(t, ctx, a.Sandbox, fmt.Sprintf(
+		out := sandboxtest.Sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
 		if !used.handedOff.Load() {
 			t.Errorf("allocation %d: the data connection opened ahead was not handed over", i)
@@ -174,7 +175,7 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 func TestWarmPoolRefills(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 2})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 	waitPoolSettled(t, ctx, mc, 2)
 
@@ -222,7 +223,7 @@ func TestWarmPoolRefills(t *testing.T) {
 func TestDeadPoolUnitIsReplaced(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1, PoolPing: 50 * time.Millisecond})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 	dead := idsIn(waitPoolSettled(t, ctx, mc, 1), managerv1.UnitState_UNIT_STATE_READY)[0]
 	if err := e.RT.Kill(ctx, dead, syscall.SIGKILL, true); err != nil {
@@ -244,7 +245,7 @@ func TestDeadPoolUnitIsReplaced(t *testing.T) {
 	if a.ID == dead {
 		t.Fatalf("allocated the dead unit %s", dead)
 	}
-	sh(t, ctx, a.Sandbox, "true")
+	sandboxtest.Sh(t, ctx, a.Sandbox, "true")
 }
 
 // A lease that is not renewed expires: the manager destroys the sandbox and its data plane
@@ -252,16 +253,16 @@ func TestDeadPoolUnitIsReplaced(t *testing.T) {
 func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 
 	// Control: the same raw allocation and dialling, with a long lease, answers.
-	ctrl, ctrlSB := rawAllocate(t, ctx, mc, newKey(t), 10*time.Minute)
-	if out := sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
+	ctrl, ctrlSB := rawAllocate(t, ctx, mc, sandboxtest.NewKey(t), 10*time.Minute)
+	if out := sandboxtest.Sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
 		t.Fatalf("control sandbox: %q", out)
 	}
 
-	key := newKey(t)
+	key := sandboxtest.NewKey(t)
 	resp, sb := rawAllocate(t, ctx, mc, key, time.Second)
 	id := resp.GetSandboxId()
 	if d := resp.GetLeaseExpires().AsTime().Sub(time.Now()); d > time.Minute {
@@ -296,7 +297,7 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 	}
 
 	// The control, whose lease is live, is untouched.
-	if out := sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
+	if out := sandboxtest.Sh(t, ctx, ctrlSB, "echo alive"); out != "alive\n" {
 		t.Errorf("control sandbox after the expiry: %q", out)
 	}
 	if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: ctrl.GetSandboxId(), LeaseToken: ctrl.GetLeaseToken()}); err != nil {
@@ -311,10 +312,10 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 
-	key := newKey(t)
+	key := sandboxtest.NewKey(t)
 	resp, _ := rawAllocate(t, ctx, mc, key, time.Minute)
 	path := filepath.Join(e.StateDir, runscalloc.HandoffSocket)
 	if resp.GetDataHandoff() != "unix://"+path || len(resp.GetDataHandoffToken()) != handoff.TokenSize {
@@ -355,7 +356,7 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 		t.Fatalf("Allocate without the handoff socket: %v", err)
 	}
 	defer a.Close()
-	if out := sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
 		t.Errorf("exec on a dialed connection: %q", out)
 	}
 	if used.handedOff.Load() || !used.relayed.Load() {
@@ -369,7 +370,7 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{})
 	if err != nil {
@@ -380,7 +381,7 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 	if err != nil || res.ExitCode == 0 {
 		t.Fatalf("kill -9 1 from a command: %+v %v; want it refused", res, err)
 	}
-	if got := sh(t, ctx, a.Sandbox, "echo alive"); got != "alive\n" {
+	if got := sandboxtest.Sh(t, ctx, a.Sandbox, "echo alive"); got != "alive\n" {
 		t.Fatalf("after kill -9 1: %q", got)
 	}
 	if s := list(t, ctx, mc)[a.ID]; s.GetState() != managerv1.UnitState_UNIT_STATE_BOUND {
@@ -404,7 +405,7 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 		t.Fatalf("allocation after the dead unit: %v", err)
 	}
 	defer b.Close()
-	sh(t, ctx, b.Sandbox, "true")
+	sandboxtest.Sh(t, ctx, b.Sandbox, "true")
 }
 
 // With the accelerators switched off on both sides (--fast-path=none, FastPath.Off) an
@@ -415,14 +416,14 @@ func TestPlainPath(t *testing.T) {
 	e := newEnv(t)
 	none := fastpath.Switches{}
 	e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true, FastPath: &none})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	for _, o := range []client.FastPath{{Off: true}, {}} {
 		var used fastUse
 		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{FastPath: o, Trace: used.trace()})
 		if err != nil {
 			t.Fatalf("Allocate (client %+v): %v", o, err)
 		}
-		if out := sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
+		if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
 			t.Errorf("exec on the plain path: %q", out)
 		}
 		if used.relayed.Load() || used.handedOff.Load() {
@@ -440,15 +441,15 @@ func TestPlainPath(t *testing.T) {
 	}
 	// The pinning on the plain path: the pinned agent is served, another key is not, and
 	// the answer offers no connection opened ahead.
-	key := newKey(t)
+	key := sandboxtest.NewKey(t)
 	resp, sb := rawAllocate(t, ctx, dialManager(t, e.Addr), key, time.Minute)
 	if resp.GetDataHandoff() != "" || len(resp.GetTlsServerFlight()) != 0 {
 		t.Errorf("the answer offers a handoff at %q and a %d-byte TLS flight, want neither", resp.GetDataHandoff(), len(resp.GetTlsServerFlight()))
 	}
-	if out := sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
+	if out := sandboxtest.Sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
 		t.Errorf("the pinned agent's exec: %q", out)
 	}
-	intruder, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), newKey(t))
+	intruder, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), sandboxtest.NewKey(t))
 	if err != nil {
 		t.Fatal(err)
 	}

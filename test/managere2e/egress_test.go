@@ -14,6 +14,8 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // loopbackServer is an HTTP server on 127.0.0.1 that counts its requests.
@@ -72,7 +74,7 @@ func curl(t *testing.T, ctx context.Context, sb *client.Sandbox, prefix, flags, 
 func TestEgressThroughManager(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	allowed := newLoopbackServer(t, "hello from the allowed server")
 	other := newLoopbackServer(t, "must not be reached")
 
@@ -81,7 +83,7 @@ func TestEgressThroughManager(t *testing.T) {
 		t.Fatalf("Allocate: %v", err)
 	}
 	defer a.Close()
-	if out := sh(t, ctx, a.Sandbox, `echo "$HTTP_PROXY"`); !strings.HasPrefix(out, "http://127.0.0.1:") {
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, `echo "$HTTP_PROXY"`); !strings.HasPrefix(out, "http://127.0.0.1:") {
 		t.Fatalf("HTTP_PROXY in the sandbox = %q", out)
 	}
 	// The variables as the sandbox sets them: NO_PROXY leaves out 127.0.0.1, which the
@@ -173,14 +175,14 @@ func TestEgressThroughManager(t *testing.T) {
 func TestNoEgressMeansNoRelay(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	srv := newLoopbackServer(t, "hello")
 	for _, allow := range [][]string{nil, {srv.hostPort()}} {
 		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Egress: allow})
 		if err != nil {
 			t.Fatalf("Allocate(egress %q): %v", allow, err)
 		}
-		vars := sh(t, ctx, a.Sandbox, "env | grep -i _proxy= | LC_ALL=C sort || true")
+		vars := sandboxtest.Sh(t, ctx, a.Sandbox, "env | grep -i _proxy= | LC_ALL=C sort || true")
 		r := curl(t, ctx, a.Sandbox, "", "-x http://127.0.0.1:3128", "http://"+srv.hostPort()+"/")
 		_, sockErr := os.Lstat(filepath.Join(e.StateDir, "sandboxes", a.ID, "sock", "egress.sock"))
 		if allow == nil {
@@ -217,7 +219,7 @@ func TestNoEgressMeansNoRelay(t *testing.T) {
 func TestReadmeEgressExample(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	srv := newLoopbackServer(t, "hello from the host")
 	code, stdout, stderr := runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--egress", srv.hostPort(), "--",
 		"curl", "-s", "http://"+srv.hostPort()+"/")

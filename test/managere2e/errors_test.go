@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // Bad requests to the real gRPC server get the documented codes, consume no sandbox and
@@ -19,10 +21,10 @@ import (
 func TestBadRequests(t *testing.T) {
 	e := newEnv(t)
 	m := e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	mc := dialManager(t, e.Addr)
 
-	good := newKey(t)
+	good := sandboxtest.NewKey(t)
 	bound, sb := rawAllocate(t, ctx, mc, good, 10*time.Minute)
 	id, token := bound.GetSandboxId(), bound.GetLeaseToken()
 	waitPoolSettled(t, ctx, mc, 1)
@@ -123,7 +125,7 @@ func TestBadRequests(t *testing.T) {
 	}
 
 	// The lease still belongs to its owner, and the sandbox still answers.
-	if out := sh(t, ctx, sb, "echo still here"); out != "still here\n" {
+	if out := sandboxtest.Sh(t, ctx, sb, "echo still here"); out != "still here\n" {
 		t.Errorf("exec after the refusals: %q", out)
 	}
 	if _, err := mc.Renew(ctx, &managerv1.RenewRequest{SandboxId: id, LeaseToken: token}); err != nil {

@@ -55,14 +55,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// testCtx returns a context that ends when the test ends or after d.
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // wantCode fails the test unless err carries one of the gRPC codes want.
 func wantCode(t testing.TB, what string, err error, want ...codes.Code) {
 	t.Helper()
@@ -294,16 +286,6 @@ func dialManager(t testing.TB, addr string) managerv1.ManagerClient {
 	return managerv1.NewManagerClient(dialConn(t, addr))
 }
 
-// newKey returns a fresh agent key.
-func newKey(t testing.TB) *client.Key {
-	t.Helper()
-	k, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
 // rawAllocate allocates through the raw API (no background renewal) and dials the data
 // plane with key. The returned sandbox connection is closed when the test ends.
 func rawAllocate(t testing.TB, ctx context.Context, mc managerv1.ManagerClient, key *client.Key, ttl time.Duration, egress ...string) (*managerv1.AllocateResponse, *client.Sandbox) {
@@ -322,19 +304,6 @@ func rawAllocate(t testing.TB, ctx context.Context, mc managerv1.ManagerClient, 
 	}
 	t.Cleanup(func() { sb.Close() })
 	return resp, sb
-}
-
-// sh runs a script that must succeed and returns its standard output.
-func sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) string {
-	t.Helper()
-	res, err := c.Exec(ctx, client.Command{Script: script})
-	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
-	}
-	if res.ExitCode != 0 {
-		t.Fatalf("exec %q: exit %d (signal %q)\nstdout: %s\nstderr: %s", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
-	}
-	return string(res.Stdout)
 }
 
 // list returns the manager's units by id.

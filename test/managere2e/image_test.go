@@ -8,13 +8,14 @@ import (
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/test/imagetest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // `fusebox local up --image DIR` serves sandboxes whose root is the image: `fusebox run`
 // runs the image's python3 and git, as the image's user.
 func TestLocalUpWithImage(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, testDeadline)
+	ctx := testenv.Context(t, testDeadline)
 	lay := filepath.Join(e.base, "images", "sandbox")
 	if _, err := imagetest.WriteLayout(lay, e.Sandbox, os.Stderr); err != nil {
 		t.Fatalf("making the sandbox image layout: %v", err)

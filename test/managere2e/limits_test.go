@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 // The limits `fusebox local up` is given by its --sandbox-* flags are the ones its sandboxes
@@ -14,7 +16,7 @@ import (
 // commands' task limit and the workspace's size.
 func TestLocalUpLimitFlagsReachSandbox(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, 5*time.Minute)
+	ctx := testenv.Context(t, 5*time.Minute)
 	mc := dialManager(t, e.Addr)
 	p := e.startLocalUp(t, "manager", "--pool-size", "1", "--sandbox-cpus", "0.5", "--sandbox-memory", "768Mi",
 		"--sandbox-pids", "300", "--sandbox-workspace", "200Mi")
@@ -62,7 +64,7 @@ func TestLocalUpLimitFlagsReachSandbox(t *testing.T) {
 // names the flag.
 func TestLocalUpRefusesBadLimitFlags(t *testing.T) {
 	e := newEnv(t)
-	ctx := testCtx(t, 2*time.Minute)
+	ctx := testenv.Context(t, 2*time.Minute)
 	for _, tc := range []struct {
 		args []string
 		want string

@@ -1,7 +1,8 @@
 // Package sandboxtest starts real fusebox sandboxes under the pinned gVisor runsc for
 // integration tests: it builds the static fusebox-sandbox binary once per test binary, starts
 // a sandbox with its workspace in gVisor's own memory, and removes everything when the test
-// ends.
+// ends. It also holds what those tests do as the agent: make a key, run a script that must
+// succeed.
 package sandboxtest
 
 import (
@@ -12,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/runsc/runsctest"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
 var (
@@ -34,12 +35,6 @@ var (
 	etcErr  error
 	next    atomic.Uint64
 )
-
-// repoRoot is the module root, found from this file's location.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 // build is one static build of a command of cmd/.
 type build struct {
@@ -78,7 +73,7 @@ func StaticBinary(t testing.TB, name string) string {
 		}
 		b.path = filepath.Join(dir, name)
 		cmd := exec.Command("go", "build", "-trimpath", "-o", b.path, "./cmd/"+name)
-		cmd.Dir = repoRoot()
+		cmd.Dir = testenv.ModuleRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		b.out, b.err = cmd.CombinedOutput()
 	})
@@ -171,10 +166,7 @@ type Bound struct {
 func StartBound(t testing.TB, o Options) *Bound {
 	t.Helper()
 	sb := Start(t, o)
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	key := NewKey(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := sfuse.Initialize(ctx, sb.InitAddr, sfuse.Request{AgentKey: key.PublicKey(), Egress: o.Egress})
@@ -229,4 +221,27 @@ func Eventually(t testing.TB, deadline time.Duration, what string, cond func() (
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// NewKey returns a fresh agent key.
+func NewKey(t testing.TB) *client.Key {
+	t.Helper()
+	k, err := client.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// Sh runs script through c; it must succeed. It returns the script's standard output.
+func Sh(t testing.TB, ctx context.Context, c *client.Sandbox, script string) string {
+	t.Helper()
+	res, err := c.Exec(ctx, client.Command{Script: script})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d (signal %q)\nstdout: %s\nstderr: %s", script, res.ExitCode, res.Signal, res.Stdout, res.Stderr)
+	}
+	return string(res.Stdout)
 }

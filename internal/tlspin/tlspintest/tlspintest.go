@@ -1,0 +1,53 @@
+// Package tlspintest holds the table of clients that tests of a pinned data plane run: the
+// pinned agent, which must be served, and the clients that must be refused.
+package tlspintest
+
+import (
+	"crypto"
+	"crypto/tls"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
+)
+
+// Case is one client of a data plane that pins the agent's key and presents the sandbox's.
+type Case struct {
+	Name   string
+	Config *tls.Config
+	// OK says whether the call must succeed; otherwise the handshake must fail.
+	OK bool
+}
+
+// Cases returns the client configurations for a data plane that pins agent's key and
+// presents sandbox: the pinned agent (OK), and, all to be refused, another agent key, a
+// client pinning another sandbox key, a client with no certificate, and TLS 1.2.
+func Cases(t testing.TB, agent tls.Certificate, sandbox crypto.PublicKey) []Case {
+	t.Helper()
+	other, err := tlspin.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCert, err := tlspin.Certificate(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := func(cert tls.Certificate, pinned crypto.PublicKey) *tls.Config {
+		cfg, err := tlspin.ClientConfigCert(cert, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	good := config(agent, sandbox)
+	noCert := good.Clone()
+	noCert.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
+	tls12 := good.Clone()
+	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	return []Case{
+		{"pinned agent", good, true},
+		{"wrong agent key", config(otherCert, sandbox), false},
+		{"wrong sandbox key", config(agent, other.Public()), false},
+		{"no client certificate", noCert, false},
+		{"TLS 1.2", tls12, false},
+	}
+}
