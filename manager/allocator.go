@@ -74,6 +74,15 @@ type Capabilities struct {
 	// Nothing is enforced for them, egress allowlists included: the manager hands them out
 	// anyway, and logs a warning saying so on every allocation.
 	NoIsolation bool
+	// CreatesOnHost: units are made on the manager's own host, so that a creation takes CPU
+	// from the allocations and sandboxes beside it. The manager then lets a pool that still
+	// holds a ready unit wait DefaultRefillDelay before it refills (see refillDue).
+	CreatesOnHost bool
+	// WarmUp is how long a unit takes, after it turns ready, to serve at full speed (zero:
+	// at once). It counts in the provisioning latency the estimator sizes the pool by, so
+	// that at a steady demand the unit an allocation takes (the oldest ready one) has warmed
+	// up; an allocation never waits for it.
+	WarmUp time.Duration
 }
 
 // Annotator is implemented by allocators that can store small key-value data with a unit

@@ -39,17 +39,17 @@ func (e *exitQueue) take() []unitExit {
 }
 
 // handleExits handles queued exits until ctx ends or stop closes.
-func (m *Manager) handleExits(ctx context.Context, stop <-chan struct{}) {
+func (p *warmPool) handleExits(ctx context.Context, stop <-chan struct{}) {
 	for {
-		for _, x := range m.exits.take() {
-			m.unitExited(ctx, x.id, x.reason)
+		for _, x := range p.exits.take() {
+			p.unitExited(ctx, x.id, x.reason)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-stop:
 			return
-		case <-m.exits.wake:
+		case <-p.exits.wake:
 		}
 	}
 }
@@ -59,31 +59,31 @@ func (m *Manager) handleExits(ctx context.Context, stop <-chan struct{}) {
 // destroyed; the Failed entry stays visible like any other. A ready unit is destroyed and
 // replaced. A unit being created or initialised fails by itself, and one being destroyed is
 // on its way out.
-func (m *Manager) unitExited(ctx context.Context, id, reason string) {
-	u, ok := m.ops.Get(id)
+func (p *warmPool) unitExited(ctx context.Context, id, reason string) {
+	u, ok := p.ops.Get(id)
 	if !ok {
 		return
 	}
 	switch u.State {
 	case Ready:
-		m.failure("exited")
-		m.log.Error("a ready unit's sandbox ended on its own; replacing it", "id", id, "reason", reason)
-		if m.destroy(ctx, id, Ready) == nil {
-			m.nudge()
+		p.tally.failure("exited")
+		p.log.Error("a ready unit's sandbox ended on its own; replacing it", "id", id, "reason", reason)
+		if p.destroy(ctx, id, Ready) == nil {
+			p.host.nudge()
 		}
 	case Bound:
-		if _, err := m.ops.Transition(id, Bound, Failed, func(x *Unit) { x.Err = "exited: " + reason }); err != nil {
+		if _, err := p.ops.Transition(id, Bound, Failed, func(x *Unit) { x.Err = "exited: " + reason }); err != nil {
 			return // released or expired meanwhile
 		}
-		m.failure("exited")
-		m.log.Error("a bound unit's sandbox ended on its own; marked failed", "id", id, "reason", reason)
-		m.publishCounts()
-		if err := m.alloc.Destroy(ctx, id); err != nil {
-			m.failure("destroy")
-			m.ops.MarkRemains(id)
-			m.log.Error("destroying an exited unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
+		p.tally.failure("exited")
+		p.log.Error("a bound unit's sandbox ended on its own; marked failed", "id", id, "reason", reason)
+		p.tally.publishCounts()
+		if err := p.alloc.Destroy(ctx, id); err != nil {
+			p.tally.failure("destroy")
+			p.ops.MarkRemains(id)
+			p.log.Error("destroying an exited unit; it is retried", "id", id, "err", err, "retry_after", RemainsRetry)
 		} else {
-			m.destroyed()
+			p.tally.destroyed()
 		}
 	}
 }

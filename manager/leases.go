@@ -76,7 +76,8 @@ func leaseFromAnnotations(a map[string]string) (*Lease, error) {
 	return l, nil
 }
 
-func (m *Manager) checkToken(l *Lease, token string) error {
+// checkToken reports whether token is the lease's (ErrBadLeaseToken if not), in constant time.
+func checkToken(l *Lease, token string) error {
 	h := sha256.Sum256([]byte(token))
 	if subtle.ConstantTimeCompare(h[:], l.TokenHash[:]) != 1 {
 		return ErrBadLeaseToken

@@ -486,8 +486,11 @@ func TestCountsMatchUnits(t *testing.T) {
 // does not start a creation until the refill delay has passed on the clock; one that empties
 // the pool starts one at once.
 func TestRefillWaitsWhileThePoolHoldsReadyUnits(t *testing.T) {
-	const delay = time.Second
-	e := newEnv(t, 2, func(o *manager.Options) { o.RefillDelay = delay; o.ReconcileInterval = time.Hour })
+	const delay = manager.DefaultRefillDelay
+	e := newEnv(t, 2, func(o *manager.Options) {
+		o.Allocator.(*memalloc.Allocator).Caps = &manager.Capabilities{Egress: true, Adoption: true, CreatesOnHost: true}
+		o.ReconcileInterval = time.Hour
+	})
 	e.start(t)
 	eventually(t, "pool of 2", func() bool { return e.ready() == 2 })
 	// From now on a creation blocks in Create until released, so that one started shows in
@@ -562,17 +565,20 @@ func TestWaitingAllocationKeepsItsUnitAgainstTrimming(t *testing.T) {
 	}
 }
 
-// The units' warm-up counts in the provisioning latency the estimator sizes the pool by.
+// The units' warm-up (Capabilities.WarmUp) counts in the provisioning latency the estimator sizes the pool by.
 func TestProvisioningLatencyIncludesWarmUp(t *testing.T) {
-	e := newEnv(t, 2, func(o *manager.Options) { o.WarmUp = manager.GVisorWarmUp })
+	const warmUp = time.Second
+	e := newEnv(t, 2, func(o *manager.Options) {
+		o.Allocator.(*memalloc.Allocator).Caps = &manager.Capabilities{Egress: true, Adoption: true, WarmUp: warmUp}
+	})
 	e.alloc.Delay = 20 * time.Millisecond
-	if got := e.m.ProvisioningLatency(); got != time.Second+manager.GVisorWarmUp {
+	if got := e.m.ProvisioningLatency(); got != time.Second+warmUp {
 		t.Errorf("before any creation: %v, want the 1 s guess plus the warm-up", got)
 	}
 	e.start(t)
 	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })
-	if got := e.m.ProvisioningLatency(); got < manager.GVisorWarmUp+20*time.Millisecond || got >= manager.GVisorWarmUp+time.Second {
-		t.Errorf("after creations of about 20 ms: %v, want 20 ms plus the %v warm-up", got, manager.GVisorWarmUp)
+	if got := e.m.ProvisioningLatency(); got < warmUp+20*time.Millisecond || got >= warmUp+time.Second {
+		t.Errorf("after creations of about 20 ms: %v, want 20 ms plus the %v warm-up", got, warmUp)
 	}
 }
 
@@ -584,7 +590,7 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 	dead := ""
 	e := newEnv(t, 2, func(o *manager.Options) {
 		o.PingInterval = 5 * time.Millisecond
-		o.Ping = func(ctx context.Context, addr string) error {
+		o.Initializer, o.Conns = nil, &fakeConns{ping: func(ctx context.Context, addr string) error {
 			mu.Lock()
 			defer mu.Unlock()
 			pinged[addr]++
@@ -592,7 +598,7 @@ func TestPoolHeadPingsFindADeadUnit(t *testing.T) {
 				return errors.New("connection refused")
 			}
 			return nil
-		}
+		}}
 	})
 	e.start(t)
 	eventually(t, "two ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 2 })

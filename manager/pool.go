@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,11 +13,10 @@ import (
 )
 
 // pool is where a Manager keeps its units, and how it takes, renews, releases, lists, counts,
-// makes and sizes them. localPool is a pool this manager owns alone (its StateOperator is the truth;
-// leases are persisted for the next manager's adoption); sharedPool is one that several
+// makes and sizes them. warmPool is a pool this manager owns alone (its StateOperator is the
+// truth; leases are persisted for the next manager's adoption); sharedPool is one that several
 // replicas share through the allocator (Capabilities.SharedPool), whose units' annotations are
-// the truth. What both need (creation counting and backoff, destroying, metrics) stays on the
-// Manager.
+// the truth.
 type pool interface {
 	// take returns a unit of template tmpl that is now Initialising for this allocation,
 	// waiting for one (and asking for a creation) while there is none, up to AllocateWait.
@@ -28,10 +28,8 @@ type pool interface {
 	// units describes every unit of the pool, ordered by id; counts counts them by state.
 	units() []Unit
 	counts() map[State]int
-	// reconcile runs one pass of the control loop; create makes one unit of tmpl (started by
-	// Manager.startCreate, which counts it) and reports whether it did.
+	// reconcile runs one pass of the control loop.
 	reconcile(ctx context.Context)
-	create(ctx context.Context, tmpl string) bool
 }
 
 // ownedPool is a pool this manager owns alone: it adopts what a previous manager left when the
@@ -44,9 +42,58 @@ type ownedPool interface {
 	drain(ctx context.Context) error
 }
 
-// localPool is the pool of a manager that owns its allocator's units alone.
-type localPool struct {
-	*Manager
+// poolHost is what a pool asks of the manager that holds it. *Manager implements it; a
+// pool's tests use a recording fake.
+type poolHost interface {
+	// target asks the estimator how many ready units of the pool template the pool should
+	// hold, given its counts now and the demand since the last call, and records the answer
+	// (Status, Metrics.Target).
+	target(now time.Time, ready, creating, bound int) int
+	// following records that this replica does not size its shared pool now (another replica
+	// leads): its target is 0.
+	following()
+	// nudge asks for a reconcile pass soon; it never blocks.
+	nudge()
+}
+
+var _ poolHost = (*Manager)(nil)
+
+// poolDeps is what a pool is made of besides its own state: the manager's settings (with
+// New's defaults), the allocator, the state operator, the books and the host.
+type poolDeps struct {
+	o         Options
+	alloc     Allocator
+	annotator Annotator // Capabilities.Adoption's; nil without it
+	ops       *StateOperator
+	log       *slog.Logger
+	tally     *tally
+	creations *creations
+	bg        *background
+	host      poolHost
+}
+
+// prepare and forget are Options.Conns' Prepare and Forget, when it is set.
+func (d *poolDeps) prepare(initAddr string) {
+	if d.o.Conns != nil {
+		d.o.Conns.Prepare(initAddr)
+	}
+}
+
+func (d *poolDeps) forget(initAddr string) {
+	if d.o.Conns != nil {
+		d.o.Conns.Forget(initAddr)
+	}
+}
+
+// warmPool is the warm pool of a manager that owns its allocator's units alone: the ready
+// units wait in its StateOperator, oldest first.
+type warmPool struct {
+	poolDeps
+	binder   EgressBinder // Capabilities.Egress's; nil without it
+	exits    *exitQueue   // units that ended on their own (ExitWatcher)
+	watcher  ExitWatcher  // Capabilities.Exits'; nil without it
+	identify bool         // learn each new unit's identity (Capabilities.Handoff, with Conns)
+	refill   time.Duration
 
 	waiting      atomic.Int32 // allocations waiting for a ready unit (take)
 	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
@@ -54,20 +101,36 @@ type localPool struct {
 	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
 }
 
+var (
+	_ pool      = (*warmPool)(nil)
+	_ ownedPool = (*warmPool)(nil)
+)
+
+// newWarmPool makes the warm pool of an allocator with caps (checked by New).
+func newWarmPool(d poolDeps, caps Capabilities) *warmPool {
+	p := &warmPool{poolDeps: d, exits: newExitQueue(), identify: caps.Handoff && d.o.Conns != nil}
+	p.binder, _ = d.alloc.(EgressBinder)
+	if caps.Exits {
+		p.watcher, _ = d.alloc.(ExitWatcher)
+	}
+	if caps.CreatesOnHost {
+		p.refill = DefaultRefillDelay
+	}
+	return p
+}
+
 // run starts the loops of units that end on their own (ExitWatcher) and of the pool head's
-// liveness check (Options.Ping).
-func (p *localPool) run(loops context.Context, stop <-chan struct{}) {
-	p.bg.Add(1)
-	go func() { defer p.bg.Done(); p.handleExits(loops, stop) }()
-	if p.o.Ping != nil && p.o.PingInterval > 0 {
-		p.bg.Add(1)
-		go func() { defer p.bg.Done(); p.pingHead(loops, stop) }()
+// liveness check (Options.PingInterval).
+func (p *warmPool) run(loops context.Context, stop <-chan struct{}) {
+	p.bg.do(func() { p.handleExits(loops, stop) })
+	if p.o.Conns != nil && p.o.PingInterval > 0 {
+		p.bg.do(func() { p.pingHead(loops, stop) })
 	}
 }
 
 // drain destroys the ready units, and tries once more the remains of failed ones; bound units
 // keep serving their agents and are adopted by the next manager.
-func (p *localPool) drain(ctx context.Context) error {
+func (p *warmPool) drain(ctx context.Context) error {
 	var errs []error
 	for _, u := range p.ops.Snapshot() {
 		switch {
@@ -85,50 +148,55 @@ func (p *localPool) drain(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (p *localPool) units() []Unit { return p.ops.Snapshot() }
+func (p *warmPool) units() []Unit { return p.ops.Snapshot() }
 
-func (p *localPool) counts() map[State]int { return p.ops.Counts("") }
+func (p *warmPool) counts() map[State]int { return p.ops.Counts("") }
+
+// startCreate counts one creation of tmpl and makes it in the background (create); the
+// channel receives whether it made a unit.
+func (p *warmPool) startCreate(ctx context.Context, tmpl string) <-chan bool {
+	return p.creations.start(p.bg, func() bool { return p.create(ctx, tmpl) })
+}
 
 // take pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
 // starts one creation of its own (whatever the estimator's target), so it never depends on
 // the pool's size alone, and starts another if that one fails (after the creation backoff);
 // spare units it makes join the pool.
-func (p *localPool) take(ctx context.Context, tmpl string) (Unit, error) {
-	m := p.Manager
+func (p *warmPool) take(ctx context.Context, tmpl string) (Unit, error) {
 	var timeout, retry <-chan time.Time
 	var mine <-chan bool // this allocation's creation: whether it made a unit
 	for {
-		u, ok, wait := m.ops.TakeReady(tmpl)
+		u, ok, wait := p.ops.TakeReady(tmpl)
 		if ok {
-			m.publishCounts()
+			p.tally.publishCounts()
 			return u, nil
 		}
 		if timeout == nil {
-			m.coldWait()
-			t := m.o.Clock.NewTimer(m.o.AllocateWait)
+			p.tally.coldWait()
+			t := p.o.Clock.NewTimer(p.o.AllocateWait)
 			defer t.Stop()
 			timeout = t.C()
 			// Counted until this returns: the reconciler leaves this many ready units
 			// beyond its target for the waiters to take.
 			p.waiting.Add(1)
 			defer p.waiting.Add(-1)
-			mine = m.startCreate(m.lifetime(), tmpl)
+			mine = p.startCreate(p.bg.lifetime(), tmpl)
 		}
-		m.nudge()
+		p.host.nudge()
 		select {
 		case <-wait:
 		case made := <-mine:
 			mine = nil
 			if !made {
-				t := m.o.Clock.NewTimer(m.backoffLeft())
+				t := p.o.Clock.NewTimer(p.creations.backoffLeft())
 				defer t.Stop()
 				retry = t.C()
 			}
 		case <-retry:
 			retry = nil
-			mine = m.startCreate(m.lifetime(), tmpl)
+			mine = p.startCreate(p.bg.lifetime(), tmpl)
 		case <-timeout:
-			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
+			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, p.o.AllocateWait)
 		case <-ctx.Done():
 			return Unit{}, ctx.Err()
 		}
@@ -137,10 +205,10 @@ func (p *localPool) take(ctx context.Context, tmpl string) (Unit, error) {
 
 // renew extends a lease of this manager's own (ttl checked and capped by Renew; zero: the
 // lease's own length) and persists it for the next manager's adoption.
-func (p *localPool) renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
+func (p *warmPool) renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
 	now := p.o.Clock.Now()
 	l, err := p.ops.UpdateLease(id, func(l *Lease) error {
-		if err := p.checkToken(l, token); err != nil {
+		if err := checkToken(l, token); err != nil {
 			return err
 		}
 		if !now.Before(l.Expires) {
@@ -158,7 +226,7 @@ func (p *localPool) renew(ctx context.Context, id, token string, ttl time.Durati
 	}
 	if p.annotator != nil {
 		if err := p.annotator.Annotate(ctx, id, leaseAnnotations(&l)); err != nil {
-			p.failure("annotate")
+			p.tally.failure("annotate")
 			p.log.Error("persisting renewed lease", "id", id, "err", err)
 		}
 	}
@@ -166,7 +234,7 @@ func (p *localPool) renew(ctx context.Context, id, token string, ttl time.Durati
 }
 
 // release ends a lease of this manager's own and destroys the unit in the background.
-func (p *localPool) release(ctx context.Context, id, token string) error {
+func (p *warmPool) release(ctx context.Context, id, token string) error {
 	u, ok := p.ops.Get(id)
 	if !ok {
 		return fmt.Errorf("releasing: %w: %s", ErrUnitNotFound, id)
@@ -174,7 +242,7 @@ func (p *localPool) release(ctx context.Context, id, token string) error {
 	if u.State != Bound || u.Lease == nil {
 		return fmt.Errorf("releasing %s: %w (%s)", id, ErrLeaseEnded, u.State)
 	}
-	if err := p.checkToken(u.Lease, token); err != nil {
+	if err := checkToken(u.Lease, token); err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
 	if err := p.destroyInBackground(ctx, id, Bound); err != nil {
@@ -183,72 +251,64 @@ func (p *localPool) release(ctx context.Context, id, token string) error {
 	return nil
 }
 
-// identify learns a new unit's identity (Options.Identify) when its sandbox keeps a data
+// identityOf learns a new unit's identity (InitConns.Identify) when its sandbox keeps a data
 // connection opened before sFuse, and returns it; empty when it is not asked for or fails.
-func (m *Manager) identify(ctx context.Context, info UnitInfo) sfuse.Identity {
-	if m.o.Identify == nil || !m.caps.Handoff {
+func (p *warmPool) identityOf(ctx context.Context, info UnitInfo) sfuse.Identity {
+	if !p.identify {
 		return sfuse.Identity{}
 	}
 	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
-	id, err := m.o.Identify(ctx, info.InitAddr)
+	id, err := p.o.Conns.Identify(ctx, info.InitAddr)
 	if err != nil {
-		m.log.Warn("asking a new unit for its identity; its allocation will not name it early", "id", info.ID, "err", err)
+		p.log.Warn("asking a new unit for its identity; its allocation will not name it early", "id", info.ID, "err", err)
 		return sfuse.Identity{}
 	}
 	return id
 }
 
-// identifyTimeout bounds Options.Identify.
+// identifyTimeout bounds InitConns.Identify.
 const identifyTimeout = 5 * time.Second
 
 // create makes one unit of template and puts it into the pool, and reports whether it did.
-func (p *localPool) create(ctx context.Context, tmpl string) bool {
-	m := p.Manager
-	id := m.o.NewID()
-	info := UnitInfo{ID: id, Template: tmpl, Created: m.o.Clock.Now()}
-	if err := m.ops.Insert(info, Creating, nil); err != nil {
-		m.log.Error("registering new unit", "id", id, "err", err)
+func (p *warmPool) create(ctx context.Context, tmpl string) bool {
+	id := p.o.NewID()
+	info := UnitInfo{ID: id, Template: tmpl, Created: p.o.Clock.Now()}
+	if err := p.ops.Insert(info, Creating, nil); err != nil {
+		p.log.Error("registering new unit", "id", id, "err", err)
 		return false
 	}
-	m.publishCounts()
+	p.tally.publishCounts()
 	t0 := time.Now() // the system clock: it measures the runtime's work
-	got, err := m.alloc.Create(ctx, id, tmpl)
-	m.noteCreate(err)
+	got, err := p.alloc.Create(ctx, id, tmpl)
+	p.creations.ended(err)
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
-		m.log.Info("unit creation cancelled", "id", id)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: cancelled", errors.Is(err, ErrRemains) })
+		p.log.Info("unit creation cancelled", "id", id)
+		p.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: cancelled", errors.Is(err, ErrRemains) })
 		return false
 	}
 	if err != nil {
-		m.failure("create")
-		m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
-		m.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
-		m.publishCounts()
+		p.tally.failure("create")
+		p.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+		p.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
+		p.tally.publishCounts()
 		return false
 	}
-	m.recordLatency(time.Since(t0))
+	p.creations.took(time.Since(t0))
 	got.ID, got.Template = id, tmpl
 	if got.Created.IsZero() {
 		got.Created = info.Created
 	}
-	if m.o.Prepare != nil {
-		m.o.Prepare(got.InitAddr)
-	}
-	ident := m.identify(ctx, got)
-	if _, err := m.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info, u.Identity = got, ident }); err != nil {
-		m.log.Error("unit vanished while being created", "id", id, "err", err)
-		if m.o.Forget != nil {
-			m.o.Forget(got.InitAddr)
-		}
-		m.alloc.Destroy(context.WithoutCancel(ctx), id)
+	p.prepare(got.InitAddr)
+	ident := p.identityOf(ctx, got)
+	if _, err := p.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info, u.Identity = got, ident }); err != nil {
+		p.log.Error("unit vanished while being created", "id", id, "err", err)
+		p.forget(got.InitAddr)
+		p.alloc.Destroy(context.WithoutCancel(ctx), id)
 		return false
 	}
-	m.totals.creations.Add(1)
-	if m.m != nil {
-		m.m.Creations.Inc()
-	}
-	m.publishCounts()
+	p.tally.created()
+	p.tally.publishCounts()
 	return true
 }

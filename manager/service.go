@@ -21,10 +21,8 @@ import (
 // ServerOptions are the options of a gRPC server that serves Service: calls run on worker
 // goroutines that are kept (grpc.NumStreamWorkers, one per CPU), whose stacks have grown
 // already, rather than on a goroutine per call that grows its 8 KiB stack through Allocate's
-// deep path (gRPC, sFuse's own call into the sandbox) by copying it. fusebox-bench manager,
-// three interleaved pairs: one client 12.8-13.0k allocations/s against 11.4-11.6k, open loop
-// at 1,000/s p50 0.096-0.099 ms against 0.103-0.108 and p99 0.24-0.26 against 0.27-0.30; 64
-// clients alike (30-31k/s).
+// deep path (gRPC, sFuse's own call into the sandbox) by copying it (fusebox-bench manager;
+// figures in docs/performance.md).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))}
 }

@@ -13,9 +13,10 @@ import (
 // Local state only tracks the units this replica is binding; the allocator's view
 // (annotations) is the truth for leases.
 type sharedPool struct {
-	*Manager
+	poolDeps
 	shared   SharedPool
-	expiring idSet // expiries in progress
+	claimer  OneWriteClaimer // the allocator's, unless Options.SeparateClaim
+	expiring idSet           // expiries in progress
 	// prepared maps the ready units this replica has prepared an init connection to (their
 	// init addresses), and leftAt when each was first seen out of the pool; touched only by
 	// reconcile, one pass at a time.
@@ -23,19 +24,34 @@ type sharedPool struct {
 	leftAt   map[string]time.Time
 }
 
+var _ pool = (*sharedPool)(nil)
+
+// newSharedPool makes the pool of a SharedPool allocator (checked by New).
+func newSharedPool(d poolDeps) *sharedPool {
+	p := &sharedPool{poolDeps: d, shared: d.alloc.(SharedPool)}
+	if c, ok := d.alloc.(OneWriteClaimer); ok && !d.o.SeparateClaim {
+		p.claimer = c
+	}
+	return p
+}
+
 // forgetDelay is how long a prepared init connection outlives its unit's leaving the pool.
 const forgetDelay = time.Second
 
 // leader reports whether this replica runs the pool-wide duties (sizing, expiry).
-func (m *Manager) leader() bool { return m.o.IsLeader == nil || m.o.IsLeader() }
+func (p *sharedPool) leader() bool { return p.o.IsLeader == nil || p.o.IsLeader() }
+
+// startCreate counts one creation of tmpl and makes it in the background (create).
+func (p *sharedPool) startCreate(ctx context.Context, tmpl string) {
+	p.creations.start(p.bg, func() bool { return p.create(ctx, tmpl) })
+}
 
 // take claims a ready unit from the shared pool, waiting (and asking for a creation) while
 // there is none. It waits on the allocator's Changed notification, not a polling loop.
 func (p *sharedPool) take(ctx context.Context, tmpl string) (Unit, error) {
-	m := p.Manager
-	deadline := m.o.Clock.NewTimer(m.o.AllocateWait)
+	deadline := p.o.Clock.NewTimer(p.o.AllocateWait)
 	defer deadline.Stop()
-	guard := m.o.Clock.NewTimer(m.o.MissedEventGuard)
+	guard := p.o.Clock.NewTimer(p.o.MissedEventGuard)
 	defer guard.Stop()
 	asked := false
 	for {
@@ -43,22 +59,22 @@ func (p *sharedPool) take(ctx context.Context, tmpl string) (Unit, error) {
 		changed := p.shared.Changed(tmpl)
 		var info UnitInfo
 		var err error
-		if m.claimer != nil {
+		if p.claimer != nil {
 			// Picked, not claimed: bind claims it. Units this replica is binding are
 			// passed over (the allocator's view may not show them taken yet).
-			info, err = m.claimer.Pick(tmpl, func(id string) bool { _, ok := m.ops.Get(id); return ok })
+			info, err = p.claimer.Pick(tmpl, func(id string) bool { _, ok := p.ops.Get(id); return ok })
 		} else {
 			info, err = p.shared.Claim(ctx, tmpl)
 		}
 		if err == nil {
-			if err := m.ops.Insert(info, Initialising, nil); err != nil {
-				if m.claimer != nil {
+			if err := p.ops.Insert(info, Initialising, nil); err != nil {
+				if p.claimer != nil {
 					continue // another allocation of this replica picked it meanwhile
 				}
 				return Unit{}, fmt.Errorf("%w: claimed unit %s twice: %v", ErrAllocator, info.ID, err)
 			}
-			u, _ := m.ops.Get(info.ID)
-			u.claimOnBind = m.claimer != nil
+			u, _ := p.ops.Get(info.ID)
+			u.claimOnBind = p.claimer != nil
 			return u, nil
 		}
 		if !errors.Is(err, ErrNoReadyUnit) {
@@ -66,15 +82,15 @@ func (p *sharedPool) take(ctx context.Context, tmpl string) (Unit, error) {
 		}
 		if !asked {
 			asked = true
-			m.coldWait()
-			m.startCreate(m.lifetime(), tmpl)
+			p.tally.coldWait()
+			p.startCreate(p.bg.lifetime(), tmpl)
 		}
-		guard.Reset(m.o.MissedEventGuard)
+		guard.Reset(p.o.MissedEventGuard)
 		select {
 		case <-changed:
 		case <-guard.C():
 		case <-deadline.C():
-			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, m.o.AllocateWait)
+			return Unit{}, fmt.Errorf("%w (%v)", ErrNoCapacity, p.o.AllocateWait)
 		case <-ctx.Done():
 			return Unit{}, ctx.Err()
 		}
@@ -99,7 +115,7 @@ func (p *sharedPool) renew(ctx context.Context, id, token string, ttl time.Durat
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
-	if err := p.checkToken(l, token); err != nil {
+	if err := checkToken(l, token); err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
 	now := p.o.Clock.Now()
@@ -112,7 +128,7 @@ func (p *sharedPool) renew(ctx context.Context, id, token string, ttl time.Durat
 	}
 	l.Expires = now.Add(d)
 	if err := p.annotator.Annotate(ctx, id, leaseAnnotations(l)); err != nil {
-		p.failure("annotate")
+		p.tally.failure("annotate")
 		return time.Time{}, fmt.Errorf("renewing %s: %w: %v", id, ErrAllocator, err)
 	}
 	p.ops.UpdateLease(id, func(x *Lease) error { x.Expires = l.Expires; return nil })
@@ -124,14 +140,10 @@ func (p *sharedPool) release(ctx context.Context, id, token string) error {
 	if err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
-	if err := p.checkToken(l, token); err != nil {
+	if err := checkToken(l, token); err != nil {
 		return fmt.Errorf("releasing %s: %w", id, err)
 	}
-	p.bg.Add(1)
-	go func() {
-		defer p.bg.Done()
-		p.destroyShared(context.WithoutCancel(ctx), id)
-	}()
+	p.bg.do(func() { p.destroyShared(context.WithoutCancel(ctx), id) })
 	return nil
 }
 
@@ -141,42 +153,69 @@ func (p *sharedPool) destroyShared(ctx context.Context, id string) {
 		p.ops.Transition(id, Bound, Destroying, nil)
 	}
 	if err := p.alloc.Destroy(ctx, id); err != nil {
-		p.failure("destroy")
+		p.tally.failure("destroy")
 		p.log.Error("destroying unit", "id", id, "err", err)
 		return
 	}
 	p.ops.Transition(id, Destroying, Gone, nil)
-	p.destroyed()
+	p.tally.destroyed()
 }
 
 // reconcile is the leader's pass over the shared pool: expire leases (read from the
-// allocator, so leases bound by other replicas too) and size the pool.
+// allocator, so leases bound by other replicas too) and size the pool. Every replica keeps its
+// prepared init connections (prepareInits).
 func (p *sharedPool) reconcile(ctx context.Context) {
-	m := p.Manager
-	now := m.o.Clock.Now()
-	units, err := m.alloc.List(ctx)
+	now := p.o.Clock.Now()
+	units, err := p.alloc.List(ctx)
 	if err != nil {
-		m.log.Error("listing units", "err", err)
+		p.log.Error("listing units", "err", err)
 		return
 	}
 	p.prepareInits(units)
-	if !m.leader() {
-		m.target.Store(0)
+	if !p.leader() {
+		p.host.following()
 		return
 	}
-	bound := 0
+	bound := p.expire(ctx, now, units)
+	inFlight := p.creations.count() // before Counts, as in warmPool.reconcile
+	ready, creating := p.shared.Counts(p.o.PoolTemplate)
+	creating = max(creating, inFlight)
+	target := p.host.target(now, ready, creating, bound)
+	if ctx.Err() != nil {
+		return
+	}
+	if deficit := target - ready - creating; deficit > 0 && !p.creations.heldBack() {
+		for range min(deficit, p.o.CreateConcurrency-p.creations.count()) {
+			p.startCreate(ctx, p.o.PoolTemplate)
+		}
+	} else if surplus := ready - target; surplus > 0 {
+		// Claim before destroying, so that no replica is handed a unit being destroyed.
+		for range surplus {
+			info, err := p.shared.Claim(ctx, p.o.PoolTemplate)
+			if err != nil {
+				break
+			}
+			p.bg.do(func() { p.destroyShared(context.WithoutCancel(ctx), info.ID) })
+		}
+	}
+}
+
+// expire destroys, in the background, the units whose lease has expired and those claimed
+// but never bound for longer than ClaimGrace (their replica died mid-allocation: no agent has
+// them), and returns how many units are bound.
+func (p *sharedPool) expire(ctx context.Context, now time.Time, units []UnitInfo) (bound int) {
+	destroy := func(id string) {
+		p.bg.do(func() {
+			defer p.expiring.Remove(id)
+			p.destroyShared(context.WithoutCancel(ctx), id)
+		})
+	}
 	for _, u := range units {
 		if u.Annotations[AnnotationState] == "claimed" {
-			// Claimed but never bound: its replica died mid-allocation (no agent has it).
 			at, err := time.Parse(time.RFC3339Nano, u.Annotations[AnnotationClaimedAt])
-			if err == nil && now.Sub(at) > m.o.ClaimGrace && p.expiring.Add(u.ID) {
-				m.log.Info("destroying a unit claimed but never bound", "id", u.ID, "claimed_at", at)
-				m.bg.Add(1)
-				go func() {
-					defer m.bg.Done()
-					defer p.expiring.Remove(u.ID)
-					p.destroyShared(context.WithoutCancel(ctx), u.ID)
-				}()
+			if err == nil && now.Sub(at) > p.o.ClaimGrace && p.expiring.Add(u.ID) {
+				p.log.Info("destroying a unit claimed but never bound", "id", u.ID, "claimed_at", at)
+				destroy(u.ID)
 			}
 			continue
 		}
@@ -186,63 +225,32 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 		}
 		bound++
 		if !now.Before(l.Expires) && p.expiring.Add(u.ID) {
-			m.log.Info("lease expired; destroying sandbox", "id", u.ID)
-			m.bg.Add(1)
-			go func() {
-				defer m.bg.Done()
-				defer p.expiring.Remove(u.ID)
-				p.destroyShared(context.WithoutCancel(ctx), u.ID)
-			}()
+			p.log.Info("lease expired; destroying sandbox", "id", u.ID)
+			destroy(u.ID)
 		}
 	}
-	inFlight := int(m.creating.Load()) // before Counts, as in localPool.reconcile
-	ready, creating := p.shared.Counts(m.o.PoolTemplate)
-	creating = max(creating, inFlight)
-	target := m.o.Estimator.Target(estimatorObservation(now, int(m.allocs.Swap(0)), ready, creating, bound, m.ProvisioningLatency()))
-	m.target.Store(int32(target))
-	if m.m != nil {
-		m.m.Target.Set(float64(target))
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	if deficit := target - ready - creating; deficit > 0 && !m.heldBack() {
-		for range min(deficit, m.o.CreateConcurrency-int(m.creating.Load())) {
-			m.startCreate(ctx, m.o.PoolTemplate)
-		}
-	} else if surplus := ready - target; surplus > 0 {
-		// Claim before destroying, so that no replica is handed a unit being destroyed.
-		for range surplus {
-			info, err := p.shared.Claim(ctx, m.o.PoolTemplate)
-			if err != nil {
-				break
-			}
-			m.bg.Add(1)
-			go func() { defer m.bg.Done(); p.destroyShared(context.WithoutCancel(ctx), info.ID) }()
-		}
-	}
+	return bound
 }
 
-// prepareInits keeps, on every replica, a prepared connection (Options.Prepare) to the init
+// prepareInits keeps, on every replica, a prepared connection (InitConns.Prepare) to the init
 // endpoint of each ready unit of the shared pool, and forgets the connections of units that
 // are ready no more (claimed by any replica, or gone): any replica may take any of them, and
 // an allocation's sFuse is then one call on an open connection rather than a new connection
 // into the sandbox pod's network stack first.
 func (p *sharedPool) prepareInits(units []UnitInfo) {
-	m := p.Manager
-	if m.o.Prepare == nil || m.o.Forget == nil {
+	if p.o.Conns == nil {
 		return
 	}
 	ready := make(map[string]string, len(units))
 	for _, u := range units {
-		if _, mine := m.ops.Get(u.ID); mine {
+		if _, mine := p.ops.Get(u.ID); mine {
 			continue // claimed here: the informer's cache may not say so yet
 		}
 		if sharedState(u.Annotations) == Ready && u.InitAddr != "" {
 			ready[u.ID] = u.InitAddr
 		}
 	}
-	now := m.o.Clock.Now()
+	now := p.o.Clock.Now()
 	for id, addr := range p.prepared {
 		if ready[id] == addr {
 			delete(p.leftAt, id)
@@ -255,7 +263,7 @@ func (p *sharedPool) prepareInits(units []UnitInfo) {
 			continue
 		}
 		if now.Sub(p.leftAt[id]) >= forgetDelay {
-			m.o.Forget(addr) // a no-op after this replica's own sFuse took it
+			p.o.Conns.Forget(addr) // a no-op after this replica's own sFuse took it
 			delete(p.prepared, id)
 			delete(p.leftAt, id)
 		}
@@ -265,7 +273,7 @@ func (p *sharedPool) prepareInits(units []UnitInfo) {
 	}
 	for id, addr := range ready {
 		if _, ok := p.prepared[id]; !ok {
-			m.o.Prepare(addr)
+			p.o.Conns.Prepare(addr)
 			p.prepared[id] = addr
 		}
 	}
@@ -282,10 +290,9 @@ func (p *sharedPool) counts() map[State]int {
 
 // units describes every unit of the shared pool from the allocator's view.
 func (p *sharedPool) units() []Unit {
-	m := p.Manager
-	units, err := m.alloc.List(context.Background())
+	units, err := p.alloc.List(context.Background())
 	if err != nil {
-		m.log.Error("listing units", "err", err)
+		p.log.Error("listing units", "err", err)
 		return nil
 	}
 	out := make([]Unit, 0, len(units))
@@ -294,7 +301,7 @@ func (p *sharedPool) units() []Unit {
 		if u.State == Bound {
 			u.Lease, _ = leaseFromAnnotations(info.Annotations)
 		}
-		if local, ok := m.ops.Get(info.ID); ok && local.State != Bound {
+		if local, ok := p.ops.Get(info.ID); ok && local.State != Bound {
 			u.State = local.State
 		}
 		out = append(out, u)
@@ -318,23 +325,19 @@ func sharedState(annotations map[string]string) State {
 
 // create makes a unit of the shared pool: it is not tracked locally until claimed.
 func (p *sharedPool) create(ctx context.Context, tmpl string) bool {
-	m := p.Manager
-	id := m.o.NewID()
+	id := p.o.NewID()
 	t0 := time.Now()
-	_, err := m.alloc.Create(ctx, id, tmpl)
-	m.noteCreate(err)
+	_, err := p.alloc.Create(ctx, id, tmpl)
+	p.creations.ended(err)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.failure("create")
-			m.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
+			p.tally.failure("create")
+			p.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
 		}
 		return false
 	}
-	m.recordLatency(time.Since(t0))
-	m.totals.creations.Add(1)
-	if m.m != nil {
-		m.m.Creations.Inc()
-	}
+	p.creations.took(time.Since(t0))
+	p.tally.created()
 	return true
 }
 

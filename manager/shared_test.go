@@ -319,17 +319,10 @@ func TestEveryReplicaCountsUnitsBeingMadeAsCreating(t *testing.T) {
 // to every ready unit of the shared pool, whichever replica made it, and forgets the one a
 // unit had once any replica has taken it; an allocation's sFuse then runs on an open one.
 func TestEveryReplicaPreparesTheReadyUnitsInits(t *testing.T) {
-	type conns struct {
-		sync.Mutex
-		open map[string]bool // init address -> prepared and not forgotten
-	}
-	var seen [2]conns
+	var seen [2]fakeConns
 	var replica atomic.Int32
 	a, clk, ms := replicasWith(t, 3, func(o *manager.Options) {
-		c := &seen[replica.Add(1)-1]
-		c.open = map[string]bool{}
-		o.Prepare = func(addr string) { c.Lock(); defer c.Unlock(); c.open[addr] = true }
-		o.Forget = func(addr string) { c.Lock(); defer c.Unlock(); delete(c.open, addr) }
+		o.Initializer, o.Conns = nil, &seen[replica.Add(1)-1]
 	})
 	readyAddrs := func() map[string]bool {
 		units, _ := a.List(context.Background())
@@ -341,11 +334,9 @@ func TestEveryReplicaPreparesTheReadyUnitsInits(t *testing.T) {
 		}
 		return out
 	}
-	same := func(c *conns) bool {
-		c.Lock()
-		defer c.Unlock()
+	same := func(c *fakeConns) bool {
 		want := readyAddrs()
-		return len(want) == 3 && maps.Equal(c.open, want)
+		return len(want) == 3 && maps.Equal(c.opened(), want)
 	}
 	// Every replica's reconcile ticks on the manager's clock.
 	stepping(t, "both replicas prepared the 3 ready units", clk, 5*time.Millisecond, func() bool { return same(&seen[0]) && same(&seen[1]) })
@@ -357,10 +348,7 @@ func TestEveryReplicaPreparesTheReadyUnitsInits(t *testing.T) {
 	taken := "mem://" + al.ID + "/init" // memalloc's init address of the unit
 	stepping(t, "the taken unit forgotten and its replacement prepared by both", clk, 5*time.Millisecond, func() bool {
 		for i := range seen {
-			seen[i].Lock()
-			open := seen[i].open[taken]
-			seen[i].Unlock()
-			if open || !same(&seen[i]) {
+			if seen[i].opened()[taken] || !same(&seen[i]) {
 				return false
 			}
 		}

@@ -71,7 +71,7 @@ type Unit struct {
 	// resources (a running sandbox), so the manager destroys it again later.
 	Remains bool
 	// Identity is the sandbox's identity, learned while it waited in the pool
-	// (Options.Identify); empty when unknown.
+	// (InitConns.Identify); empty when unknown.
 	Identity sfuse.Identity
 
 	// claimOnBind marks a unit a shared pool picked without claiming it: bind claims it

@@ -89,8 +89,8 @@ func newEarlyEnv(t *testing.T, handoff bool) (*env, *identities) {
 		if handoff {
 			o.Allocator = earlyAlloc{o.Allocator.(*memalloc.Allocator)}
 		}
-		o.Identify = func(_ context.Context, addr string) (sfuse.Identity, error) { return ids.identity(addr) }
-		o.Initializer = ids.initialize
+		o.Initializer, o.Conns = nil, &fakeConns{initialize: ids.initialize,
+			identify: func(_ context.Context, addr string) (sfuse.Identity, error) { return ids.identity(addr) }}
 	})
 	e.start(t)
 	eventually(t, "a ready unit", func() bool { return e.ready() == 1 })

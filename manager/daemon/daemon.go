@@ -133,20 +133,11 @@ type AuthConfig struct {
 
 // Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
-	// One manager per state directory: a second one would adopt (destroy) the first one's
-	// pool. The kernel drops the lock when the holder dies, even by SIGKILL, so a restart
-	// after a crash takes it over and adopts.
-	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
-		return fmt.Errorf("creating state directory: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(c.StateDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	unlock, err := lockStateDir(c.StateDir)
 	if err != nil {
-		return fmt.Errorf("opening state directory lock: %w", err)
+		return err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("state directory %s is in use by another manager (%v)", c.StateDir, err)
-	}
+	defer unlock()
 	addr, err := endpoint.Parse(c.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -157,78 +148,24 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var alloc manager.Allocator
-	var isLeader func() bool
-	switch c.Allocator {
-	case "kube":
-		a, leader, err := startKube(ctx, c.Kube, c.FastPath, log)
-		if err != nil {
-			return err
-		}
-		defer a.Shutdown()
-		alloc, isLeader = a, leader
-	case "runsc":
-		tmpl, err := c.Limits.Template()
-		if err != nil {
-			return err
-		}
-		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
-			Templates: map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
-		if err != nil {
-			return err
-		}
-		// After the manager's Close (deferred below, so run before this).
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := a.Shutdown(sctx); err != nil {
-				log.Warn("releasing runsc's state on exit", "err", err)
-			}
-		}()
-		alloc = a
-	case "process":
-		a, err := processalloc.New(processalloc.Options{Insecure: c.Insecure, StateDir: c.StateDir,
-			SandboxBinary: c.SandboxBinary, Logger: log})
-		if err != nil {
-			return err
-		}
-		alloc = a
-	default:
-		return fmt.Errorf("unknown allocator %q (want runsc, kube or process)", c.Allocator)
+	alloc, isLeader, shutdown, err := newAllocator(ctx, c, log)
+	if err != nil {
+		return err
 	}
+	defer shutdown() // after the manager's Close, deferred below
 	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
 	if err != nil {
 		return err
 	}
-	conns := &sfuse.Conns{}
-	var refill, warm time.Duration
-	if c.Allocator != "kube" {
-		refill = manager.DefaultRefillDelay // units are made on this host, beside the agents' sandboxes
-	}
-	if c.Allocator != "process" {
-		warm = manager.GVisorWarmUp // runsc here, or in the sandbox pods' runtime class
-	}
-	m, err := manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Initializer: conns.Initialize, Prepare: conns.Prepare, Forget: conns.Forget, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL, MaxLeaseTTL: c.MaxLeaseTTL,
-		RefillDelay: refill, WarmUp: warm, Ping: conns.Ping, PingInterval: c.PoolPing, Identify: conns.Identify, SeparateClaim: c.Kube.SeparateClaim,
-		Logger: log, Metrics: manager.NewMetrics(reg)})
+	m, err := newManager(c, alloc, est, isLeader, reg, log)
 	if err != nil {
 		return err
 	}
-	if addr.Network == "unix" {
-		if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
-			return err
-		}
-	}
-	ln, err := endpoint.Listen(addr)
+	ln, err := listen(addr, api)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	if err := api.shareSocket(addr); err != nil {
-		return err
-	}
 	if err := m.Start(ctx); err != nil {
 		return err
 	}
@@ -239,25 +176,104 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 			log.Error("destroying the warm pool on exit", "err", err)
 		}
 	}()
+	return serve(ctx, c, addr, ln, m, api, reg, log)
+}
 
+// lockStateDir creates the state directory and takes its lock, which unlock drops. One
+// manager per state directory: a second one would adopt (destroy) the first one's pool. The
+// kernel drops the lock when the holder dies, even by SIGKILL, so a restart after a crash
+// takes it over and adopts.
+func lockStateDir(dir string) (unlock func(), err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state directory: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening state directory lock: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("state directory %s is in use by another manager (%v)", dir, err)
+	}
+	return func() { lock.Close() }, nil
+}
+
+// newAllocator builds the allocator c names. isLeader is the kube allocator's leader
+// election (nil: always); shutdown releases what the allocator holds, after the manager has
+// closed.
+func newAllocator(ctx context.Context, c Config, log *slog.Logger) (_ manager.Allocator, isLeader func() bool, shutdown func(), _ error) {
+	switch c.Allocator {
+	case "kube":
+		a, leader, err := startKube(ctx, c.Kube, c.FastPath, log)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return a, leader, a.Shutdown, nil
+	case "runsc":
+		tmpl, err := c.Limits.Template()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
+			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
+			Templates: map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return a, nil, func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := a.Shutdown(sctx); err != nil {
+				log.Warn("releasing runsc's state on exit", "err", err)
+			}
+		}, nil
+	case "process":
+		a, err := processalloc.New(processalloc.Options{Insecure: c.Insecure, StateDir: c.StateDir,
+			SandboxBinary: c.SandboxBinary, Logger: log})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return a, nil, func() {}, nil
+	}
+	return nil, nil, nil, fmt.Errorf("unknown allocator %q (want runsc, kube or process)", c.Allocator)
+}
+
+// newManager builds the manager over alloc. What depends on the runtime (the refill delay,
+// the units' warm-up) the manager reads from the allocator's Capabilities.
+func newManager(c Config, alloc manager.Allocator, est estimator.Estimator, isLeader func() bool, reg prometheus.Registerer, log *slog.Logger) (*manager.Manager, error) {
+	return manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
+		Conns: &sfuse.Conns{}, PingInterval: c.PoolPing, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL,
+		MaxLeaseTTL: c.MaxLeaseTTL, SeparateClaim: c.Kube.SeparateClaim, Logger: log, Metrics: manager.NewMetrics(reg)})
+}
+
+// listen opens the API's listener (a unix socket's directory first) and gives a unix
+// socket the group api allows.
+func listen(addr endpoint.Addr, api *api) (net.Listener, error) {
+	if addr.Network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(addr.Address), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := endpoint.Listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := api.shareSocket(addr); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// serve serves the Manager API and gRPC health on ln (on TCP, plaintext callers are told to
+// use TLS), and metrics if configured, until ctx ends or a server fails.
+func serve(ctx context.Context, c Config, addr endpoint.Addr, ln net.Listener, m *manager.Manager, api *api, reg *prometheus.Registry, log *slog.Logger) error {
 	srv := grpc.NewServer(append(manager.ServerOptions(), api.serverOptions()...)...)
 	managerv1.RegisterManagerServer(srv, &manager.Service{M: m, Policy: api.policy})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
-	// The process is live at once (the health service's overall status, which liveness
-	// probes ask for); the Manager service is ready once the warm pool has first held a
-	// ready unit, so that a rollout (and `fusebox up`, which waits for it) ends with
-	// allocations served warm. Later dips of the pool do not take the replica out of its
-	// Service: an empty pool still serves, cold.
 	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
-	go func() {
-		if err := awaitWarm(ctx, m, c.PoolSize); err != nil {
-			return
-		}
-		hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-		log.Info("warm pool ready: serving as ready", "pool_size", c.PoolSize)
-	}()
-
+	go reportReady(ctx, hs, m, c.PoolSize, log)
 	errc := make(chan error, 3)
 	if addr.Network == "tcp" {
 		// TLS handshakes to srv; plaintext callers are told to use TLS (and probes get health).
@@ -268,20 +284,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		ln = tlsLn
 	}
 	go func() { errc <- srv.Serve(ln) }()
-	var metrics *http.Server
-	if c.MetricsListen != "" {
-		mln, err := net.Listen("tcp", c.MetricsListen)
-		if err != nil {
-			srv.Stop()
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { errc <- metrics.Serve(mln) }()
-		log.Info("serving metrics", "addr", "http://"+mln.Addr().String()+"/metrics")
+	metrics, err := serveMetrics(c.MetricsListen, reg, errc, log)
+	if err != nil {
+		srv.Stop()
+		return err
 	}
-	log.Info("manager serving", "listen", addr.String(), "allocator", alloc.Name(), "estimator", est.Name(),
+	st := m.Status()
+	log.Info("manager serving", "listen", addr.String(), "allocator", st.Allocator, "estimator", st.Estimator,
 		"pool_size", c.PoolSize, "auth", api.describe)
 	if c.Ready != nil {
 		served := addr
@@ -304,6 +313,37 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		metrics.Close()
 	}
 	return nil
+}
+
+// reportReady makes the Manager service's health SERVING once the pool is warm. The process is live at once (the health
+// service's overall status, which liveness probes ask for); the Manager service is ready
+// once the warm pool has first held a ready unit, so that a rollout (and `fusebox up`, which
+// waits for it) ends with allocations served warm. Later dips of the pool do not take the
+// replica out of its Service: an empty pool still serves, cold.
+func reportReady(ctx context.Context, hs *health.Server, m *manager.Manager, poolSize int, log *slog.Logger) {
+	if err := awaitWarm(ctx, m, poolSize); err != nil {
+		return
+	}
+	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	log.Info("warm pool ready: serving as ready", "pool_size", poolSize)
+}
+
+// serveMetrics serves reg's /metrics on listen (none when empty), sending Serve's end to
+// errc.
+func serveMetrics(listen string, reg *prometheus.Registry, errc chan<- error, log *slog.Logger) (*http.Server, error) {
+	if listen == "" {
+		return nil, nil
+	}
+	mln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	metrics := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { errc <- metrics.Serve(mln) }()
+	log.Info("serving metrics", "addr", "http://"+mln.Addr().String()+"/metrics")
+	return metrics, nil
 }
 
 // awaitWarm returns once m's pool has held a ready unit (at once when the pool is sized 0),

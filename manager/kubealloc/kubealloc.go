@@ -295,10 +295,15 @@ func (a *Allocator) ready() error {
 // Name returns "kube".
 func (a *Allocator) Name() string { return "kube" }
 
-// Capabilities: egress through per-sandbox network policies, leases in pod annotations, and
-// a warm pool shared by every manager replica.
+// gVisorWarmUp is the warm-up of a sandbox pod under gVisor's runtime class: the same clock
+// calibration as runscalloc.GVisorWarmUp's.
+const gVisorWarmUp = time.Second
+
+// Capabilities: egress through per-sandbox network policies, leases in pod annotations, a
+// warm pool shared by every manager replica, and gVisor's warm-up. Its creations run on the
+// cluster's nodes, not the manager's host.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, SharedPool: true}
+	return manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, WarmUp: gVisorWarmUp}
 }
 
 // Changed returns a channel closed when the informer next sees a Ready pod of template in

@@ -69,10 +69,10 @@ func New(o Options) (*Allocator, error) {
 
 func (a *Allocator) Name() string { return "process" }
 
-// Capabilities: leases beside each process's records, and no isolation: the manager warns on
-// every allocation that nothing, egress included, is enforced.
+// Capabilities: leases beside each process's records, creations on this host, and no
+// isolation: the manager warns on every allocation that nothing, egress included, is enforced.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Adoption: true, NoIsolation: true}
+	return manager.Capabilities{Adoption: true, NoIsolation: true, CreatesOnHost: true}
 }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }

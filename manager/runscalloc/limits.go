@@ -14,9 +14,9 @@ import (
 type Limits struct {
 	// CPUs is the sandbox's CPU weight, in cores: cpu.shares of CPUs × 1024 (the host
 	// cgroup). It is not a cap: a sandbox uses any idle CPU, and only when every CPU is busy
-	// do sandboxes get CPU time in proportion to their weights. A CFS quota of one CPU
-	// throttled the sandbox in 19 periods of about 10 ms during 1,200 exec round trips of
-	// `true` (a p99-sized stall; docs/performance.md, "CPU limits"); a weight cannot.
+	// do sandboxes get CPU time in proportion to their weights. A CFS quota throttles a
+	// sandbox in stalls the size of a slow call (docs/performance.md, "CPU limits"); a
+	// weight cannot.
 	CPUs float64
 	// CPUQuota, if positive, is a hard cap in cores (a CFS quota per 100 ms period), on top of
 	// the weight; gVisor then also shows the sandbox that many CPUs (at least 2).

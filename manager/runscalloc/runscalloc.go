@@ -274,10 +274,17 @@ func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Te
 
 func (a *Allocator) Name() string { return "runsc" }
 
-// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, and data
-// connections opened ahead.
+// GVisorWarmUp is how long a gVisor sandbox takes, after it starts, to serve at full speed:
+// gVisor calibrates a sandbox's clock from two samples taken a second apart, and until then
+// its vDSO cannot serve clock reads, each of which is then a system call (figures in
+// docs/performance.md).
+const GVisorWarmUp = time.Second
+
+// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, data
+// connections opened ahead, creations on this host, and gVisor's warm-up.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, Handoff: a.o.fastPath().Handoff}
+	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, Handoff: a.o.fastPath().Handoff,
+		CreatesOnHost: true, WarmUp: GVisorWarmUp}
 }
 
 func (a *Allocator) dir(id string) string { return filepath.Join(a.o.StateDir, "sandboxes", id) }

@@ -15,6 +15,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
+	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 )
 
 // AllocateOptions configure the warm-allocation benchmark.
@@ -70,7 +71,7 @@ type AllocateResult struct {
 	// opened ahead (internal/handoff) rather than dialing.
 	HandedOff int `json:"handed_off"`
 	// Young: the same from a pool of one unit, taken as soon as it is ready and idle for
-	// settle_ms, before gVisor's clock calibration (see manager.GVisorWarmUp).
+	// settle_ms, before gVisor's clock calibration (see runscalloc.GVisorWarmUp).
 	YoungRuns          int     `json:"young_runs"`
 	AllocateYoungP50Ms float64 `json:"allocate_young_p50_ms"`
 	AllocateYoungP99Ms float64 `json:"allocate_young_p99_ms"`
@@ -328,7 +329,7 @@ func demand(ctx context.Context, m *manager.Manager, est *switchable, one func(b
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	time.Sleep(manager.GVisorWarmUp)
+	time.Sleep(runscalloc.GVisorWarmUp)
 	before := m.Status().ColdWaits
 	var (
 		mu    sync.Mutex
@@ -436,10 +437,10 @@ func timedAllocation(ctx context.Context, agent *client.Manager, ao client.Alloc
 
 // warmAge is how old, from its creation's start (UnitInfo.Created), a unit must be to count as
 // warm: its sandbox boots some 50-100 ms into the creation and calibrates its clock a second
-// later (manager.GVisorWarmUp). Measured against fusebox local up (bench allocate --manager,
+// later (runscalloc.GVisorWarmUp). Measured against fusebox local up (bench allocate --manager,
 // 30 allocations each, 2026-12-01): units 1.0 s old gave p50 4.76 and 6.33 ms, 1.05 s 3.77,
 // 1.1 s 3.81 and 4.11, 1.2 s 4.25 ms.
-const warmAge = manager.GVisorWarmUp + 200*time.Millisecond
+const warmAge = runscalloc.GVisorWarmUp + 200*time.Millisecond
 
 // settleTime is how long a full pool idles before each measured allocation: d, 100 ms when
 // d is 0, none when d is negative.

@@ -49,14 +49,12 @@ func startArmPool(ctx context.Context, o AllocateOptions, arm Arm, wrap func(man
 	// could not destroy (Failed) must not outlive the benchmark, whose state directory goes
 	// with it.
 	p.undo = append(p.undo, func() { p.alloc.Shutdown(context.WithoutCancel(ctx)) }, func() { removeContainers(p.alloc.Runtime(), o.Log) })
-	conns := &sfuse.Conns{}
-	var initializer manager.Initializer = conns.Initialize
+	var conns manager.InitConns = &sfuse.Conns{}
 	if wrap != nil {
-		initializer = wrap(initializer)
+		conns = wrappedConns{conns, wrap(conns.Initialize)}
 	}
 	if p.m, err = manager.New(manager.Options{Allocator: p.alloc, Estimator: p.est, Clock: manager.RealClock{},
-		Initializer: initializer, Prepare: conns.Prepare, Forget: conns.Forget, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize,
-		RefillDelay: manager.DefaultRefillDelay, WarmUp: manager.GVisorWarmUp, Ping: conns.Ping, PingInterval: o.PoolPing,
+		Conns: conns, ReconcileInterval: 20 * time.Millisecond, CreateConcurrency: o.PoolSize, PingInterval: o.PoolPing,
 		Logger: o.Log.With("arm", arm.Name)}); err != nil {
 		return nil, fmt.Errorf("arm %s: %w", arm.Name, err)
 	}
@@ -118,4 +116,15 @@ func quiet(pools []*armPool, next *armPool, settle, minAge time.Duration) error 
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// wrappedConns is an InitConns whose sFuse goes through initialize (a wrapper of the embedded
+// InitConns' own Initialize).
+type wrappedConns struct {
+	manager.InitConns
+	initialize manager.Initializer
+}
+
+func (w wrappedConns) Initialize(ctx context.Context, initAddr string, req sfuse.Request) (sfuse.Result, error) {
+	return w.initialize(ctx, initAddr, req)
 }

@@ -1,0 +1,179 @@
+package manager
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// This file holds the books both pools and the allocation path keep: what happened (tally),
+// the creations in flight with their backoff and times (creations), and the goroutines that
+// outlive a call but not the manager (background). Each is usable alone, so that a pool is
+// tested alone.
+
+// tally counts what happened to units and allocations: Status's totals, and Metrics when
+// set. Safe for concurrent use.
+type tally struct {
+	ops *StateOperator // the unit counts publishCounts reads
+	m   *Metrics       // nil: totals only
+
+	allocations, coldWaits, creations, destructions, failures atomic.Uint64
+}
+
+// failure counts a failure of stage (Metrics.Failures' label).
+func (t *tally) failure(stage string) {
+	t.failures.Add(1)
+	if t.m != nil {
+		t.m.Failures.WithLabelValues(stage).Inc()
+	}
+}
+
+// destroyed counts a destruction.
+func (t *tally) destroyed() {
+	t.destructions.Add(1)
+	if t.m != nil {
+		t.m.Destructions.Inc()
+	}
+}
+
+// created counts a unit that joined a pool.
+func (t *tally) created() {
+	t.creations.Add(1)
+	if t.m != nil {
+		t.m.Creations.Inc()
+	}
+}
+
+// coldWait counts an allocation that found no ready unit and waits for one to be created.
+func (t *tally) coldWait() {
+	t.coldWaits.Add(1)
+	if t.m != nil {
+		t.m.ColdWaits.Inc()
+	}
+}
+
+// allocated counts an allocation served in d.
+func (t *tally) allocated(d time.Duration) {
+	t.allocations.Add(1)
+	if t.m != nil {
+		t.m.Allocations.Inc()
+		t.m.AllocationSeconds.Observe(d.Seconds())
+	}
+}
+
+// timeStep records the time since start as the allocation step's (Metrics.AllocationSteps).
+func (t *tally) timeStep(step string, start time.Time) {
+	if t.m != nil {
+		t.m.steps[step].Observe(time.Since(start).Seconds())
+	}
+}
+
+// publishCounts sets Metrics.Units from the state operator's counts.
+func (t *tally) publishCounts() {
+	if t.m == nil {
+		return
+	}
+	c := t.ops.Counts("")
+	for s, name := range stateNames {
+		t.m.Units.WithLabelValues(name).Set(float64(c[s]))
+	}
+}
+
+// creations counts the creations in flight, backs off after failed ones, and keeps the
+// recent creation times the provisioning latency is made of. Safe for concurrent use.
+type creations struct {
+	clock  Clock
+	warmUp time.Duration // Capabilities.WarmUp
+
+	inFlight   atomic.Int32
+	mu         sync.Mutex // guards failStreak, holdUntil, latencies
+	failStreak int        // consecutive failed creations
+	holdUntil  time.Time  // no new creations before this (Clock's time)
+	latencies  []time.Duration
+}
+
+// start counts one creation in flight (before starting the goroutine, so that a reconcile
+// pass in between sees it) and runs create in the background on bg; the channel receives
+// whether it made a unit.
+func (c *creations) start(bg *background, create func() bool) <-chan bool {
+	made := make(chan bool, 1)
+	c.inFlight.Add(1)
+	bg.do(func() {
+		made <- func() bool { defer c.inFlight.Add(-1); return create() }()
+	})
+	return made
+}
+
+// count is how many creations are in flight.
+func (c *creations) count() int { return int(c.inFlight.Load()) }
+
+// ended keeps the backoff after an allocator's Create returned err: exponential (0.5 s
+// doubling to a minute) after consecutive failures, so that a broken runtime does not spin;
+// failures stay visible in status and metrics meanwhile.
+func (c *creations) ended(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.failStreak++
+		c.holdUntil = c.clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(c.failStreak-1, 7)))
+	} else {
+		c.failStreak = 0
+	}
+}
+
+// backoffLeft is how long creations still wait for the backoff.
+func (c *creations) backoffLeft() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return max(0, c.holdUntil.Sub(c.clock.Now()))
+}
+
+// heldBack reports whether creations wait for the backoff.
+func (c *creations) heldBack() bool { return c.backoffLeft() > 0 }
+
+// took records the time a successful Create took (the runtime's work).
+func (c *creations) took(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.latencies = append(c.latencies, d)
+	if len(c.latencies) > 32 {
+		c.latencies = c.latencies[len(c.latencies)-32:]
+	}
+}
+
+// provisioningLatency is the median of recent creation times (1 s before any creation) plus
+// the units' warm-up: how long a unit takes from the decision to create it to serving at
+// full speed.
+func (c *creations) provisioningLatency() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.latencies) == 0 {
+		return time.Second + c.warmUp
+	}
+	s := slices.Clone(c.latencies)
+	slices.Sort(s)
+	return s[len(s)/2] + c.warmUp
+}
+
+// background runs the goroutines that outlive a call but not the manager: Close waits for
+// them.
+type background struct {
+	wg   sync.WaitGroup
+	life context.Context // set by Manager.Start; ends at Close
+}
+
+// do runs f in a goroutine of its own.
+func (b *background) do(f func()) {
+	b.wg.Add(1)
+	go func() { defer b.wg.Done(); f() }()
+}
+
+// lifetime is the context of work that outlives a request but not the manager.
+func (b *background) lifetime() context.Context {
+	if b.life == nil {
+		return context.Background() // Reconcile driven by hand, without Start
+	}
+	return b.life
+}
