@@ -28,7 +28,7 @@ func printArms(f *bench.FastPathResult) {
 		}
 	}
 	w.Flush()
-	fmt.Println("RELAYED, HANDED OFF: allocations the client's trace hooks saw use the relay and the handoff (keep-awake and pool-procs act inside the sandbox, unseen by the agent); PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
+	fmt.Println("RELAYED, HANDED OFF: allocations the client's trace hooks saw use the relay and the handoff (keep-awake acts inside the sandbox, unseen by the agent); PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
 	for _, a := range f.Arms {
 		for _, m := range a.Mismatches() {
 			if m.On {

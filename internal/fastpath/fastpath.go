@@ -16,7 +16,6 @@
 //     their connection in place of the manager's.
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
 //     (localsandbox.KeepAwakeGODEBUG).
-//   - PoolProcs: the sandbox server runs with one P until the agent's first call.
 package fastpath
 
 import (
@@ -31,11 +30,10 @@ type Switches struct {
 	Relay     bool
 	Handoff   bool
 	KeepAwake bool
-	PoolProcs bool
 }
 
 // All is every accelerator on, the default.
-func All() Switches { return Switches{Relay: true, Handoff: true, KeepAwake: true, PoolProcs: true} }
+func All() Switches { return Switches{Relay: true, Handoff: true, KeepAwake: true} }
 
 // Any reports whether any accelerator is on.
 func (s Switches) Any() bool { return s != Switches{} }
@@ -69,12 +67,17 @@ func (l *Latest) Close() {
 }
 
 // names are the accelerators' names in Parse and String, in order.
-var names = []string{"relay", "handoff", "keep-awake", "pool-procs"}
+var names = []string{"relay", "handoff", "keep-awake"}
 
-func (s *Switches) fields() []*bool { return []*bool{&s.Relay, &s.Handoff, &s.KeepAwake, &s.PoolProcs} }
+// retired are the names of accelerators that were removed. Set ignores them, so that a
+// -fast-path or --fast-path value written for an earlier release (the sandbox pods of a kube
+// manager of that release, a script) still starts the process; Parse refuses them.
+var retired = []string{"pool-procs"}
+
+func (s *Switches) fields() []*bool { return []*bool{&s.Relay, &s.Handoff, &s.KeepAwake} }
 
 // FlagHelp describes the value Parse reads, for command-line flags.
-const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of relay, handoff, keep-awake, pool-procs`
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of relay, handoff, keep-awake`
 
 // Parse reads "all", "none", or a comma-separated list of accelerator names.
 func Parse(v string) (Switches, error) {
@@ -113,9 +116,15 @@ func (s Switches) String() string {
 	return strings.Join(on, ",")
 }
 
-// Set makes *Switches a flag.Value.
+// Set makes *Switches a flag.Value. It is Parse, but for the retired names, which it ignores.
 func (s *Switches) Set(v string) error {
-	p, err := Parse(v)
+	kept := slices.DeleteFunc(strings.Split(v, ","), func(name string) bool {
+		return slices.Contains(retired, strings.TrimSpace(name))
+	})
+	if len(kept) == 0 {
+		kept = []string{"none"}
+	}
+	p, err := Parse(strings.Join(kept, ","))
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ func TestParseAndString(t *testing.T) {
 		{"", Switches{}, "none"},
 		{"relay", Switches{Relay: true}, "relay"},
 		{"handoff, keep-awake", Switches{Handoff: true, KeepAwake: true}, "handoff,keep-awake"},
-		{"relay,handoff,keep-awake,pool-procs", All(), "all"},
+		{"relay,handoff,keep-awake", All(), "all"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
@@ -30,13 +30,33 @@ func TestParseAndString(t *testing.T) {
 			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
 		}
 	}
-	for _, bad := range []string{"fast", "relay,turbo", "ALL"} {
+	for _, bad := range []string{"fast", "relay,turbo", "ALL", "pool-procs", "relay,pool-procs"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
 	}
-	if (Switches{}).Any() || !(Switches{PoolProcs: true}).Any() {
+	if (Switches{}).Any() || !(Switches{KeepAwake: true}).Any() {
 		t.Error("Any is wrong")
+	}
+}
+
+// Set, the flags' parser, ignores a retired accelerator's name, which a value written for an
+// earlier release may hold, and refuses an unknown one.
+func TestSetIgnoresRetiredNames(t *testing.T) {
+	for in, want := range map[string]Switches{
+		"pool-procs":                          {},
+		"relay, pool-procs":                   {Relay: true},
+		"relay,handoff,keep-awake,pool-procs": All(),
+		"all":                                 All(),
+	} {
+		s := Switches{Handoff: true} // Set replaces what was there
+		if err := s.Set(in); err != nil || s != want {
+			t.Errorf("Set(%q) = %+v, %v; want %+v", in, s, err, want)
+		}
+	}
+	var s Switches
+	if err := s.Set("pool-procs,turbo"); err == nil {
+		t.Error(`Set("pool-procs,turbo") accepted it`)
 	}
 }
 

@@ -31,10 +31,10 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 		flag string
 		want fastpath.Switches
 	}{
-		{"all", fastpath.Switches{Relay: true, PoolProcs: true}},
+		{"all", fastpath.Switches{Relay: true}},
 		{"none", fastpath.Switches{}},
 		{"relay,handoff,keep-awake", fastpath.Switches{Relay: true}},
-		{"pool-procs", fastpath.Switches{PoolProcs: true}},
+		{"handoff", fastpath.Switches{}},
 	} {
 		fast, err := fastpath.Parse(tc.flag)
 		if err != nil {

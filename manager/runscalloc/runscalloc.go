@@ -100,10 +100,10 @@ type Options struct {
 	// at about 2 % of one CPU per idle sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
-	// FastPath, if set, switches the latency accelerators (internal/fastpath): Relay and
-	// PoolProcs are passed to each sandbox server, Handoff opens units' data connections
-	// ahead, and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake as
-	// KeepAwake says.
+	// FastPath, if set, switches the latency accelerators (internal/fastpath): Relay is
+	// passed to each sandbox server, Handoff opens units' data connections ahead (and is
+	// passed too), and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
+	// as KeepAwake says.
 	FastPath *fastpath.Switches
 }
 
@@ -346,7 +346,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	}
 	fast := a.o.fastPath()
 	// The sandbox's own accelerators (keep-awake is the host's setting, below).
-	inside := fastpath.Switches{Relay: fast.Relay, Handoff: fast.Handoff, PoolProcs: fast.PoolProcs}
+	inside := fastpath.Switches{Relay: fast.Relay, Handoff: fast.Handoff}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
 		"-fast-path="+inside.String())
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -29,9 +28,8 @@ import (
 )
 
 // afterFirstCall is how long after the first data-plane call returns Serve waits before it
-// logs the allocation's timeline and restores GOMAXPROCS (FastPath.PoolProcs): long enough
-// for the call's response to be written (by another goroutine, after the call returns), so
-// that this work does not delay it.
+// logs the allocation's timeline: long enough for the call's response to be written (by
+// another goroutine, after the call returns), so that this work does not delay it.
 const afterFirstCall = 2 * time.Millisecond
 
 // drainDelay bounds how long after the fuse blew the init server's connections wait to be
@@ -82,12 +80,8 @@ type Options struct {
 	// internal/fastpath): Relay answers a ClientHello relayed in InitializeTLS (without it a
 	// relayed ClientHello is ignored and the agent makes a full handshake); Handoff keeps the
 	// latest connection to the data socket made before the fuse blows, unread, and serves it
-	// first (the one the local manager opens ahead for the agent); PoolProcs runs the process
-	// with GOMAXPROCS 1 from Serve until the agent's first data-plane call has been answered
-	// (under gVisor a goroutine hand-off between threads is a futex system call through the
-	// sentry on each side, and an allocation is a chain of them in a sandbox that was idle;
-	// it is process-wide: set it only in a process that serves one sandbox). The zero value
-	// is the plain path.
+	// first (the one the local manager opens ahead for the agent). The zero value is the
+	// plain path.
 	FastPath fastpath.Switches
 }
 
@@ -173,13 +167,6 @@ func New(opts Options) (*Server, error) {
 // initialisation. Serve closes both listeners. It returns ErrIdleTimeout if nobody
 // initialises the sandbox in time.
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
-	restoreProcs := func() {}
-	if s.opts.FastPath.PoolProcs {
-		prev := runtime.GOMAXPROCS(1)
-		var once sync.Once
-		restoreProcs = func() { once.Do(func() { runtime.GOMAXPROCS(prev) }) }
-	}
-	defer restoreProcs()
 	s.life = ctx
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
 	if s.opts.FastPath.Handoff {
@@ -202,7 +189,7 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 		return err
 	}
 	// The fuse has blown and the init listener is closed. Once the agent's first call has
-	// been answered, the timeline is logged and GOMAXPROCS restored.
+	// been answered, the timeline is logged.
 	go func() {
 		select {
 		case <-s.firstCall:
@@ -210,7 +197,6 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 			s.timeline.log(s.log)
 		case <-ctx.Done():
 		}
-		restoreProcs()
 	}()
 	// A relayed handshake nobody continued (the agent fell back to a full one, or never
 	// came) is dropped once the agent has made a call, or after a while.

@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -206,32 +205,9 @@ func TestFuseBlowsOnce(t *testing.T) {
 	}
 }
 
-// A server with FastPath.PoolProcs runs with GOMAXPROCS 1 until the agent's first call has
-// been answered, then with the one it started with.
-func TestPoolProcsUntilTheFirstCall(t *testing.T) {
-	prev := runtime.GOMAXPROCS(2)
-	defer runtime.GOMAXPROCS(prev)
-	procsBecome := func(n int) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); runtime.GOMAXPROCS(0) != n; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("GOMAXPROCS = %d, want %d", runtime.GOMAXPROCS(0), n)
-			}
-		}
-	}
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.Switches{PoolProcs: true}})
-	procsBecome(1)
-	firstCall(t, initAddr, dataAddr, func() {
-		if got := runtime.GOMAXPROCS(0); got != 1 {
-			t.Fatalf("GOMAXPROCS after InitializeTLS = %d, want 1 until the first call", got)
-		}
-	})
-	procsBecome(2)
-}
-
-// firstCall initialises the server with a fresh agent key, runs between (if set), then makes
-// the agent's first data-plane call (a Stat).
-func firstCall(t *testing.T, initAddr, dataAddr string, between func()) {
+// firstCall initialises the server with a fresh agent key, then makes the agent's first
+// data-plane call (a Stat).
+func firstCall(t *testing.T, initAddr, dataAddr string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -239,9 +215,6 @@ func firstCall(t *testing.T, initAddr, dataAddr string, between func()) {
 	pub, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if between != nil {
-		between()
 	}
 	sb, err := client.Dial(dataAddr, pub.SandboxKey, key)
 	if err != nil {
@@ -258,7 +231,7 @@ func firstCall(t *testing.T, initAddr, dataAddr string, between func()) {
 func TestAllocationTimelineIsLogged(t *testing.T) {
 	var logs syncbuf.Buffer
 	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), FastPath: fastpath.All()})
-	firstCall(t, initAddr, dataAddr, nil)
+	firstCall(t, initAddr, dataAddr)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		for _, line := range strings.Split(logs.String(), "\n") {
 			tl, ok := ParseTimeline([]byte(line))

@@ -31,7 +31,7 @@ type Arm struct {
 var DefaultArms = []string{"all", "none"}
 
 // ArmsHelp describes --fast-path-arms.
-const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake, pool-procs; a repeated arm (all,all) measures the noise`
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake; a repeated arm (all,all) measures the noise`
 
 // ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
 // '+'-separated list of accelerator names (those only).
@@ -43,7 +43,7 @@ func ParseArm(v string) (Arm, error) {
 	if name, ok := strings.CutPrefix(v, "no-"); ok {
 		off, err := fastpath.Parse(name)
 		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
-			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, handoff, keep-awake, pool-procs)", v)
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, handoff, keep-awake)", v)
 		}
 		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
 	}
@@ -80,8 +80,8 @@ func ParseArms(vs []string) ([]Arm, error) {
 }
 
 // Agent is the agent's side of the arm: it neither continues a relayed handshake without the
-// relay nor collects a handed-over connection without the handoff (keep-awake and pool-procs
-// are the sandbox's alone).
+// relay nor collects a handed-over connection without the handoff (keep-awake is the
+// sandbox's alone).
 func (a Arm) Agent() client.FastPath {
 	return client.FastPath{Off: !a.FastPath.Relay && !a.FastPath.Handoff, NoRelay: !a.FastPath.Relay, NoHandoff: !a.FastPath.Handoff}
 }
@@ -111,7 +111,7 @@ func agentString(f client.FastPath) string {
 // without is a with b's accelerators switched off.
 func without(a, b fastpath.Switches) fastpath.Switches {
 	return fastpath.Switches{Relay: a.Relay && !b.Relay, Handoff: a.Handoff && !b.Handoff,
-		KeepAwake: a.KeepAwake && !b.KeepAwake, PoolProcs: a.PoolProcs && !b.PoolProcs}
+		KeepAwake: a.KeepAwake && !b.KeepAwake}
 }
 
 // interleave is the order of an interleaved run's allocations, as arm indices: rounds

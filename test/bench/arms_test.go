@@ -16,19 +16,19 @@ func TestParseArms(t *testing.T) {
 	all := fastpath.All()
 	noRelay, noKeepAwake := all, all
 	noRelay.Relay, noKeepAwake.KeepAwake = false, false
-	arms, err := ParseArms([]string{"all", "none", "no-relay", " no-keep-awake ", "relay+handoff", "pool-procs", "all", "all"})
+	arms, err := ParseArms([]string{"all", "none", "no-relay", " no-keep-awake ", "relay+handoff", "keep-awake", "all", "all"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Arm{
 		{"all", all}, {"none", fastpath.Switches{}}, {"no-relay", noRelay}, {"no-keep-awake", noKeepAwake},
-		{"relay+handoff", fastpath.Switches{Relay: true, Handoff: true}}, {"pool-procs", fastpath.Switches{PoolProcs: true}},
+		{"relay+handoff", fastpath.Switches{Relay: true, Handoff: true}}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
 		{"all#2", all}, {"all#3", all},
 	}
 	if !slices.Equal(arms, want) {
 		t.Errorf("ParseArms = %+v, want %+v", arms, want)
 	}
-	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-relay+handoff"}, {"relay,handoff"}, {"relay+"}, {"all", "nonee"}} {
+	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-relay+handoff"}, {"pool-procs"}, {"no-pool-procs"}, {"relay,handoff"}, {"relay+"}, {"all", "nonee"}} {
 		if got, err := ParseArms(bad); err == nil {
 			t.Errorf("ParseArms(%q) = %+v, want an error", bad, got)
 		}
@@ -57,7 +57,7 @@ func TestArmAgent(t *testing.T) {
 		{"all", client.FastPath{}, "on"},
 		{"no-keep-awake", client.FastPath{}, "on"},
 		{"none", client.FastPath{Off: true, NoRelay: true, NoHandoff: true}, "off"},
-		{"keep-awake+pool-procs", client.FastPath{Off: true, NoRelay: true, NoHandoff: true}, "off"},
+		{"keep-awake", client.FastPath{Off: true, NoRelay: true, NoHandoff: true}, "off"},
 		{"no-relay", client.FastPath{NoRelay: true}, "no-relay"},
 		{"no-handoff", client.FastPath{NoHandoff: true}, "no-handoff"},
 	} {
@@ -73,8 +73,8 @@ func TestArmAgent(t *testing.T) {
 		}
 	}
 	a, _ := ParseArm("all")
-	if got := a.effective(false).String(); got != "relay,handoff,pool-procs" {
-		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want relay,handoff,pool-procs", got)
+	if got := a.effective(false).String(); got != "relay,handoff" {
+		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want relay,handoff", got)
 	}
 	if got := a.effective(true); got != fastpath.All() {
 		t.Errorf("all with --keep-sandboxes-awake: %v in effect, want all", got)
@@ -178,14 +178,14 @@ func TestSummarizeArms(t *testing.T) {
 		{arm: 0, round: 3, ms: 4, used: on}, {arm: 1, round: 3, ms: 9},
 		{arm: 0, round: 4, ms: 3.5, used: used{handedOff: true}},
 	}
-	got := summarizeArms(arms, []string{"all", "none", "handoff,keep-awake,pool-procs"}, samples)
+	got := summarizeArms(arms, []string{"all", "none", "handoff,keep-awake"}, samples)
 	want := []ArmResult{
 		// 1, 2, 3, 3.5, 4: nearest rank.
 		{Arm: "all", FastPath: "all", Agent: "on", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4, Relayed: 3, HandedOff: 4},
 		// 1.5, 2.5, 4, 9; paired with the reference: +0.5, -0.5, +2, +5.
 		{Arm: "none", FastPath: "none", Agent: "off", Runs: 4, P50Ms: 2.5, P90Ms: 9, P99Ms: 9,
 			VsReference: &ArmDiff{Reference: "all", P50Ms: -0.5, P90Ms: 5, P99Ms: 5, PairedP50Ms: 1.25, SlowerRounds: 3, Rounds: 4}},
-		{Arm: "no-relay", FastPath: "handoff,keep-awake,pool-procs", Agent: "no-relay"},
+		{Arm: "no-relay", FastPath: "handoff,keep-awake", Agent: "no-relay"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d arms, want %d", len(got), len(want))

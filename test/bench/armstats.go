@@ -34,8 +34,8 @@ type ArmResult struct {
 	P99Ms    float64 `json:"p99_ms"`
 	// Relayed and HandedOff are how many of the arm's allocations used the relay and the
 	// handoff, as the client's trace hooks reported them (AllocateTrace.RelayedHandshake and
-	// HandedOff). Keep-awake and pool-procs happen inside the sandbox, out of the agent's
-	// sight: FastPath says whether they were on.
+	// HandedOff). Keep-awake happens inside the sandbox, out of the agent's sight: FastPath
+	// says whether it was on.
 	Relayed   int `json:"relayed"`
 	HandedOff int `json:"handed_off"`
 	// VsReference compares the arm with the first one (absent on the first).
