@@ -384,13 +384,16 @@ class FakeRpcError(grpc.RpcError):
 
 @pytest.mark.parametrize("code,service,cls", [
     (grpc.StatusCode.PERMISSION_DENIED, "sandbox", fusebox.PathEscapeError),
-    (grpc.StatusCode.PERMISSION_DENIED, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.PERMISSION_DENIED, "manager", fusebox.PermissionDeniedError),
+    (grpc.StatusCode.PERMISSION_DENIED, "lease", fusebox.LeaseError),
+    (grpc.StatusCode.UNAUTHENTICATED, "manager", fusebox.UnauthenticatedError),
     (grpc.StatusCode.NOT_FOUND, "sandbox", fusebox.NotFoundError),
     (grpc.StatusCode.INVALID_ARGUMENT, "manager", fusebox.InvalidArgumentError),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "sandbox", fusebox.LimitError),
     (grpc.StatusCode.ALREADY_EXISTS, "sandbox", fusebox.AlreadyExistsError),
     (grpc.StatusCode.FAILED_PRECONDITION, "sandbox", fusebox.FailedPreconditionError),
-    (grpc.StatusCode.FAILED_PRECONDITION, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "manager", fusebox.FailedPreconditionError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "lease", fusebox.LeaseError),
     (grpc.StatusCode.DEADLINE_EXCEEDED, "sandbox", fusebox.DeadlineExceededError),
     (grpc.StatusCode.UNAVAILABLE, "manager", fusebox.UnavailableError),
     (grpc.StatusCode.CANCELLED, "sandbox", fusebox.CancelledError),
