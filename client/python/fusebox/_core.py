@@ -20,7 +20,7 @@ from ._proto.manager.v1 import manager_pb2
 from ._proto.sandbox.v1 import sandbox_pb2
 from .errors import CommandError, CommandTimeoutError, FuseboxError, InvalidArgumentError, from_rpc, unreachable
 from .keys import PREPARE_AFTER, SERVER_NAME, AgentKey, pinned_root
-from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Symlink
+from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Files, ReadStats, Symlink, WriteStats
 
 #: Where ``fusebox local up`` listens by default; $FUSEBOX_MANAGER overrides it.
 DEFAULT_MANAGER = "unix:///run/fusebox/manager.sock"
@@ -183,6 +183,22 @@ def allocate_request(key: AgentKey, template: str, egress: Optional[Sequence[str
     if lease_ttl:
         req.lease_ttl.CopyFrom(duration(lease_ttl))
     return req
+
+
+class AllocateArgs:
+    """A Manager.allocate call's arguments, checked: the key, the request, the lease TTL and
+    the call's deadline in seconds, the batch limit and the concurrency."""
+
+    def __init__(self, key: AgentKey, template: str, egress: Optional[Sequence[str]], lease_ttl: Optional[Seconds],
+                 labels: Optional[Mapping[str, str]], batch_bytes_: Optional[int], concurrency: int, timeout: Optional[Seconds]):
+        self.ttl = seconds(lease_ttl, "lease_ttl")
+        self.deadline = seconds(timeout, "timeout")
+        if not isinstance(concurrency, int) or concurrency <= 0:
+            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        self.concurrency = concurrency
+        self.batch_bytes = batch_bytes(batch_bytes_)
+        self.key = key
+        self.request = allocate_request(key, template, egress, self.ttl, labels)
 
 
 def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_bytes: int):
@@ -400,6 +416,28 @@ def sink(s: Sink, buf) -> Callable[[bytes], object]:
 
 def awaitable(x: object) -> bool:
     return inspect.isawaitable(x)
+
+
+def add_batch(st: WriteStats, r: sandbox_pb2.WriteFilesResponse) -> None:
+    """Counts a WriteFiles answer into st."""
+    st.files += r.files_written
+    st.dirs += r.dirs_created
+    st.symlinks += r.symlinks_created
+    st.bytes += r.bytes_written
+    st.batches += 1
+
+
+def add_stream(st: WriteStats, r: sandbox_pb2.WriteFileStreamResponse) -> None:
+    """Counts a WriteFileStream answer into st."""
+    st.files += 1
+    st.bytes += r.bytes_written
+    st.streamed += 1
+
+
+def files_of(plan: sandbox_pb2.ReadFilesPlan) -> Files:
+    """The (still empty) result of a read planned as plan."""
+    return Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
+                           bytes=plan.total_bytes))
 
 
 def new_group_id() -> str:

@@ -22,7 +22,7 @@ from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
 from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    ReadStats, SandboxInfo, Symlink, WriteStats)
+                    SandboxInfo, Symlink, WriteStats)
 
 Sink = _core.Sink
 
@@ -84,16 +84,10 @@ class Manager:
         fresh Ed25519 key by default, made in memory, ahead of the call). The returned Sandbox
         releases the sandbox on close(); the manager destroys it then.
         """
-        ttl = _core.seconds(lease_ttl, "lease_ttl")
-        deadline = _core.seconds(timeout, "timeout")
-        if not isinstance(concurrency, int) or concurrency <= 0:
-            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
-        bb = _core.batch_bytes(batch_bytes)
-        key = key or self._keys.take()
-        req = _core.allocate_request(key, template, egress, ttl, labels)
-        got = self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        got = self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
         if got is None:  # the manager predates AllocateStream
-            got = self._allocate_unary(req, key, deadline)
+            got = self._allocate_unary(a.request, a.key, a.deadline)
         resp, early = got
         channel = None
         if early is not None:
@@ -102,7 +96,7 @@ class Manager:
             else:
                 early.channel.close()
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
         except BaseException:
             if channel is not None:
                 channel.close()
@@ -559,16 +553,7 @@ class Sandbox:
                             g.cancel()
                     continue
                 with lock:
-                    if kind == "batch":
-                        st.files += r.files_written
-                        st.dirs += r.dirs_created
-                        st.symlinks += r.symlinks_created
-                        st.bytes += r.bytes_written
-                        st.batches += 1
-                    else:
-                        st.files += 1
-                        st.bytes += r.bytes_written
-                        st.streamed += 1
+                    (_core.add_batch if kind == "batch" else _core.add_stream)(st, r)
             if first_err is not None:
                 raise first_err
         except BaseException:
@@ -588,8 +573,7 @@ class Sandbox:
             plan = self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
         except grpc.RpcError as e:
             raise from_rpc(e, "planning read") from None
-        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
-                              bytes=plan.total_bytes))
+        out = _core.files_of(plan)
         sem = threading.Semaphore(self._conc)  # batches in flight, as for writes
         futs = []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._conc) if plan.streamed else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
-from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
+from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Generator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -26,7 +26,7 @@ from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
 from .keys import AgentKey, KeysAhead
-from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
+from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     SandboxInfo, Symlink, WriteStats)
 
 __all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream"]
@@ -68,16 +68,10 @@ class Manager:
                        timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
         """Allocates a fresh sandbox and connects to it with pinned mTLS (see
         :meth:`fusebox.Manager.allocate`); the lease is renewed by a task until close()."""
-        ttl = _core.seconds(lease_ttl, "lease_ttl")
-        deadline = _core.seconds(timeout, "timeout")
-        if not isinstance(concurrency, int) or concurrency <= 0:
-            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
-        bb = _core.batch_bytes(batch_bytes)
-        key = key or self._keys.take()
-        req = _core.allocate_request(key, template, egress, ttl, labels)
-        got = await self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        got = await self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
         if got is None:  # the manager predates AllocateStream
-            got = await self._allocate_unary(req, key, deadline)
+            got = await self._allocate_unary(a.request, a.key, a.deadline)
         resp, early = got
         channel = None
         if early is not None:
@@ -86,7 +80,7 @@ class Manager:
             else:
                 await early.channel.close()
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
         except BaseException:
             if channel is not None:
                 await channel.close()
@@ -414,11 +408,7 @@ class Sandbox:
                     r = await self._rpc.WriteFiles(b)
                 except grpc.RpcError as e:
                     raise from_rpc(e, f"writing batch of {len(b.files)} files") from None
-            st.files += r.files_written
-            st.dirs += r.dirs_created
-            st.symlinks += r.symlinks_created
-            st.bytes += r.bytes_written
-            st.batches += 1
+            _core.add_batch(st, r)
 
         async def stream(f):
             async with sem:
@@ -428,9 +418,7 @@ class Sandbox:
                     r = await self._rpc.WriteFileStream(_agen(_core.chunks_of(data, hdr)))
                 except grpc.RpcError as e:
                     raise from_rpc(e, f"streaming {f.path}") from None
-            st.files += 1
-            st.bytes += r.bytes_written
-            st.streamed += 1
+            _core.add_stream(st, r)
 
         await _gather([batch(b) for b in batches] + [stream(f) for f in streamed])
         return st
@@ -443,8 +431,7 @@ class Sandbox:
             plan = await self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
         except grpc.RpcError as e:
             raise from_rpc(e, "planning read") from None
-        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
-                              bytes=plan.total_bytes))
+        out = _core.files_of(plan)
         sem = asyncio.Semaphore(self._conc)
 
         async def batch(b):
