@@ -29,15 +29,20 @@ func main() {
 func cliMain(ctx context.Context, args []string, stderr io.Writer) int {
 	root := rootCmd()
 	root.SetArgs(args)
-	if err := root.ExecuteContext(ctx); err != nil {
-		var ee exitError
-		if errors.As(err, &ee) {
-			return ee.code
-		}
-		fmt.Fprintln(stderr, "fusebox:", err)
-		return 1
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
-	return 0
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "fusebox:", describe(err))
+	var md missingDashes
+	if errors.As(err, &md) {
+		fmt.Fprintln(stderr, "fusebox:", md.hint(args))
+	}
+	return 1
 }
 
 func rootCmd() *cobra.Command {
