@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,7 +19,33 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	code := cliMain(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// cliMain runs the command line args and returns the process's exit code; errors are printed
+// on stderr.
+func cliMain(ctx context.Context, args []string, stderr io.Writer) int {
+	root := rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "fusebox:", describe(err))
+	var md missingDashes
+	if errors.As(err, &md) {
+		fmt.Fprintln(stderr, "fusebox:", md.hint(args))
+	}
+	return 1
+}
+
+func rootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "fusebox",
 		Short:         "Run AI agents' generated code in single-use gVisor sandboxes",
@@ -30,12 +57,5 @@ func main() {
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
 	root.AddCommand(imageCmd(), releaseCmd())
-	if err := root.ExecuteContext(ctx); err != nil {
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		fmt.Fprintln(os.Stderr, "fusebox:", err)
-		os.Exit(1)
-	}
+	return root
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -22,6 +23,15 @@ func (m *managerFlags) register(f *pflag.FlagSet) {
 }
 
 func (m *managerFlags) options() []client.ManagerOption { return m.TLS.Options() }
+
+// explain adds to err, a failed call to the manager, what to check when no manager answered
+// it; an answer (a refusal, the manager's own failure) is left as it is.
+func (m *managerFlags) explain(err error) error {
+	if !nothingAnswered(err) {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, m.hint())
+}
 
 // hint is what to check when the manager cannot be reached: a local one is started by
 // fusebox local up; a tcp:// one must be reachable and trusted.

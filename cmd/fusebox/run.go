@@ -49,7 +49,7 @@ reused) and exits with the command's exit code.`,
 			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress,
 				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
-				return fmt.Errorf("%w (%s)", err, mgr.hint())
+				return mgr.explain(err)
 			}
 			defer alloc.Close()
 			status("sandbox %s ready in %v", alloc.ID, time.Since(start).Round(time.Millisecond))
@@ -91,6 +91,12 @@ reused) and exits with the command's exit code.`,
 			return nil
 		},
 	}
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if strings.HasPrefix(err.Error(), "unknown ") { // unknown flag, unknown shorthand flag
+			return missingDashes{err: err, cmd: c}
+		}
+		return err
+	})
 	f := cmd.Flags()
 	mgr.register(f)
 	f.StringSliceVar(&egress, "egress", nil, "allowed destinations, HOST:PORT (HOST may be *.domain), comma-separated")

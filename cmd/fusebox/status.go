@@ -32,7 +32,7 @@ the warm pool included.`,
 			c := managerv1.NewManagerClient(conn)
 			ps, err := c.PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
 			if err != nil {
-				return fmt.Errorf("asking %s: %w (%s)", mgr.addr, err, mgr.hint())
+				return mgr.explain(fmt.Errorf("asking %s: %w", mgr.addr, err))
 			}
 			list, err := c.List(cmd.Context(), &managerv1.ListRequest{})
 			if err != nil {

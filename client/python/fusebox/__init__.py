@@ -18,7 +18,8 @@ from ._core import DEFAULT_MANAGER
 from ._sync import ExecStream, Manager, Sandbox, TaskGroup
 from .errors import (AlreadyExistsError, BadAddressError, CancelledError, CommandError, CommandTimeoutError,
                      DeadlineExceededError, FailedPreconditionError, FuseboxError, InvalidArgumentError, LeaseError,
-                     LimitError, NotFoundError, PathEscapeError, PinningError, UnavailableError)
+                     LimitError, NotFoundError, PathEscapeError, PermissionDeniedError, PinningError,
+                     UnauthenticatedError, UnavailableError)
 from .keys import SERVER_NAME, AgentKey
 from .types import (DEFAULT_BATCH_BYTES, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     ReadStats, SandboxInfo, Symlink, WriteStats)
@@ -34,6 +35,6 @@ __all__ = [
     "DEFAULT_BATCH_BYTES", "ExecResult", "OutputChunk", "File", "Symlink", "WriteStats", "ReadStats", "Files",
     "FileInfo", "Listing", "GrepMatch", "GrepResult", "SandboxInfo",
     "FuseboxError", "BadAddressError", "InvalidArgumentError", "PathEscapeError", "NotFoundError", "AlreadyExistsError",
-    "FailedPreconditionError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
+    "FailedPreconditionError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
     "CommandTimeoutError", "CommandError", "CancelledError",
 ]

@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
                               "  python3 -m fusebox run --upload ./repo -- sh -c 'cd repo && make test'",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--manager", default=_core.manager_address(), help="manager address (default $FUSEBOX_MANAGER or %(default)s)")
+    r.add_argument("--ca-file", help="PEM CA that signed a tcp:// manager's certificate ($FUSEBOX_CA_FILE)")
+    r.add_argument("--token-file", help="file holding a ServiceAccount token with the manager's audience, "
+                                        "read again when it changes; for tcp:// managers ($FUSEBOX_TOKEN_FILE)")
+    r.add_argument("--tls-server-name", help="name to check in the manager's certificate (default: the address's host) "
+                                             "($FUSEBOX_TLS_SERVER_NAME)")
     r.add_argument("--egress", action="append", default=[], metavar="HOST:PORT",
                    help="allowed destination (HOST may be *.domain); repeat or comma-separate")
     r.add_argument("--upload", metavar="DIR", help="local directory to copy into the workspace first")
@@ -68,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     egress = [e for arg in args.egress for e in arg.split(",") if e]
     start = time.monotonic()
     try:
-        sb = Sandbox.allocate(args.manager, egress=egress, labels={"via": "python3-m-fusebox-run"})
+        sb = Sandbox.allocate(args.manager, ca_file=args.ca_file, token_file=args.token_file, server_name=args.tls_server_name,
+                              egress=egress, labels={"via": "python3-m-fusebox-run"})
     except FuseboxError as e:
         print(f"fusebox: {e}", file=sys.stderr)
         return 1
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             res = sb.exec(command, timeout=args.timeout, stdout=out, stderr=err)
         except CommandTimeoutError as e:
-            status(f"command timed out after {args.timeout:g}s and was killed")
+            status(str(e))
             res = e.result
         if res.signal and not res.timed_out:
             status(f"command killed by {res.signal}")

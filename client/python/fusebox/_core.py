@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import posixpath
 import secrets
 import stat as stat_mod
-from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+import threading
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf import duration_pb2
@@ -16,9 +18,9 @@ from . import _address
 from ._pack import Pending, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2
 from ._proto.sandbox.v1 import sandbox_pb2
-from .errors import CommandError, CommandTimeoutError, FuseboxError, InvalidArgumentError
-from .keys import SERVER_NAME, AgentKey, pinned_root
-from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Symlink
+from .errors import CommandError, CommandTimeoutError, FuseboxError, InvalidArgumentError, from_rpc, unreachable
+from .keys import PREPARE_AFTER, SERVER_NAME, AgentKey, pinned_root
+from .types import DEFAULT_BATCH_BYTES, STREAM_CHUNK, CommandLike, ExecResult, File, Files, ReadStats, Symlink, WriteStats
 
 #: Where ``fusebox local up`` listens by default; $FUSEBOX_MANAGER overrides it.
 DEFAULT_MANAGER = "unix:///run/fusebox/manager.sock"
@@ -34,9 +36,120 @@ ALLOCATE_TIMEOUT = 60.0
 RELEASE_TIMEOUT = 30.0
 
 
+# The environment variables that say how to reach the manager, as the CLI reads them
+# (cmd/fusebox, cmd/internal/managerflags).
+ENV_MANAGER = "FUSEBOX_MANAGER"
+ENV_CA_FILE = "FUSEBOX_CA_FILE"
+ENV_TOKEN_FILE = "FUSEBOX_TOKEN_FILE"
+ENV_SERVER_NAME = "FUSEBOX_TLS_SERVER_NAME"
+
+
 def manager_address() -> str:
     """The manager address to use when none is given: $FUSEBOX_MANAGER or DEFAULT_MANAGER."""
-    return os.environ.get("FUSEBOX_MANAGER") or DEFAULT_MANAGER
+    return os.environ.get(ENV_MANAGER) or DEFAULT_MANAGER
+
+
+def _setting(v: Optional[str], env: str) -> str:
+    """An option's value: as given, or $env when None ("" turns the environment's off)."""
+    return os.environ.get(env, "") if v is None else v
+
+
+class ManagerConnection:
+    """How to reach a manager: its address, and a tcp:// manager's TLS and token.
+
+    A unix socket manager is guarded by the socket's file permissions and is talked to in
+    plaintext (the token is not sent there). A tcp:// manager serves TLS only: ``ca_file``
+    (PEM, the CA that signed its certificate) or ``credentials`` are required, and
+    ``token_file`` holds the bearer token every call carries (a projected ServiceAccount
+    token, read again whenever the file changes). ``server_name`` is the name checked in the
+    manager's certificate (default: the address's host). Options left None come from
+    $FUSEBOX_CA_FILE, $FUSEBOX_TOKEN_FILE and $FUSEBOX_TLS_SERVER_NAME, as for the CLI.
+    """
+
+    def __init__(self, address: Optional[str], credentials: Optional[grpc.ChannelCredentials] = None,
+                 ca_file: Optional[Union[str, os.PathLike]] = None, token_file: Optional[Union[str, os.PathLike]] = None,
+                 server_name: Optional[str] = None):
+        self.address = address if address is not None else manager_address()
+        addr = _address.parse(self.address, "manager address")
+        self.target = addr.grpc_target
+        self.credentials = credentials
+        self.options: List[Tuple[str, Any]] = []
+        self.tcp = addr.network == "tcp"
+        if not self.tcp:
+            return
+        ca = os.fspath(_setting(ca_file, ENV_CA_FILE))  # type: ignore[arg-type]
+        token = os.fspath(_setting(token_file, ENV_TOKEN_FILE))  # type: ignore[arg-type]
+        name = _setting(server_name, ENV_SERVER_NAME)
+        if credentials is None:
+            if not ca:
+                raise InvalidArgumentError(
+                    f"manager {self.address}: a tcp:// manager serves TLS only: give its CA (ca_file= or ${ENV_CA_FILE}; "
+                    f"in a cluster the ConfigMap fusebox-manager-ca, key ca.crt) and a ServiceAccount token "
+                    f"(token_file= or ${ENV_TOKEN_FILE}); the SDK never talks plaintext over TCP")
+            self.credentials = grpc.ssl_channel_credentials(root_certificates=_read_ca(ca))
+        if name:
+            self.options.append(("grpc.ssl_target_name_override", name))
+        if token:
+            self.credentials = grpc.composite_channel_credentials(
+                self.credentials, grpc.metadata_call_credentials(TokenFile(token), name="fusebox-token-file"))
+
+    def hint(self) -> str:
+        """What to check when no manager answered."""
+        if self.tcp:
+            return f"is the manager at {self.address} reachable, with its CA in ca_file (${ENV_CA_FILE})?"
+        return f"is `fusebox local up` running, and is {self.address} its address?"
+
+    def error(self, e: grpc.RpcError, doing: str, service: str = "manager") -> FuseboxError:
+        """The typed error of a failed manager call: the hint only when no manager answered."""
+        return from_rpc(e, doing, service, self.hint() if unreachable(e) else "")
+
+
+def _read_ca(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"reading the manager's CA: {e}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise InvalidArgumentError(f"the manager's CA file {path} holds no PEM certificate")
+    return pem
+
+
+class TokenFile(grpc.AuthMetadataPlugin):
+    """A bearer token read from a file, again whenever the file changes (the kubelet rotates
+    projected tokens); it is sent only over TLS. Reading it fails at once when the file is
+    missing or empty."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self._seen: Optional[Tuple[int, int]] = None  # guarded by _lock, as _token
+        self._token = ""
+        self.token()
+
+    def token(self) -> str:
+        try:
+            st = os.stat(self.path)
+            with self._lock:
+                if self._seen == (st.st_mtime_ns, st.st_size):
+                    return self._token
+            with open(self.path, "rb") as f:
+                tok = f.read().decode("utf-8", "replace").strip()
+        except OSError as e:
+            raise InvalidArgumentError(f"manager token file: {e}") from None
+        if not tok:
+            raise InvalidArgumentError(f"manager token file {self.path} is empty")
+        with self._lock:
+            self._seen, self._token = (st.st_mtime_ns, st.st_size), tok
+        return tok
+
+    def __call__(self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback) -> None:
+        try:
+            tok = self.token()
+        except FuseboxError as e:
+            callback((), e)
+            return
+        callback((("authorization", "Bearer " + tok),), None)
 
 
 def seconds(v: Optional[Seconds], what: str) -> Optional[float]:
@@ -72,6 +185,22 @@ def allocate_request(key: AgentKey, template: str, egress: Optional[Sequence[str
     return req
 
 
+class AllocateArgs:
+    """A Manager.allocate call's arguments, checked: the key, the request, the lease TTL and
+    the call's deadline in seconds, the batch limit and the concurrency."""
+
+    def __init__(self, key: AgentKey, template: str, egress: Optional[Sequence[str]], lease_ttl: Optional[Seconds],
+                 labels: Optional[Mapping[str, str]], batch_bytes_: Optional[int], concurrency: int, timeout: Optional[Seconds]):
+        self.ttl = seconds(lease_ttl, "lease_ttl")
+        self.deadline = seconds(timeout, "timeout")
+        if not isinstance(concurrency, int) or concurrency <= 0:
+            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        self.concurrency = concurrency
+        self.batch_bytes = batch_bytes(batch_bytes_)
+        self.key = key
+        self.request = allocate_request(key, template, egress, self.ttl, labels)
+
+
 def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_bytes: int):
     """Checks the allocation's sandbox identity and returns (target, credentials, options).
 
@@ -105,6 +234,76 @@ def same_sandbox(picked: manager_pb2.SandboxPicked, resp: manager_pb2.AllocateRe
     return (picked.sandbox_id == resp.sandbox_id and picked.endpoint == resp.endpoint
             and picked.sandbox_public_key == resp.sandbox_public_key
             and picked.sandbox_certificate == resp.sandbox_certificate)
+
+
+class Early:
+    """A data channel to the unit an AllocateStream named before sFuse: made and connecting
+    while the sandbox is initialised, pinned to the identity the manager named. The sandbox
+    keeps the connection unread until its fuse blows; the channel is kept only if the answer
+    names the same sandbox and identity (keeps)."""
+
+    def __init__(self, picked: manager_pb2.SandboxPicked, channel):
+        self.picked, self.channel = picked, channel
+
+    def keeps(self, resp: manager_pb2.AllocateResponse) -> bool:
+        return same_sandbox(self.picked, resp)
+
+
+class StreamAllocation:
+    """What an AllocateStream's events mean, for the sync and asyncio APIs alike.
+
+    ``open_channel(target, credentials, options)`` makes a data channel and starts its
+    connection. Each event goes to event(); the caller closes the channels it returns as
+    stale and stops at the answer.
+    """
+
+    def __init__(self, key: AgentKey, batch_bytes: int, open_channel: Callable[[str, grpc.ChannelCredentials, list], Any]):
+        self.key, self.batch_bytes, self.open_channel = key, batch_bytes, open_channel
+        self.early: Optional[Early] = None
+        self.events = 0
+
+    def event(self, ev: manager_pb2.AllocateEvent) -> Tuple[Optional[manager_pb2.AllocateResponse], Optional[Early]]:
+        """Returns (the answer when ev is it, an early channel now stale or None). A unit
+        named before sFuse gets an early channel when its identity pins; a second one named
+        (the manager moved on to another unit) makes the first stale."""
+        self.events += 1
+        if ev.HasField("allocated"):
+            return ev.allocated, None
+        stale = None
+        if ev.HasField("picked"):
+            stale, self.early = self.early, None
+            args = picked_channel_args(ev.picked, self.key, self.batch_bytes)
+            if args is not None:
+                self.early = Early(ev.picked, self.open_channel(*args))
+        return None, stale
+
+    def drop_early(self) -> Optional[Early]:
+        """Takes the early channel, for the caller to close."""
+        e, self.early = self.early, None
+        return e
+
+    def predates(self, e: grpc.RpcError) -> bool:
+        """Whether the manager answered the call as one that predates AllocateStream."""
+        return e.code() == grpc.StatusCode.UNIMPLEMENTED and self.events == 0
+
+    @staticmethod
+    def no_answer() -> FuseboxError:
+        return FuseboxError("allocating sandbox: the manager ended the call without an answer")
+
+
+def renew_every(ttl: Optional[float], expires: datetime.datetime) -> float:
+    """How often a lease is renewed: every third of its TTL (the lease's remaining time when
+    the manager's default TTL applies), at most ten times a second."""
+    if not ttl:
+        ttl = max((expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
+    return max(ttl / 3, 0.1)
+
+
+def next_key_after(ahead: bool) -> Optional[float]:
+    """When a kept Manager makes the next allocation's key, in seconds after an allocation
+    answers (None: it makes none ahead). Made at once, the key would compete with the
+    allocation's first call for the CPU."""
+    return PREPARE_AFTER if ahead else None
 
 
 def start_connecting(channel: grpc.Channel) -> None:
@@ -175,15 +374,70 @@ def exit_result(x: sandbox_pb2.ExecExit, stdout: bytes, stderr: bytes) -> ExecRe
                       stdout=stdout, stderr=stderr)
 
 
+def timed_out_message(command: CommandLike, timeout: Optional[float], res: ExecResult) -> str:
+    """Says that the command ran into its timeout, or into the sandbox's default timeout when
+    it set none."""
+    if timeout:
+        return (f"command {describe(command)!r} timed out after {timeout:g}s and was killed with its process group "
+                f"(give it a longer timeout)")
+    return (f"command {describe(command)!r} ran into the sandbox's default timeout after {res.duration:.0f}s and was "
+            f"killed with its process group (give it a timeout= of its own)")
+
+
 def check_result(res: ExecResult, command: CommandLike, timeout: Optional[float], check: bool) -> ExecResult:
     if res.timed_out:
-        raise CommandTimeoutError(f"command {describe(command)!r} timed out after {timeout:g}s and was killed "
-                                  f"with its process group (give it a longer timeout)", res)
+        raise CommandTimeoutError(timed_out_message(command, timeout, res), res)
     if check and res.exit_code != 0:
         how = f"was killed by {res.signal}" if res.signal else f"exited with status {res.exit_code}"
         tail = res.stderr[-500:].decode("utf-8", "replace").strip()
         raise CommandError(f"command {describe(command)!r} {how}" + (f": {tail}" if tail else ""), res)
     return res
+
+
+Sink = Union[Callable[[bytes], object], BinaryIO, None]
+
+
+def sink(s: Sink, buf) -> Callable[[bytes], object]:
+    """The function that takes a command's output for s: buf.write when s is None, s itself
+    when callable (asyncio awaits what it returns when that is awaitable), or a binary file's
+    write and flush."""
+    if s is None:
+        return buf.write
+    if callable(s):
+        return s
+    if hasattr(s, "write"):
+        def w(b: bytes) -> None:
+            s.write(b)
+            if hasattr(s, "flush"):
+                s.flush()
+        return w
+    raise InvalidArgumentError(f"output sink: want a callable or a binary file, got {type(s).__name__}")
+
+
+def awaitable(x: object) -> bool:
+    return inspect.isawaitable(x)
+
+
+def add_batch(st: WriteStats, r: sandbox_pb2.WriteFilesResponse) -> None:
+    """Counts a WriteFiles answer into st."""
+    st.files += r.files_written
+    st.dirs += r.dirs_created
+    st.symlinks += r.symlinks_created
+    st.bytes += r.bytes_written
+    st.batches += 1
+
+
+def add_stream(st: WriteStats, r: sandbox_pb2.WriteFileStreamResponse) -> None:
+    """Counts a WriteFileStream answer into st."""
+    st.files += 1
+    st.bytes += r.bytes_written
+    st.streamed += 1
+
+
+def files_of(plan: sandbox_pb2.ReadFilesPlan) -> Files:
+    """The (still empty) result of a read planned as plan."""
+    return Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
+                           bytes=plan.total_bytes))
 
 
 def new_group_id() -> str:

@@ -10,41 +10,45 @@ import itertools
 import threading
 import time
 import weakref
-from typing import BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.experimental
 
-from . import _address, _core
+from . import _core
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
-from .keys import PREPARE_AFTER, AgentKey, KeysAhead
+from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    ReadStats, SandboxInfo, Symlink, WriteStats)
+                    SandboxInfo, Symlink, WriteStats)
 
-Sink = Union[Callable[[bytes], object], BinaryIO, None]
-
-_MANAGER_HINT = "is `fusebox local up` running, and is {addr} its address?"
+Sink = _core.Sink
 
 
 class Manager:
     """A connection to a fusebox manager, for an agent that allocates many sandboxes.
 
     ``address`` is ``unix:///path`` or ``tcp://host:port`` (default: $FUSEBOX_MANAGER, else
-    ``unix:///run/fusebox/manager.sock``). ``credentials`` secure a TCP connection; None means
-    none, which is right for the local manager's unix socket only. It is safe to share between
-    threads; close it (or use it as a context manager) when done.
+    ``unix:///run/fusebox/manager.sock``). A unix socket manager (``fusebox local up``) needs
+    nothing more. A tcp:// manager serves TLS only: ``ca_file`` is the PEM CA that signed its
+    certificate (or give ``credentials``), ``token_file`` the file holding the ServiceAccount
+    token every call carries (read again when it changes), ``server_name`` the name checked
+    in its certificate (default: the address's host); each defaults to $FUSEBOX_CA_FILE,
+    $FUSEBOX_TOKEN_FILE and $FUSEBOX_TLS_SERVER_NAME, as for the CLI. A tcp:// manager without
+    TLS is refused (InvalidArgumentError): the SDK never talks plaintext over TCP. It is safe
+    to share between threads; close it (or use it as a context manager) when done.
 
     It makes the agent key of its next allocation ahead, in the background (a fresh key for
     every allocation, held in memory only), so that an allocation does not wait for one.
     """
 
     def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 ca_file: Optional[str] = None, token_file: Optional[str] = None, server_name: Optional[str] = None,
                  _ahead: bool = True):
-        self.address = address if address is not None else _core.manager_address()
-        addr = _address.parse(self.address, "manager address")
+        self._conn = _core.ManagerConnection(address, credentials, ca_file, token_file, server_name)
+        self.address = self._conn.address
         # Keys made ahead: not for the one allocation of Sandbox.allocate's own Manager.
         self._keys = KeysAhead()
         self._ahead = _ahead
@@ -53,11 +57,11 @@ class Manager:
         # itself, rather than by a thread grpcio would start for each call and hand every
         # message over from: alternating with and without it, 200 allocations each, twice, p99
         # 15.36 and 13.79 ms against 19.98 and 15.54 (p50 alike).
-        opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-        if credentials is not None:
-            self._channel = grpc.secure_channel(addr.grpc_target, credentials, options=opts)
+        opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + self._conn.options
+        if self._conn.credentials is not None:
+            self._channel = grpc.secure_channel(self._conn.target, self._conn.credentials, options=opts)
         else:
-            self._channel = grpc.insecure_channel(addr.grpc_target, options=opts)
+            self._channel = grpc.insecure_channel(self._conn.target, options=opts)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
         # Whether to allocate through AllocateStream (False once the manager turns out to
         # predate it).
@@ -65,9 +69,8 @@ class Manager:
         if _ahead:
             self._keeper.want_key(0)
 
-    def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
-        hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
-        return from_rpc(e, doing, "manager", hint)
+    def _err(self, e: grpc.RpcError, doing: str, service: str = "manager") -> FuseboxError:
+        return self._conn.error(e, doing, service)
 
     def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
                  lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
@@ -81,20 +84,19 @@ class Manager:
         fresh Ed25519 key by default, made in memory, ahead of the call). The returned Sandbox
         releases the sandbox on close(); the manager destroys it then.
         """
-        ttl = _core.seconds(lease_ttl, "lease_ttl")
-        deadline = _core.seconds(timeout, "timeout")
-        if not isinstance(concurrency, int) or concurrency <= 0:
-            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
-        bb = _core.batch_bytes(batch_bytes)
-        key = key or self._keys.take()
-        req = _core.allocate_request(key, template, egress, ttl, labels)
-        got = self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        got = self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
         if got is None:  # the manager predates AllocateStream
-            got = self._allocate_unary(req, key, deadline)
+            got = self._allocate_unary(a.request, a.key, a.deadline)
         resp, early = got
-        channel = early.take(resp) if early is not None else None
+        channel = None
+        if early is not None:
+            if early.keeps(resp):
+                channel = early.channel
+            else:
+                early.channel.close()
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
         except BaseException:
             if channel is not None:
                 channel.close()
@@ -121,32 +123,27 @@ class Manager:
         """Allocates through AllocateStream: when the manager names the picked unit before
         sFuse, the data channel to it is made and starts connecting (its TLS context, its
         connection and its ClientHello) while the manager initialises the sandbox. Returns
-        (the answer, that _Early or None); sets _stream False and returns None when the
+        (the answer, its _core.Early or None); sets _stream False and returns None when the
         manager predates AllocateStream."""
         call = self._rpc.AllocateStream(req, timeout=deadline)
-        early: Optional[_Early] = None
-        events = 0
+        st = _core.StreamAllocation(key, batch_bytes, _open_early)
         try:
             key._credentials()  # the client certificate, made while the manager allocates
             for ev in call:
-                events += 1
-                if ev.HasField("allocated"):
-                    return ev.allocated, early
-                if ev.HasField("picked"):
-                    if early is not None:
-                        early.close()  # the manager moved on to another unit
-                    early = _Early.start(ev.picked, key, batch_bytes)
-            raise FuseboxError("allocating sandbox: the manager ended the call without an answer")
+                resp, stale = st.event(ev)
+                if stale is not None:
+                    stale.channel.close()
+                if resp is not None:
+                    return resp, st.early
+            raise st.no_answer()
         except grpc.RpcError as e:
-            if early is not None:
-                early.close()
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED and events == 0:
+            _close_early(st.drop_early())
+            if st.predates(e):
                 self._stream = False
                 return None
             raise self._err(e, "allocating sandbox") from None
         except BaseException:
-            if early is not None:
-                early.close()
+            _close_early(st.drop_early())
             # The manager may allocate all the same: take its answer and release what it gave.
             try:
                 for ev in call:
@@ -160,7 +157,7 @@ class Manager:
         try:
             self._rpc.Release(manager_pb2.ReleaseRequest(sandbox_id=sandbox_id, lease_token=token), timeout=_core.RELEASE_TIMEOUT)
         except grpc.RpcError as e:
-            err = self._err(e, f"releasing {sandbox_id}")
+            err = self._err(e, f"releasing {sandbox_id}", "lease")
             return None if isinstance(err, NotFoundError) else err  # already destroyed
         return None
 
@@ -211,7 +208,7 @@ class _Lease:
             r = fut.result()
         except grpc.RpcError as e:
             with self.lock:
-                self.error = self.keeper.mgr._err(e, f"renewing lease of {self.id}")
+                self.error = self.keeper.mgr._err(e, f"renewing lease of {self.id}", "lease")
             return
         except Exception:  # cancelled: the channel was closed
             return
@@ -334,35 +331,16 @@ class _Keeper:
                 self.mgr._keys.make()
 
 
-class _Early:
-    """A data channel to the unit an AllocateStream named before sFuse (see
-    Manager._allocate_stream): made and connecting while the sandbox is initialised, pinned
-    to the identity the manager named. The sandbox keeps the connection unread until its fuse
-    blows; the channel is kept only if the answer names the same sandbox and identity."""
+def _open_early(target: str, creds: grpc.ChannelCredentials, options: list) -> grpc.Channel:
+    """A data channel to the unit an AllocateStream named before sFuse, connecting now (see _core.Early)."""
+    ch = grpc.secure_channel(target, creds, options=options)
+    _core.start_connecting(ch)
+    return ch
 
-    def __init__(self, picked: manager_pb2.SandboxPicked, channel: grpc.Channel):
-        self.picked, self.channel = picked, channel
 
-    @classmethod
-    def start(cls, picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int) -> Optional["_Early"]:
-        """Starts the channel; None when the named identity does not pin."""
-        args = _core.picked_channel_args(picked, key, batch_bytes)
-        if args is None:
-            return None
-        target, creds, options = args
-        ch = grpc.secure_channel(target, creds, options=options)
-        _core.start_connecting(ch)
-        return cls(picked, ch)
-
-    def take(self, resp: manager_pb2.AllocateResponse) -> Optional[grpc.Channel]:
-        """The channel if the answer names the picked sandbox and identity; else closes it."""
-        if _core.same_sandbox(self.picked, resp):
-            return self.channel
-        self.close()
-        return None
-
-    def close(self) -> None:
-        self.channel.close()
+def _close_early(early: Optional[_core.Early]) -> None:
+    if early is not None:
+        early.channel.close()
 
 
 def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
@@ -387,13 +365,16 @@ class Sandbox:
 
     @classmethod
     def allocate(cls, manager: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 ca_file: Optional[str] = None, token_file: Optional[str] = None, server_name: Optional[str] = None,
                  **options) -> "Sandbox":
         """Connects to the manager at ``manager``, allocates, and returns the Sandbox.
 
-        The manager connection is closed with the sandbox. ``options`` are those of
-        :meth:`Manager.allocate`.
+        The manager connection is closed with the sandbox. ``credentials``, ``ca_file``,
+        ``token_file`` and ``server_name`` secure a tcp:// manager (see :class:`Manager`);
+        ``options`` are those of :meth:`Manager.allocate`.
         """
-        m = Manager(manager, credentials=credentials, _ahead=False)
+        m = Manager(manager, credentials=credentials, ca_file=ca_file, token_file=token_file, server_name=server_name,
+                    _ahead=False)
         try:
             sb = m.allocate(**options)
         except BaseException:
@@ -407,7 +388,7 @@ class Sandbox:
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
                  batch_bytes: int, concurrency: int, channel: Optional[grpc.Channel] = None) -> "Sandbox":
         """The Sandbox of an allocation's answer, on channel (started on the unit before the
-        answer, see _Early) or else on a channel made now."""
+        answer, see _core.Early) or else on a channel made now."""
         sb = cls.__new__(cls)
         sb._early = channel is not None
         if channel is None:
@@ -419,12 +400,8 @@ class Sandbox:
         sb._channel = channel
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
-        if not ttl:
-            ttl = max((expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
-        sb._lease = _Lease(mgr._keeper, resp.sandbox_id, resp.lease_token, expires, max(ttl / 3, 0.1))
-        # With keys made ahead, the next allocation's key is made once this one's first call
-        # is likely done.
-        mgr._keeper.add(sb._lease, key_after=PREPARE_AFTER if mgr._ahead else None)
+        sb._lease = _Lease(mgr._keeper, resp.sandbox_id, resp.lease_token, expires, _core.renew_every(ttl, expires))
+        mgr._keeper.add(sb._lease, key_after=_core.next_key_after(mgr._ahead))
         sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, None)
         return sb
 
@@ -483,7 +460,7 @@ class Sandbox:
     def _exec(self, command, cwd, env, unset, stdin, timeout, check, stdout, stderr, group, order) -> ExecResult:
         s = self.exec_stream(command, cwd=cwd, env=env, unset=unset, stdin=stdin, timeout=timeout, _group=group, _order=order)
         out, err = io.BytesIO(), io.BytesIO()
-        sinks = {"stdout": _sink(stdout, out), "stderr": _sink(stderr, err)}
+        sinks = {"stdout": _core.sink(stdout, out), "stderr": _core.sink(stderr, err)}
         with s:
             for c in s._events():
                 sinks[c.stream](c.data)
@@ -576,16 +553,7 @@ class Sandbox:
                             g.cancel()
                     continue
                 with lock:
-                    if kind == "batch":
-                        st.files += r.files_written
-                        st.dirs += r.dirs_created
-                        st.symlinks += r.symlinks_created
-                        st.bytes += r.bytes_written
-                        st.batches += 1
-                    else:
-                        st.files += 1
-                        st.bytes += r.bytes_written
-                        st.streamed += 1
+                    (_core.add_batch if kind == "batch" else _core.add_stream)(st, r)
             if first_err is not None:
                 raise first_err
         except BaseException:
@@ -605,8 +573,7 @@ class Sandbox:
             plan = self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
         except grpc.RpcError as e:
             raise from_rpc(e, "planning read") from None
-        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
-                              bytes=plan.total_bytes))
+        out = _core.files_of(plan)
         sem = threading.Semaphore(self._conc)  # batches in flight, as for writes
         futs = []
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self._conc) if plan.streamed else None
@@ -712,20 +679,6 @@ class Sandbox:
                                                         max_matches=max_matches), f"grep {pattern!r}")
         return GrepResult([GrepMatch(m.path, m.line, m.text) for m in r.matches], r.truncated, r.files_searched,
                           r.binary_files_skipped)
-
-
-def _sink(s: Sink, buf: io.BytesIO) -> Callable[[bytes], object]:
-    if s is None:
-        return buf.write
-    if callable(s):
-        return s
-    if hasattr(s, "write"):
-        def w(b: bytes) -> None:
-            s.write(b)
-            if hasattr(s, "flush"):
-                s.flush()
-        return w
-    raise InvalidArgumentError(f"output sink: want a callable or a binary file, got {type(s).__name__}")
 
 
 class ExecStream:

@@ -15,50 +15,52 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
-from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
+from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Generator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
 
-from . import _address, _core
+from . import _core
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
-from .keys import PREPARE_AFTER, AgentKey, KeysAhead
-from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk, ReadStats,
+from .keys import AgentKey, KeysAhead
+from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     SandboxInfo, Symlink, WriteStats)
 
 __all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream"]
 
-Sink = Union[Callable[[bytes], object], BinaryIO, None]
-_MANAGER_HINT = "is `fusebox local up` running, and is {addr} its address?"
+#: Where a command's output goes: a callable (a coroutine function's results are awaited, in
+#: order), a binary file, or None to collect it.
+Sink = Union[Callable[[bytes], object], Callable[[bytes], Awaitable[object]], BinaryIO, None]
 
 
 class Manager:
-    """An asyncio connection to a fusebox manager (see :class:`fusebox.Manager`); it makes
-    the agent key of its next allocation ahead, in a background thread."""
+    """An asyncio connection to a fusebox manager (see :class:`fusebox.Manager`, whose
+    ``credentials``, ``ca_file``, ``token_file`` and ``server_name`` it takes); it makes the
+    agent key of its next allocation ahead, in a background thread."""
 
     def __init__(self, address: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+                 ca_file: Optional[str] = None, token_file: Optional[str] = None, server_name: Optional[str] = None,
                  _ahead: bool = True):
-        self.address = address if address is not None else _core.manager_address()
-        addr = _address.parse(self.address, "manager address")
+        self._conn = _core.ManagerConnection(address, credentials, ca_file, token_file, server_name)
+        self.address = self._conn.address
         self._keys = KeysAhead()  # not for allocate()'s one-allocation Manager
         self._ahead = _ahead
         if _ahead:
             self._keys.prepare()
-        if credentials is not None:
-            self._channel = grpc.aio.secure_channel(addr.grpc_target, credentials)
+        if self._conn.credentials is not None:
+            self._channel = grpc.aio.secure_channel(self._conn.target, self._conn.credentials, options=self._conn.options)
         else:
-            self._channel = grpc.aio.insecure_channel(addr.grpc_target)
+            self._channel = grpc.aio.insecure_channel(self._conn.target)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
         # Whether to allocate through AllocateStream (False once the manager turns out to
         # predate it).
         self._stream = True
 
-    def _err(self, e: grpc.RpcError, doing: str) -> FuseboxError:
-        hint = _MANAGER_HINT.format(addr=self.address) if e.code() == grpc.StatusCode.UNAVAILABLE else ""
-        return from_rpc(e, doing, "manager", hint)
+    def _err(self, e: grpc.RpcError, doing: str, service: str = "manager") -> FuseboxError:
+        return self._conn.error(e, doing, service)
 
     async def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
                        lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
@@ -66,20 +68,19 @@ class Manager:
                        timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
         """Allocates a fresh sandbox and connects to it with pinned mTLS (see
         :meth:`fusebox.Manager.allocate`); the lease is renewed by a task until close()."""
-        ttl = _core.seconds(lease_ttl, "lease_ttl")
-        deadline = _core.seconds(timeout, "timeout")
-        if not isinstance(concurrency, int) or concurrency <= 0:
-            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
-        bb = _core.batch_bytes(batch_bytes)
-        key = key or self._keys.take()
-        req = _core.allocate_request(key, template, egress, ttl, labels)
-        got = await self._allocate_stream(req, key, deadline, bb) if self._stream else None
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        got = await self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
         if got is None:  # the manager predates AllocateStream
-            got = await self._allocate_unary(req, key, deadline)
+            got = await self._allocate_unary(a.request, a.key, a.deadline)
         resp, early = got
-        channel = await early.take(resp) if early is not None else None
+        channel = None
+        if early is not None:
+            if early.keeps(resp):
+                channel = early.channel
+            else:
+                await early.channel.close()
         try:
-            return Sandbox._connect(self, resp, key, ttl, bb, concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
         except BaseException:
             if channel is not None:
                 await channel.close()
@@ -102,35 +103,33 @@ class Manager:
     async def _allocate_stream(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float],
                                batch_bytes: int):
         """Allocates through AllocateStream, starting the data channel on the unit the manager
-        names before sFuse (see fusebox.Manager._allocate_stream). Returns (the answer, that
-        _Early or None); sets _stream False and returns None when the manager predates it."""
+        names before sFuse (see fusebox.Manager._allocate_stream). Returns (the answer, its
+        _core.Early or None); sets _stream False and returns None when the manager predates it."""
         call = self._rpc.AllocateStream(req, timeout=deadline)
-        early: Optional[_Early] = None
-        events = 0
+        st = _core.StreamAllocation(key, batch_bytes, _open_early)
         try:
             await asyncio.sleep(0)  # the call starts...
             key._credentials()  # ...and the client certificate is made while the manager allocates
             async for ev in call:
-                events += 1
-                if ev.HasField("allocated"):
-                    return ev.allocated, early
-                if ev.HasField("picked"):
-                    if early is not None:
-                        await early.channel.close()  # the manager moved on to another unit
-                    early = _Early.start(ev.picked, key, batch_bytes)
-            raise FuseboxError("allocating sandbox: the manager ended the call without an answer")
+                resp, stale = st.event(ev)
+                if stale is not None:
+                    await stale.channel.close()
+                if resp is not None:
+                    return resp, st.early
+            raise st.no_answer()
         except grpc.RpcError as e:
+            early = st.drop_early()
             if early is not None:
                 await early.channel.close()
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED and events == 0:
+            if st.predates(e):
                 self._stream = False
                 return None
             raise self._err(e, "allocating sandbox") from None
         except BaseException:
-            await asyncio.shield(self._reap_stream(call, early))
+            await asyncio.shield(self._reap_stream(call, st.drop_early()))
             raise
 
-    async def _reap_stream(self, call, early: Optional["_Early"]) -> None:
+    async def _reap_stream(self, call, early: Optional[_core.Early]) -> None:
         """Closes the early channel and releases what an AllocateStream the caller gave up on
         allocated, if anything."""
         if early is not None:
@@ -155,7 +154,7 @@ class Manager:
             await self._rpc.Release(manager_pb2.ReleaseRequest(sandbox_id=sandbox_id, lease_token=token),
                                     timeout=_core.RELEASE_TIMEOUT)
         except grpc.RpcError as e:
-            err = self._err(e, f"releasing {sandbox_id}")
+            err = self._err(e, f"releasing {sandbox_id}", "lease")
             return None if isinstance(err, NotFoundError) else err
         return None
 
@@ -185,31 +184,11 @@ class Manager:
         await self.close()
 
 
-class _Early:
-    """A data channel to the unit an AllocateStream named before sFuse: made and connecting
-    while the sandbox is initialised, pinned to the identity the manager named (see
-    fusebox._sync._Early). It is kept only if the answer names the same sandbox and identity."""
-
-    def __init__(self, picked: manager_pb2.SandboxPicked, channel: grpc.aio.Channel):
-        self.picked, self.channel = picked, channel
-
-    @classmethod
-    def start(cls, picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int) -> Optional["_Early"]:
-        """Starts the channel; None when the named identity does not pin."""
-        args = _core.picked_channel_args(picked, key, batch_bytes)
-        if args is None:
-            return None
-        target, creds, options = args
-        ch = grpc.aio.secure_channel(target, creds, options=options)
-        ch.get_state(try_to_connect=True)
-        return cls(picked, ch)
-
-    async def take(self, resp: manager_pb2.AllocateResponse) -> Optional[grpc.aio.Channel]:
-        """The channel if the answer names the picked sandbox and identity; else closes it."""
-        if _core.same_sandbox(self.picked, resp):
-            return self.channel
-        await self.channel.close()
-        return None
+def _open_early(target: str, creds: grpc.ChannelCredentials, options: list) -> grpc.aio.Channel:
+    """A data channel to the unit an AllocateStream named before sFuse, connecting now (see _core.Early)."""
+    ch = grpc.aio.secure_channel(target, creds, options=options)
+    ch.get_state(try_to_connect=True)
+    return ch
 
 
 class _Allocating:
@@ -232,12 +211,16 @@ class _Allocating:
 
 
 def allocate(manager: Optional[str] = None, *, credentials: Optional[grpc.ChannelCredentials] = None,
+             ca_file: Optional[str] = None, token_file: Optional[str] = None, server_name: Optional[str] = None,
              **options) -> _Allocating:
     """Connects to the manager, allocates a sandbox and returns it (``await``) or manages it
-    (``async with``); the manager connection closes with the sandbox. ``options`` are those of
-    :meth:`Manager.allocate`."""
+    (``async with``); the manager connection closes with the sandbox. ``credentials``,
+    ``ca_file``, ``token_file`` and ``server_name`` secure a tcp:// manager (see
+    :class:`fusebox.Manager`); ``options`` are those of :meth:`Manager.allocate`."""
+    conn = dict(credentials=credentials, ca_file=ca_file, token_file=token_file, server_name=server_name)
+
     async def run() -> Sandbox:
-        m = Manager(manager, credentials=credentials, _ahead=False)
+        m = Manager(manager, **conn, _ahead=False)
         try:
             sb = await m.allocate(**options)
         except BaseException:
@@ -278,20 +261,19 @@ class Sandbox:
         sb._expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         sb._lease_error = None
         sb._closed = False
-        if not ttl:
-            ttl = max((sb._expires - datetime.datetime.now(datetime.timezone.utc)).total_seconds(), 0.3)
-        sb._renewer = asyncio.get_running_loop().create_task(sb._renew(max(ttl / 3, 0.1)))
+        sb._renewer = asyncio.get_running_loop().create_task(sb._renew(_core.renew_every(ttl, sb._expires)))
         return sb
 
     async def _renew(self, every: float) -> None:
-        # The manager's next key is prepared PREPARE_AFTER from now or at close, whichever
-        # comes first (see fusebox.keys.KeysAhead): not beside this sandbox's first call.
+        # The manager's next key is prepared when _core.next_key_after says, or at close,
+        # whichever comes first: not beside this sandbox's first call.
         wait = every
-        if self._mgr._ahead:
+        key_after = _core.next_key_after(self._mgr._ahead)
+        if key_after is not None:
             loop = asyncio.get_running_loop()
             start = loop.time()
             try:
-                await asyncio.sleep(min(PREPARE_AFTER, every))
+                await asyncio.sleep(min(key_after, every))
             finally:
                 self._mgr._keys.prepare()
             wait = max(every - (loop.time() - start), 0)
@@ -302,7 +284,7 @@ class Sandbox:
                 r = await self._mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self._token), timeout=every)
                 self._expires, self._lease_error = r.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc), None
             except grpc.RpcError as e:
-                self._lease_error = self._mgr._err(e, f"renewing lease of {self.id}")
+                self._lease_error = self._mgr._err(e, f"renewing lease of {self.id}", "lease")
 
     @property
     def lease_expires(self) -> datetime.datetime:
@@ -362,12 +344,12 @@ class Sandbox:
     async def _exec(self, command, cwd, env, unset, stdin, timeout, check, stdout, stderr, group, order) -> ExecResult:
         s = self._start(command, cwd, env, unset, stdin, timeout, group, order)
         out, err = io.BytesIO(), io.BytesIO()
-        from ._sync import _sink
-
-        sinks = {"stdout": _sink(stdout, out), "stderr": _sink(stderr, err)}
+        sinks = {"stdout": _core.sink(stdout, out), "stderr": _core.sink(stderr, err)}
         try:
             async for c in s._events():
-                sinks[c.stream](c.data)
+                r = sinks[c.stream](c.data)
+                if _core.awaitable(r):
+                    await r  # a coroutine callback: its output in order, and back-pressure
         finally:
             if s._result is None:
                 s.cancel()
@@ -426,11 +408,7 @@ class Sandbox:
                     r = await self._rpc.WriteFiles(b)
                 except grpc.RpcError as e:
                     raise from_rpc(e, f"writing batch of {len(b.files)} files") from None
-            st.files += r.files_written
-            st.dirs += r.dirs_created
-            st.symlinks += r.symlinks_created
-            st.bytes += r.bytes_written
-            st.batches += 1
+            _core.add_batch(st, r)
 
         async def stream(f):
             async with sem:
@@ -440,9 +418,7 @@ class Sandbox:
                     r = await self._rpc.WriteFileStream(_agen(_core.chunks_of(data, hdr)))
                 except grpc.RpcError as e:
                     raise from_rpc(e, f"streaming {f.path}") from None
-            st.files += 1
-            st.bytes += r.bytes_written
-            st.streamed += 1
+            _core.add_stream(st, r)
 
         await _gather([batch(b) for b in batches] + [stream(f) for f in streamed])
         return st
@@ -455,8 +431,7 @@ class Sandbox:
             plan = await self._rpc.GetReadFilesPlan(sandbox_pb2.GetReadFilesPlanRequest(paths=list(paths), max_batch_bytes=self._batch))
         except grpc.RpcError as e:
             raise from_rpc(e, "planning read") from None
-        out = Files(ReadStats(missing=list(plan.missing), batches=len(plan.batches), streamed=len(plan.streamed),
-                              bytes=plan.total_bytes))
+        out = _core.files_of(plan)
         sem = asyncio.Semaphore(self._conc)
 
         async def batch(b):

@@ -7,7 +7,8 @@ message says what the SDK was doing and what to do next where that is known.
 
 from __future__ import annotations
 
-from typing import Optional, TYPE_CHECKING
+import re
+from typing import List, Optional, TYPE_CHECKING
 
 import grpc
 
@@ -22,6 +23,8 @@ __all__ = [
     "NotFoundError",
     "AlreadyExistsError",
     "FailedPreconditionError",
+    "PermissionDeniedError",
+    "UnauthenticatedError",
     "LimitError",
     "DeadlineExceededError",
     "UnavailableError",
@@ -67,7 +70,33 @@ class AlreadyExistsError(FuseboxError, FileExistsError):
 
 
 class FailedPreconditionError(FuseboxError):
-    """The operation does not fit the current state, e.g. not a directory (FAILED_PRECONDITION)."""
+    """The operation does not fit the current state (FAILED_PRECONDITION): from a sandbox, a
+    file system outcome such as "not a directory"; from the manager's allocation, a request it
+    cannot serve as configured, such as an egress allowlist its allocator cannot enforce (it
+    refuses rather than hand out a sandbox without it). Retrying does not help."""
+
+
+class PermissionDeniedError(FuseboxError, PermissionError):
+    """The manager's authorisation policy refuses this caller's allocation (PERMISSION_DENIED
+    from Allocate): a template or egress destinations outside the caller's grant, or a caller
+    that may not allocate at all.
+
+    ``template`` names the refused template and ``destinations`` the refused egress entries,
+    when the manager's message names them (else None and []).
+    """
+
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None, details: str = ""):
+        super().__init__(message, code, details)
+        m = re.search(r'may not use template "((?:[^"\\]|\\.)*)"', details)
+        self.template: Optional[str] = m.group(1) if m else None
+        m = re.search(r"egress destinations? (.+?) (?:is|are) outside", details)
+        self.destinations: List[str] = [d.strip() for d in m.group(1).split(",")] if m else []
+
+
+class UnauthenticatedError(FuseboxError, PermissionError):
+    """The manager did not accept the caller's credentials (UNAUTHENTICATED): no token, a
+    token that is bad, expired or for another audience (see ``token_file``), or a plaintext
+    call to a manager that serves TLS."""
 
 
 class LimitError(FuseboxError):
@@ -83,7 +112,8 @@ class UnavailableError(FuseboxError, ConnectionError):
 
 
 class LeaseError(FuseboxError):
-    """The lease is not this caller's (a wrong token), or has ended."""
+    """Renew or Release refused: the lease is not this caller's (a wrong lease token,
+    PERMISSION_DENIED), or it has ended (FAILED_PRECONDITION)."""
 
 
 class PinningError(FuseboxError):
@@ -123,15 +153,22 @@ _SANDBOX = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.CANCELLED: CancelledError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
+# The manager's calls other than Renew and Release: its PERMISSION_DENIED is the
+# authorisation policy's refusal, its FAILED_PRECONDITION a request its allocator cannot serve
+# (manager/service.go's toStatus).
 _MANAGER = dict(_SANDBOX)
-_MANAGER.update({
-    # The manager's PERMISSION_DENIED is a wrong lease token, its FAILED_PRECONDITION an
-    # ended lease (fusebox.manager.v1).
-    grpc.StatusCode.PERMISSION_DENIED: LeaseError,
-    grpc.StatusCode.FAILED_PRECONDITION: LeaseError,
-})
+_MANAGER[grpc.StatusCode.PERMISSION_DENIED] = PermissionDeniedError
+
+# Renew and Release: their PERMISSION_DENIED is a wrong lease token, their FAILED_PRECONDITION
+# an ended lease.
+_LEASE = dict(_MANAGER)
+_LEASE[grpc.StatusCode.PERMISSION_DENIED] = LeaseError
+_LEASE[grpc.StatusCode.FAILED_PRECONDITION] = LeaseError
+
+_TABLES = {"sandbox": _SANDBOX, "manager": _MANAGER, "lease": _LEASE}
 
 # Substrings of grpc's UNAVAILABLE details that mean the TLS handshake with the sandbox
 # failed: with pinned keys that is a peer whose key is not the pinned one (or that refused
@@ -140,16 +177,33 @@ _HANDSHAKE = ("ssl handshake failed", "certificate verify failed", "peer name", 
               "certificate required", "bad certificate", "unknown ca")
 
 
+# Substrings of grpc's UNAVAILABLE details that mean no server answered: no socket, a refused
+# or failed connection, a name that does not resolve, a TLS handshake that failed. Any other
+# UNAVAILABLE is the server's own answer (the manager's allocator failed, say).
+_UNREACHED = ("failed to connect", "connection refused", "no such file or directory", "dns resolution failed",
+              "name resolution", "handshake failed", "socket closed", "connection reset", "network is unreachable")
+
+
+def unreachable(err: grpc.RpcError) -> bool:
+    """Whether a failed call reached no server at all (rather than being answered with an error)."""
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = ((err.details() if callable(getattr(err, "details", None)) else None) or "").lower()
+    return any(s in details for s in _UNREACHED)
+
+
 def from_rpc(err: grpc.RpcError, doing: str, service: str = "sandbox", hint: str = "") -> FuseboxError:
     """Returns the typed exception for a failed gRPC call.
 
     ``doing`` says what the SDK was doing ("writing foo.txt"), ``service`` whose answer it is
-    ("sandbox" or "manager": their PERMISSION_DENIED mean different things) and ``hint`` what
-    to do next, appended to the message.
+    ("sandbox", "manager", or "lease" for the manager's Renew and Release: their
+    PERMISSION_DENIED and FAILED_PRECONDITION mean different things) and ``hint`` what to do
+    next, appended to the message.
     """
     code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
     details = (err.details() if callable(getattr(err, "details", None)) else None) or str(err)
-    table = _MANAGER if service == "manager" else _SANDBOX
+    table = _TABLES[service]
     cls = table.get(code, FuseboxError)
     if service == "sandbox" and code == grpc.StatusCode.UNAVAILABLE and any(s in details.lower() for s in _HANDSHAKE):
         cls = PinningError

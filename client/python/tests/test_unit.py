@@ -384,13 +384,16 @@ class FakeRpcError(grpc.RpcError):
 
 @pytest.mark.parametrize("code,service,cls", [
     (grpc.StatusCode.PERMISSION_DENIED, "sandbox", fusebox.PathEscapeError),
-    (grpc.StatusCode.PERMISSION_DENIED, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.PERMISSION_DENIED, "manager", fusebox.PermissionDeniedError),
+    (grpc.StatusCode.PERMISSION_DENIED, "lease", fusebox.LeaseError),
+    (grpc.StatusCode.UNAUTHENTICATED, "manager", fusebox.UnauthenticatedError),
     (grpc.StatusCode.NOT_FOUND, "sandbox", fusebox.NotFoundError),
     (grpc.StatusCode.INVALID_ARGUMENT, "manager", fusebox.InvalidArgumentError),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, "sandbox", fusebox.LimitError),
     (grpc.StatusCode.ALREADY_EXISTS, "sandbox", fusebox.AlreadyExistsError),
     (grpc.StatusCode.FAILED_PRECONDITION, "sandbox", fusebox.FailedPreconditionError),
-    (grpc.StatusCode.FAILED_PRECONDITION, "manager", fusebox.LeaseError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "manager", fusebox.FailedPreconditionError),
+    (grpc.StatusCode.FAILED_PRECONDITION, "lease", fusebox.LeaseError),
     (grpc.StatusCode.DEADLINE_EXCEEDED, "sandbox", fusebox.DeadlineExceededError),
     (grpc.StatusCode.UNAVAILABLE, "manager", fusebox.UnavailableError),
     (grpc.StatusCode.CANCELLED, "sandbox", fusebox.CancelledError),
@@ -463,3 +466,51 @@ def test_start_connecting_dials_before_any_call(tmp_path):
     finally:
         ch.close()
         ln.close()
+
+
+def test_manager_connection_settings(tmp_path, monkeypatch):
+    for k in ("FUSEBOX_MANAGER", "FUSEBOX_CA_FILE", "FUSEBOX_TOKEN_FILE", "FUSEBOX_TLS_SERVER_NAME"):
+        monkeypatch.delenv(k, raising=False)
+    # A tcp:// manager without TLS is refused before any connection.
+    with pytest.raises(fusebox.InvalidArgumentError, match="serves TLS only"):
+        _core.ManagerConnection("tcp://127.0.0.1:9")
+    # A unix socket manager needs nothing, and sends no token (none is read).
+    c = _core.ManagerConnection("unix:///run/x.sock", token_file=str(tmp_path / "missing"))
+    assert c.credentials is None and c.options == [] and "fusebox local up" in c.hint()
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(b"not a certificate")
+    with pytest.raises(fusebox.InvalidArgumentError, match="holds no PEM certificate"):
+        _core.ManagerConnection("tcp://127.0.0.1:9", ca_file=str(ca))
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n")
+    with pytest.raises(fusebox.InvalidArgumentError, match="token file"):
+        _core.ManagerConnection("tcp://127.0.0.1:9", ca_file=str(ca), token_file=str(tmp_path / "missing"))
+    tok = tmp_path / "token"
+    tok.write_text("")
+    with pytest.raises(fusebox.InvalidArgumentError, match="is empty"):
+        _core.ManagerConnection("tcp://127.0.0.1:9", ca_file=str(ca), token_file=str(tok))
+    # The CLI's environment variables, when the options are not given.
+    tok.write_text(" t0k \n")
+    monkeypatch.setenv("FUSEBOX_MANAGER", "tcp://127.0.0.1:9")
+    monkeypatch.setenv("FUSEBOX_CA_FILE", str(ca))
+    monkeypatch.setenv("FUSEBOX_TOKEN_FILE", str(tok))
+    monkeypatch.setenv("FUSEBOX_TLS_SERVER_NAME", "m.test")
+    c = _core.ManagerConnection(None)
+    assert c.address == "tcp://127.0.0.1:9" and c.credentials is not None
+    assert c.options == [("grpc.ssl_target_name_override", "m.test")] and "reachable, with its CA" in c.hint()
+    # "" turns an environment variable off.
+    with pytest.raises(fusebox.InvalidArgumentError, match="serves TLS only"):
+        _core.ManagerConnection(None, ca_file="")
+
+
+def test_token_file_read_again_when_changed(tmp_path):
+    p = tmp_path / "token"
+    p.write_text("one\n")
+    tf = _core.TokenFile(str(p))
+    got = []
+    tf(None, lambda md, err: got.append((md, err)))
+    p.write_text("second")
+    tf(None, lambda md, err: got.append((md, err)))
+    p.unlink()
+    tf(None, lambda md, err: got.append((md, err)))
+    assert got[0] == ((("authorization", "Bearer one"),), None) and got[1] == ((("authorization", "Bearer second"),), None)
+    assert got[2][0] == () and isinstance(got[2][1], fusebox.InvalidArgumentError)
