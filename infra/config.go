@@ -277,29 +277,64 @@ func (c *Config) Preflight(stack string) preflight.Stack {
 	return s
 }
 
+// failFunc makes the error for a configuration key: it wraps ErrConfig and names the key
+// and the stack file.
+type failFunc func(key string, err error) error
+
+// loadConfig reads the configuration in steps, each refusing what it checks before the next
+// runs, so the first error a stack file has is the one reported.
 func loadConfig(cfg configReader, stack string) (*Config, error) {
 	file := fmt.Sprintf("stacks/Pulumi.%s.yaml", stack)
 	fail := func(key string, err error) error {
 		return fmt.Errorf("%w: %s:%s in %s: %v", ErrConfig, Namespace, key, file, err)
 	}
+	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", stack)
 	var c Config
+	if err := c.loadCloud(cfg, fail); err != nil {
+		return nil, err
+	}
+	if err := c.loadObjects(cfg, fail, release); err != nil {
+		return nil, err
+	}
+	if err := c.loadPolicy(cfg, fail); err != nil {
+		return nil, err
+	}
+	if err := c.checkImages(fail, release); err != nil {
+		return nil, err
+	}
+	if err := c.checkSizes(fail); err != nil {
+		return nil, err
+	}
+	if err := c.checkGVisor(fail, release); err != nil {
+		return nil, err
+	}
+	if err := c.checkPrivateHosts(fail); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
 
+// loadCloud reads the cloud (required) and the registry the images are pulled from.
+func (c *Config) loadCloud(cfg configReader, fail failFunc) error {
 	cloud, err := cfg.Try("cloud")
 	if err != nil {
-		return nil, fail("cloud", errors.New("required (eks, gke, aks or local)"))
+		return fail("cloud", errors.New("required (eks, gke, aks or local)"))
 	}
 	if c.Cloud, err = components.ParseCloud(cloud); err != nil {
-		return nil, fail("cloud", err)
+		return fail("cloud", err)
 	}
-
 	if r, err := cfg.Try("registry"); err == nil {
 		c.Registry = strings.TrimSuffix(r, "/")
 		if host, path, ok := strings.Cut(c.Registry, "/"); !ok || host == "" || path == "" || strings.ContainsAny(c.Registry, "@ ") {
-			return nil, fail("registry", fmt.Errorf("%q: want HOST[:PORT]/PATH (the repository path the images are under)", r))
+			return fail("registry", fmt.Errorf("%q: want HOST[:PORT]/PATH (the repository path the images are under)", r))
 		}
 	}
-	release := fmt.Sprintf("no released image: run `fusebox release --registry HOST[:PORT]/PATH --stack %s` (it builds and pushes the images and writes their digests here)", stack)
+	return nil
+}
 
+// loadObjects decodes the structured keys strictly (a misspelt field is refused), refusing
+// a missing required one.
+func (c *Config) loadObjects(cfg configReader, fail failFunc, release string) error {
 	objects := []struct {
 		key      string
 		required bool
@@ -322,10 +357,10 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 		raw, err := cfg.Try(o.key)
 		if err != nil {
 			if o.key == "images" {
-				return nil, fail("images.manager", errors.New(release))
+				return fail("images.manager", errors.New(release))
 			}
 			if o.required {
-				return nil, fail(o.key, fmt.Errorf("required on %s", c.Cloud))
+				return fail(o.key, fmt.Errorf("required on %s", c.Cloud))
 			}
 			continue
 		}
@@ -336,21 +371,28 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 			if _, list := o.into.(*[]string); list {
 				want = "a list of strings"
 			}
-			return nil, fail(o.key, fmt.Errorf("want %s: %v", want, err))
+			return fail(o.key, fmt.Errorf("want %s: %v", want, err))
 		}
 	}
-	if err := c.loadPolicy(cfg, fail); err != nil {
-		return nil, err
-	}
+	return nil
+}
 
+// checkImages refuses an image that is not released, or not pinned by digest.
+func (c *Config) checkImages(fail failFunc, release string) error {
 	for _, img := range []struct{ key, ref string }{{"images.manager", c.Images.Manager}, {"images.sandbox", c.Images.Sandbox}} {
 		if img.ref == "" {
-			return nil, fail(img.key, errors.New(release))
+			return fail(img.key, errors.New(release))
 		}
 		if err := components.ValidateImage(img.ref); err != nil {
-			return nil, fail(img.key, err)
+			return fail(img.key, err)
 		}
 	}
+	return nil
+}
+
+// checkSizes defaults the namespaces and checks the pool's and the manager's sizes, the
+// Cilium chart and the EC2 node class.
+func (c *Config) checkSizes(fail failFunc) error {
 	if c.Namespaces.Manager == "" {
 		c.Namespaces.Manager = "fusebox-system"
 	}
@@ -358,72 +400,93 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 		c.Namespaces.Sandbox = "fusebox-sandboxes"
 	}
 	if c.Pool.Size < 0 || c.Pool.Max <= 0 || c.Pool.Max < c.Pool.Size {
-		return nil, fail("pool", fmt.Errorf("size %d, max %d: want 0 <= size <= max, max > 0", c.Pool.Size, c.Pool.Max))
+		return fail("pool", fmt.Errorf("size %d, max %d: want 0 <= size <= max, max > 0", c.Pool.Size, c.Pool.Max))
 	}
 	if c.Manager.Replicas != 0 && c.Manager.Replicas < 2 {
-		return nil, fail("manager.replicas", fmt.Errorf("%d: at least 2", c.Manager.Replicas))
+		return fail("manager.replicas", fmt.Errorf("%d: at least 2", c.Manager.Replicas))
 	}
 	if c.Cilium.Install && c.Cilium.Chart.Path == "" && (c.Cilium.Chart.Repo == "" || c.Cilium.Chart.Version == "") {
-		return nil, fail("cilium.chart", errors.New("install needs path, or repo and a pinned version"))
+		return fail("cilium.chart", errors.New("install needs path, or repo and a pinned version"))
 	}
 	if c.Cloud == components.EKS && c.NodePool.EC2 == nil {
-		return nil, fail("nodePool.ec2", errors.New("required on eks"))
+		return fail("nodePool.ec2", errors.New("required on eks"))
 	}
+	return nil
+}
+
+// checkGVisor checks where nodes get gVisor from and, per cloud, what installs it: on eks a
+// pinned AMI and the verify-only installer's image; on aks the installer's image and the
+// digests it checks the downloads against.
+func (c *Config) checkGVisor(fail failFunc, release string) error {
 	if c.GVisor.BinaryBaseURL != "" && !strings.HasPrefix(c.GVisor.BinaryBaseURL, "http") {
-		return nil, fail("gvisor.binaryBaseURL", fmt.Errorf("%q: want an http(s) URL", c.GVisor.BinaryBaseURL))
+		return fail("gvisor.binaryBaseURL", fmt.Errorf("%q: want an http(s) URL", c.GVisor.BinaryBaseURL))
 	}
 	if c.GVisor.Version != "" && !gvisorVersion.MatchString(c.GVisor.Version) {
-		return nil, fail("gvisor.version", fmt.Errorf("%q: want a release such as \"20250120\" (quoted)", c.GVisor.Version))
+		return fail("gvisor.version", fmt.Errorf("%q: want a release such as \"20250120\" (quoted)", c.GVisor.Version))
 	}
 	if c.Cloud == components.EKS && c.GVisor.InstallerImage == "" {
 		// The verify-only node installer removes the startup taint once runsc is registered.
-		return nil, fail("gvisor.installerImage", errors.New("required on eks (the node installer's image, by digest: it removes a node's startup taint once the userData's runsc is registered with containerd)"))
+		return fail("gvisor.installerImage", errors.New("required on eks (the node installer's image, by digest: it removes a node's startup taint once the userData's runsc is registered with containerd)"))
 	}
 	if c.Cloud == components.EKS {
 		if err := karpenter.ValidateAMI(c.NodePool.EC2.AMIAlias, c.NodePool.EC2.AMIID); err != nil {
-			return nil, fail("nodePool.ec2.amiAlias", err)
+			return fail("nodePool.ec2.amiAlias", err)
 		}
 	}
 	if c.Cloud == components.AKS {
 		// AKS nodes install gVisor with the node-installer DaemonSet, which needs an image and
 		// the digests to check the downloads against.
 		if c.GVisor.InstallerImage == "" {
-			return nil, fail("gvisor.installerImage", fmt.Errorf("required on aks (the node installer's image, by digest): %s", release))
+			return fail("gvisor.installerImage", fmt.Errorf("required on aks (the node installer's image, by digest): %s", release))
 		}
 		if len(c.GVisor.SHA256) == 0 {
-			return nil, fail("gvisor.sha256", errors.New("required on aks (SHA-256 of runsc and containerd-shim-runsc-v1 per architecture)"))
+			return fail("gvisor.sha256", errors.New("required on aks (SHA-256 of runsc and containerd-shim-runsc-v1 per architecture)"))
 		}
 	}
+	if err := c.checkGVisorDigests(fail); err != nil {
+		return err
+	}
+	if c.GVisor.InstallerImage != "" {
+		if err := components.ValidateImage(c.GVisor.InstallerImage); err != nil {
+			return fail("gvisor.installerImage", err)
+		}
+	}
+	return nil
+}
+
+// checkGVisorDigests refuses an unknown architecture or a malformed digest.
+func (c *Config) checkGVisorDigests(fail failFunc) error {
 	for _, arch := range slices.Sorted(maps.Keys(c.GVisor.SHA256)) {
 		if arch != "x86_64" && arch != "aarch64" {
-			return nil, fail("gvisor.sha256."+arch, errors.New("want architecture x86_64 or aarch64"))
+			return fail("gvisor.sha256."+arch, errors.New("want architecture x86_64 or aarch64"))
 		}
 		sums := c.GVisor.SHA256[arch]
 		for _, b := range []struct{ key, sum string }{{"runsc", sums.Runsc}, {"containerd-shim-runsc-v1", sums.Shim}} {
 			if !gvisor.ValidSHA256(b.sum) {
-				return nil, fail("gvisor.sha256."+arch+"."+b.key, fmt.Errorf("%q: want 64 lowercase hex digits", b.sum))
+				return fail("gvisor.sha256."+arch+"."+b.key, fmt.Errorf("%q: want 64 lowercase hex digits", b.sum))
 			}
 		}
 	}
-	if c.GVisor.InstallerImage != "" {
-		if err := components.ValidateImage(c.GVisor.InstallerImage); err != nil {
-			return nil, fail("gvisor.installerImage", err)
-		}
+	return nil
+}
+
+// checkPrivateHosts, with inVPC, refuses any host outside privateHosts.
+func (c *Config) checkPrivateHosts(fail failFunc) error {
+	if !c.InVPC {
+		return nil
 	}
-	if c.InVPC {
-		if len(c.PrivateHosts) == 0 {
-			return nil, fail("privateHosts", errors.New("required with inVPC: true (the registry, mirror and chart hosts inside the VPC, e.g. registry.internal or *.corp.example)"))
-		}
-		if err := c.CheckInVPC(); err != nil {
-			return nil, fail(err.key, err.err)
-		}
+	if len(c.PrivateHosts) == 0 {
+		return fail("privateHosts", errors.New("required with inVPC: true (the registry, mirror and chart hosts inside the VPC, e.g. registry.internal or *.corp.example)"))
 	}
-	return &c, nil
+	if err := c.CheckInVPC(); err != nil {
+		return fail(err.key, err.err)
+	}
+	return nil
 }
 
 // loadPolicy reads and checks the network policy flavour, the agents, the in-VPC switch and
 // the image pull secrets.
-func (c *Config) loadPolicy(cfg configReader, fail func(string, error) error) error {
+func (c *Config) loadPolicy(cfg configReader, fail failFunc) error {
 	defaults := map[components.Cloud]sandboxnet.Flavour{
 		components.EKS: sandboxnet.Cilium, components.AKS: sandboxnet.Cilium,
 		components.GKE: sandboxnet.GKE, components.Local: sandboxnet.Kubernetes,

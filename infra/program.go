@@ -33,37 +33,20 @@ func Program(ctx *pulumi.Context) error {
 	return Install(ctx, c)
 }
 
-// Install composes the components for a loaded configuration.
+// Install composes the components for a loaded configuration: the namespaces, gVisor, the
+// sandbox node pool, Cilium, the sandbox namespace's network and admission policies, and the
+// manager, which waits for every policy that protects the sandboxes and for the runtime.
 func Install(ctx *pulumi.Context, c *Config) error {
-	karpenterCloud := c.Cloud == components.EKS || c.Cloud == components.AKS
-
 	ns, err := manager.NewNamespaces(ctx, "fusebox", &manager.NamespacesArgs{
 		Manager: c.Namespaces.Manager, Sandbox: c.Namespaces.Sandbox, Existing: !c.Namespaces.CreateNamespaces(),
 	})
 	if err != nil {
 		return err
 	}
-
-	gargs := &gvisor.GVisorArgs{Cloud: c.Cloud, ScheduleOnSandboxNodes: karpenterCloud}
-	switch c.Cloud {
-	case components.AKS:
-		gargs.NodeInstaller = &gvisor.NodeInstallerArgs{
-			Image:            c.GVisor.InstallerImage,
-			BinaryBaseURL:    c.GVisor.baseURL(),
-			SHA256:           c.GVisor.SHA256,
-			ImagePullSecrets: c.ImagePullSecrets,
-		}
-	case components.EKS:
-		// The userData installs runsc; the installer only checks it and removes the taint.
-		gargs.NodeInstaller = &gvisor.NodeInstallerArgs{
-			Image: c.GVisor.InstallerImage, VerifyOnly: true, ImagePullSecrets: c.ImagePullSecrets,
-		}
-	}
-	gv, err := gvisor.NewGVisor(ctx, "fusebox", gargs)
+	gv, err := gvisor.NewGVisor(ctx, "fusebox", gvisorArgs(c))
 	if err != nil {
 		return err
 	}
-
 	kargs, err := karpenterArgs(c)
 	if err != nil {
 		return err
@@ -72,7 +55,6 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	if err != nil {
 		return err
 	}
-
 	cil, err := cilium.NewCilium(ctx, "fusebox", &cilium.CiliumArgs{
 		Install: c.Cilium.Install,
 		Chart:   cilium.ChartSource(c.Cilium.Chart),
@@ -81,7 +63,64 @@ func Install(ctx *pulumi.Context, c *Config) error {
 	if err != nil {
 		return err
 	}
-	network := sandboxnet.Network{
+	pols, err := netpolicy.NewSandboxPolicies(ctx, "fusebox", policiesArgs(c, ns, cil))
+	if err != nil {
+		return err
+	}
+	adm, err := admission.NewSandboxAdmission(ctx, "fusebox", &admission.SandboxAdmissionArgs{
+		SandboxNamespace: c.Namespaces.Sandbox,
+	})
+	if err != nil {
+		return err
+	}
+	// The manager creates sandbox pods as soon as it runs: it waits for every policy that
+	// protects them and for the runtime.
+	after := append([]pulumi.Resource{adm.Policy, adm.Binding, gv}, pols.Policies...)
+	mgr, err := manager.NewManager(ctx, "fusebox", managerArgs(c, ns, after))
+	if err != nil {
+		return err
+	}
+	export(ctx, c, installed{ns: ns, gv: gv, kp: kp, cil: cil, pols: pols, adm: adm, mgr: mgr})
+	return nil
+}
+
+// gvisorArgs: the RuntimeClass schedules onto Karpenter's sandbox pool where there is one;
+// the node installer installs runsc on AKS and, on EKS, where the userData installs it, only
+// checks it and removes the startup taint.
+func gvisorArgs(c *Config) *gvisor.GVisorArgs {
+	a := &gvisor.GVisorArgs{Cloud: c.Cloud, ScheduleOnSandboxNodes: c.Cloud == components.EKS || c.Cloud == components.AKS}
+	switch c.Cloud {
+	case components.AKS:
+		a.NodeInstaller = &gvisor.NodeInstallerArgs{
+			Image:            c.GVisor.InstallerImage,
+			BinaryBaseURL:    c.GVisor.baseURL(),
+			SHA256:           c.GVisor.SHA256,
+			ImagePullSecrets: c.ImagePullSecrets,
+		}
+	case components.EKS:
+		a.NodeInstaller = &gvisor.NodeInstallerArgs{
+			Image: c.GVisor.InstallerImage, VerifyOnly: true, ImagePullSecrets: c.ImagePullSecrets,
+		}
+	}
+	return a
+}
+
+// policiesArgs are the sandbox namespace's policies in the stack's flavour, after Cilium
+// when the stack installs it (its CRDs).
+func policiesArgs(c *Config, ns *manager.Namespaces, cil *cilium.Cilium) *netpolicy.SandboxPoliciesArgs {
+	var after []pulumi.Resource
+	if cil.Release != nil {
+		after = append(after, cil.Release)
+	}
+	return &netpolicy.SandboxPoliciesArgs{
+		Flavour: c.NetworkPolicy, Namespace: ns.Sandbox, Network: sandboxNetwork(c), After: after,
+	}
+}
+
+// sandboxNetwork is who reaches the sandboxes: the manager their init port, the agents
+// their data port.
+func sandboxNetwork(c *Config) sandboxnet.Network {
+	return sandboxnet.Network{
 		SandboxNamespace: c.Namespaces.Sandbox,
 		ManagerNamespace: c.Namespaces.Manager,
 		ManagerLabels:    map[string]string{"app.kubernetes.io/name": components.ManagerAppLabel},
@@ -91,33 +130,17 @@ func Install(ctx *pulumi.Context, c *Config) error {
 		InitPort:         components.InitPort,
 		DataPort:         components.DataPort,
 	}
-	var policyAfter []pulumi.Resource
-	if cil.Release != nil {
-		policyAfter = append(policyAfter, cil.Release)
-	}
-	pols, err := netpolicy.NewSandboxPolicies(ctx, "fusebox", &netpolicy.SandboxPoliciesArgs{
-		Flavour: c.NetworkPolicy, Namespace: ns.Sandbox, Network: network, After: policyAfter,
-	})
-	if err != nil {
-		return err
-	}
+}
 
-	adm, err := admission.NewSandboxAdmission(ctx, "fusebox", &admission.SandboxAdmissionArgs{
-		SandboxNamespace: c.Namespaces.Sandbox,
-	})
-	if err != nil {
-		return err
-	}
-
-	// The manager creates sandbox pods as soon as it runs: it waits for every policy that
-	// protects them and for the runtime.
-	after := append([]pulumi.Resource{adm.Policy, adm.Binding, gv}, pols.Policies...)
+// managerArgs are the manager's, waiting for after; on GKE its sandboxes go to GKE
+// Sandbox's nodes.
+func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *manager.ManagerArgs {
 	var placement *manager.Placement
 	if c.Cloud == components.GKE {
 		p := manager.GKESandboxPlacement()
 		placement = &p
 	}
-	mgr, err := manager.NewManager(ctx, "fusebox", &manager.ManagerArgs{
+	return &manager.ManagerArgs{
 		Namespace:        ns.Manager,
 		SandboxNamespace: ns.Sandbox,
 		Image:            c.Images.Manager,
@@ -145,25 +168,35 @@ func Install(ctx *pulumi.Context, c *Config) error {
 		CPU:                  c.Manager.CPU,
 		Memory:               c.Manager.Memory,
 		After:                after,
-	})
-	if err != nil {
-		return err
 	}
+}
 
-	ctx.Export("managerEndpoint", mgr.Endpoint)
+// installed are the components Install composed.
+type installed struct {
+	ns   *manager.Namespaces
+	gv   *gvisor.GVisor
+	kp   *karpenter.Karpenter
+	cil  *cilium.Cilium
+	pols *netpolicy.SandboxPolicies
+	adm  *admission.SandboxAdmission
+	mgr  *manager.Manager
+}
+
+// export exports the stack's outputs (see Program).
+func export(ctx *pulumi.Context, c *Config, i installed) {
+	ctx.Export("managerEndpoint", i.mgr.Endpoint)
 	ctx.Export("cloud", pulumi.String(string(c.Cloud)))
-	ctx.Export("namespaces", pulumi.StringMap{"manager": ns.Manager, "sandbox": ns.Sandbox})
-	ctx.Export("runtimeClass", gv.RuntimeClassName)
-	ctx.Export("runtimeClassSource", gv.RuntimeClassSource)
-	ctx.Export("gvisorNodeInstaller", gv.NodeInstaller)
-	ctx.Export("nodePool", kp.NodePoolName)
-	ctx.Export("nodeClassKind", kp.NodeClassKind)
-	ctx.Export("gkeNodePool", kp.GKENodePool)
-	ctx.Export("ciliumInstalled", cil.Installed)
+	ctx.Export("namespaces", pulumi.StringMap{"manager": i.ns.Manager, "sandbox": i.ns.Sandbox})
+	ctx.Export("runtimeClass", i.gv.RuntimeClassName)
+	ctx.Export("runtimeClassSource", i.gv.RuntimeClassSource)
+	ctx.Export("gvisorNodeInstaller", i.gv.NodeInstaller)
+	ctx.Export("nodePool", i.kp.NodePoolName)
+	ctx.Export("nodeClassKind", i.kp.NodeClassKind)
+	ctx.Export("gkeNodePool", i.kp.GKENodePool)
+	ctx.Export("ciliumInstalled", i.cil.Installed)
 	ctx.Export("networkPolicy", pulumi.String(string(c.NetworkPolicy)))
-	ctx.Export("networkPolicies", pols.PolicyNames)
-	ctx.Export("admissionPolicy", adm.PolicyName)
-	return nil
+	ctx.Export("networkPolicies", i.pols.PolicyNames)
+	ctx.Export("admissionPolicy", i.adm.PolicyName)
 }
 
 func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {

@@ -251,6 +251,9 @@ func TestStacks(t *testing.T) {
 
 func TestBadConfig(t *testing.T) {
 	base := func() map[string]string { return stackConfig(t, "eks-dev") }
+	// Every message, whole, is in testdata/config/errors.json.
+	errs := map[string]string{}
+	defer func() { mocktest.GoldenJSON(t, filepath.Join("testdata", "config", "errors.json"), errs) }()
 	for name, tc := range map[string]struct {
 		mut  func(map[string]string)
 		want string
@@ -299,6 +302,7 @@ func TestBadConfig(t *testing.T) {
 			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("want a configuration error naming %q, got %v", tc.want, err)
 			}
+			errs[name] = err.Error()
 			if n := len(m.All()); n != 0 {
 				t.Errorf("%d resources registered despite the bad configuration", n)
 			}
@@ -307,6 +311,8 @@ func TestBadConfig(t *testing.T) {
 }
 
 func TestBadAKSGVisorConfig(t *testing.T) {
+	errs := map[string]string{}
+	defer func() { mocktest.GoldenJSON(t, filepath.Join("testdata", "config", "aks-errors.json"), errs) }()
 	for name, tc := range map[string]struct {
 		gvisor string
 		want   string
@@ -325,6 +331,7 @@ func TestBadAKSGVisorConfig(t *testing.T) {
 			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "stacks/Pulumi.aks-dev.yaml") {
 				t.Fatalf("want a configuration error naming %q and the stack file, got %v", tc.want, err)
 			}
+			errs[name] = err.Error()
 			if n := len(m.All()); n != 0 {
 				t.Errorf("%d resources registered", n)
 			}

@@ -59,79 +59,27 @@ type GVisor struct {
 	NodeInstaller pulumi.StringOutput `pulumi:"nodeInstaller"`
 }
 
-// NewGVisor registers the component and, except on GKE, the RuntimeClass.
+// NewGVisor registers the component and, except on GKE, the RuntimeClass, and on AKS and EKS
+// the node installer.
 func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulumi.ResourceOption) (*GVisor, error) {
-	if args == nil {
-		return nil, fmt.Errorf("gvisor %s: args are required", name)
-	}
-	if _, err := components.ParseCloud(string(args.Cloud)); err != nil {
-		return nil, fmt.Errorf("gvisor %s: %w", name, err)
-	}
-	var base string
-	switch {
-	case args.Cloud == components.AKS && (args.NodeInstaller == nil || args.NodeInstaller.VerifyOnly):
-		return nil, fmt.Errorf("gvisor %s: %w: an installing one is required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
-	case args.Cloud == components.EKS && (args.NodeInstaller == nil || !args.NodeInstaller.VerifyOnly):
-		return nil, fmt.Errorf("gvisor %s: %w: a verify-only one is required on eks (it removes the startup taint once the userData's runsc is registered)", name, ErrBadInstaller)
-	case args.Cloud != components.AKS && args.Cloud != components.EKS && args.NodeInstaller != nil:
-		return nil, fmt.Errorf("gvisor %s: %w: only used on aks and eks, not on %s", name, ErrBadInstaller, args.Cloud)
-	case args.NodeInstaller != nil:
-		var err error
-		if base, err = args.NodeInstaller.validate(); err != nil {
-			return nil, fmt.Errorf("gvisor %s: %w", name, err)
-		}
+	base, err := checkArgs(name, args)
+	if err != nil {
+		return nil, err
 	}
 	c := &GVisor{}
 	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
 		return nil, err
 	}
-
-	source := SourceCreated
-	if args.Cloud == components.GKE {
-		// GKE Sandbox installs RuntimeClass "gvisor" (handler runsc) with its own node
-		// selector and toleration for sandbox-enabled node pools; creating ours would conflict.
-		source = SourceGKESandbox
-	} else {
-		rc := &nodev1.RuntimeClassArgs{
-			Metadata: metav1.ObjectMetaArgs{
-				Name:   pulumi.String(components.RuntimeClassName),
-				Labels: pulumi.StringMap{"app.kubernetes.io/part-of": pulumi.String("fusebox")},
-			},
-			Handler: pulumi.String(components.RuntimeHandler),
-		}
-		// The scheduling does not also select ReadyLabelKey (set by the AKS node installer once
-		// runsc works): Karpenter launches nodes only for pods whose node selectors its
-		// NodePool's labels satisfy, and a label added after launch is not among them, so
-		// sandbox pods would stay pending on an empty pool. The gate on AKS is the NodePool's
-		// startup taint instead, which these tolerations deliberately leave out: Karpenter
-		// provisions for pods that do not tolerate a startup taint, and the scheduler places
-		// them only once the installer has removed it.
-		if args.ScheduleOnSandboxNodes {
-			rc.Scheduling = nodev1.SchedulingArgs{
-				NodeSelector: pulumi.StringMap{components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue)},
-				Tolerations: corev1.TolerationArray{corev1.TolerationArgs{
-					Key:      pulumi.String(components.SandboxTaintKey),
-					Operator: pulumi.String("Equal"),
-					Value:    pulumi.String(components.SandboxTaintValue),
-					Effect:   pulumi.String(components.SandboxTaintEffect),
-				}},
-			}
-		}
-		if _, err := nodev1.NewRuntimeClass(ctx, name+"-runtimeclass", rc, pulumi.Parent(c)); err != nil {
-			return nil, fmt.Errorf("gvisor %s: RuntimeClass: %w", name, err)
-		}
+	source, err := runtimeClass(ctx, name, args, c)
+	if err != nil {
+		return nil, err
 	}
-
 	installer := ""
 	if args.NodeInstaller != nil {
 		if _, err := newNodeInstaller(ctx, name, args.NodeInstaller, base, c); err != nil {
 			return nil, fmt.Errorf("gvisor %s: %w", name, err)
 		}
-		ns := args.NodeInstaller.Namespace
-		if ns == "" {
-			ns = DefaultInstallerNamespace
-		}
-		installer = ns + "/" + InstallerName
+		installer = args.NodeInstaller.namespace() + "/" + InstallerName
 	}
 
 	c.RuntimeClassName = pulumi.String(components.RuntimeClassName).ToStringOutput()
@@ -145,4 +93,73 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 		return nil, err
 	}
 	return c, nil
+}
+
+// checkArgs refuses a node installer where the cloud needs another (or none), and returns
+// the base URL an installing one downloads from.
+func checkArgs(name string, args *GVisorArgs) (base string, err error) {
+	if args == nil {
+		return "", fmt.Errorf("gvisor %s: args are required", name)
+	}
+	if _, err := components.ParseCloud(string(args.Cloud)); err != nil {
+		return "", fmt.Errorf("gvisor %s: %w", name, err)
+	}
+	switch {
+	case args.Cloud == components.AKS && (args.NodeInstaller == nil || args.NodeInstaller.VerifyOnly):
+		return "", fmt.Errorf("gvisor %s: %w: an installing one is required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
+	case args.Cloud == components.EKS && (args.NodeInstaller == nil || !args.NodeInstaller.VerifyOnly):
+		return "", fmt.Errorf("gvisor %s: %w: a verify-only one is required on eks (it removes the startup taint once the userData's runsc is registered)", name, ErrBadInstaller)
+	case args.Cloud != components.AKS && args.Cloud != components.EKS && args.NodeInstaller != nil:
+		return "", fmt.Errorf("gvisor %s: %w: only used on aks and eks, not on %s", name, ErrBadInstaller, args.Cloud)
+	case args.NodeInstaller != nil:
+		if base, err = args.NodeInstaller.validate(); err != nil {
+			return "", fmt.Errorf("gvisor %s: %w", name, err)
+		}
+	}
+	return base, nil
+}
+
+// runtimeClass registers the "gvisor" RuntimeClass, except on GKE, and returns who provides
+// it (RuntimeClassSource).
+func runtimeClass(ctx *pulumi.Context, name string, args *GVisorArgs, parent pulumi.Resource) (string, error) {
+	if args.Cloud == components.GKE {
+		// GKE Sandbox installs RuntimeClass "gvisor" (handler runsc) with its own node
+		// selector and toleration for sandbox-enabled node pools; creating ours would conflict.
+		return SourceGKESandbox, nil
+	}
+	rc := &nodev1.RuntimeClassArgs{
+		Metadata: metav1.ObjectMetaArgs{
+			Name:   pulumi.String(components.RuntimeClassName),
+			Labels: pulumi.StringMap{"app.kubernetes.io/part-of": pulumi.String("fusebox")},
+		},
+		Handler: pulumi.String(components.RuntimeHandler),
+	}
+	if args.ScheduleOnSandboxNodes {
+		rc.Scheduling = sandboxNodeScheduling()
+	}
+	if _, err := nodev1.NewRuntimeClass(ctx, name+"-runtimeclass", rc, pulumi.Parent(parent)); err != nil {
+		return "", fmt.Errorf("gvisor %s: RuntimeClass: %w", name, err)
+	}
+	return SourceCreated, nil
+}
+
+// sandboxNodeScheduling places the RuntimeClass's pods on the sandbox node pool: its label
+// selected, its taint tolerated.
+//
+// It does not also select ReadyLabelKey (set by the AKS node installer once runsc works):
+// Karpenter launches nodes only for pods whose node selectors its NodePool's labels satisfy,
+// and a label added after launch is not among them, so sandbox pods would stay pending on an
+// empty pool. The gate on AKS is the NodePool's startup taint instead, which these
+// tolerations deliberately leave out: Karpenter provisions for pods that do not tolerate a
+// startup taint, and the scheduler places them only once the installer has removed it.
+func sandboxNodeScheduling() nodev1.SchedulingArgs {
+	return nodev1.SchedulingArgs{
+		NodeSelector: pulumi.StringMap{components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue)},
+		Tolerations: corev1.TolerationArray{corev1.TolerationArgs{
+			Key:      pulumi.String(components.SandboxTaintKey),
+			Operator: pulumi.String("Equal"),
+			Value:    pulumi.String(components.SandboxTaintValue),
+			Effect:   pulumi.String(components.SandboxTaintEffect),
+		}},
+	}
 }

@@ -147,29 +147,64 @@ func (a *NodeInstallerArgs) validate() (string, error) {
 // taint tolerated) of the architectures with configured digests, and tolerates the startup
 // taint that the Karpenter NodePool puts on new sandbox nodes on AKS, which it removes.
 func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, base string, parent pulumi.Resource) (*appsv1.DaemonSet, error) {
-	ns := a.Namespace
-	if ns == "" {
-		ns = DefaultInstallerNamespace
+	sa, binding, err := installerRBAC(ctx, name, a, parent)
+	if err != nil {
+		return nil, err
 	}
-	labels := pulumi.StringMap{
+	ds, err := appsv1.NewDaemonSet(ctx, name+"-installer", &appsv1.DaemonSetArgs{
+		Metadata: a.meta(true),
+		Spec: appsv1.DaemonSetSpecArgs{
+			Selector: metav1.LabelSelectorArgs{MatchLabels: pulumi.StringMap{
+				"app.kubernetes.io/name": pulumi.String(InstallerName),
+			}},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategyArgs{Type: pulumi.String("RollingUpdate")},
+			Template: corev1.PodTemplateSpecArgs{
+				Metadata: metav1.ObjectMetaArgs{Labels: installerLabels()},
+				Spec:     a.podSpec(sa.Metadata.Name().Elem(), base),
+			},
+		},
+	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding}))
+	if err != nil {
+		return nil, fmt.Errorf("installer DaemonSet: %w", err)
+	}
+	return ds, nil
+}
+
+// namespace is where the installer runs.
+func (a *NodeInstallerArgs) namespace() string {
+	if a.Namespace == "" {
+		return DefaultInstallerNamespace
+	}
+	return a.Namespace
+}
+
+func installerLabels() pulumi.StringMap {
+	return pulumi.StringMap{
 		"app.kubernetes.io/name":    pulumi.String(InstallerName),
 		"app.kubernetes.io/part-of": pulumi.String("fusebox"),
 	}
-	meta := func(namespaced bool) metav1.ObjectMetaArgs {
-		m := metav1.ObjectMetaArgs{Name: pulumi.String(InstallerName), Labels: labels}
-		if namespaced {
-			m.Namespace = pulumi.String(ns)
-		}
-		return m
+}
+
+// meta is the metadata of the installer's objects (in its namespace, or cluster-scoped).
+func (a *NodeInstallerArgs) meta(namespaced bool) metav1.ObjectMetaArgs {
+	m := metav1.ObjectMetaArgs{Name: pulumi.String(InstallerName), Labels: installerLabels()}
+	if namespaced {
+		m.Namespace = pulumi.String(a.namespace())
 	}
+	return m
+}
+
+// installerRBAC registers the installer's ServiceAccount, and the cluster role that lets it
+// get and patch nodes bound to it.
+func installerRBAC(ctx *pulumi.Context, name string, a *NodeInstallerArgs, parent pulumi.Resource) (*corev1.ServiceAccount, *rbacv1.ClusterRoleBinding, error) {
 	sa, err := corev1.NewServiceAccount(ctx, name+"-installer-sa", &corev1.ServiceAccountArgs{
-		Metadata: meta(true),
+		Metadata: a.meta(true),
 	}, pulumi.Parent(parent))
 	if err != nil {
-		return nil, fmt.Errorf("installer ServiceAccount: %w", err)
+		return nil, nil, fmt.Errorf("installer ServiceAccount: %w", err)
 	}
 	role, err := rbacv1.NewClusterRole(ctx, name+"-installer-role", &rbacv1.ClusterRoleArgs{
-		Metadata: meta(false),
+		Metadata: a.meta(false),
 		Rules: rbacv1.PolicyRuleArray{rbacv1.PolicyRuleArgs{
 			ApiGroups: pulumi.StringArray{pulumi.String("")},
 			Resources: pulumi.StringArray{pulumi.String("nodes")},
@@ -177,10 +212,10 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 		}},
 	}, pulumi.Parent(parent))
 	if err != nil {
-		return nil, fmt.Errorf("installer ClusterRole: %w", err)
+		return nil, nil, fmt.Errorf("installer ClusterRole: %w", err)
 	}
 	binding, err := rbacv1.NewClusterRoleBinding(ctx, name+"-installer-binding", &rbacv1.ClusterRoleBindingArgs{
-		Metadata: meta(false),
+		Metadata: a.meta(false),
 		RoleRef: rbacv1.RoleRefArgs{
 			ApiGroup: pulumi.String("rbac.authorization.k8s.io"),
 			Kind:     pulumi.String("ClusterRole"),
@@ -189,13 +224,90 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 		Subjects: rbacv1.SubjectArray{rbacv1.SubjectArgs{
 			Kind:      pulumi.String("ServiceAccount"),
 			Name:      sa.Metadata.Name().Elem(),
-			Namespace: pulumi.String(ns),
+			Namespace: pulumi.String(a.namespace()),
 		}},
 	}, pulumi.Parent(parent))
 	if err != nil {
-		return nil, fmt.Errorf("installer ClusterRoleBinding: %w", err)
+		return nil, nil, fmt.Errorf("installer ClusterRoleBinding: %w", err)
 	}
+	return sa, binding, nil
+}
 
+// podSpec is the installer's pod: privileged, in the host PID namespace, with the host's
+// root mounted, on the sandbox nodes of its architectures.
+func (a *NodeInstallerArgs) podSpec(serviceAccount pulumi.StringOutput, base string) corev1.PodSpecArgs {
+	return corev1.PodSpecArgs{
+		ServiceAccountName: serviceAccount,
+		ImagePullSecrets:   a.pullSecrets(),
+		// Host PID namespace: nsenter into PID 1 to restart containerd.
+		HostPID:                       pulumi.Bool(true),
+		PriorityClassName:             pulumi.String("system-node-critical"),
+		TerminationGracePeriodSeconds: pulumi.Int(5),
+		NodeSelector: pulumi.StringMap{
+			components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue),
+		},
+		Affinity: corev1.AffinityArgs{NodeAffinity: corev1.NodeAffinityArgs{
+			RequiredDuringSchedulingIgnoredDuringExecution: corev1.NodeSelectorArgs{
+				NodeSelectorTerms: corev1.NodeSelectorTermArray{corev1.NodeSelectorTermArgs{
+					MatchExpressions: corev1.NodeSelectorRequirementArray{corev1.NodeSelectorRequirementArgs{
+						Key: pulumi.String("kubernetes.io/arch"), Operator: pulumi.String("In"), Values: a.nodeArchs(),
+					}},
+				}},
+			},
+		}},
+		Tolerations: corev1.TolerationArray{
+			corev1.TolerationArgs{
+				Key:      pulumi.String(components.SandboxTaintKey),
+				Operator: pulumi.String("Equal"),
+				Value:    pulumi.String(components.SandboxTaintValue),
+				Effect:   pulumi.String(components.SandboxTaintEffect),
+			},
+			// The startup taint is there until this pod removes it.
+			corev1.TolerationArgs{
+				Key:      pulumi.String(karpenter.StartupTaintKey),
+				Operator: pulumi.String("Exists"),
+				Effect:   pulumi.String(karpenter.StartupTaintEffect),
+			},
+		},
+		Containers: corev1.ContainerArray{a.container(base)},
+		Volumes: corev1.VolumeArray{corev1.VolumeArgs{
+			Name:     pulumi.String("host-root"),
+			HostPath: corev1.HostPathVolumeSourceArgs{Path: pulumi.String("/"), Type: pulumi.String("Directory")},
+		}},
+	}
+}
+
+// container runs InstallerScript with bash, privileged, ready once the script has written
+// readyFile.
+func (a *NodeInstallerArgs) container(base string) corev1.ContainerArgs {
+	privileged := true
+	return corev1.ContainerArgs{
+		Name:    pulumi.String("install"),
+		Image:   pulumi.String(a.Image),
+		Command: pulumi.StringArray{pulumi.String("/bin/bash"), pulumi.String("-c"), pulumi.String(InstallerScript)},
+		Env:     a.env(base),
+		SecurityContext: corev1.SecurityContextArgs{
+			Privileged: pulumi.BoolPtr(privileged),
+		},
+		VolumeMounts: corev1.VolumeMountArray{corev1.VolumeMountArgs{
+			Name: pulumi.String("host-root"), MountPath: pulumi.String(hostRoot),
+		}},
+		ReadinessProbe: corev1.ProbeArgs{
+			Exec: corev1.ExecActionArgs{Command: pulumi.StringArray{
+				pulumi.String("cat"), pulumi.String(readyFile),
+			}},
+			PeriodSeconds: pulumi.Int(5),
+		},
+		Resources: corev1.ResourceRequirementsArgs{
+			Requests: pulumi.StringMap{"cpu": pulumi.String("10m"), "memory": pulumi.String("32Mi")},
+			Limits:   pulumi.StringMap{"memory": pulumi.String("256Mi")},
+		},
+	}
+}
+
+// env is the script's environment (see node-installer.sh): its mode, where it downloads
+// from, its paths and names, the node it runs on, and the expected digests per architecture.
+func (a *NodeInstallerArgs) env(base string) corev1.EnvVarArray {
 	mode := "install"
 	if a.VerifyOnly {
 		mode = "verify"
@@ -211,98 +323,33 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 			FieldRef: corev1.ObjectFieldSelectorArgs{FieldPath: pulumi.String("spec.nodeName")},
 		}},
 	}
-	var nodeArchs pulumi.StringArray
 	for _, arch := range slices.Sorted(maps.Keys(a.SHA256)) {
 		up := strings.ToUpper(arch)
 		env = append(env,
 			corev1.EnvVarArgs{Name: pulumi.String("SHA256_RUNSC_" + up), Value: pulumi.String(a.SHA256[arch].Runsc)},
 			corev1.EnvVarArgs{Name: pulumi.String("SHA256_SHIM_" + up), Value: pulumi.String(a.SHA256[arch].Shim)},
 		)
-		nodeArchs = append(nodeArchs, pulumi.String(archs[arch]))
 	}
+	return env
+}
+
+// nodeArchs are the kubernetes.io/arch values of the nodes the installer runs on: those with
+// digests, or every one a verify-only installer checks.
+func (a *NodeInstallerArgs) nodeArchs() pulumi.StringArray {
 	if a.VerifyOnly {
-		nodeArchs = pulumi.StringArray{pulumi.String("amd64"), pulumi.String("arm64")}
+		return pulumi.StringArray{pulumi.String("amd64"), pulumi.String("arm64")}
 	}
+	var out pulumi.StringArray
+	for _, arch := range slices.Sorted(maps.Keys(a.SHA256)) {
+		out = append(out, pulumi.String(archs[arch]))
+	}
+	return out
+}
+
+func (a *NodeInstallerArgs) pullSecrets() corev1.LocalObjectReferenceArray {
 	var pull corev1.LocalObjectReferenceArray
 	for _, n := range a.ImagePullSecrets {
 		pull = append(pull, corev1.LocalObjectReferenceArgs{Name: pulumi.String(n)})
 	}
-
-	privileged := true
-	ds, err := appsv1.NewDaemonSet(ctx, name+"-installer", &appsv1.DaemonSetArgs{
-		Metadata: meta(true),
-		Spec: appsv1.DaemonSetSpecArgs{
-			Selector: metav1.LabelSelectorArgs{MatchLabels: pulumi.StringMap{
-				"app.kubernetes.io/name": pulumi.String(InstallerName),
-			}},
-			UpdateStrategy: appsv1.DaemonSetUpdateStrategyArgs{Type: pulumi.String("RollingUpdate")},
-			Template: corev1.PodTemplateSpecArgs{
-				Metadata: metav1.ObjectMetaArgs{Labels: labels},
-				Spec: corev1.PodSpecArgs{
-					ServiceAccountName: sa.Metadata.Name().Elem(),
-					ImagePullSecrets:   pull,
-					// Host PID namespace: nsenter into PID 1 to restart containerd.
-					HostPID:                       pulumi.Bool(true),
-					PriorityClassName:             pulumi.String("system-node-critical"),
-					TerminationGracePeriodSeconds: pulumi.Int(5),
-					NodeSelector: pulumi.StringMap{
-						components.SandboxPoolLabelKey: pulumi.String(components.SandboxPoolLabelValue),
-					},
-					Affinity: corev1.AffinityArgs{NodeAffinity: corev1.NodeAffinityArgs{
-						RequiredDuringSchedulingIgnoredDuringExecution: corev1.NodeSelectorArgs{
-							NodeSelectorTerms: corev1.NodeSelectorTermArray{corev1.NodeSelectorTermArgs{
-								MatchExpressions: corev1.NodeSelectorRequirementArray{corev1.NodeSelectorRequirementArgs{
-									Key: pulumi.String("kubernetes.io/arch"), Operator: pulumi.String("In"), Values: nodeArchs,
-								}},
-							}},
-						},
-					}},
-					Tolerations: corev1.TolerationArray{
-						corev1.TolerationArgs{
-							Key:      pulumi.String(components.SandboxTaintKey),
-							Operator: pulumi.String("Equal"),
-							Value:    pulumi.String(components.SandboxTaintValue),
-							Effect:   pulumi.String(components.SandboxTaintEffect),
-						},
-						// The startup taint is there until this pod removes it.
-						corev1.TolerationArgs{
-							Key:      pulumi.String(karpenter.StartupTaintKey),
-							Operator: pulumi.String("Exists"),
-							Effect:   pulumi.String(karpenter.StartupTaintEffect),
-						},
-					},
-					Containers: corev1.ContainerArray{corev1.ContainerArgs{
-						Name:    pulumi.String("install"),
-						Image:   pulumi.String(a.Image),
-						Command: pulumi.StringArray{pulumi.String("/bin/bash"), pulumi.String("-c"), pulumi.String(InstallerScript)},
-						Env:     env,
-						SecurityContext: corev1.SecurityContextArgs{
-							Privileged: pulumi.BoolPtr(privileged),
-						},
-						VolumeMounts: corev1.VolumeMountArray{corev1.VolumeMountArgs{
-							Name: pulumi.String("host-root"), MountPath: pulumi.String(hostRoot),
-						}},
-						ReadinessProbe: corev1.ProbeArgs{
-							Exec: corev1.ExecActionArgs{Command: pulumi.StringArray{
-								pulumi.String("cat"), pulumi.String(readyFile),
-							}},
-							PeriodSeconds: pulumi.Int(5),
-						},
-						Resources: corev1.ResourceRequirementsArgs{
-							Requests: pulumi.StringMap{"cpu": pulumi.String("10m"), "memory": pulumi.String("32Mi")},
-							Limits:   pulumi.StringMap{"memory": pulumi.String("256Mi")},
-						},
-					}},
-					Volumes: corev1.VolumeArray{corev1.VolumeArgs{
-						Name:     pulumi.String("host-root"),
-						HostPath: corev1.HostPathVolumeSourceArgs{Path: pulumi.String("/"), Type: pulumi.String("Directory")},
-					}},
-				},
-			},
-		},
-	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding}))
-	if err != nil {
-		return nil, fmt.Errorf("installer DaemonSet: %w", err)
-	}
-	return ds, nil
+	return pull
 }

@@ -10,9 +10,6 @@ package manager
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/manager/auth"
@@ -21,7 +18,6 @@ import (
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
 	policyv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/policy/v1"
-	rbacv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/rbac/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"sigs.k8s.io/yaml"
 )
@@ -168,211 +164,198 @@ const (
 	DefaultTokenAudience = "fusebox-manager"
 )
 
-// policyResources are the API group and resource of each policy kind the manager writes per
-// sandbox, by flavour.
-var policyResources = map[sandboxnet.Flavour][][2]string{
-	sandboxnet.Cilium:     {{"cilium.io", "ciliumnetworkpolicies"}},
-	sandboxnet.GKE:        {{"networking.k8s.io", "networkpolicies"}, {"networking.gke.io", "fqdnnetworkpolicies"}},
-	sandboxnet.Kubernetes: {{"networking.k8s.io", "networkpolicies"}},
-}
-
-// managerVerbs are the verbs the manager has on its sandbox pods and their network policies.
-var managerVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
-
-// leaseVerbs are what client-go's leader election needs on its Lease.
-var leaseVerbs = []string{"get", "create", "update"}
-
-// NewManager registers the component and its children.
+// NewManager registers the component and its children: the ServiceAccount and its RBAC, the
+// policy and sandbox-template ConfigMaps, the Deployment, its Service and its
+// PodDisruptionBudget.
 func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pulumi.ResourceOption) (*Manager, error) {
-	if args == nil {
-		return nil, fmt.Errorf("manager %s: args are required", name)
-	}
-	a := *args
-	if err := a.defaults(); err != nil {
-		return nil, fmt.Errorf("manager %s: %w", name, err)
-	}
-	tmpl, err := a.Sandbox.YAML()
+	a, rendered, err := checkArgs(name, args)
 	if err != nil {
-		return nil, fmt.Errorf("manager %s: %w", name, err)
-	}
-	policy, err := a.policyYAML()
-	if err != nil {
-		return nil, fmt.Errorf("manager %s: access: %w", name, err)
+		return nil, err
 	}
 	c := &Manager{}
 	if err := ctx.RegisterComponentResource(Type, name, c, opts...); err != nil {
 		return nil, err
 	}
-	parent := pulumi.Parent(c)
-	labels := pulumi.StringMap{
+	k := newChildren(ctx, name, &a, c)
+	sa, err := k.serviceAccount()
+	if err != nil {
+		return nil, err
+	}
+	rbac, err := k.rbac(sa)
+	if err != nil {
+		return nil, err
+	}
+	configs, err := k.configMaps(rendered)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.deployment(append(append(configs, rbac...), a.After...)); err != nil {
+		return nil, err
+	}
+	svc, err := k.service()
+	if err != nil {
+		return nil, err
+	}
+	if err := k.disruptionBudget(); err != nil {
+		return nil, err
+	}
+	if err := k.outputs(c, sa, svc); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// renderedArgs are the files the manager reads, rendered from its arguments.
+type renderedArgs struct {
+	template string // the sandbox pod template (SandboxTemplateKey)
+	policy   string // the authorisation policy (PolicyKey)
+}
+
+// checkArgs applies the defaults to a copy of args and renders the files the manager reads,
+// refusing unusable arguments before anything is registered.
+func checkArgs(name string, args *ManagerArgs) (ManagerArgs, renderedArgs, error) {
+	if args == nil {
+		return ManagerArgs{}, renderedArgs{}, fmt.Errorf("manager %s: args are required", name)
+	}
+	a := *args
+	if err := a.defaults(); err != nil {
+		return a, renderedArgs{}, fmt.Errorf("manager %s: %w", name, err)
+	}
+	tmpl, err := a.Sandbox.YAML()
+	if err != nil {
+		return a, renderedArgs{}, fmt.Errorf("manager %s: %w", name, err)
+	}
+	policy, err := a.policyYAML()
+	if err != nil {
+		return a, renderedArgs{}, fmt.Errorf("manager %s: access: %w", name, err)
+	}
+	return a, renderedArgs{template: tmpl, policy: policy}, nil
+}
+
+// children registers the Manager's children: each named from the component's name, parented
+// to it, and labelled (and, with SkipAwait, annotated) alike.
+type children struct {
+	ctx         *pulumi.Context
+	name        string
+	a           *ManagerArgs
+	parent      pulumi.ResourceOption
+	labels      pulumi.StringMap
+	annotations pulumi.StringMap
+}
+
+func newChildren(ctx *pulumi.Context, name string, a *ManagerArgs, c *Manager) *children {
+	k := &children{ctx: ctx, name: name, a: a, parent: pulumi.Parent(c), labels: pulumi.StringMap{
 		"app.kubernetes.io/name":    pulumi.String(components.ManagerAppLabel),
 		"app.kubernetes.io/part-of": pulumi.String("fusebox"),
-	}
-	var annotations pulumi.StringMap
-	if a.SkipAwait {
-		annotations = pulumi.StringMap{"pulumi.com/skipAwait": pulumi.String("true")}
-	}
-	meta := func(n string, ns pulumi.StringInput) metav1.ObjectMetaArgs {
-		return metav1.ObjectMetaArgs{Name: pulumi.String(n), Namespace: ns, Labels: labels, Annotations: annotations}
-	}
-
-	sa, err := corev1.NewServiceAccount(ctx, name+"-sa", &corev1.ServiceAccountArgs{
-		Metadata: meta(ObjectName, a.Namespace),
-	}, parent)
-	if err != nil {
-		return nil, fmt.Errorf("manager %s: service account: %w", name, err)
-	}
-	subjects := rbacv1.SubjectArray{rbacv1.SubjectArgs{
-		Kind: pulumi.String("ServiceAccount"), Name: pulumi.String(ObjectName), Namespace: a.Namespace,
 	}}
-
-	// RBAC: namespaced Roles only. Sandbox pods and their per-sandbox network policies in the
-	// sandbox namespace; the leader-election Lease in the manager's own namespace.
-	roles := []struct {
-		suffix, role string
-		ns           pulumi.StringInput
-		rules        rbacv1.PolicyRuleArray
-	}{
-		{"sandbox-role", sandboxRoleName, a.SandboxNamespace, sandboxRules(sandboxnet.Flavour(a.NetworkPolicy))},
-		{"election-role", electionRoleName, a.Namespace, rbacv1.PolicyRuleArray{
-			rule("coordination.k8s.io", "leases", leaseVerbs),
-		}},
-		// The TLS Secret: read and watched (list and watch with a name field selector are
-		// authorised by resourceNames), created when absent (create cannot be limited by
-		// name); the CA ConfigMap likewise, and updated as the Secret rotates.
-		{"tls-role", tlsRoleName, a.Namespace, rbacv1.PolicyRuleArray{
-			namedRule("", "secrets", []string{"get", "list", "watch"}, a.tlsSecret()),
-			rule("", "secrets", []string{"create"}),
-			namedRule("", "configmaps", []string{"get", "update"}, CAConfigMapName),
-			rule("", "configmaps", []string{"create"}),
-		}},
+	if a.SkipAwait {
+		k.annotations = pulumi.StringMap{"pulumi.com/skipAwait": pulumi.String("true")}
 	}
-	var rbac []pulumi.Resource
-	for _, r := range roles {
-		role, err := rbacv1.NewRole(ctx, name+"-"+r.suffix, &rbacv1.RoleArgs{
-			Metadata: meta(r.role, r.ns), Rules: r.rules,
-		}, parent)
-		if err != nil {
-			return nil, fmt.Errorf("manager %s: role %s: %w", name, r.role, err)
-		}
-		rb, err := rbacv1.NewRoleBinding(ctx, name+"-"+r.suffix+"-binding", &rbacv1.RoleBindingArgs{
-			Metadata: meta(r.role, r.ns),
-			RoleRef: rbacv1.RoleRefArgs{
-				ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("Role"), Name: pulumi.String(r.role),
-			},
-			Subjects: subjects,
-		}, parent, pulumi.DependsOn([]pulumi.Resource{role, sa}))
-		if err != nil {
-			return nil, fmt.Errorf("manager %s: role binding %s: %w", name, r.role, err)
-		}
-		rbac = append(rbac, role, rb)
-	}
+	return k
+}
 
-	// Checking agents' tokens (TokenReview) is cluster-scoped: the one ClusterRole.
-	crole, err := rbacv1.NewClusterRole(ctx, name+"-tokenreview-role", &rbacv1.ClusterRoleArgs{
-		Metadata: metav1.ObjectMetaArgs{Name: pulumi.String(TokenReviewRoleName), Labels: labels, Annotations: annotations},
-		Rules:    rbacv1.PolicyRuleArray{rule("authentication.k8s.io", "tokenreviews", []string{"create"})},
-	}, parent)
+// meta is the metadata of object n in namespace ns.
+func (k *children) meta(n string, ns pulumi.StringInput) metav1.ObjectMetaArgs {
+	return metav1.ObjectMetaArgs{Name: pulumi.String(n), Namespace: ns, Labels: k.labels, Annotations: k.annotations}
+}
+
+// clusterMeta is the metadata of cluster-scoped object n.
+func (k *children) clusterMeta(n string) metav1.ObjectMetaArgs {
+	return metav1.ObjectMetaArgs{Name: pulumi.String(n), Labels: k.labels, Annotations: k.annotations}
+}
+
+// errorf wraps err with the component's name and what was being registered.
+func (k *children) errorf(what string, err error) error {
+	return fmt.Errorf("manager %s: %s: %w", k.name, what, err)
+}
+
+func (k *children) serviceAccount() (*corev1.ServiceAccount, error) {
+	sa, err := corev1.NewServiceAccount(k.ctx, k.name+"-sa", &corev1.ServiceAccountArgs{
+		Metadata: k.meta(ObjectName, k.a.Namespace),
+	}, k.parent)
 	if err != nil {
-		return nil, fmt.Errorf("manager %s: cluster role %s: %w", name, TokenReviewRoleName, err)
+		return nil, k.errorf("service account", err)
 	}
-	crb, err := rbacv1.NewClusterRoleBinding(ctx, name+"-tokenreview-binding", &rbacv1.ClusterRoleBindingArgs{
-		Metadata: metav1.ObjectMetaArgs{Name: pulumi.String(TokenReviewRoleName), Labels: labels, Annotations: annotations},
-		RoleRef: rbacv1.RoleRefArgs{
-			ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("ClusterRole"), Name: pulumi.String(TokenReviewRoleName),
-		},
-		Subjects: subjects,
-	}, parent, pulumi.DependsOn([]pulumi.Resource{crole, sa}))
+	return sa, nil
+}
+
+// configMaps registers the authorisation policy's and the sandbox template's ConfigMaps, which
+// the Deployment mounts.
+func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
+	policyCM, err := corev1.NewConfigMap(k.ctx, k.name+"-policy", &corev1.ConfigMapArgs{
+		Metadata: k.meta(PolicyCMName, k.a.Namespace),
+		Data:     pulumi.StringMap{PolicyKey: pulumi.String(r.policy)},
+	}, k.parent)
 	if err != nil {
-		return nil, fmt.Errorf("manager %s: cluster role binding %s: %w", name, TokenReviewRoleName, err)
+		return nil, k.errorf("authorisation policy", err)
 	}
-	rbac = append(rbac, crole, crb)
-
-	// Agents read the CA from the manager namespace: a CA certificate is public, so any
-	// authenticated user may get that one ConfigMap.
-	caRole, err := rbacv1.NewRole(ctx, name+"-ca-reader-role", &rbacv1.RoleArgs{
-		Metadata: meta(caReaderRoleName, a.Namespace),
-		Rules:    rbacv1.PolicyRuleArray{namedRule("", "configmaps", []string{"get"}, CAConfigMapName)},
-	}, parent)
+	cm, err := corev1.NewConfigMap(k.ctx, k.name+"-sandbox-template", &corev1.ConfigMapArgs{
+		Metadata: k.meta(TemplateCMName, k.a.Namespace),
+		Data:     pulumi.StringMap{SandboxTemplateKey: pulumi.String(r.template)},
+	}, k.parent)
 	if err != nil {
-		return nil, fmt.Errorf("manager %s: role %s: %w", name, caReaderRoleName, err)
+		return nil, k.errorf("sandbox template", err)
 	}
-	if _, err := rbacv1.NewRoleBinding(ctx, name+"-ca-reader-role-binding", &rbacv1.RoleBindingArgs{
-		Metadata: meta(caReaderRoleName, a.Namespace),
-		RoleRef: rbacv1.RoleRefArgs{
-			ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Kind: pulumi.String("Role"), Name: pulumi.String(caReaderRoleName),
-		},
-		Subjects: rbacv1.SubjectArray{rbacv1.SubjectArgs{
-			Kind: pulumi.String("Group"), ApiGroup: pulumi.String("rbac.authorization.k8s.io"), Name: pulumi.String("system:authenticated"),
-		}},
-	}, parent, pulumi.DependsOn([]pulumi.Resource{caRole})); err != nil {
-		return nil, fmt.Errorf("manager %s: role binding %s: %w", name, caReaderRoleName, err)
-	}
+	return []pulumi.Resource{cm, policyCM}, nil
+}
 
-	policyCM, err := corev1.NewConfigMap(ctx, name+"-policy", &corev1.ConfigMapArgs{
-		Metadata: meta(PolicyCMName, a.Namespace),
-		Data:     pulumi.StringMap{PolicyKey: pulumi.String(policy)},
-	}, parent)
-	if err != nil {
-		return nil, fmt.Errorf("manager %s: authorisation policy: %w", name, err)
+// deployment registers the manager's Deployment, after deps.
+func (k *children) deployment(deps []pulumi.Resource) error {
+	if _, err := appsv1.NewDeployment(k.ctx, k.name+"-deployment", &appsv1.DeploymentArgs{
+		Metadata: k.meta(ObjectName, k.a.Namespace),
+		Spec:     k.a.deploymentSpec(k.labels),
+	}, k.parent, pulumi.DependsOn(deps)); err != nil {
+		return k.errorf("deployment", err)
 	}
+	return nil
+}
 
-	cm, err := corev1.NewConfigMap(ctx, name+"-sandbox-template", &corev1.ConfigMapArgs{
-		Metadata: meta(TemplateCMName, a.Namespace),
-		Data:     pulumi.StringMap{SandboxTemplateKey: pulumi.String(tmpl)},
-	}, parent)
-	if err != nil {
-		return nil, fmt.Errorf("manager %s: sandbox template: %w", name, err)
-	}
-
-	deps := append(append([]pulumi.Resource{cm, policyCM}, rbac...), a.After...)
-	if _, err := appsv1.NewDeployment(ctx, name+"-deployment", &appsv1.DeploymentArgs{
-		Metadata: meta(ObjectName, a.Namespace),
-		Spec:     a.deploymentSpec(labels),
-	}, parent, pulumi.DependsOn(deps)); err != nil {
-		return nil, fmt.Errorf("manager %s: deployment: %w", name, err)
-	}
-
-	svc, err := corev1.NewService(ctx, name+"-service", &corev1.ServiceArgs{
-		Metadata: meta(ObjectName, a.Namespace),
+func (k *children) service() (*corev1.Service, error) {
+	svc, err := corev1.NewService(k.ctx, k.name+"-service", &corev1.ServiceArgs{
+		Metadata: k.meta(ObjectName, k.a.Namespace),
 		Spec: corev1.ServiceSpecArgs{
-			Type:     pulumi.String(a.ServiceType),
+			Type:     pulumi.String(k.a.ServiceType),
 			Selector: selectorLabels(),
 			Ports: corev1.ServicePortArray{
-				corev1.ServicePortArgs{Name: pulumi.String("grpc"), Port: pulumi.Int(a.GRPCPort), TargetPort: pulumi.String("grpc"), AppProtocol: pulumi.String("grpc")},
-				corev1.ServicePortArgs{Name: pulumi.String("metrics"), Port: pulumi.Int(a.MetricsPort), TargetPort: pulumi.String("metrics")},
+				corev1.ServicePortArgs{Name: pulumi.String("grpc"), Port: pulumi.Int(k.a.GRPCPort), TargetPort: pulumi.String("grpc"), AppProtocol: pulumi.String("grpc")},
+				corev1.ServicePortArgs{Name: pulumi.String("metrics"), Port: pulumi.Int(k.a.MetricsPort), TargetPort: pulumi.String("metrics")},
 			},
 		},
-	}, parent)
+	}, k.parent)
 	if err != nil {
-		return nil, fmt.Errorf("manager %s: service: %w", name, err)
+		return nil, k.errorf("service", err)
 	}
+	return svc, nil
+}
 
-	if _, err := policyv1.NewPodDisruptionBudget(ctx, name+"-pdb", &policyv1.PodDisruptionBudgetArgs{
-		Metadata: meta(ObjectName, a.Namespace),
+func (k *children) disruptionBudget() error {
+	if _, err := policyv1.NewPodDisruptionBudget(k.ctx, k.name+"-pdb", &policyv1.PodDisruptionBudgetArgs{
+		Metadata: k.meta(ObjectName, k.a.Namespace),
 		Spec: policyv1.PodDisruptionBudgetSpecArgs{
 			MinAvailable: pulumi.Int(1),
 			Selector:     metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
 		},
-	}, parent); err != nil {
-		return nil, fmt.Errorf("manager %s: pod disruption budget: %w", name, err)
+	}, k.parent); err != nil {
+		return k.errorf("pod disruption budget", err)
 	}
+	return nil
+}
 
+// outputs sets the component's outputs and registers them.
+func (k *children) outputs(c *Manager, sa *corev1.ServiceAccount, svc *corev1.Service) error {
+	a := k.a
 	c.Endpoint = pulumi.Sprintf("%s.%s.svc:%d", svc.Metadata.Name().Elem(), a.Namespace, a.GRPCPort)
 	c.ServiceAccount = sa.Metadata.Name().Elem()
 	c.Replicas = pulumi.Int(a.Replicas).ToIntOutput()
 	c.TokenAudience = pulumi.String(a.TokenAudience).ToStringOutput()
 	c.CAConfigMap = pulumi.String(CAConfigMapName).ToStringOutput()
-	if err := ctx.RegisterResourceOutputs(c, pulumi.Map{
+	return k.ctx.RegisterResourceOutputs(c, pulumi.Map{
 		"endpoint":       c.Endpoint,
 		"serviceAccount": c.ServiceAccount,
 		"replicas":       c.Replicas,
 		"tokenAudience":  c.TokenAudience,
 		"caConfigMap":    c.CAConfigMap,
-	}); err != nil {
-		return nil, err
-	}
-	return c, nil
+	})
 }
 
 func (a *ManagerArgs) defaults() error {
@@ -452,205 +435,6 @@ func (a *ManagerArgs) policyYAML() (string, error) {
 	}
 	out, err := yaml.Marshal(f)
 	return string(out), err
-}
-
-func namedRule(group, resource string, verbs []string, names ...string) rbacv1.PolicyRuleArgs {
-	r := rule(group, resource, verbs)
-	r.ResourceNames = pulumi.ToStringArray(names)
-	return r
-}
-
-// sandboxRules are the manager's rights in the sandbox namespace: its pods, and the policy
-// kinds of the flavour (deleting the namespace-wide policies is among them: least privilege
-// here is per namespace and kind, not per object).
-func sandboxRules(f sandboxnet.Flavour) rbacv1.PolicyRuleArray {
-	rules := rbacv1.PolicyRuleArray{rule("", "pods", managerVerbs)}
-	for _, r := range policyResources[f] {
-		rules = append(rules, rule(r[0], r[1], managerVerbs))
-	}
-	return rules
-}
-
-func selectorLabels() pulumi.StringMap {
-	return pulumi.StringMap{"app.kubernetes.io/name": pulumi.String(components.ManagerAppLabel)}
-}
-
-func rule(group, resource string, verbs []string) rbacv1.PolicyRuleArgs {
-	return rbacv1.PolicyRuleArgs{
-		ApiGroups: pulumi.StringArray{pulumi.String(group)},
-		Resources: pulumi.StringArray{pulumi.String(resource)},
-		Verbs:     pulumi.ToStringArray(verbs),
-	}
-}
-
-// listArgs are the manager's list-valued flags that are set.
-func (a *ManagerArgs) listArgs() pulumi.StringArray {
-	var out pulumi.StringArray
-	for _, f := range []struct {
-		flag string
-		vals []string
-	}{{"--agent-namespaces", a.AgentNamespaces}, {"--agent-cidrs", a.AgentCIDRs}, {"--image-pull-secrets", a.ImagePullSecrets}} {
-		if len(f.vals) > 0 {
-			out = append(out, pulumi.String(f.flag+"="+strings.Join(f.vals, ",")))
-		}
-	}
-	return out
-}
-
-// labelList renders labels as the manager's key=value,key=value flags (sorted).
-func labelList(m map[string]string) string {
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, k+"="+m[k])
-	}
-	return strings.Join(parts, ",")
-}
-
-func pullSecrets(names []string) corev1.LocalObjectReferenceArray {
-	var out corev1.LocalObjectReferenceArray
-	for _, n := range names {
-		out = append(out, corev1.LocalObjectReferenceArgs{Name: pulumi.String(n)})
-	}
-	return out
-}
-
-func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentSpecArgs {
-	yes, no := pulumi.Bool(true), pulumi.Bool(false)
-	term := corev1.PodAffinityTermArgs{
-		LabelSelector: metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
-		TopologyKey:   pulumi.String("kubernetes.io/hostname"),
-	}
-	anti := corev1.PodAntiAffinityArgs{}
-	if a.RequiredAntiAffinity {
-		anti.RequiredDuringSchedulingIgnoredDuringExecution = corev1.PodAffinityTermArray{term}
-	} else {
-		anti.PreferredDuringSchedulingIgnoredDuringExecution = corev1.WeightedPodAffinityTermArray{
-			corev1.WeightedPodAffinityTermArgs{Weight: pulumi.Int(100), PodAffinityTerm: term},
-		}
-	}
-	// Liveness and startup ask for the health service's overall status, SERVING once the
-	// process serves; readiness for the Manager service's, SERVING once the warm pool has
-	// first held a ready sandbox (so Pulumi's wait for the Deployment covers the pool).
-	probe := func(service string, period, failures int) corev1.ProbeArgs {
-		return corev1.ProbeArgs{
-			Grpc:             corev1.GRPCActionArgs{Port: pulumi.Int(a.GRPCPort), Service: pulumi.String(service)},
-			PeriodSeconds:    pulumi.Int(period),
-			FailureThreshold: pulumi.Int(failures),
-		}
-	}
-	return appsv1.DeploymentSpecArgs{
-		Replicas: pulumi.Int(a.Replicas),
-		Selector: metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
-		Strategy: appsv1.DeploymentStrategyArgs{
-			Type: pulumi.String("RollingUpdate"),
-			RollingUpdate: appsv1.RollingUpdateDeploymentArgs{
-				MaxUnavailable: pulumi.Int(0), MaxSurge: pulumi.Int(1),
-			},
-		},
-		Template: corev1.PodTemplateSpecArgs{
-			Metadata: metav1.ObjectMetaArgs{Labels: labels},
-			Spec: corev1.PodSpecArgs{
-				ServiceAccountName: pulumi.String(ObjectName),
-				Affinity:           corev1.AffinityArgs{PodAntiAffinity: anti},
-				SecurityContext: corev1.PodSecurityContextArgs{
-					RunAsNonRoot:   yes,
-					RunAsUser:      pulumi.Int(nonRootUID),
-					RunAsGroup:     pulumi.Int(nonRootUID),
-					FsGroup:        pulumi.Int(nonRootUID),
-					SeccompProfile: corev1.SeccompProfileArgs{Type: pulumi.String("RuntimeDefault")},
-				},
-				Containers: corev1.ContainerArray{corev1.ContainerArgs{
-					Name:  pulumi.String("manager"),
-					Image: pulumi.String(a.Image),
-					Args: append(pulumi.StringArray{
-						pulumi.Sprintf("--listen=tcp://0.0.0.0:%d", a.GRPCPort),
-						pulumi.Sprintf("--metrics-listen=0.0.0.0:%d", a.MetricsPort),
-						// The flags of fusebox-manager, the image's entrypoint (cmd/internal/daemoncmd); Kubernetes
-						// expands $(POD_NAMESPACE) and $(POD_NAME) from the env below. Agents
-						// are the pods labelled fusebox.dev/agent=true.
-						pulumi.String("--allocator=kube"),
-						pulumi.Sprintf("--sandbox-namespace=%s", a.SandboxNamespace),
-						pulumi.String("--manager-namespace=$(POD_NAMESPACE)"),
-						pulumi.String("--identity=$(POD_NAME)"),
-						pulumi.String("--sandbox-image=" + a.Sandbox.Image),
-						pulumi.String("--sandbox-template=" + SandboxTemplatePath),
-						pulumi.String("--agent-selector=" + labelList(a.AgentLabels)),
-						pulumi.String("--manager-selector=app.kubernetes.io/name=" + components.ManagerAppLabel),
-						pulumi.String("--network-policy=" + a.NetworkPolicy),
-						pulumi.String("--state-dir=" + StateDir),
-						pulumi.String("--leader-elect=true"),
-						pulumi.Sprintf("--estimator=%s", a.Estimator),
-						pulumi.Sprintf("--pool-size=%d", a.PoolSize),
-						pulumi.Sprintf("--pool-max=%d", a.PoolMax),
-						// The API: TLS with the Secret's certificate for the Service's names,
-						// agents' tokens checked for the audience, the authorisation policy.
-						pulumi.String("--tls-secret=" + a.tlsSecret()),
-						pulumi.Sprintf("--tls-secret-create=%t", a.TLSSecret == ""),
-						pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local", ObjectName, ObjectName, a.Namespace,
-							ObjectName, a.Namespace, ObjectName, a.Namespace),
-						pulumi.String("--ca-configmap=" + CAConfigMapName),
-						pulumi.String("--token-audience=" + a.TokenAudience),
-						pulumi.String("--auth-policy=" + policyMountPath + "/" + PolicyKey),
-					}, a.listArgs()...),
-					Env: corev1.EnvVarArray{corev1.EnvVarArgs{
-						Name: pulumi.String("POD_NAMESPACE"),
-						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
-							FieldPath: pulumi.String("metadata.namespace"),
-						}},
-					}, corev1.EnvVarArgs{
-						Name: pulumi.String("POD_NAME"),
-						ValueFrom: corev1.EnvVarSourceArgs{FieldRef: corev1.ObjectFieldSelectorArgs{
-							FieldPath: pulumi.String("metadata.name"),
-						}},
-					}},
-					Ports: corev1.ContainerPortArray{
-						corev1.ContainerPortArgs{Name: pulumi.String("grpc"), ContainerPort: pulumi.Int(a.GRPCPort)},
-						corev1.ContainerPortArgs{Name: pulumi.String("metrics"), ContainerPort: pulumi.Int(a.MetricsPort)},
-					},
-					StartupProbe:   probe("", 2, 30),
-					ReadinessProbe: probe(ReadinessService, 2, 2),
-					LivenessProbe:  probe("", 10, 3),
-					Resources: corev1.ResourceRequirementsArgs{
-						Requests: pulumi.StringMap{"cpu": pulumi.String(a.CPU), "memory": pulumi.String(a.Memory)},
-						Limits:   pulumi.StringMap{"memory": pulumi.String(a.Memory)},
-					},
-					SecurityContext: corev1.SecurityContextArgs{
-						RunAsNonRoot:             yes,
-						AllowPrivilegeEscalation: no,
-						ReadOnlyRootFilesystem:   yes,
-						Privileged:               no,
-						Capabilities:             corev1.CapabilitiesArgs{Drop: pulumi.StringArray{pulumi.String("ALL")}},
-						SeccompProfile:           corev1.SeccompProfileArgs{Type: pulumi.String("RuntimeDefault")},
-					},
-					VolumeMounts: corev1.VolumeMountArray{
-						corev1.VolumeMountArgs{Name: pulumi.String("sandbox-template"), MountPath: pulumi.String(templateMountPath), ReadOnly: yes},
-						corev1.VolumeMountArgs{Name: pulumi.String("policy"), MountPath: pulumi.String(policyMountPath), ReadOnly: yes},
-						corev1.VolumeMountArgs{Name: pulumi.String("tmp"), MountPath: pulumi.String("/tmp")},
-						corev1.VolumeMountArgs{Name: pulumi.String("state"), MountPath: pulumi.String(StateDir)},
-					},
-				}},
-				Volumes: corev1.VolumeArray{
-					corev1.VolumeArgs{
-						Name:      pulumi.String("sandbox-template"),
-						ConfigMap: corev1.ConfigMapVolumeSourceArgs{Name: pulumi.String(TemplateCMName)},
-					},
-					corev1.VolumeArgs{
-						Name:      pulumi.String("policy"),
-						ConfigMap: corev1.ConfigMapVolumeSourceArgs{Name: pulumi.String(PolicyCMName)},
-					},
-					corev1.VolumeArgs{
-						Name:     pulumi.String("tmp"),
-						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("64Mi")},
-					},
-					corev1.VolumeArgs{
-						Name:     pulumi.String("state"),
-						EmptyDir: corev1.EmptyDirVolumeSourceArgs{SizeLimit: pulumi.String("16Mi")},
-					},
-				},
-				ImagePullSecrets: pullSecrets(a.ImagePullSecrets),
-			},
-		},
-	}
 }
 
 // ReadinessService is the gRPC health service the manager's readiness probe asks for: the

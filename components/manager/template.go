@@ -25,9 +25,8 @@ type SandboxTemplate struct {
 	// and limit (default "2Gi").
 	CPU, Memory string
 	// CPULimit, when set, is a CFS quota (limits.cpu) of at least CPU. Empty (the default):
-	// none, because a quota stops a sandbox for the rest of a 100 ms period once a burst of
-	// gVisor's host threads has used it, a first call's or a short command's p99-sized stall
-	// (docs/performance.md, "CPU limits"; the same default as fusebox local up's).
+	// none, because a quota stalls a sandbox once a burst of gVisor's host threads has used
+	// it (see docs/performance.md; the same default as fusebox local up's).
 	CPULimit string
 	// EphemeralStorage caps the workspace (default "10Gi").
 	EphemeralStorage string

@@ -73,40 +73,22 @@ type Result struct {
 	Outputs map[string]any
 }
 
-// Run performs op on the stack.
+// Run performs op on the stack: it reads the project and the stack file, checks the cluster
+// before an up, points the pinned Pulumi CLI at the state backend, selects the stack in a
+// temporary working directory holding a copy of the stack file, and runs op there.
 func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	if o.Stack == "" || o.RepoDir == "" || o.Tools == "" {
 		return Result{}, errors.New("deploy: Stack, RepoDir and Tools are required")
 	}
-	stackFile := filepath.Join(o.RepoDir, "stacks", "Pulumi."+o.Stack+".yaml")
-	if _, err := os.Stat(stackFile); err != nil {
-		return Result{}, fmt.Errorf("stack %q: %w (stacks live in %s)", o.Stack, err, filepath.Join(o.RepoDir, "stacks"))
-	}
-	proj, err := loadProject(filepath.Join(o.RepoDir, "infra", "Pulumi.yaml"))
+	stackFile, proj, err := o.project()
 	if err != nil {
 		return Result{}, err
 	}
-	// Inline programs have no main, and the CLI reads the stack file from the (temporary)
-	// project directory: a copy of the reviewed file in stacks/, never written back.
-	proj.Main, proj.StackConfigDir = "", ""
 	if op == Up && o.RenderDir == "" {
 		// Before the CLI or the provider touch anything: refuse a cluster that cannot take
 		// the stack, naming the setting.
-		c, err := infra.LoadStackFile(stackFile, o.Stack)
-		if err != nil {
+		if err := o.preflight(ctx, stackFile); err != nil {
 			return Result{}, err
-		}
-		cl := o.Cluster
-		if cl == nil {
-			cs, err := kubeClient(o.Env["KUBECONFIG"])
-			if err != nil {
-				return Result{}, fmt.Errorf("preflight of %s: %w", o.Stack, err)
-			}
-			fc := preflight.FromClients(cs)
-			cl = &fc
-		}
-		if err := preflight.Check(ctx, c.Preflight(o.Stack), *cl); err != nil {
-			return Result{}, fmt.Errorf("up of %s: %w", o.Stack, err)
 		}
 	}
 	cmd, err := auto.NewPulumiCommand(&auto.PulumiCommandOptions{Root: o.Tools, Version: semver.MustParse(CLIVersion)})
@@ -116,13 +98,72 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	if o.RenderDir != "" && op != Up {
 		return Result{}, fmt.Errorf("deploy: rendering manifests (RenderDir) is an up without a cluster; not for %s", op)
 	}
-	backend := o.Backend
+	backend, cleanup, err := o.backend()
+	if err != nil {
+		return Result{}, err
+	}
+	defer cleanup()
+	work, err := os.MkdirTemp("", "fusebox-pulumi-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(work)
+	stack, err := o.selectStack(ctx, stackFile, proj, work, cmd, o.cliEnv(backend))
+	if err != nil {
+		return Result{}, err
+	}
+	return o.run(ctx, op, stack)
+}
+
+// project returns the stack file and the project settings of an inline program: no main,
+// and the stack file read from the (temporary) project directory, a copy of the reviewed
+// file in stacks/, never written back.
+func (o Options) project() (string, workspace.Project, error) {
+	stackFile := filepath.Join(o.RepoDir, "stacks", "Pulumi."+o.Stack+".yaml")
+	if _, err := os.Stat(stackFile); err != nil {
+		return "", workspace.Project{}, fmt.Errorf("stack %q: %w (stacks live in %s)", o.Stack, err, filepath.Join(o.RepoDir, "stacks"))
+	}
+	proj, err := loadProject(filepath.Join(o.RepoDir, "infra", "Pulumi.yaml"))
+	if err != nil {
+		return "", workspace.Project{}, err
+	}
+	proj.Main, proj.StackConfigDir = "", ""
+	return stackFile, proj, nil
+}
+
+// preflight checks the cluster (o.Cluster, else $KUBECONFIG's) against the stack file.
+func (o Options) preflight(ctx context.Context, stackFile string) error {
+	c, err := infra.LoadStackFile(stackFile, o.Stack)
+	if err != nil {
+		return err
+	}
+	cl := o.Cluster
+	if cl == nil {
+		cs, err := kubeClient(o.Env["KUBECONFIG"])
+		if err != nil {
+			return fmt.Errorf("preflight of %s: %w", o.Stack, err)
+		}
+		fc := preflight.FromClients(cs)
+		cl = &fc
+	}
+	if err := preflight.Check(ctx, c.Preflight(o.Stack), *cl); err != nil {
+		return fmt.Errorf("up of %s: %w", o.Stack, err)
+	}
+	return nil
+}
+
+// backend is the state backend URL: a throwaway one when rendering (cleanup removes it),
+// else Backend, $PULUMI_BACKEND_URL or ~/.fusebox/pulumi-state. The directory of a file
+// backend is created: the CLI refuses one that does not exist.
+func (o Options) backend() (backend string, cleanup func(), err error) {
+	cleanup = func() {}
+	backend = o.Backend
 	if o.RenderDir != "" {
 		state, err := os.MkdirTemp("", "fusebox-render-state-")
 		if err != nil {
-			return Result{}, err
+			return "", cleanup, err
 		}
-		defer os.RemoveAll(state)
+		cleanup = func() { os.RemoveAll(state) }
 		backend = "file://" + state
 	}
 	if backend == "" {
@@ -132,13 +173,17 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		home, _ := os.UserHomeDir()
 		backend = "file://" + filepath.Join(home, ".fusebox", "pulumi-state")
 	}
-	// The CLI refuses a file backend whose directory does not exist: create it, for the
-	// default and for --backend / $PULUMI_BACKEND_URL alike.
 	if dir, ok := fileBackendDir(backend); ok {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return Result{}, fmt.Errorf("creating the state directory of backend %s: %w", backend, err)
+			return "", cleanup, fmt.Errorf("creating the state directory of backend %s: %w", backend, err)
 		}
 	}
+	return backend, cleanup, nil
+}
+
+// cliEnv is the Pulumi CLI's environment: the tools' plugins only, no update check, an empty
+// passphrase unless one is given (no secrets in fusebox's stack files), then Env.
+func (o Options) cliEnv(backend string) map[string]string {
 	env := map[string]string{
 		"PULUMI_HOME":                                 filepath.Join(o.Tools, "home"),
 		"PULUMI_BACKEND_URL":                          backend,
@@ -147,40 +192,47 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 	}
 	if _, ok := os.LookupEnv("PULUMI_CONFIG_PASSPHRASE"); !ok {
 		if _, ok := os.LookupEnv("PULUMI_CONFIG_PASSPHRASE_FILE"); !ok {
-			env["PULUMI_CONFIG_PASSPHRASE"] = "" // no secrets in fusebox's stack files
+			env["PULUMI_CONFIG_PASSPHRASE"] = ""
 		}
 	}
 	for k, v := range o.Env {
 		env[k] = v
 	}
-	work, err := os.MkdirTemp("", "fusebox-pulumi-")
-	if err != nil {
-		return Result{}, err
-	}
-	defer os.RemoveAll(work)
+	return env
+}
+
+// selectStack copies the stack file into work and selects (or creates) the stack there, with
+// infra.Program as its inline program; when rendering, it points the stack's Kubernetes
+// provider at RenderDir.
+func (o Options) selectStack(ctx context.Context, stackFile string, proj workspace.Project, work string, cmd auto.PulumiCommand, env map[string]string) (auto.Stack, error) {
 	cfg, err := os.ReadFile(stackFile)
 	if err != nil {
-		return Result{}, err
+		return auto.Stack{}, err
 	}
 	if err := os.WriteFile(filepath.Join(work, "Pulumi."+o.Stack+".yaml"), cfg, 0o600); err != nil {
-		return Result{}, err
+		return auto.Stack{}, err
 	}
 	stack, err := auto.UpsertStackInlineSource(ctx, o.Stack, proj.Name.String(), infra.Program,
 		auto.Project(proj), auto.WorkDir(work), auto.Pulumi(cmd), auto.EnvVars(env))
 	if err != nil {
-		return Result{}, fmt.Errorf("selecting stack %s: %w", o.Stack, err)
+		return auto.Stack{}, fmt.Errorf("selecting stack %s: %w", o.Stack, err)
 	}
 	if o.RenderDir != "" {
 		dir, err := filepath.Abs(o.RenderDir)
 		if err != nil {
-			return Result{}, err
+			return auto.Stack{}, err
 		}
 		// The default Kubernetes provider reads kubernetes:* from the stack's configuration
 		// (the temporary copy, not the reviewed file).
 		if err := stack.SetConfig(ctx, "kubernetes:renderYamlToDirectory", auto.ConfigValue{Value: dir}); err != nil {
-			return Result{}, fmt.Errorf("configuring the Kubernetes provider to render into %s: %w", dir, err)
+			return auto.Stack{}, fmt.Errorf("configuring the Kubernetes provider to render into %s: %w", dir, err)
 		}
 	}
+	return stack, nil
+}
+
+// run performs op on the selected stack and reports its changes and, for up, its outputs.
+func (o Options) run(ctx context.Context, op Op, stack auto.Stack) (Result, error) {
 	progress := o.Progress
 	if progress == nil {
 		progress = io.Discard
@@ -198,12 +250,7 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("up of %s: %w", o.Stack, err)
 		}
-		if r.Summary.ResourceChanges != nil {
-			res.Changes = map[string]int{}
-			for k, v := range *r.Summary.ResourceChanges {
-				res.Changes[k] = v
-			}
-		}
+		res.Changes = summary(r.Summary.ResourceChanges)
 		res.Outputs = map[string]any{}
 		for k, v := range r.Outputs {
 			res.Outputs[k] = v.Value
@@ -213,16 +260,23 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("destroy of %s: %w", o.Stack, err)
 		}
-		if r.Summary.ResourceChanges != nil {
-			res.Changes = map[string]int{}
-			for k, v := range *r.Summary.ResourceChanges {
-				res.Changes[k] = v
-			}
-		}
+		res.Changes = summary(r.Summary.ResourceChanges)
 	default:
 		return Result{}, fmt.Errorf("deploy: unknown operation %q", op)
 	}
 	return res, nil
+}
+
+// summary copies an update's resource changes (nil when it reports none).
+func summary(m *map[string]int) map[string]int {
+	if m == nil {
+		return nil
+	}
+	out := map[string]int{}
+	for k, v := range *m {
+		out[k] = v
+	}
+	return out
 }
 
 // kubeClient is a client of the cluster of kubeconfig (a path list as in $KUBECONFIG; empty:

@@ -63,55 +63,87 @@ const (
 // failed read is returned as it is.
 func Check(ctx context.Context, s Stack, c Cluster) error {
 	var problems []string
-	refuse := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	file := "stacks/Pulumi." + s.Name + ".yaml"
-
-	// gVisor: GKE brings it with GKE Sandbox; elsewhere the stack creates the RuntimeClass.
-	if s.Cloud == components.GKE {
-		h, err := c.RuntimeClass(ctx, components.RuntimeClassName)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			refuse("the cluster lacks gVisor: RuntimeClass %q not found. Enable GKE Sandbox: add a node pool with `gcloud container node-pools create fusebox-sandbox --cluster CLUSTER --sandbox type=gvisor` (fusebox:cloud gke in %s)", components.RuntimeClassName, file)
-		case err != nil:
-			return fmt.Errorf("reading RuntimeClass %s: %w", components.RuntimeClassName, err)
-		case h != "gvisor":
-			refuse("RuntimeClass %q has handler %q, not GKE Sandbox's \"gvisor\": it is not GKE Sandbox's; remove it and enable GKE Sandbox", components.RuntimeClassName, h)
+	for _, check := range []func(context.Context, Stack, Cluster) ([]string, error){
+		gvisorProblems, flavourProblems, namespaceProblems,
+	} {
+		p, err := check(ctx, s, c)
+		if err != nil {
+			return err
 		}
+		problems = append(problems, p...)
 	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w (nothing was changed):\n  - %s", ErrRefused, strings.Join(problems, "\n  - "))
+	}
+	return nil
+}
 
+// file names the stack's file in messages.
+func (s Stack) file() string { return "stacks/Pulumi." + s.Name + ".yaml" }
+
+// gvisorProblems: GKE brings gVisor with GKE Sandbox, whose RuntimeClass must be there;
+// elsewhere the stack creates the RuntimeClass.
+func gvisorProblems(ctx context.Context, s Stack, c Cluster) ([]string, error) {
+	if s.Cloud != components.GKE {
+		return nil, nil
+	}
+	h, err := c.RuntimeClass(ctx, components.RuntimeClassName)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return []string{fmt.Sprintf("the cluster lacks gVisor: RuntimeClass %q not found. Enable GKE Sandbox: add a node pool with `gcloud container node-pools create fusebox-sandbox --cluster CLUSTER --sandbox type=gvisor` (fusebox:cloud gke in %s)", components.RuntimeClassName, s.file())}, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading RuntimeClass %s: %w", components.RuntimeClassName, err)
+	case h != "gvisor":
+		return []string{fmt.Sprintf("RuntimeClass %q has handler %q, not GKE Sandbox's \"gvisor\": it is not GKE Sandbox's; remove it and enable GKE Sandbox", components.RuntimeClassName, h)}, nil
+	}
+	return nil, nil
+}
+
+// flavourProblems: the network policy flavour's kinds are served and, on a Cilium the
+// stack does not install, its configuration suits FQDN policies and gVisor.
+func flavourProblems(ctx context.Context, s Stack, c Cluster) ([]string, error) {
 	switch s.Flavour {
 	case sandboxnet.GKE:
 		ok, err := c.Served(ctx, "networking.gke.io", "v1alpha1", "fqdnnetworkpolicies")
 		if err != nil {
-			return fmt.Errorf("discovering FQDNNetworkPolicy: %w", err)
+			return nil, fmt.Errorf("discovering FQDNNetworkPolicy: %w", err)
 		}
 		if !ok {
-			refuse("the cluster lacks FQDN support: FQDNNetworkPolicy (networking.gke.io/v1alpha1) is not served. Enable it with `gcloud container clusters update CLUSTER --enable-fqdn-network-policy` (GKE Dataplane V2) (fusebox:networkPolicy gke in %s)", file)
+			return []string{fmt.Sprintf("the cluster lacks FQDN support: FQDNNetworkPolicy (networking.gke.io/v1alpha1) is not served. Enable it with `gcloud container clusters update CLUSTER --enable-fqdn-network-policy` (GKE Dataplane V2) (fusebox:networkPolicy gke in %s)", s.file())}, nil
 		}
 	case sandboxnet.Cilium:
 		if s.CiliumInstall {
-			break // the stack installs Cilium with the values gVisor needs
+			return nil, nil // the stack installs Cilium with the values gVisor needs
 		}
-		ok, err := c.Served(ctx, "cilium.io", "v2", "ciliumnetworkpolicies")
-		if err != nil {
-			return fmt.Errorf("discovering CiliumNetworkPolicy: %w", err)
-		}
-		if !ok {
-			refuse("the cluster runs no Cilium: CiliumNetworkPolicy (cilium.io/v2) is not served. Set fusebox:cilium.install: true, or fusebox:networkPolicy: kubernetes (egress allowlists of IP addresses only) in %s", file)
-			break
-		}
-		cfg, err := c.ConfigMap(ctx, CiliumConfigNamespace, CiliumConfigName)
-		if errors.Is(err, ErrNotFound) {
-			refuse("Cilium's configuration %s/%s not found: cannot check its FQDN support and socketLB.hostNamespaceOnly", CiliumConfigNamespace, CiliumConfigName)
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("reading %s/%s: %w", CiliumConfigNamespace, CiliumConfigName, err)
-		}
-		problems = append(problems, ciliumProblems(s, cfg)...)
+		return existingCiliumProblems(ctx, s, c)
 	}
+	return nil, nil
+}
 
-	// Namespaces made beforehand, and the image pull secrets in them.
+// existingCiliumProblems: the cluster's own Cilium serves CiliumNetworkPolicy and its
+// configuration is readable and fit (ciliumProblems).
+func existingCiliumProblems(ctx context.Context, s Stack, c Cluster) ([]string, error) {
+	ok, err := c.Served(ctx, "cilium.io", "v2", "ciliumnetworkpolicies")
+	if err != nil {
+		return nil, fmt.Errorf("discovering CiliumNetworkPolicy: %w", err)
+	}
+	if !ok {
+		return []string{fmt.Sprintf("the cluster runs no Cilium: CiliumNetworkPolicy (cilium.io/v2) is not served. Set fusebox:cilium.install: true, or fusebox:networkPolicy: kubernetes (egress allowlists of IP addresses only) in %s", s.file())}, nil
+	}
+	cfg, err := c.ConfigMap(ctx, CiliumConfigNamespace, CiliumConfigName)
+	if errors.Is(err, ErrNotFound) {
+		return []string{fmt.Sprintf("Cilium's configuration %s/%s not found: cannot check its FQDN support and socketLB.hostNamespaceOnly", CiliumConfigNamespace, CiliumConfigName)}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s/%s: %w", CiliumConfigNamespace, CiliumConfigName, err)
+	}
+	return ciliumProblems(s, cfg), nil
+}
+
+// namespaceProblems: namespaces made beforehand exist, and the image pull secrets are in
+// every namespace that pulls with them.
+func namespaceProblems(ctx context.Context, s Stack, c Cluster) ([]string, error) {
+	var problems []string
 	namespaces := []string{s.ManagerNamespace, s.SandboxNamespace}
 	if s.InstallerNamespace != "" && len(s.ImagePullSecrets) > 0 {
 		namespaces = append(namespaces, s.InstallerNamespace)
@@ -123,32 +155,40 @@ func Check(ctx context.Context, s Stack, c Cluster) error {
 		}
 		exists, err := c.Namespace(ctx, ns)
 		if err != nil {
-			return fmt.Errorf("reading namespace %s: %w", ns, err)
+			return nil, fmt.Errorf("reading namespace %s: %w", ns, err)
 		}
 		switch {
 		case !exists && ours:
-			refuse("fusebox:imagePullSecrets %v must exist in namespace %s, which does not exist yet: create the namespaces %s and %s and the Secrets in both, then set fusebox:namespaces.create: false in %s", s.ImagePullSecrets, ns, s.ManagerNamespace, s.SandboxNamespace, file)
+			problems = append(problems, fmt.Sprintf("fusebox:imagePullSecrets %v must exist in namespace %s, which does not exist yet: create the namespaces %s and %s and the Secrets in both, then set fusebox:namespaces.create: false in %s", s.ImagePullSecrets, ns, s.ManagerNamespace, s.SandboxNamespace, s.file()))
 			continue
 		case !exists:
-			refuse("namespace %s does not exist (fusebox:namespaces.create is false in %s: create it first)", ns, file)
+			problems = append(problems, fmt.Sprintf("namespace %s does not exist (fusebox:namespaces.create is false in %s: create it first)", ns, s.file()))
 			continue
 		}
-		for _, name := range s.ImagePullSecrets {
-			typ, err := c.SecretType(ctx, ns, name)
-			switch {
-			case errors.Is(err, ErrNotFound):
-				refuse("fusebox:imagePullSecrets: Secret %s/%s does not exist: create it with `kubectl -n %s create secret docker-registry %s --docker-server=REGISTRY --docker-username=USER --docker-password=...`", ns, name, ns, name)
-			case err != nil:
-				return fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
-			case typ != "kubernetes.io/dockerconfigjson" && typ != "kubernetes.io/dockercfg":
-				refuse("fusebox:imagePullSecrets: Secret %s/%s has type %s, want kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)", ns, name, typ)
-			}
+		p, err := pullSecretProblems(ctx, s, c, ns)
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, p...)
+	}
+	return problems, nil
+}
+
+// pullSecretProblems: each image pull secret exists in ns and is a registry credential.
+func pullSecretProblems(ctx context.Context, s Stack, c Cluster, ns string) ([]string, error) {
+	var problems []string
+	for _, name := range s.ImagePullSecrets {
+		typ, err := c.SecretType(ctx, ns, name)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			problems = append(problems, fmt.Sprintf("fusebox:imagePullSecrets: Secret %s/%s does not exist: create it with `kubectl -n %s create secret docker-registry %s --docker-server=REGISTRY --docker-username=USER --docker-password=...`", ns, name, ns, name))
+		case err != nil:
+			return nil, fmt.Errorf("reading Secret %s/%s: %w", ns, name, err)
+		case typ != "kubernetes.io/dockerconfigjson" && typ != "kubernetes.io/dockercfg":
+			problems = append(problems, fmt.Sprintf("fusebox:imagePullSecrets: Secret %s/%s has type %s, want kubernetes.io/dockerconfigjson (kubectl create secret docker-registry)", ns, name, typ))
 		}
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("%w (nothing was changed):\n  - %s", ErrRefused, strings.Join(problems, "\n  - "))
-	}
-	return nil
+	return problems, nil
 }
 
 // ciliumProblems checks an existing Cilium's configuration: FQDN policies (toFQDNs) need its

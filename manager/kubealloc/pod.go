@@ -126,56 +126,19 @@ type PodSpec struct {
 // therefore means "init endpoint accepts connections"). Pods are single-use: restartPolicy
 // Never.
 func BuildPod(s PodSpec) *corev1.Pod {
-	t := s.Template
-	def := DefaultTemplate(t.Image)
-	if t.Requests == nil {
-		t.Requests = def.Requests
-	}
-	if t.Limits == nil {
-		t.Limits = def.Limits
-	}
-	if t.WorkspaceSize.IsZero() {
-		t.WorkspaceSize = def.WorkspaceSize
-	}
-	no, yes := false, true
-	uid := SandboxUID
-	args := append([]string{
-		"-init-listen=tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
-		"-data-listen=tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
-		"-workspace=/workspace",
-		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
-	}, t.ServerArgs...)
-	size := t.WorkspaceSize
+	t := s.Template.withDefaults()
 	pool := s.Pool
 	if t.Pool != nil {
 		pool = *t.Pool
 	}
-	labels := maps.Clone(t.Labels)
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	maps.Copy(labels, map[string]string{
-		LabelApp:       AppName,
-		LabelTemplate:  s.TemplateName,
-		LabelSandboxID: s.ID,
-	})
-	annotations := maps.Clone(t.Annotations)
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
-	annotations[AnnotationState] = StateReady
-	var pull []corev1.LocalObjectReference
-	for _, n := range append(slices.Clone(s.ImagePullSecrets), t.ImagePullSecrets...) {
-		if !slices.Contains(pull, corev1.LocalObjectReference{Name: n}) {
-			pull = append(pull, corev1.LocalObjectReference{Name: n})
-		}
-	}
+	no, yes := false, true
+	uid := SandboxUID
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        s.ID,
 			Namespace:   s.Namespace,
-			Labels:      labels,
-			Annotations: annotations,
+			Labels:      s.labels(),
+			Annotations: s.annotations(),
 		},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:             &s.RuntimeClassName,
@@ -185,7 +148,7 @@ func BuildPod(s PodSpec) *corev1.Pod {
 			NodeName:                     s.NodeName,
 			NodeSelector:                 maps.Clone(pool.NodeSelector),
 			Tolerations:                  slices.Clone(pool.Tolerations),
-			ImagePullSecrets:             pull,
+			ImagePullSecrets:             s.pullSecrets(),
 			HostNetwork:                  false,
 			HostPID:                      false,
 			HostIPC:                      false,
@@ -196,37 +159,108 @@ func BuildPod(s PodSpec) *corev1.Pod {
 				FSGroup:        &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
-			Containers: []corev1.Container{{
-				Name:  "sandbox",
-				Image: t.Image,
-				Args:  args,
-				Ports: []corev1.ContainerPort{
-					{Name: "init", ContainerPort: InitPort, Protocol: corev1.ProtocolTCP},
-					{Name: "data", ContainerPort: DataPort, Protocol: corev1.ProtocolTCP},
-				},
-				Resources: corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
-				SecurityContext: &corev1.SecurityContext{
-					RunAsNonRoot:             &yes,
-					RunAsUser:                &uid,
-					AllowPrivilegeEscalation: &no,
-					Privileged:               &no,
-					ReadOnlyRootFilesystem:   &yes,
-					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				},
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("init")}},
-					PeriodSeconds: 1,
-				},
-				VolumeMounts: []corev1.VolumeMount{{Name: "workspace", MountPath: "/workspace"}},
-			}},
-			Volumes: []corev1.Volume{{
-				Name: "workspace",
-				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
-					Medium: corev1.StorageMediumMemory, SizeLimit: &size,
-				}},
-			}},
+			Containers: []corev1.Container{sandboxContainer(t)},
+			Volumes:    []corev1.Volume{workspaceVolume(t.WorkspaceSize)},
 		},
+	}
+}
+
+// withDefaults is t with DefaultTemplate's requests, limits and workspace size where t has
+// none.
+func (t Template) withDefaults() Template {
+	def := DefaultTemplate(t.Image)
+	if t.Requests == nil {
+		t.Requests = def.Requests
+	}
+	if t.Limits == nil {
+		t.Limits = def.Limits
+	}
+	if t.WorkspaceSize.IsZero() {
+		t.WorkspaceSize = def.WorkspaceSize
+	}
+	return t
+}
+
+// labels are the template's labels under the allocator's own.
+func (s PodSpec) labels() map[string]string {
+	labels := maps.Clone(s.Template.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, map[string]string{
+		LabelApp:       AppName,
+		LabelTemplate:  s.TemplateName,
+		LabelSandboxID: s.ID,
+	})
+	return labels
+}
+
+// annotations are the template's annotations with the pod's state: ready (warm).
+func (s PodSpec) annotations() map[string]string {
+	annotations := maps.Clone(s.Template.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[AnnotationState] = StateReady
+	return annotations
+}
+
+// pullSecrets are the spec's image pull secrets, then the template's, each once.
+func (s PodSpec) pullSecrets() []corev1.LocalObjectReference {
+	var pull []corev1.LocalObjectReference
+	for _, n := range append(slices.Clone(s.ImagePullSecrets), s.Template.ImagePullSecrets...) {
+		if !slices.Contains(pull, corev1.LocalObjectReference{Name: n}) {
+			pull = append(pull, corev1.LocalObjectReference{Name: n})
+		}
+	}
+	return pull
+}
+
+// sandboxContainer runs the sandbox server on the init and data ports, non-root with every
+// capability dropped and a read-only root filesystem, Ready once its init port accepts
+// connections; the template's server args come last and so override the allocator's.
+func sandboxContainer(t Template) corev1.Container {
+	no, yes := false, true
+	uid := SandboxUID
+	args := append([]string{
+		"-init-listen=tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
+		"-data-listen=tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
+		"-workspace=/workspace",
+		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
+	}, t.ServerArgs...)
+	return corev1.Container{
+		Name:  "sandbox",
+		Image: t.Image,
+		Args:  args,
+		Ports: []corev1.ContainerPort{
+			{Name: "init", ContainerPort: InitPort, Protocol: corev1.ProtocolTCP},
+			{Name: "data", ContainerPort: DataPort, Protocol: corev1.ProtocolTCP},
+		},
+		Resources: corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             &yes,
+			RunAsUser:                &uid,
+			AllowPrivilegeEscalation: &no,
+			Privileged:               &no,
+			ReadOnlyRootFilesystem:   &yes,
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("init")}},
+			PeriodSeconds: 1,
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: "workspace", MountPath: "/workspace"}},
+	}
+}
+
+// workspaceVolume is the memory-backed workspace of size (counted against the memory limit).
+func workspaceVolume(size resource.Quantity) corev1.Volume {
+	return corev1.Volume{
+		Name: "workspace",
+		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			Medium: corev1.StorageMediumMemory, SizeLimit: &size,
+		}},
 	}
 }
 

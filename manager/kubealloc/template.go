@@ -43,102 +43,20 @@ func ParseTemplate(data []byte) (Template, error) {
 // grant nothing (probes, enableServiceLinks, dnsPolicy, ...) are ignored: BuildPod sets its
 // own.
 func TemplateFromPod(p *corev1.Pod) (Template, error) {
-	refuse := func(field, format string, args ...any) (Template, error) {
-		return Template{}, fmt.Errorf("%w: %s: %s", ErrTemplate, field, fmt.Sprintf(format, args...))
-	}
-	s := p.Spec
-	switch {
-	case s.RuntimeClassName != nil && *s.RuntimeClassName != RuntimeClassGVisor:
-		return refuse("spec.runtimeClassName", "%q; sandbox pods run only under %q", *s.RuntimeClassName, RuntimeClassGVisor)
-	case s.AutomountServiceAccountToken != nil && *s.AutomountServiceAccountToken:
-		return refuse("spec.automountServiceAccountToken", "true; sandbox pods get no service-account token")
-	case s.HostNetwork || s.HostPID || s.HostIPC:
-		return refuse("spec.hostNetwork/hostPID/hostIPC", "set; sandbox pods share no host namespace")
-	case len(s.Volumes) > 0:
-		return refuse("spec.volumes", "%d volumes; a sandbox pod has only its workspace", len(s.Volumes))
-	case len(s.InitContainers) > 0 || len(s.EphemeralContainers) > 0:
-		return refuse("spec.initContainers", "set; a sandbox pod runs only the sandbox server")
-	case len(s.Containers) != 1:
-		return refuse("spec.containers", "%d containers, want exactly one (the sandbox server)", len(s.Containers))
-	case s.RestartPolicy != "" && s.RestartPolicy != corev1.RestartPolicyNever:
-		return refuse("spec.restartPolicy", "%s; sandbox pods are single-use (Never)", s.RestartPolicy)
-	case s.NodeName != "":
-		return refuse("spec.nodeName", "set; sandbox pods are placed by nodeSelector and tolerations")
-	case s.ServiceAccountName != "" || s.DeprecatedServiceAccount != "":
-		return refuse("spec.serviceAccountName", "set; sandbox pods use no service account")
-	}
-	if sc := s.SecurityContext; sc != nil {
-		if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
-			return refuse("spec.securityContext."+f, "%s", why)
-		}
-		switch {
-		case sc.FSGroup != nil && *sc.FSGroup != SandboxUID:
-			return refuse("spec.securityContext.fsGroup", "%d; the workspace belongs to group %d", *sc.FSGroup, SandboxUID)
-		case len(sc.Sysctls) > 0:
-			return refuse("spec.securityContext.sysctls", "set; sandbox pods change no sysctl")
+	for _, check := range []func(*corev1.Pod) (field, why string){
+		checkPodSpec, checkPodSecurity, checkContainer, checkContainerSecurity, checkPorts,
+	} {
+		if f, why := check(p); f != "" {
+			return Template{}, refusal(f, why)
 		}
 	}
-	c := s.Containers[0]
-	field := func(f string) string { return "spec.containers[0]." + f }
-	if c.Image == "" {
-		return refuse(field("image"), "empty")
-	}
-	if len(c.Command) > 0 {
-		return refuse(field("command"), "set; the image's entrypoint is the sandbox server")
-	}
-	if len(c.VolumeMounts) > 0 || len(c.VolumeDevices) > 0 {
-		return refuse(field("volumeMounts"), "set; a sandbox pod has only its workspace")
-	}
-	if sc := c.SecurityContext; sc != nil {
-		switch {
-		case sc.Privileged != nil && *sc.Privileged:
-			return refuse(field("securityContext.privileged"), "true; sandbox pods are never privileged")
-		case sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation:
-			return refuse(field("securityContext.allowPrivilegeEscalation"), "true; sandbox pods cannot gain privileges")
-		case sc.ReadOnlyRootFilesystem != nil && !*sc.ReadOnlyRootFilesystem:
-			return refuse(field("securityContext.readOnlyRootFilesystem"), "false; the root filesystem is read-only (the workspace is writable)")
-		case sc.Capabilities != nil && len(sc.Capabilities.Add) > 0:
-			return refuse(field("securityContext.capabilities.add"), "%v; sandbox pods drop every capability", sc.Capabilities.Add)
-		case sc.Capabilities != nil && len(sc.Capabilities.Drop) > 0 && !slices.Contains(sc.Capabilities.Drop, "ALL"):
-			return refuse(field("securityContext.capabilities.drop"), "%v; sandbox pods drop ALL", sc.Capabilities.Drop)
-		case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
-			return refuse(field("securityContext.procMount"), "%s; sandbox pods use the default", *sc.ProcMount)
-		}
-		if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
-			return refuse(field("securityContext."+f), "%s", why)
-		}
-	}
-	want := map[string]int32{"init": InitPort, "data": DataPort}
-	for i, cp := range c.Ports {
-		f := field("ports[" + strconv.Itoa(i) + "]")
-		w, ok := want[cp.Name]
-		switch {
-		case !ok:
-			return refuse(f, "port %q (%d); a sandbox pod exposes only init %d and data %d", cp.Name, cp.ContainerPort, InitPort, DataPort)
-		case cp.ContainerPort != w:
-			return refuse(f, "%s is %d; the sandbox server's %s port is %d (the network policy and the endpoints use it)", cp.Name, cp.ContainerPort, cp.Name, w)
-		case cp.HostPort != 0 || cp.HostIP != "":
-			return refuse(f, "host port set; sandbox pods bind no host port")
-		case cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP:
-			return refuse(f, "protocol %s, want TCP", cp.Protocol)
-		}
-	}
+	c := p.Spec.Containers[0]
 	args, err := serverArgs(c.Args)
 	if err != nil {
-		return refuse(field("args"), "%v", err)
+		return Template{}, refusal(containerField("args"), err.Error())
 	}
-	for k, v := range p.Labels {
-		switch {
-		case k == LabelApp && v != AppName:
-			return refuse("metadata.labels", "%s=%s; sandbox pods are %s=%s (the informers and policies select them by it)", k, v, LabelApp, AppName)
-		case k == LabelTemplate || k == legacyLabelState || k == LabelSandboxID:
-			return refuse("metadata.labels", "%s is set by the allocator", k)
-		}
-	}
-	for k := range p.Annotations {
-		if strings.HasPrefix(k, internalAnnotationPrefix) {
-			return refuse("metadata.annotations", "%s is set by the allocator", k)
-		}
+	if f, why := checkMetadata(p); f != "" {
+		return Template{}, refusal(f, why)
 	}
 	t := Template{
 		Image:       c.Image,
@@ -148,9 +66,10 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		Labels:      maps.Clone(p.Labels),
 		Annotations: maps.Clone(p.Annotations),
 	}
+	s := p.Spec
 	for i, r := range s.ImagePullSecrets {
 		if r.Name == "" {
-			return refuse(fmt.Sprintf("spec.imagePullSecrets[%d].name", i), "empty")
+			return Template{}, refusal(fmt.Sprintf("spec.imagePullSecrets[%d].name", i), "empty")
 		}
 		t.ImagePullSecrets = append(t.ImagePullSecrets, r.Name)
 	}
@@ -158,6 +77,138 @@ func TemplateFromPod(p *corev1.Pod) (Template, error) {
 		t.Pool = &NodePool{NodeSelector: maps.Clone(s.NodeSelector), Tolerations: slices.Clone(s.Tolerations)}
 	}
 	return t, nil
+}
+
+// refusal is TemplateFromPod's error for field.
+func refusal(field, why string) error {
+	return fmt.Errorf("%w: %s: %s", ErrTemplate, field, why)
+}
+
+// containerField names a field of the sandbox container.
+func containerField(f string) string { return "spec.containers[0]." + f }
+
+// checkPodSpec returns the first field of the pod's spec that contradicts BuildPod or asks
+// for what it never grants, and why, or "".
+func checkPodSpec(p *corev1.Pod) (field, why string) {
+	s := p.Spec
+	switch {
+	case s.RuntimeClassName != nil && *s.RuntimeClassName != RuntimeClassGVisor:
+		return "spec.runtimeClassName", fmt.Sprintf("%q; sandbox pods run only under %q", *s.RuntimeClassName, RuntimeClassGVisor)
+	case s.AutomountServiceAccountToken != nil && *s.AutomountServiceAccountToken:
+		return "spec.automountServiceAccountToken", "true; sandbox pods get no service-account token"
+	case s.HostNetwork || s.HostPID || s.HostIPC:
+		return "spec.hostNetwork/hostPID/hostIPC", "set; sandbox pods share no host namespace"
+	case len(s.Volumes) > 0:
+		return "spec.volumes", fmt.Sprintf("%d volumes; a sandbox pod has only its workspace", len(s.Volumes))
+	case len(s.InitContainers) > 0 || len(s.EphemeralContainers) > 0:
+		return "spec.initContainers", "set; a sandbox pod runs only the sandbox server"
+	case len(s.Containers) != 1:
+		return "spec.containers", fmt.Sprintf("%d containers, want exactly one (the sandbox server)", len(s.Containers))
+	case s.RestartPolicy != "" && s.RestartPolicy != corev1.RestartPolicyNever:
+		return "spec.restartPolicy", fmt.Sprintf("%s; sandbox pods are single-use (Never)", s.RestartPolicy)
+	case s.NodeName != "":
+		return "spec.nodeName", "set; sandbox pods are placed by nodeSelector and tolerations"
+	case s.ServiceAccountName != "" || s.DeprecatedServiceAccount != "":
+		return "spec.serviceAccountName", "set; sandbox pods use no service account"
+	}
+	return "", ""
+}
+
+// checkPodSecurity checks the pod's security context.
+func checkPodSecurity(p *corev1.Pod) (field, why string) {
+	sc := p.Spec.SecurityContext
+	if sc == nil {
+		return "", ""
+	}
+	if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
+		return "spec.securityContext." + f, why
+	}
+	switch {
+	case sc.FSGroup != nil && *sc.FSGroup != SandboxUID:
+		return "spec.securityContext.fsGroup", fmt.Sprintf("%d; the workspace belongs to group %d", *sc.FSGroup, SandboxUID)
+	case len(sc.Sysctls) > 0:
+		return "spec.securityContext.sysctls", "set; sandbox pods change no sysctl"
+	}
+	return "", ""
+}
+
+// checkContainer checks the sandbox container's image, command and mounts.
+func checkContainer(p *corev1.Pod) (field, why string) {
+	c := p.Spec.Containers[0]
+	switch {
+	case c.Image == "":
+		return containerField("image"), "empty"
+	case len(c.Command) > 0:
+		return containerField("command"), "set; the image's entrypoint is the sandbox server"
+	case len(c.VolumeMounts) > 0 || len(c.VolumeDevices) > 0:
+		return containerField("volumeMounts"), "set; a sandbox pod has only its workspace"
+	}
+	return "", ""
+}
+
+// checkContainerSecurity checks the sandbox container's security context.
+func checkContainerSecurity(p *corev1.Pod) (field, why string) {
+	sc := p.Spec.Containers[0].SecurityContext
+	if sc == nil {
+		return "", ""
+	}
+	switch {
+	case sc.Privileged != nil && *sc.Privileged:
+		return containerField("securityContext.privileged"), "true; sandbox pods are never privileged"
+	case sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation:
+		return containerField("securityContext.allowPrivilegeEscalation"), "true; sandbox pods cannot gain privileges"
+	case sc.ReadOnlyRootFilesystem != nil && !*sc.ReadOnlyRootFilesystem:
+		return containerField("securityContext.readOnlyRootFilesystem"), "false; the root filesystem is read-only (the workspace is writable)"
+	case sc.Capabilities != nil && len(sc.Capabilities.Add) > 0:
+		return containerField("securityContext.capabilities.add"), fmt.Sprintf("%v; sandbox pods drop every capability", sc.Capabilities.Add)
+	case sc.Capabilities != nil && len(sc.Capabilities.Drop) > 0 && !slices.Contains(sc.Capabilities.Drop, "ALL"):
+		return containerField("securityContext.capabilities.drop"), fmt.Sprintf("%v; sandbox pods drop ALL", sc.Capabilities.Drop)
+	case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
+		return containerField("securityContext.procMount"), fmt.Sprintf("%s; sandbox pods use the default", *sc.ProcMount)
+	}
+	if f, why := identity(sc.RunAsNonRoot, sc.RunAsUser, sc.RunAsGroup, sc.SeccompProfile); f != "" {
+		return containerField("securityContext." + f), why
+	}
+	return "", ""
+}
+
+// checkPorts allows only the init and data ports, on their numbers, over TCP, with no host
+// port.
+func checkPorts(p *corev1.Pod) (field, why string) {
+	want := map[string]int32{"init": InitPort, "data": DataPort}
+	for i, cp := range p.Spec.Containers[0].Ports {
+		f := containerField("ports[" + strconv.Itoa(i) + "]")
+		w, ok := want[cp.Name]
+		switch {
+		case !ok:
+			return f, fmt.Sprintf("port %q (%d); a sandbox pod exposes only init %d and data %d", cp.Name, cp.ContainerPort, InitPort, DataPort)
+		case cp.ContainerPort != w:
+			return f, fmt.Sprintf("%s is %d; the sandbox server's %s port is %d (the network policy and the endpoints use it)", cp.Name, cp.ContainerPort, cp.Name, w)
+		case cp.HostPort != 0 || cp.HostIP != "":
+			return f, "host port set; sandbox pods bind no host port"
+		case cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP:
+			return f, fmt.Sprintf("protocol %s, want TCP", cp.Protocol)
+		}
+	}
+	return "", ""
+}
+
+// checkMetadata refuses labels and annotations the allocator sets, and another app label.
+func checkMetadata(p *corev1.Pod) (field, why string) {
+	for k, v := range p.Labels {
+		switch {
+		case k == LabelApp && v != AppName:
+			return "metadata.labels", fmt.Sprintf("%s=%s; sandbox pods are %s=%s (the informers and policies select them by it)", k, v, LabelApp, AppName)
+		case k == LabelTemplate || k == legacyLabelState || k == LabelSandboxID:
+			return "metadata.labels", fmt.Sprintf("%s is set by the allocator", k)
+		}
+	}
+	for k := range p.Annotations {
+		if strings.HasPrefix(k, internalAnnotationPrefix) {
+			return "metadata.annotations", fmt.Sprintf("%s is set by the allocator", k)
+		}
+	}
+	return "", ""
 }
 
 // identity checks the fields a pod's and a container's security context share: it returns

@@ -313,86 +313,117 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 	if id == "" {
 		return nil, fmt.Errorf("%w: empty sandbox id", ErrInvalid)
 	}
-	groups, err := groupAllowlist(allow)
+	groups, err := allowedGroups(f, allow)
 	if err != nil {
 		return nil, err
-	}
-	if !f.SupportsFQDN() {
-		for _, g := range groups {
-			if len(g.names) > 0 {
-				return nil, fmt.Errorf("%w: %q (allow its IP address instead, e.g. 192.0.2.10:%d)", ErrFQDNUnsupported, g.names[0].String(g.port), g.port)
-			}
-		}
 	}
 	if len(groups) == 0 {
 		return nil, nil
 	}
-	name := SandboxPolicyName(id)
-	labels := map[string]string{LabelPartOf: "fusebox", LabelApp: AppName, LabelSandboxID: id}
-	self := Selector{MatchLabels: map[string]string{LabelSandboxID: id}}
-	hasNames := slices.ContainsFunc(groups, func(g portGroup) bool { return len(g.names) > 0 })
-
-	if f == Cilium {
-		spec := &CiliumSpec{
-			Description:      "fusebox: sandbox " + id + ": exactly its allowlist",
-			EndpointSelector: self,
-		}
-		if hasNames {
-			var lookups []FQDNSelector
-			for _, g := range groups {
-				for _, h := range g.names {
-					if !slices.Contains(lookups, h.cilium()) {
-						lookups = append(lookups, h.cilium())
-					}
-				}
-			}
-			spec.Egress = append(spec.Egress, CiliumEgress{
-				ToEndpoints: []Selector{ciliumKubeDNS()},
-				ToPorts: []CiliumPortRule{{
-					Ports: []PortProtocol{{Port: "53", Protocol: "UDP"}, {Port: "53", Protocol: "TCP"}},
-					Rules: &L7Rules{DNS: lookups},
-				}},
-			})
-		}
-		var ips []netip.Addr
-		for _, g := range groups {
-			tp := ciliumTCP(g.port)
-			if len(g.names) > 0 {
-				var fq []FQDNSelector
-				for _, h := range g.names {
-					fq = append(fq, h.cilium())
-				}
-				spec.Egress = append(spec.Egress, CiliumEgress{ToFQDNs: fq, ToPorts: tp})
-			}
-			if len(g.ips) > 0 {
-				var cidrs []string
-				for _, a := range g.ips {
-					cidrs = append(cidrs, netip.PrefixFrom(a, a.BitLen()).String())
-					ips = append(ips, a)
-				}
-				spec.Egress = append(spec.Egress, CiliumEgress{ToCIDR: cidrs, ToPorts: tp})
-			}
-		}
-		var deny []CIDRRule
-		for _, c := range PrivateCIDRs {
-			p := netip.MustParsePrefix(c)
-			r := CIDRRule{CIDR: c}
-			for _, a := range ips {
-				if p.Contains(a) {
-					x := netip.PrefixFrom(a, a.BitLen()).String()
-					if !slices.Contains(r.Except, x) {
-						r.Except = append(r.Except, x)
-					}
-				}
-			}
-			deny = append(deny, r)
-		}
-		spec.EgressDeny = []CiliumEgressDeny{{ToCIDRSet: deny}}
-		return []Object{{APIVersion: CiliumAPIVersion, Kind: CiliumKind, Name: name, Labels: labels, Spec: spec}}, nil
+	p := sandboxPolicy{
+		id:     id,
+		name:   SandboxPolicyName(id),
+		labels: map[string]string{LabelPartOf: "fusebox", LabelApp: AppName, LabelSandboxID: id},
+		self:   Selector{MatchLabels: map[string]string{LabelSandboxID: id}},
+		groups: groups,
 	}
+	if f == Cilium {
+		return []Object{p.cilium()}, nil
+	}
+	return p.networkPolicies(), nil
+}
 
-	np := &NetworkPolicySpec{PodSelector: self, PolicyTypes: []string{"Egress"}}
-	if hasNames {
+// sandboxPolicy is one sandbox's allowlist, grouped by port, to render as its policies.
+type sandboxPolicy struct {
+	id, name string
+	labels   map[string]string
+	self     Selector // the sandbox's pod
+	groups   []portGroup
+}
+
+// hasNames reports whether the allowlist names any host (then the sandbox may look names
+// up).
+func (p sandboxPolicy) hasNames() bool {
+	return slices.ContainsFunc(p.groups, func(g portGroup) bool { return len(g.names) > 0 })
+}
+
+// cilium is the sandbox's CiliumNetworkPolicy: DNS for exactly the allowlisted names, the
+// names and addresses on their ports, and the private ranges denied except the allowlisted
+// addresses in them.
+func (p sandboxPolicy) cilium() Object {
+	spec := &CiliumSpec{
+		Description:      "fusebox: sandbox " + p.id + ": exactly its allowlist",
+		EndpointSelector: p.self,
+	}
+	if p.hasNames() {
+		spec.Egress = append(spec.Egress, p.ciliumDNS())
+	}
+	var ips []netip.Addr
+	for _, g := range p.groups {
+		tp := ciliumTCP(g.port)
+		if len(g.names) > 0 {
+			var fq []FQDNSelector
+			for _, h := range g.names {
+				fq = append(fq, h.cilium())
+			}
+			spec.Egress = append(spec.Egress, CiliumEgress{ToFQDNs: fq, ToPorts: tp})
+		}
+		if len(g.ips) > 0 {
+			var cidrs []string
+			for _, a := range g.ips {
+				cidrs = append(cidrs, netip.PrefixFrom(a, a.BitLen()).String())
+				ips = append(ips, a)
+			}
+			spec.Egress = append(spec.Egress, CiliumEgress{ToCIDR: cidrs, ToPorts: tp})
+		}
+	}
+	spec.EgressDeny = []CiliumEgressDeny{{ToCIDRSet: privateExcept(ips)}}
+	return Object{APIVersion: CiliumAPIVersion, Kind: CiliumKind, Name: p.name, Labels: p.labels, Spec: spec}
+}
+
+// ciliumDNS lets the sandbox ask kube-dns for exactly the allowlisted names.
+func (p sandboxPolicy) ciliumDNS() CiliumEgress {
+	var lookups []FQDNSelector
+	for _, g := range p.groups {
+		for _, h := range g.names {
+			if !slices.Contains(lookups, h.cilium()) {
+				lookups = append(lookups, h.cilium())
+			}
+		}
+	}
+	return CiliumEgress{
+		ToEndpoints: []Selector{ciliumKubeDNS()},
+		ToPorts: []CiliumPortRule{{
+			Ports: []PortProtocol{{Port: "53", Protocol: "UDP"}, {Port: "53", Protocol: "TCP"}},
+			Rules: &L7Rules{DNS: lookups},
+		}},
+	}
+}
+
+// privateExcept denies PrivateCIDRs, each except the addresses of ips in it.
+func privateExcept(ips []netip.Addr) []CIDRRule {
+	var deny []CIDRRule
+	for _, c := range PrivateCIDRs {
+		p := netip.MustParsePrefix(c)
+		r := CIDRRule{CIDR: c}
+		for _, a := range ips {
+			if p.Contains(a) {
+				x := netip.PrefixFrom(a, a.BitLen()).String()
+				if !slices.Contains(r.Except, x) {
+					r.Except = append(r.Except, x)
+				}
+			}
+		}
+		deny = append(deny, r)
+	}
+	return deny
+}
+
+// networkPolicies are the sandbox's NetworkPolicy (kube-dns when it names hosts, the
+// addresses on their ports) and, for names (GKE), its FQDNNetworkPolicy.
+func (p sandboxPolicy) networkPolicies() []Object {
+	np := &NetworkPolicySpec{PodSelector: p.self, PolicyTypes: []string{"Egress"}}
+	if p.hasNames() {
 		np.Egress = append(np.Egress, NetworkPolicyEgress{
 			To: []NetworkPolicyPeer{{
 				NamespaceSelector: &Selector{MatchLabels: map[string]string{namespaceNameLabel: "kube-system"}},
@@ -402,7 +433,7 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 		})
 	}
 	var fqdn *FQDNSpec
-	for _, g := range groups {
+	for _, g := range p.groups {
 		if len(g.ips) > 0 {
 			var to []NetworkPolicyPeer
 			for _, a := range g.ips {
@@ -412,7 +443,7 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 		}
 		if len(g.names) > 0 {
 			if fqdn == nil {
-				fqdn = &FQDNSpec{PodSelector: self}
+				fqdn = &FQDNSpec{PodSelector: p.self}
 			}
 			var m []FQDNMatch
 			for _, h := range g.names {
@@ -421,11 +452,11 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 			fqdn.Egress = append(fqdn.Egress, FQDNEgress{Matches: m, Ports: []FQDNPort{{Protocol: "TCP", Port: g.port}}})
 		}
 	}
-	out := []Object{{APIVersion: NetworkPolicyAPIVersion, Kind: NetworkPolicyKind, Name: name, Labels: labels, Spec: np}}
+	out := []Object{{APIVersion: NetworkPolicyAPIVersion, Kind: NetworkPolicyKind, Name: p.name, Labels: p.labels, Spec: np}}
 	if fqdn != nil {
-		out = append(out, Object{APIVersion: FQDNAPIVersion, Kind: FQDNKind, Name: name, Labels: labels, Spec: fqdn})
+		out = append(out, Object{APIVersion: FQDNAPIVersion, Kind: FQDNKind, Name: p.name, Labels: p.labels, Spec: fqdn})
 	}
-	return out, nil
+	return out
 }
 
 // SandboxKinds are the kinds SandboxPolicies may render under f, for deletion.
@@ -442,18 +473,24 @@ func SandboxKinds(f Flavour) []Object {
 // CheckAllowlist reports whether SandboxPolicies would accept allow under f, without
 // rendering anything: the manager asks before it spends a warm sandbox on an allocation.
 func CheckAllowlist(f Flavour, allow []string) error {
+	_, err := allowedGroups(f, allow)
+	return err
+}
+
+// allowedGroups groups allow by port, refusing names where f cannot select by name.
+func allowedGroups(f Flavour, allow []string) ([]portGroup, error) {
 	groups, err := groupAllowlist(allow)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !f.SupportsFQDN() {
 		for _, g := range groups {
 			if len(g.names) > 0 {
-				return fmt.Errorf("%w: %q (allow its IP address instead, e.g. 192.0.2.10:%d)", ErrFQDNUnsupported, g.names[0].String(g.port), g.port)
+				return nil, fmt.Errorf("%w: %q (allow its IP address instead, e.g. 192.0.2.10:%d)", ErrFQDNUnsupported, g.names[0].String(g.port), g.port)
 			}
 		}
 	}
-	return nil
+	return groups, nil
 }
 
 // host is an allowlisted name: exact, or a wildcard "*.suffix".
