@@ -88,7 +88,7 @@ func (p *bulkPool) get(ctx context.Context) (net.Conn, error) {
 	// Below TLS: reads through a buffer, and each chunk's records in one write into a send
 	// buffer of up to 4 MiB (as far as the host's net.core.wmem_max allows), so that the
 	// sandbox, for which every read is a round through gVisor's sentry, finds much to read at
-	// once (uploads: about 400 -> 550 MiB/s, docs/performance.md).
+	// once (docs/performance.md).
 	if u, ok := raw.(interface{ SetWriteBuffer(int) error }); ok {
 		u.SetWriteBuffer(4 << 20) // best effort: a smaller buffer is only slower
 	}

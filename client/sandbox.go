@@ -30,10 +30,9 @@ const DefaultBatchBytes = 3.5 * (1 << 20)
 // over a connection it opened ahead, which saves the first call a round trip and changes
 // nothing after it.
 //
-// The benchmark also reports figures labelled "tuned" with Concurrency 8. On the 2-core
-// machine the figures are taken on, they were not consistently faster than the defaults
-// (docs/performance.md, "Data-plane workloads"): more batches in flight only help when the
-// sandbox has more CPUs to write them with.
+// The benchmark also reports figures labelled "tuned" with Concurrency 8 (docs/performance.md,
+// "Data-plane workloads"): more batches in flight only help when the sandbox has more CPUs to
+// write them with.
 type Options struct {
 	// BatchBytes caps one batch (default DefaultBatchBytes, which fits gRPC's default 4 MiB
 	// message limit with room for framing). Larger batches mean fewer RPCs but a longer wait
@@ -125,9 +124,9 @@ func dial(target string, o Options, security ...grpc.DialOption) (*Sandbox, erro
 		grpc.WithInitialWindowSize(8<<20),
 		grpc.WithInitialConnWindowSize(16<<20),
 		// gRPC's default 32 KiB read and write buffers: the read buffer is allocated afresh
-		// for each connection, and at 256 KiB it was 45 % of the memory an allocation made
+		// for each connection, and a larger one was much of the memory an allocation made
 		// (the agent's garbage, so its GC, which shows in the allocation's tail); streams and
-		// batches moved as fast with 32 KiB (fusebox-bench dataplane).
+		// batches move as fast with 32 KiB (fusebox-bench dataplane).
 		grpc.WithReadBufferSize(32<<10),
 		grpc.WithWriteBufferSize(32<<10),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),

@@ -111,7 +111,7 @@ const flushAfter = 5 * time.Millisecond
 //
 // The first connection is dialed when gRPC starts its first transport (call Connect on the
 // connection to start it at once), while the handshake finishes: the sandbox accepts it (for
-// a sandbox that was idle, some 0.5 ms of wake-up under gVisor) off the critical path. The
+// a sandbox that was idle, a wake-up under gVisor) off the critical path. The
 // finished handshake goes out on it when the first request is written, so that the server
 // receives the end of the handshake and the request in one write, or after flushAfter without
 // a request. first must receive a value or that transport waits until gRPC ends its context,

@@ -97,7 +97,7 @@ type Options struct {
 	// Egress configures the per-sandbox proxies (tests inject dialers).
 	Egress egress.ProxyOptions
 	// KeepAwake keeps each sandbox server's Go runtime monitor awake: faster allocations,
-	// at about 2 % of one CPU per idle sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
+	// for a little idle CPU per sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
 	// FastPath, if set, switches the latency accelerators (internal/fastpath): Relay is

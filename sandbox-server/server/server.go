@@ -318,8 +318,8 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.ReadBufferSize(32 << 10),
 		// What gRPC hands TLS at a time, which coalescedCreds sends in one write: under
-		// gVisor a download's throughput follows the size of its writes (32 KiB: 150 MiB/s,
-		// 256 KiB: 200, docs/performance.md). One buffer per connection, made as it opens;
+		// gVisor a download's throughput follows the size of its writes (docs/performance.md).
+		// One buffer per connection, made as it opens;
 		// a flush touches only the pages it fills, so small calls cost no more.
 		grpc.WriteBufferSize(256 << 10),
 	}

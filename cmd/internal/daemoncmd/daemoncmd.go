@@ -35,7 +35,7 @@ const DefaultPoolPing = time.Second
 const DefaultKeepAwake = true
 
 // KeepAwakeHelp describes --keep-sandboxes-awake.
-const KeepAwakeHelp = "keep each sandbox server's Go runtime monitor waking every 10 ms instead of deep-sleeping (=false to turn it off): warm allocations faster (twelve interleaved pairs of 100: p50 lower in all, p99 in eight; pooled over four, p50 3.68 against 4.28 ms, p99 5.51 against 6.11), at about 2% of one CPU per idle sandbox"
+const KeepAwakeHelp = "keep each sandbox server's Go runtime monitor waking every 10 ms instead of deep-sleeping (=false to turn it off): faster warm allocations for a little idle CPU per sandbox (docs/performance.md)"
 
 // Defaults are the defaults in which fusebox local up (a manager for this machine) and
 // fusebox-manager (a service, by default in a cluster) differ.
