@@ -20,6 +20,13 @@ go vet ./...
 # or benchmark code; no Pulumi SDK in fusebox-manager and fusebox-sandbox; fusebox-sandbox, which
 # runs inside every sandbox, without the manager, the client SDK or Kubernetes libraries).
 ./hack/deps-lists.sh --check
+# The trust core (the fuse, pinning, the manager's side of sFuse) imports no latency
+# accelerator, directly or through another package, so that it can be read alone.
+core=(./sandbox-server/fuse ./internal/tlspin ./internal/sfuse)
+wing='/internal/(tlsflight|handoff|fastpath)$'
+if bad=$(go list -deps "${core[@]}" | grep -E "$wing"); then
+  echo "the trust core (${core[*]}) imports accelerator packages: $bad" >&2; exit 1
+fi
 # The sandbox server and the in-cluster manager are static binaries.
 for b in fusebox-sandbox fusebox-manager; do CGO_ENABLED=0 go build -o /dev/null ./cmd/$b; done
 echo "verify: ok"

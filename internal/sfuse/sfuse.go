@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
@@ -80,6 +79,11 @@ type refused struct {
 func (r refused) Is(target error) bool { return target == r.is }
 func (r refused) Unwrap() error        { return r.error }
 
+// MaxFlightBytes bounds the relayed TLS server flight a sandbox may return (about 1.9 KiB with
+// fusebox's Ed25519 certificates). It is sfuse's own bound, so that the trust core needs
+// nothing of the relay accelerator (internal/tlsflight) to check an answer.
+const MaxFlightBytes = 32 << 10
+
 // MaxCertificateBytes bounds the sandbox certificate relayed to the agent: a self-signed
 // P-256 or Ed25519 certificate is a few hundred bytes.
 const MaxCertificateBytes = 4 << 10
@@ -128,8 +132,8 @@ func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Req
 	switch f := resp.GetTlsServerFlight(); {
 	case len(f) > 0 && len(req.TLSClientHello) == 0:
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight nobody asked for", addr)
-	case len(f) > tlsflight.MaxFlightBytes:
-		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight of %d bytes (at most %d)", addr, len(f), tlsflight.MaxFlightBytes)
+	case len(f) > MaxFlightBytes:
+		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight of %d bytes (at most %d)", addr, len(f), MaxFlightBytes)
 	}
 	if n := len(resp.GetSandboxCertificate()); n > MaxCertificateBytes {
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a certificate of %d bytes (at most %d)", addr, n, MaxCertificateBytes)

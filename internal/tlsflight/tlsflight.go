@@ -35,10 +35,6 @@ import (
 // key share); the bound leaves room for other clients and keeps the relay's messages small.
 const MaxHelloBytes = 16 << 10
 
-// MaxFlightBytes bounds a relayed server flight (about 1.9 KiB with fusebox's Ed25519
-// certificates).
-const MaxFlightBytes = 32 << 10
-
 // recordHandshake is the TLS record type of a ClientHello, the first byte of every ordinary
 // handshake. A continuation starts with the client's second flight instead: a
 // change_cipher_spec record (middlebox compatibility) or an encrypted record.
