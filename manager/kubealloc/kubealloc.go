@@ -765,11 +765,42 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	} else if err != nil {
 		return fmt.Errorf("reading pod %s from the informer's cache: %w", id, err)
 	}
+	guarded, err := a.annotate(ctx, p, annotations)
+	if guarded && apierrors.IsConflict(err) {
+		// The cache showed the pod ready and it had changed: the cache may be behind a bind
+		// by another replica (an agent renewing through this one). Once more from a live read.
+		if p, err = a.getPod(ctx, id); err == nil {
+			_, err = a.annotate(ctx, p, annotations)
+		}
+	}
+	var refused refusedError
+	switch {
+	case errors.As(err, &refused):
+		return fmt.Errorf("%w: %s", manager.ErrBadTransition, refused)
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("%w: pod %s changed while it was being bound (claim it with Claim): %w", manager.ErrBadTransition, id, err)
+	case err != nil:
+		return fmt.Errorf("%w: annotating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
+	}
+	return nil
+}
+
+// refusedError is a transition annotate refuses without asking the API server.
+type refusedError string
+
+func (e refusedError) Error() string { return string(e) }
+
+// annotate patches pod p (as read from the cache or the API server) with annotations, as
+// Annotate describes. guarded reports whether the patch carried p's resourceVersion (p was
+// ready and is taken here), so that a Conflict may mean p was stale.
+func (a *Allocator) annotate(ctx context.Context, p *corev1.Pod, annotations map[string]string) (guarded bool, err error) {
 	// A pod claimed by another replica and not yet bound is that replica's to bind. Once it
 	// is bound, any replica may rewrite its lease (renewals go to whichever replica the
 	// agent reaches).
 	if by := p.Annotations[AnnotationClaimedBy]; by != "" && by != a.o.Identity && podState(p) != StateBound {
-		return fmt.Errorf("%w: pod %s was claimed by %s", manager.ErrBadTransition, id, by)
+		return false, refusedError(fmt.Sprintf("pod %s was claimed by %s", p.Name, by))
 	}
 	ann := boundAnnotations(annotations)
 	for k := range managerAnnotations(p.Annotations) {
@@ -780,32 +811,25 @@ func (a *Allocator) Annotate(ctx context.Context, id string, annotations map[str
 	meta := map[string]any{"annotations": ann}
 	if podState(p) == StateReady && !a.staleAfterOurWrite(p) {
 		// Not claimed through this replica's Claim (a stale cache still showing our own
-		// claim is recognised above): take it here, guarded by the cached resourceVersion.
+		// claim is recognised above): take it here, guarded by the resourceVersion read.
 		ann[AnnotationClaimedBy] = a.o.Identity
 		meta["resourceVersion"] = p.ResourceVersion
+		guarded = true
 	}
 	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
-		return err
+		return guarded, err
 	}
 	// The patch sets fixed values, so repeating it is harmless; when it carries a
 	// resourceVersion, a Conflict after a lost attempt is resolved by reading the pod back.
 	retried, err := a.retry.do(ctx, func(ctx context.Context) error {
-		_, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
+		_, err := a.o.Client.CoreV1().Pods(a.o.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
 		return err
 	})
-	if retried && apierrors.IsConflict(err) && a.annotated(ctx, id, annotations) {
+	if retried && apierrors.IsConflict(err) && a.annotated(ctx, p.Name, annotations) {
 		err = nil
 	}
-	switch {
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("%w: %s", manager.ErrUnitNotFound, id)
-	case apierrors.IsConflict(err):
-		return fmt.Errorf("%w: pod %s changed while it was being bound (claim it with Claim): %w", manager.ErrBadTransition, id, err)
-	case err != nil:
-		return fmt.Errorf("%w: annotating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
-	}
-	return nil
+	return guarded, err
 }
 
 // boundAnnotations is a merge patch's annotations for a bound pod: the manager's (the

@@ -436,6 +436,68 @@ func TestAnnotateRecognisesItsOwnLostWrite(t *testing.T) {
 	}
 }
 
+func TestAnnotateRenewsPodBoundElsewhereBehindTheCache(t *testing.T) {
+	// The cache still shows sb-1 ready; on the API server replica-b has bound it, and an
+	// agent renews its lease through replica-a. The guarded patch conflicts; Annotate reads
+	// the pod back and writes the lease unguarded, leaving replica-b's claim.
+	f := newFixture(t, nil, readyPod("sb-1"))
+	var calls atomic.Int32
+	f.cs.PrependReactor("patch", "pods", func(act k8stesting.Action) (bool, runtime.Object, error) {
+		if calls.Add(1) > 1 {
+			return false, nil, nil
+		}
+		o, err := f.cs.Tracker().Get(podsGVR, testNS, "sb-1")
+		if err != nil {
+			t.Error(err)
+			return true, nil, err
+		}
+		p := o.(*corev1.Pod)
+		p.Annotations[AnnotationState] = StateBound
+		p.Annotations[AnnotationClaimedBy] = "replica-b"
+		p.Annotations["fusebox.dev/lease"] = "old"
+		if err := f.cs.Tracker().Update(podsGVR, p, testNS); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(podsGR, "sb-1", errors.New("the object has been modified"))
+	})
+	if err := f.a.Annotate(context.Background(), "sb-1", map[string]string{"fusebox.dev/lease": "new"}); err != nil {
+		t.Fatalf("Annotate = %v", err)
+	}
+	p, err := getPod(t, f, "sb-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Annotations["fusebox.dev/lease"]; got != "new" {
+		t.Errorf("lease annotation %q, want new", got)
+	}
+	if got := p.Annotations[AnnotationClaimedBy]; got != "replica-b" {
+		t.Errorf("claimed by %q, want replica-b (the binder's claim stays)", got)
+	}
+	if calls.Load() != 2 {
+		t.Errorf("%d patches, want 2", calls.Load())
+	}
+	// A pod another replica claimed and has not bound stays refused after the read-back.
+	f2 := newFixture(t, nil, readyPod("sb-2"))
+	f2.cs.PrependReactor("patch", "pods", func(act k8stesting.Action) (bool, runtime.Object, error) {
+		o, err := f2.cs.Tracker().Get(podsGVR, testNS, "sb-2")
+		if err != nil {
+			t.Error(err)
+			return true, nil, err
+		}
+		p := o.(*corev1.Pod)
+		p.Annotations[AnnotationState] = StateClaimed
+		p.Annotations[AnnotationClaimedBy] = "replica-b"
+		if err := f2.cs.Tracker().Update(podsGVR, p, testNS); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewConflict(podsGR, "sb-2", errors.New("the object has been modified"))
+	})
+	err = f2.a.Annotate(context.Background(), "sb-2", map[string]string{"fusebox.dev/lease": "new"})
+	if !errors.Is(err, manager.ErrBadTransition) || !strings.Contains(err.Error(), "replica-b") {
+		t.Fatalf("Annotate = %v, want ErrBadTransition naming replica-b", err)
+	}
+}
+
 func TestCheckDefaultDenyRetries(t *testing.T) {
 	dd, err := DefaultDenyPolicy(sandboxnet.Cilium, testNS)
 	if err != nil {
