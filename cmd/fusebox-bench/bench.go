@@ -40,14 +40,9 @@ plain loops of open, write, close (and open, read, compare, close) run inside th
 the static fusebox-floor helper (--floor-binary), whose directory is bound read-only into the
 benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := os.Stat(o.Runsc); err != nil {
-				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
-			}
-			if _, err := os.Stat(o.SandboxBinary); err != nil {
-				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
-			}
-			if _, err := os.Stat(o.FloorBinary); err != nil {
-				return fmt.Errorf("fusebox-floor not found at %s: build it with `make build` or pass --floor-binary", o.FloorBinary)
+			if err := needFiles(runscFile(o.Runsc), sandboxFile(o.SandboxBinary),
+				file{o.FloorBinary, "fusebox-floor", "make build", "--floor-binary"}); err != nil {
+				return err
 			}
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			r, err := bench.Dataplane(cmd.Context(), o)
@@ -111,11 +106,8 @@ round trips of 'true' through the client's defaults, the sandboxes taking turns 
 interleaved rounds, and reads the CFS periods each sandbox's host cgroup was throttled in. The p99 against the unlimited sandbox's is what the default CPU setting
 of fusebox local up (--sandbox-cpus) was chosen from. Needs root.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := os.Stat(o.Runsc); err != nil {
-				return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
-			}
-			if _, err := os.Stat(o.SandboxBinary); err != nil {
-				return fmt.Errorf("fusebox-sandbox not found at %s: build it with `make build` or pass --sandbox-binary", o.SandboxBinary)
+			if err := needFiles(runscFile(o.Runsc), sandboxFile(o.SandboxBinary)); err != nil {
+				return err
 			}
 			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 			r, err := bench.CPULimits(cmd.Context(), o)
@@ -317,8 +309,8 @@ func (a *allocateRun) run(cmd *cobra.Command) error {
 	if a.allocator != "runsc" {
 		return fmt.Errorf("--allocator %q: want runsc or kube", a.allocator)
 	}
-	if _, err := os.Stat(o.Runsc); err != nil {
-		return fmt.Errorf("runsc not found at %s: build it with `make runsc` or pass --runsc", o.Runsc)
+	if err := needFiles(runscFile(o.Runsc)); err != nil {
+		return err
 	}
 	var err error
 	if o.Arms, err = bench.ParseArms(a.arms); err != nil {
@@ -545,4 +537,23 @@ func printFigure(w io.Writer, name string, f bench.Figure) {
 		val += fmt.Sprintf(" in %d RPCs", f.RPCs)
 	}
 	fmt.Fprintf(w, "%s\t%s\t(%s; client %s; median of %d)\n", name, val, what, f.Client, f.Rounds)
+}
+
+// file is a file a benchmark needs: its path, what it is, and how to get it.
+type file struct{ path, what, build, flag string }
+
+func runscFile(path string) file { return file{path, "runsc", "make runsc", "--runsc"} }
+
+func sandboxFile(path string) file {
+	return file{path, "fusebox-sandbox", "make build", "--sandbox-binary"}
+}
+
+// needFiles reports the first of files that is not there, with how to build it.
+func needFiles(files ...file) error {
+	for _, f := range files {
+		if _, err := os.Stat(f.path); err != nil {
+			return fmt.Errorf("%s not found at %s: build it with `%s` or pass %s", f.what, f.path, f.build, f.flag)
+		}
+	}
+	return nil
 }

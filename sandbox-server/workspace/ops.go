@@ -65,17 +65,23 @@ func (w *Workspace) List(ctx context.Context, req *sandboxv1.ListRequest) (*sand
 	limit := capLimit(req.GetMaxEntries(), w.maxList)
 	resp := &sandboxv1.ListResponse{}
 	err = w.walk(ctx, rel, depth, func(e *walkEntry) (bool, error) {
-		if len(resp.Entries) == limit {
-			resp.Truncated = true
-			return false, errStopWalk
-		}
-		resp.Entries = append(resp.Entries, entryInfo(e))
-		return true, nil
+		return collect(&resp.Entries, &resp.Truncated, limit, e)
 	})
 	if err != nil {
 		return nil, wrap("listing", rel, err)
 	}
 	return resp, nil
+}
+
+// collect is a walk step that appends e's description to *entries, or, once limit are there,
+// sets *truncated and stops the walk.
+func collect(entries *[]*sandboxv1.FileInfo, truncated *bool, limit int, e *walkEntry) (bool, error) {
+	if len(*entries) == limit {
+		*truncated = true
+		return false, errStopWalk
+	}
+	*entries = append(*entries, entryInfo(e))
+	return true, nil
 }
 
 // entryInfo describes a walked entry, reading a symlink's target relative to its directory.
@@ -267,12 +273,7 @@ func (w *Workspace) Find(ctx context.Context, req *sandboxv1.FindRequest) (*sand
 				return true, nil
 			}
 		}
-		if len(resp.Entries) == limit {
-			resp.Truncated = true
-			return false, errStopWalk
-		}
-		resp.Entries = append(resp.Entries, entryInfo(e))
-		return true, nil
+		return collect(&resp.Entries, &resp.Truncated, limit, e)
 	})
 	if err != nil {
 		return nil, wrap("finding in", rel, err)
