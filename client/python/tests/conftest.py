@@ -28,7 +28,31 @@ DEFAULT_RUNSC = "/var/cache/fusebox/runsc-v0.0.0-20260905035102-160fafc42237/run
 START_DEADLINE = 180.0
 
 
-class LocalManager:
+class ManagerProcess:
+    """A manager process the tests started (``proc``), writing to ``log_path``."""
+
+    proc: subprocess.Popen | None
+    log_path: Path
+
+    def log(self) -> str:
+        """The log's last 20,000 characters, for a failure's message."""
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except OSError:
+            return ""
+
+    def terminate(self) -> None:
+        """Stops the process: SIGTERM, then SIGKILL if it has not exited within a minute."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class LocalManager(ManagerProcess):
     """A running ``fusebox local up``: its address, state directory and log."""
 
     def __init__(self, base: Path, binary: Path, runsc: str, args: tuple = ()):
@@ -61,20 +85,8 @@ class LocalManager:
                 raise RuntimeError(f"fusebox local up did not serve a ready pool within {START_DEADLINE}s:\n{self.log()}")
             time.sleep(0.1)
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-20000:]
-        except OSError:
-            return ""
-
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.terminate()
         self._force_clean()
 
     def _force_clean(self) -> None:

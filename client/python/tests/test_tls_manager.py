@@ -16,7 +16,6 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import fusebox
 import fusebox.aio
 from fusebox.__main__ import main
 
-from .conftest import REPO, START_DEADLINE
+from .conftest import REPO, START_DEADLINE, ManagerProcess
 
 AUDIENCE = "fusebox-test-manager"
 # The name the manager's certificate carries (not the address's host: server_name says it).
@@ -143,7 +142,7 @@ def _pki(d: Path) -> None:
                                                   serialization.NoEncryption()))
 
 
-class TLSManager:
+class TLSManager(ManagerProcess):
     """A running ``fusebox-manager`` on TCP with TLS and token review, and its files."""
 
     def __init__(self, base: Path, binary: Path):
@@ -189,20 +188,8 @@ class TLSManager:
                     self.address = rec["listen"]
             time.sleep(0.05)
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-20000:]
-        except OSError:
-            return ""
-
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.terminate()
         self.api.shutdown()
         shutil.rmtree(self.base, ignore_errors=True)
 
