@@ -43,8 +43,9 @@ type AllocateRequest struct {
 	// Owner is the caller, stored with the lease (see Lease.Owner).
 	Owner string
 	// Authorize, if set, is asked whether the caller may have a unit of template with the
-	// allowlist (after both are checked, before a unit is taken); its error ends the
-	// allocation as it is.
+	// allowlist, before a unit is taken: first with an empty list, before the request's list
+	// is parsed (only its size is checked by then), then with the parsed list. Its error
+	// ends the allocation as it is.
 	Authorize func(template string, allow egress.Allowlist) error
 	// Picked, if set, is called before sFuse with the unit the allocation has picked, when
 	// the manager knows its identity (InitConns.Identify): the agent may dial it and start its
@@ -123,6 +124,17 @@ func (m *Manager) check(req AllocateRequest) (checked, error) {
 	}
 	if !slices.Contains(m.o.Templates, c.template) {
 		return checked{}, fmt.Errorf("%w: %q (known: %s)", ErrUnknownTemplate, c.template, strings.Join(m.o.Templates, ", "))
+	}
+	// The caller's grant is checked before the allowlist is parsed (an empty list is inside
+	// every ceiling, so the first Authorize judges the caller and the template alone), and
+	// the list's size before both.
+	if err := egress.CheckSize(req.Egress); err != nil {
+		return checked{}, fmt.Errorf("%w: egress: %v", ErrInvalid, err)
+	}
+	if req.Authorize != nil {
+		if err := req.Authorize(c.template, egress.Allowlist{}); err != nil {
+			return checked{}, err
+		}
 	}
 	var err error
 	if c.allow, err = egress.ParseAllowlist(req.Egress); err != nil {

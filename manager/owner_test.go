@@ -21,6 +21,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
@@ -169,6 +170,12 @@ func TestAllocateHoldsServiceAccountsToThePolicy(t *testing.T) {
 			&managerv1.AllocateRequest{AgentPublicKey: e.key}, codes.PermissionDenied, "service account elsewhere/x may not allocate sandboxes", p},
 		{"no policy", auth.ServiceAccountIdentity("agents", "coder"),
 			&managerv1.AllocateRequest{AgentPublicKey: e.key}, codes.PermissionDenied, "may not allocate", nil},
+		// The caller is judged before its allowlist is parsed, the list's size before both.
+		{"outside the policy, a malformed list", auth.ServiceAccountIdentity("elsewhere", "x"),
+			&managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"not an entry"}}, codes.PermissionDenied, "service account elsewhere/x may not allocate sandboxes", p},
+		{"a list over the bound", auth.ServiceAccountIdentity("agents", "coder"),
+			&managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: slices.Repeat([]string{"pypi.org:443"}, egress.MaxEntries+1)},
+			codes.InvalidArgument, fmt.Sprintf("%d entries (at most %d)", egress.MaxEntries+1, egress.MaxEntries), p},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -180,8 +187,8 @@ func TestAllocateHoldsServiceAccountsToThePolicy(t *testing.T) {
 		})
 	}
 	// Refusals spend no unit.
-	if n := e.m.Status().Allocations; n != 0 {
-		t.Fatalf("%d allocations after refusals", n)
+	if st := e.m.Status(); st.Allocations != 0 || st.Destructions != 0 {
+		t.Fatalf("%d allocations and %d destructions after refusals", st.Allocations, st.Destructions)
 	}
 	svc.Policy = p
 	r, err := (&asCaller{s: svc, id: auth.ServiceAccountIdentity("agents", "coder")}).Allocate(ctx,

@@ -5,13 +5,41 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 )
 
 // ErrBadEntry is wrapped by every error ParseAllowlist returns for a malformed entry.
 var ErrBadEntry = errors.New("malformed egress allowlist entry")
+
+// The bounds of one allowlist, checked before any entry is parsed: an allocation's list travels
+// in the sandbox's init message, in its lease (every List answer carries it) and, in
+// clusters, in a network policy.
+const (
+	// MaxEntries is the most entries an allowlist may have.
+	MaxEntries = 256
+	// MaxBytes is the most bytes its entries may have together.
+	MaxBytes = 8 << 10
+)
+
+// ErrTooLong is wrapped by CheckSize's and ParseAllowlist's errors for a list over the bounds.
+var ErrTooLong = errors.New("egress allowlist too long")
+
+// CheckSize reports whether entries fit the bounds (MaxEntries, MaxBytes), reading only the
+// entries' lengths. Its error wraps ErrTooLong and names the bound.
+func CheckSize(entries []string) error {
+	if len(entries) > MaxEntries {
+		return fmt.Errorf("%w: %d entries (at most %d)", ErrTooLong, len(entries), MaxEntries)
+	}
+	n := 0
+	for _, s := range entries {
+		n += len(s)
+	}
+	if n > MaxBytes {
+		return fmt.Errorf("%w: %d bytes in its entries (at most %d)", ErrTooLong, n, MaxBytes)
+	}
+	return nil
+}
 
 // maxNameLen is the longest DNS name in presentation form, without the trailing dot.
 const maxNameLen = 253
@@ -56,17 +84,23 @@ type Allowlist struct {
 	entries []entry
 }
 
-// ParseAllowlist parses "host:port" entries (see Allowlist). Duplicates are accepted and kept
-// once. Every error wraps ErrBadEntry and quotes the entry. An empty list is valid and allows
-// nothing.
+// ParseAllowlist parses "host:port" entries (see Allowlist), in time linear in their size. A
+// list over the bounds is refused first (CheckSize, ErrTooLong). Duplicates are accepted and
+// kept once. Every error about an entry wraps ErrBadEntry and quotes the entry. An empty list
+// is valid and allows nothing.
 func ParseAllowlist(entries []string) (Allowlist, error) {
+	if err := CheckSize(entries); err != nil {
+		return Allowlist{}, err
+	}
 	var a Allowlist
+	seen := make(map[entry]bool, len(entries))
 	for _, s := range entries {
 		e, err := parseEntry(s)
 		if err != nil {
 			return Allowlist{}, fmt.Errorf("%w %q: %s", ErrBadEntry, s, err)
 		}
-		if !slices.Contains(a.entries, e) {
+		if !seen[e] {
+			seen[e] = true
 			a.entries = append(a.entries, e)
 		}
 	}

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -147,5 +148,56 @@ func TestAllows(t *testing.T) {
 	var zero Allowlist
 	if zero.Allows("api.github.com", 443) || zero.Allows("127.0.0.1", 8080) {
 		t.Error("the zero Allowlist allows something")
+	}
+}
+
+func TestParseAllowlistBounds(t *testing.T) {
+	list := func(n, size int) []string {
+		out := make([]string, n)
+		for i := range out {
+			e := fmt.Sprintf("h%d.example:443", i)
+			pad := strings.Repeat("abcdefghi.", max(size-len(e), 0)/10) // labels of 9 letters
+			out[i] = pad + strings.Repeat("a", max(size-len(e)-len(pad), 0)) + e
+		}
+		return out
+	}
+	// At the bounds: accepted, every entry kept.
+	for _, l := range [][]string{list(MaxEntries, 0), list(MaxBytes/200, 200)} {
+		a, err := ParseAllowlist(l)
+		if err != nil {
+			t.Fatalf("%d entries, %d bytes: %v", len(l), len(strings.Join(l, "")), err)
+		}
+		if len(a.Entries()) != len(l) {
+			t.Fatalf("%d entries kept of %d", len(a.Entries()), len(l))
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		list  []string
+		limit string
+	}{
+		{"entries", list(MaxEntries+1, 0), fmt.Sprintf("%d entries (at most %d)", MaxEntries+1, MaxEntries)},
+		{"bytes", list(MaxBytes/200+1, 200), fmt.Sprintf("(at most %d)", MaxBytes)},
+		// Refused by size before any entry is read, malformed ones included.
+		{"huge", slices.Repeat([]string{"not an entry"}, 80000), "80000 entries"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseAllowlist(c.list)
+			if !errors.Is(err, ErrTooLong) || errors.Is(err, ErrBadEntry) || !strings.Contains(err.Error(), c.limit) {
+				t.Fatalf("ParseAllowlist = %v, want ErrTooLong naming %q", err, c.limit)
+			}
+		})
+	}
+}
+
+func BenchmarkParseAllowlist(b *testing.B) {
+	l := make([]string, MaxEntries)
+	for i := range l {
+		l[i] = fmt.Sprintf("10.0.%d.%d:443", i/250, i%250)
+	}
+	for b.Loop() {
+		if _, err := ParseAllowlist(l); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
