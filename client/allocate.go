@@ -16,7 +16,6 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/handoff"
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
@@ -54,15 +53,11 @@ type FastPath struct {
 	// Off switches every accelerator off: the data connection is dialed, and secured by
 	// credentials.NewTLS with the pinning configuration, nothing else.
 	Off bool
-	// NoRelay makes a full TLS handshake on the data connection instead of continuing the
-	// one whose first round trip rode on the allocation.
-	NoRelay bool
 	// NoHandoff dials the sandbox instead of collecting the connection the manager opened
 	// ahead.
 	NoHandoff bool
 }
 
-func (f FastPath) relay() bool   { return !f.Off && !f.NoRelay }
 func (f FastPath) handoff() bool { return !f.Off && !f.NoHandoff }
 
 // AllocateTrace is a set of hooks called at an allocation's steps on the agent's side, in the
@@ -73,15 +68,6 @@ func (f FastPath) handoff() bool { return !f.Off && !f.NoHandoff }
 type AllocateTrace struct {
 	// Answered is called when the manager's answer arrives.
 	Answered func(at time.Time)
-	// RelayedHandshake is called when the data connection continues the TLS handshake whose
-	// first round trip rode on the allocation (the relay accelerator), with when the agent
-	// finished it. Without it the connection makes a full handshake of its own (relay
-	// switched off, an older manager or sandbox, or a relayed handshake that could not be
-	// finished).
-	RelayedHandshake func(finished time.Time)
-	// FirstWrite is called when the finished relayed handshake and the first request went to
-	// the sandbox in one write.
-	FirstWrite func(at time.Time)
 	// HandedOff is called when the data connection is the one the manager opened ahead and
 	// handed to this agent (the handoff accelerator), rather than one it dialed.
 	HandedOff func()
@@ -113,33 +99,18 @@ type Allocation struct {
 type Manager struct {
 	conn *grpc.ClientConn
 	rpc  managerv1.ManagerClient
-
-	// next is a handshake made ahead, with a fresh key, for the next Allocate that brings no
-	// key of its own: its ClientHello and certificate cost nothing on that allocation's path.
-	ahead     bool // make handshakes ahead (a kept Manager; not Allocate's one-shot one)
-	next      atomic.Pointer[handshake]
-	preparing atomic.Bool
-	closed    atomic.Bool
 }
 
-// handshake is a data-plane TLS handshake begun for one allocation (see internal/tlsflight).
+// handshake is the data-plane TLS configuration made for one allocation.
 type handshake struct {
 	key *Key
 	pin *tlspin.Pin // the sandbox's key, set from the allocation's answer
 	cfg *tls.Config
-	hs  *tlsflight.Client // nil without the relay
 }
 
-// abort abandons the relayed handshake, if any.
-func (h *handshake) abort() {
-	if h.hs != nil {
-		h.hs.Abort()
-	}
-}
-
-// newHandshake begins the data-plane handshake for an allocation: its configuration, and
-// with relay its ClientHello (see internal/tlsflight).
-func newHandshake(ctx context.Context, key *Key, relay bool) (*handshake, error) {
+// newHandshake makes the data-plane TLS configuration for an allocation, with a fresh key
+// when key is nil.
+func newHandshake(key *Key) (*handshake, error) {
 	if key == nil {
 		var err error
 		if key, err = NewKey(); err != nil {
@@ -149,42 +120,7 @@ func newHandshake(ctx context.Context, key *Key, relay bool) (*handshake, error)
 	go key.cert() // the certificate the handshake presents, made meanwhile
 	h := &handshake{key: key, pin: &tlspin.Pin{}}
 	h.cfg = tlspin.ClientConfigPin(key.cert, h.pin)
-	if !relay {
-		return h, nil
-	}
-	var err error
-	if h.hs, err = tlsflight.StartClient(ctx, h.cfg); err != nil {
-		return nil, fmt.Errorf("starting the data-plane handshake: %w", err)
-	}
 	return h, nil
-}
-
-// prepare makes the next handshake in the background, unless one is ready or being made.
-func (m *Manager) prepare() {
-	if !m.ahead || m.closed.Load() || m.next.Load() != nil || !m.preparing.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer m.preparing.Store(false)
-		h, err := newHandshake(context.Background(), nil, true)
-		if err != nil {
-			return // the next Allocate makes its own and reports the error
-		}
-		if m.closed.Load() || !m.next.CompareAndSwap(nil, h) {
-			h.hs.Abort()
-			return
-		}
-		if m.closed.Load() {
-			m.drop() // Close ran between the check and the swap
-		}
-	}()
-}
-
-// drop abandons the prepared handshake, if any.
-func (m *Manager) drop() {
-	if h := m.next.Swap(nil); h != nil {
-		h.hs.Abort()
-	}
 }
 
 // NewManager connects to the manager at addr (unix:///path or tcp://host:port). creds, if
@@ -196,16 +132,6 @@ func (m *Manager) drop() {
 //
 // The connection is made at once, in the background.
 func NewManager(addr string, creds credentials.TransportCredentials, opts ...ManagerOption) (*Manager, error) {
-	m, err := newManager(addr, creds, opts...)
-	if err != nil {
-		return nil, err
-	}
-	m.ahead = true
-	m.prepare()
-	return m, nil
-}
-
-func newManager(addr string, creds credentials.TransportCredentials, opts ...ManagerOption) (*Manager, error) {
 	a, err := endpoint.Parse(addr)
 	if err != nil {
 		return nil, fmt.Errorf("manager address: %w", err)
@@ -229,8 +155,6 @@ func newManager(addr string, creds credentials.TransportCredentials, opts ...Man
 // Close closes the connection. Allocations made through it stop renewing their leases and
 // cannot be released through it afterwards: close them first.
 func (m *Manager) Close() error {
-	m.closed.Store(true)
-	m.drop()
 	return m.conn.Close()
 }
 
@@ -239,7 +163,7 @@ func (m *Manager) Close() error {
 // It connects to the manager for this one allocation (o.ManagerCredentials secure that
 // connection); an agent that allocates repeatedly should keep a Manager instead.
 func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allocation, error) {
-	m, err := newManager(managerAddr, o.ManagerCredentials, WithTokenFile(o.TokenFile), WithCAFile(o.CAFile), WithServerName(o.ServerName))
+	m, err := NewManager(managerAddr, o.ManagerCredentials, WithTokenFile(o.TokenFile), WithCAFile(o.CAFile), WithServerName(o.ServerName))
 	if err != nil {
 		return nil, err
 	}
@@ -256,32 +180,14 @@ func Allocate(ctx context.Context, managerAddr string, o AllocateOptions) (*Allo
 // lease in the background until the allocation's Close. o.ManagerCredentials, TokenFile,
 // CAFile and ServerName are not used: the Manager's connection is.
 func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation, error) {
-	// The data plane's TLS handshake is begun before the call (made ahead when the agent
-	// brings no key): its first round trip rides on the allocation (see internal/tlsflight).
-	// The sandbox's key, pinned before the handshake goes on, comes with the answer.
-	var h *handshake
-	var next *firstCall
-	relay := o.FastPath.relay()
-	if o.Key == nil && relay {
-		h = m.next.Swap(nil)
-		// The next one is made once this allocation's first call has returned, not
-		// competing with it (made as soon as Allocate returned, it cost the first call a
-		// quarter of a millisecond on two cores), or prepareAfter from now without a call.
-		next = &firstCall{fn: m.prepare}
-		time.AfterFunc(prepareAfter, next.run)
-	}
-	if h == nil {
-		var err error
-		if h, err = newHandshake(ctx, o.Key, relay); err != nil {
-			return nil, err
-		}
+	// The sandbox's key, pinned before the data plane's handshake, comes with the answer.
+	h, err := newHandshake(o.Key)
+	if err != nil {
+		return nil, err
 	}
 	req := &managerv1.AllocateRequest{AgentPublicKey: h.key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
-	}
-	if h.hs != nil {
-		req.TlsClientHello = h.hs.Hello()
 	}
 	resp, err := m.rpc.Allocate(ctx, req)
 	trace := o.Trace
@@ -292,7 +198,6 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 		trace.Answered(time.Now())
 	}
 	if err != nil {
-		h.abort()
 		return nil, fmt.Errorf("allocating sandbox: %w", err)
 	}
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
@@ -301,7 +206,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	if !o.FastPath.handoff() {
 		resp.DataHandoff, resp.DataHandoffToken = "", nil
 	}
-	sb, err := connect(ctx, resp, h, o.Sandbox, trace, next.dialOptions()...)
+	sb, err := connect(ctx, resp, h, o.Sandbox, trace)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
 		return nil, err
@@ -315,23 +220,14 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	return a, nil
 }
 
-// connect connects to the sandbox resp describes: it finishes the relayed handshake h when
-// the sandbox answered it, and makes an ordinary one with h's configuration otherwise (relay
-// switched off, an older manager or sandbox, or a relayed handshake that could not be
-// finished). A sandbox presenting a key other than the one the manager returned is refused
-// either way.
+// connect connects to the sandbox resp describes, with a TLS handshake of h's configuration:
+// a sandbox presenting a key other than the one the manager returned is refused.
 //
 // The first data connection is the one the manager opened ahead, when it offers one
 // (resp's data_handoff): collected as the allocation answers, it spares the sandbox an accept
 // on the critical path (trace.HandedOff is called). When it cannot be collected, the
 // connection is dialed as usual.
-func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, extra ...grpc.DialOption) (sb *Sandbox, err error) {
-	relayed := false
-	defer func() {
-		if !relayed {
-			h.abort()
-		}
-	}()
+func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace) (*Sandbox, error) {
 	a, err := endpoint.Parse(resp.GetEndpoint())
 	if err != nil {
 		return nil, fmt.Errorf("dialing sandbox: %w", err)
@@ -345,56 +241,15 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
 	d := connectedDialer(handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff), trace.Connected)
-	flight := resp.GetTlsServerFlight()
-	if len(flight) == 0 || h.hs == nil {
-		// The plain path (with the handoff, when the manager offers one).
-		sb, err := dial("passthrough:///"+a.String(), o, append(extra,
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
-			grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
-		if err != nil {
-			return nil, err
-		}
-		sb.withBulk(a, h.cfg)
-		return sb, nil
+	// The plain path (with the handoff, when the manager offers one).
+	sb, err := dial("passthrough:///"+a.String(), o,
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
+		grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))
+	if err != nil {
+		return nil, err
 	}
-	hs := h.hs
-	// gRPC sets its connection up while the handshake finishes; the finished handshake is
-	// sent with the first request (see tlsflight.DialOptions).
-	first := make(chan *tlsflight.Client, 1)
-	type dialed struct {
-		sb  *Sandbox
-		err error
-	}
-	grpcReady := make(chan dialed, 1)
-	go func() {
-		sb, err := dial("passthrough:///"+a.String(), o, append(extra, tlsflight.DialOptions(first, d, h.cfg)...)...)
-		grpcReady <- dialed{sb, err}
-	}()
-	_, err = hs.Finish(ctx, flight)
-	finished := time.Now()
-	g := <-grpcReady
-	if g.sb != nil {
-		g.sb.withBulk(a, h.cfg)
-	}
-	switch {
-	case g.err != nil:
-		return nil, g.err
-	case errors.Is(err, tlspin.ErrPinMismatch) || ctx.Err() != nil:
-		g.sb.Close()
-		return nil, fmt.Errorf("dialing sandbox %s: %w", a, err)
-	case err != nil:
-		first <- nil // the gRPC connection makes an ordinary handshake instead
-		return g.sb, nil
-	}
-	if trace.RelayedHandshake != nil {
-		trace.RelayedHandshake(finished)
-	}
-	if trace.FirstWrite != nil {
-		hs.OnSent(trace.FirstWrite)
-	}
-	relayed = true
-	first <- hs
-	return g.sb, nil
+	sb.withBulk(a, h.cfg)
+	return sb, nil
 }
 
 // handoffTimeout bounds the collection of a connection the manager opened ahead; dialing
@@ -439,38 +294,6 @@ func connectedDialer(dial func(context.Context) (net.Conn, error), connected fun
 			once.Do(func() { connected(at) })
 		}
 		return c, err
-	}
-}
-
-// prepareAfter is when the next handshake is made after an allocation that has made no
-// call yet (see firstCall).
-const prepareAfter = 50 * time.Millisecond
-
-// firstCall runs fn once: when a connection's first call returns (a unary call) or has opened
-// (a stream), or when run is called, whichever comes first. A nil *firstCall does nothing.
-type firstCall struct {
-	once sync.Once
-	fn   func()
-}
-
-func (f *firstCall) run() { f.once.Do(f.fn) }
-
-// dialOptions are the interceptors that call run.
-func (f *firstCall) dialOptions() []grpc.DialOption {
-	if f == nil {
-		return nil
-	}
-	return []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			err := invoker(ctx, method, req, reply, cc, opts...)
-			f.run()
-			return err
-		}),
-		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			s, err := streamer(ctx, desc, cc, method, opts...)
-			f.run()
-			return s, err
-		}),
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 )
@@ -38,8 +37,6 @@ type AllocateRequest struct {
 	Egress         []string
 	LeaseTTL       time.Duration
 	Labels         map[string]string
-	// TLSClientHello, optional, is relayed to the sandbox in sFuse (see internal/tlsflight).
-	TLSClientHello []byte
 	// Owner is the caller, stored with the lease (see Lease.Owner).
 	Owner string
 	// Authorize, if set, is asked whether the caller may have a unit of template with the
@@ -69,8 +66,6 @@ type Allocation struct {
 	SandboxKey   []byte
 	LeaseExpires time.Time
 	LeaseToken   string
-	// TLSServerFlight is the sandbox's answer to the request's TLSClientHello, if any.
-	TLSServerFlight []byte
 	// SandboxCertificate is the sandbox's self-signed certificate (DER), relayed as the
 	// sandbox sent it, for agents that pin through a root certificate.
 	SandboxCertificate []byte
@@ -104,19 +99,12 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 	return a, nil
 }
 
-// check checks req before a unit is spent on it: the agent's key and TLS hello, the template,
+// check checks req before a unit is spent on it: the agent's key, the template,
 // the egress allowlist (against the caller's authorisation and what the allocator enforces),
 // the lease TTL and the labels.
 func (m *Manager) check(req AllocateRequest) (checked, error) {
 	if _, err := tlspin.ParsePublicKey(req.AgentPublicKey); err != nil {
 		return checked{}, fmt.Errorf("%w: agent public key: %v", ErrInvalid, err)
-	}
-	if len(req.TLSClientHello) > 0 {
-		// A well-formed hello the sandbox still refuses ends the allocation in bind without
-		// trying another unit.
-		if err := tlsflight.CheckHello(req.TLSClientHello); err != nil {
-			return checked{}, fmt.Errorf("%w: TLS ClientHello: %v", ErrInvalid, err)
-		}
 	}
 	c := checked{template: req.Template}
 	if c.template == "" {

@@ -131,8 +131,7 @@ func (m *Manager) annotate(ctx context.Context, u Unit, lease *Lease) *pending {
 // told that identity (AllocateRequest.Picked).
 func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow egress.Allowlist) (sfuse.Result, error) {
 	start := time.Now()
-	fused, err := m.initialize(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey,
-		TLSClientHello: req.TLSClientHello, Egress: allow.Entries()})
+	fused, err := m.initialize(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, Egress: allow.Entries()})
 	m.tally.timeStep("init", start)
 	switch {
 	case err == nil && len(u.Identity.SandboxKey) > 0 && (!bytes.Equal(fused.SandboxKey, u.Identity.SandboxKey) ||
@@ -150,7 +149,7 @@ func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow e
 // flight, the lease, and the data connection opened ahead if the allocator holds one.
 func (m *Manager) allocation(u Unit, fused sfuse.Result, lease *Lease, token string) Allocation {
 	a := Allocation{ID: u.Info.ID, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
-		LeaseToken: token, TLSServerFlight: fused.TLSServerFlight, SandboxCertificate: fused.SandboxCertificate}
+		LeaseToken: token, SandboxCertificate: fused.SandboxCertificate}
 	if m.handoffer != nil {
 		if addr, tok, ok := m.handoffer.Handoff(u.Info.ID); ok {
 			a.Handoff, a.HandoffToken = addr, tok

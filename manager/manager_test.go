@@ -684,42 +684,6 @@ func TestAllocationFromAReadyUnitIsNoColdWait(t *testing.T) {
 	e.m.Release(context.Background(), a.ID, a.LeaseToken)
 }
 
-// A malformed ClientHello is refused before a unit is spent on it; one the sandbox refuses
-// anyway ends the allocation with InvalidArgument after one unit, not three.
-func TestBadClientHelloSpendsAtMostOneUnit(t *testing.T) {
-	var inits atomic.Int32
-	e := newEnv(t, 3, func(o *manager.Options) {
-		o.Initializer = func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error) {
-			inits.Add(1)
-			if len(req.TLSClientHello) > 0 {
-				return sfuse.Result{}, fmt.Errorf("InitializeTLS on %s: %w: %w", addr, sfuse.ErrRefused, status.Error(codes.InvalidArgument, "TLS ClientHello: tls: unsupported versions"))
-			}
-			return memalloc.Initializer(ctx, addr, req)
-		}
-	})
-	e.start(t)
-	eventually(t, "three ready units", func() bool { return e.m.States().Counts("")[manager.Ready] == 3 })
-	ctx := context.Background()
-
-	_, err := e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, TlsClientHello: []byte("\x16\x03\x01\x00\x10garbage")})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("malformed ClientHello: %v, want InvalidArgument", err)
-	}
-	if n := inits.Load(); n != 0 {
-		t.Fatalf("%d units initialised for a malformed ClientHello", n)
-	}
-	// Well-formed on the outside (one record, one ClientHello), refused by the sandbox.
-	body := append([]byte{1, 0, 0, 4}, 3, 3, 0, 0)
-	hello := append([]byte{0x16, 3, 1, 0, byte(len(body))}, body...)
-	_, err = e.svc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: e.key, TlsClientHello: hello})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("ClientHello the sandbox refuses: %v, want InvalidArgument", err)
-	}
-	if n := inits.Load(); n != 1 {
-		t.Errorf("%d units spent on one refused ClientHello, want 1", n)
-	}
-}
-
 // A unit whose destroy fails keeps its remains on record and is destroyed again after
 // RemainsRetry, until that succeeds; nothing is left in the allocator.
 func TestFailedDestroyIsRetried(t *testing.T) {

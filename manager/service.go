@@ -131,14 +131,14 @@ func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest, 
 		return nil, err
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
-		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), TLSClientHello: req.GetTlsClientHello(),
+		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(),
 		Owner: id.Owner, Authorize: func(template string, allow egress.Allowlist) error { return s.Policy.Authorize(id, template, allow) },
 		Picked: picked})
 	if err != nil {
 		return nil, err
 	}
 	return &managerv1.AllocateResponse{SandboxId: a.ID, Endpoint: a.Endpoint, SandboxPublicKey: a.SandboxKey,
-		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken, TlsServerFlight: a.TLSServerFlight,
+		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken,
 		DataHandoff: a.Handoff, DataHandoffToken: a.HandoffToken, SandboxCertificate: a.SandboxCertificate}, nil
 }
 

@@ -8,7 +8,7 @@ in a temporary directory, and measures with the Python SDK, as an agent sees it:
 * 3,000 files of 4 KiB (random data, 50 directories) materialised with write_files, then read
   back through the plan and compared byte for byte: the median of 5 rounds, as Go's figure;
 * warm allocations including the first call (Manager.allocate over a kept manager connection
-  with a fresh agent key, which the kept Manager makes ahead as the Go SDK's does, then stat
+  with a fresh agent key, which the kept Manager makes ahead, then stat
   "."), each taken from a full pool that has settled, as ``fusebox-bench allocate --manager``
   does; every sandbox is released.
 

@@ -156,11 +156,11 @@ local up --fast-path makes them, and its agent's side switched alike (client.Fas
 are --runs rounds; in each, every arm makes one warm allocation, in an order shuffled afresh
 (--arm-seed), each after every arm's pool has been full and idle for --settle, so that every
 arm meets the machine as it is then, and no arm's allocation always follows another's. Each
-arm's p50, p90, p99 and count is printed, how many of its allocations used the relay and the
-handoff (the client's trace hooks), and its difference from the first arm, the reference:
+arm's p50, p90, p99 and count is printed, how many of its allocations used the handoff (the
+client's trace hook), and its difference from the first arm, the reference:
 the difference of the percentiles, and the median over the rounds of the two arms' paired
 difference, with how many rounds it was the slower. An arm is "all", "none", "no-NAME" (all
-but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake; an arm
+but NAME) or NAME+NAME... (those only), NAME one of handoff, keep-awake; an arm
 repeated (all,all) shows the noise of the comparison. The warm figures on the first line, and
 every other phase, are the reference arm's; the other arms' pools exist only during the warm
 phase. Keep-awake needs --keep-sandboxes-awake as well.
@@ -211,7 +211,7 @@ fusebox processes). A manager that lists a caller only its own sandboxes (an aut
 tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`
 
 const allocateExample = `  fusebox-bench allocate --json --runs 100
-  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-relay,no-handoff,no-keep-awake
+  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-handoff,no-keep-awake
   fusebox-bench allocate --runs 100 --fast-path-arms all,all
   fusebox-bench allocate --runs 100 --fast-path-arms all
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
@@ -335,9 +335,9 @@ func (a *allocateRun) runRemote(ctx context.Context) error {
 		r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
 	fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
 		r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
-	if r.Relayed > 0 {
-		fmt.Printf("  first call, %d with the handshake relayed: from the answer to the data connection p50 %.2f ms, p99 %.2f ms; from the one write to the call's end p50 %.2f ms, p99 %.2f ms\n",
-			r.Relayed, r.ConnectP50Ms, r.ConnectP99Ms, r.ReplyP50Ms, r.ReplyP99Ms)
+	if r.ConnectP50Ms > 0 {
+		fmt.Printf("  first call: from the answer to the data connection p50 %.2f ms, p99 %.2f ms; from then to the call's end p50 %.2f ms, p99 %.2f ms\n",
+			r.ConnectP50Ms, r.ConnectP99Ms, r.ReplyP50Ms, r.ReplyP99Ms)
 	}
 	if r.Sched != nil {
 		printSched(r.Sched)

@@ -6,9 +6,6 @@
 // handshake a connection that chose the bulk protocol instead of HTTP/2 goes to the bulk
 // handler, which fusebox-sandbox -bulk=false switches off). They are:
 //
-//   - Relay: the agent's ClientHello travels in Allocate and InitializeTLS, and the data
-//     connection begins at the agent's second flight (internal/tlsflight, which also rewrites
-//     the first HTTP/2 frames on both ends and holds the first writes up to 5 ms).
 //   - Handoff: the local manager opens each unit's data connection when it creates the unit
 //     (the sandbox's gate keeps it unread, see Latest) and passes it to the agent by
 //     SCM_RIGHTS (internal/handoff). With it the manager also names the picked unit before
@@ -27,13 +24,12 @@ import (
 
 // Switches says which accelerators are on. The zero value is the plain path.
 type Switches struct {
-	Relay     bool
 	Handoff   bool
 	KeepAwake bool
 }
 
 // All is every accelerator on, the default.
-func All() Switches { return Switches{Relay: true, Handoff: true, KeepAwake: true} }
+func All() Switches { return Switches{Handoff: true, KeepAwake: true} }
 
 // Any reports whether any accelerator is on.
 func (s Switches) Any() bool { return s != Switches{} }
@@ -67,17 +63,17 @@ func (l *Latest) Close() {
 }
 
 // names are the accelerators' names in Parse and String, in order.
-var names = []string{"relay", "handoff", "keep-awake"}
+var names = []string{"handoff", "keep-awake"}
 
 // retired are the names of accelerators that were removed. Set ignores them, so that a
 // -fast-path or --fast-path value written for an earlier release (the sandbox pods of a kube
 // manager of that release, a script) still starts the process; Parse refuses them.
-var retired = []string{"pool-procs"}
+var retired = []string{"pool-procs", "relay"}
 
-func (s *Switches) fields() []*bool { return []*bool{&s.Relay, &s.Handoff, &s.KeepAwake} }
+func (s *Switches) fields() []*bool { return []*bool{&s.Handoff, &s.KeepAwake} }
 
 // FlagHelp describes the value Parse reads, for command-line flags.
-const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of relay, handoff, keep-awake`
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of handoff, keep-awake`
 
 // Parse reads "all", "none", or a comma-separated list of accelerator names.
 func Parse(v string) (Switches, error) {

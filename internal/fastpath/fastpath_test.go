@@ -14,9 +14,9 @@ func TestParseAndString(t *testing.T) {
 		{"all", All(), "all"},
 		{"none", Switches{}, "none"},
 		{"", Switches{}, "none"},
-		{"relay", Switches{Relay: true}, "relay"},
-		{"handoff, keep-awake", Switches{Handoff: true, KeepAwake: true}, "handoff,keep-awake"},
-		{"relay,handoff,keep-awake", All(), "all"},
+		{"handoff", Switches{Handoff: true}, "handoff"},
+		{" keep-awake", Switches{KeepAwake: true}, "keep-awake"},
+		{"handoff, keep-awake", All(), "all"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
@@ -30,7 +30,7 @@ func TestParseAndString(t *testing.T) {
 			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
 		}
 	}
-	for _, bad := range []string{"fast", "relay,turbo", "ALL", "pool-procs", "relay,pool-procs"} {
+	for _, bad := range []string{"fast", "handoff,turbo", "ALL", "pool-procs", "handoff,pool-procs", "relay", "relay,handoff"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
@@ -45,7 +45,9 @@ func TestParseAndString(t *testing.T) {
 func TestSetIgnoresRetiredNames(t *testing.T) {
 	for in, want := range map[string]Switches{
 		"pool-procs":                          {},
-		"relay, pool-procs":                   {Relay: true},
+		"relay":                               {},
+		"relay, pool-procs":                   {},
+		"keep-awake, relay":                   {KeepAwake: true},
 		"relay,handoff,keep-awake,pool-procs": All(),
 		"all":                                 All(),
 	} {
@@ -55,8 +57,10 @@ func TestSetIgnoresRetiredNames(t *testing.T) {
 		}
 	}
 	var s Switches
-	if err := s.Set("pool-procs,turbo"); err == nil {
-		t.Error(`Set("pool-procs,turbo") accepted it`)
+	for _, bad := range []string{"pool-procs,turbo", "relay,turbo"} {
+		if err := s.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted it", bad)
+		}
 	}
 }
 

@@ -1,6 +1,5 @@
 // Package sfuse is the manager's side of the sFuse handshake: one InitializeTLS call on a
-// sandbox's init listener, which pins the agent's key and returns the sandbox's (and relays
-// the first round trip of the agent's data-plane TLS handshake, when the agent sends one).
+// sandbox's init listener, which pins the agent's key and returns the sandbox's.
 package sfuse
 
 import (
@@ -28,9 +27,6 @@ import (
 type Request struct {
 	// AgentKey is the agent's public key, DER SubjectPublicKeyInfo.
 	AgentKey []byte
-	// TLSClientHello, optional, is the agent's first TLS flight for the data plane, relayed
-	// as it came (see internal/tlsflight).
-	TLSClientHello []byte
 	// Egress is the allocation's egress allowlist, for the sandbox's set-up (its relay and
 	// proxy variables start only with a non-empty one); the sandbox enforces nothing.
 	Egress []string
@@ -40,8 +36,6 @@ type Request struct {
 type Result struct {
 	// SandboxKey is the sandbox's public key, DER SubjectPublicKeyInfo.
 	SandboxKey []byte
-	// TLSServerFlight answers Request.TLSClientHello; empty when there was none.
-	TLSServerFlight []byte
 	// SandboxCertificate is the sandbox's self-signed certificate (DER), relayed for agents
 	// that pin through a root certificate; they check that its key is SandboxKey. Empty from
 	// a sandbox that sends none.
@@ -79,11 +73,6 @@ type refused struct {
 func (r refused) Is(target error) bool { return target == r.is }
 func (r refused) Unwrap() error        { return r.error }
 
-// MaxFlightBytes bounds the relayed TLS server flight a sandbox may return (about 1.9 KiB with
-// fusebox's Ed25519 certificates). It is sfuse's own bound, so that the trust core needs
-// nothing of the relay accelerator (internal/tlsflight) to check an answer.
-const MaxFlightBytes = 32 << 10
-
 // MaxCertificateBytes bounds the sandbox certificate relayed to the agent: a self-signed
 // P-256 or Ed25519 certificate is a few hundred bytes.
 const MaxCertificateBytes = 4 << 10
@@ -100,7 +89,7 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("init address: %w", err)
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Its messages are a few KiB (a ClientHello, a server flight): gRPC's 32 KiB buffers
+		// Its messages are a few hundred bytes (keys, a certificate): gRPC's 32 KiB buffers
 		// would be most of the garbage of the connection the manager makes per unit.
 		grpc.WithReadBufferSize(initBufferBytes), grpc.WithWriteBufferSize(initBufferBytes)}
 	if a.Network == "unix" {
@@ -116,7 +105,7 @@ func dial(initAddr string) (*grpc.ClientConn, error) {
 
 func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
 	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
-		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, TlsClientHello: req.TLSClientHello, Egress: req.Egress})
+		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, Egress: req.Egress})
 	switch status.Code(err) {
 	case codes.InvalidArgument:
 		err = refused{err, ErrRefused}
@@ -129,16 +118,10 @@ func initialize(ctx context.Context, conn *grpc.ClientConn, addr string, req Req
 	if _, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey()); err != nil {
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a bad key: %w", addr, err)
 	}
-	switch f := resp.GetTlsServerFlight(); {
-	case len(f) > 0 && len(req.TLSClientHello) == 0:
-		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight nobody asked for", addr)
-	case len(f) > MaxFlightBytes:
-		return Result{}, fmt.Errorf("InitializeTLS on %s returned a TLS flight of %d bytes (at most %d)", addr, len(f), MaxFlightBytes)
-	}
 	if n := len(resp.GetSandboxCertificate()); n > MaxCertificateBytes {
 		return Result{}, fmt.Errorf("InitializeTLS on %s returned a certificate of %d bytes (at most %d)", addr, n, MaxCertificateBytes)
 	}
-	return Result{SandboxKey: resp.GetSandboxPublicKey(), TLSServerFlight: resp.GetTlsServerFlight(),
+	return Result{SandboxKey: resp.GetSandboxPublicKey(),
 		SandboxCertificate: resp.GetSandboxCertificate()}, nil
 }
 

@@ -172,7 +172,8 @@ func ClientConfigCert(cert tls.Certificate, pinnedServer crypto.PublicKey) (*tls
 }
 
 // Pin is a pinned public key that is set after the configuration checking it is made: an
-// agent sends its ClientHello before it learns the sandbox's key (see internal/tlsflight).
+// agent makes its data-plane configuration before the allocation's answer brings the
+// sandbox's key.
 // A peer is refused while the pin is unset. It is safe for concurrent use.
 type Pin struct{ key atomic.Pointer[pinnedKey] }
 

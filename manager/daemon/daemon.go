@@ -56,7 +56,7 @@ type Config struct {
 	// Limits are the runsc allocator's sandbox limits (zero fields: runscalloc.DefaultLimits).
 	Limits runscalloc.Limits
 	// FastPath is runscalloc.Options.FastPath with the runsc allocator; with the kube
-	// allocator, its Relay is the sandbox pods' -fast-path (see withFastPath).
+	// allocator, set, it switches the sandbox pods to the plain path (see withFastPath).
 	// nil: every accelerator.
 	FastPath *fastpath.Switches
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc

@@ -39,8 +39,8 @@ func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
 	return t, nil
 }
 
-// withFastPath gives the sandbox pods of t the accelerator of fast that runs inside a pod:
-// Relay. The kube allocator opens no data connection ahead (Handoff), and its
+// withFastPath gives the sandbox pods of t the plain path whatever fast says: no accelerator
+// runs inside a pod. The kube allocator opens no data connection ahead (Handoff), and its
 // pods keep no Go runtime awake (KeepAwake: a warm pod's idle CPU is the cluster's). The flag
 // goes before the template's own ServerArgs, so that a template that sets -fast-path keeps
 // it. nil fast leaves t as it is (the server's default: all).
@@ -48,7 +48,7 @@ func withFastPath(t kubealloc.Template, fast *fastpath.Switches) kubealloc.Templ
 	if fast == nil {
 		return t
 	}
-	inside := fastpath.Switches{Relay: fast.Relay}
+	inside := fastpath.Switches{}
 	t.ServerArgs = append([]string{"-fast-path=" + inside.String()}, t.ServerArgs...)
 	return t
 }

@@ -31,9 +31,9 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 		flag string
 		want fastpath.Switches
 	}{
-		{"all", fastpath.Switches{Relay: true}},
+		{"all", fastpath.Switches{}},
 		{"none", fastpath.Switches{}},
-		{"relay,handoff,keep-awake", fastpath.Switches{Relay: true}},
+		{"handoff,keep-awake", fastpath.Switches{}},
 		{"handoff", fastpath.Switches{}},
 	} {
 		fast, err := fastpath.Parse(tc.flag)
@@ -51,9 +51,9 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}
 	// A template's own -fast-path wins over the manager's.
 	tmpl := kubealloc.DefaultTemplate("img")
-	tmpl.ServerArgs = []string{"-fast-path=none"}
-	all := fastpath.All()
-	if got := podFastPath(t, withFastPath(tmpl, &all)); got != (fastpath.Switches{}) {
-		t.Errorf("template -fast-path=none under --fast-path all: the pod's server runs %v, want none", got)
+	tmpl.ServerArgs = []string{"-fast-path=handoff"}
+	none := fastpath.Switches{}
+	if got := podFastPath(t, withFastPath(tmpl, &none)); got != (fastpath.Switches{Handoff: true}) {
+		t.Errorf("template -fast-path=handoff under --fast-path none: the pod's server runs %v, want handoff", got)
 	}
 }

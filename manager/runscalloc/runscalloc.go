@@ -100,9 +100,8 @@ type Options struct {
 	// for a little idle CPU per sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
-	// FastPath, if set, switches the latency accelerators (internal/fastpath): Relay is
-	// passed to each sandbox server, Handoff opens units' data connections ahead (and is
-	// passed too), and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
+	// FastPath, if set, switches the latency accelerators (internal/fastpath): Handoff opens
+	// units' data connections ahead (and is passed to each sandbox server), and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
 	// as KeepAwake says.
 	FastPath *fastpath.Switches
 }
@@ -346,7 +345,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	}
 	fast := a.o.fastPath()
 	// The sandbox's own accelerators (keep-awake is the host's setting, below).
-	inside := fastpath.Switches{Relay: fast.Relay, Handoff: fast.Handoff}
+	inside := fastpath.Switches{Handoff: fast.Handoff}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
 		"-fast-path="+inside.String())
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,

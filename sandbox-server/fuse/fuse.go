@@ -49,10 +49,10 @@ var (
 )
 
 // Start begins the data plane when the fuse is about to blow. cfg is the data plane's TLS
-// configuration, pinning the agent's key. Start returns the response's TLS flight (nil
-// without one) and serve, which the fuse runs on the data listener once the gate is open. An
-// error leaves the fuse intact and must leave nothing started.
-type Start func(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (flight []byte, serve func(net.Listener), err error)
+// configuration, pinning the agent's key. Start returns serve, which the fuse runs on the
+// data listener once the gate is open. An error leaves the fuse intact and must leave
+// nothing started.
+type Start func(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (serve func(net.Listener), err error)
 
 // Options configure a Fuse. Identity, IdleTTL and Start are required.
 type Options struct {
@@ -182,7 +182,7 @@ func (f *Fuse) blow(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*
 	if f.blown {
 		return nil, ErrBlown
 	}
-	flight, serve, err := f.o.Start(ctx, req, cfg)
+	serve, err := f.o.Start(ctx, req, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ func (f *Fuse) blow(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*
 	f.o.Logger.Info("sandbox initialised; init listener closed")
 	// The certificate is public (the data listener presents it to anyone who connects); it
 	// goes with the key for clients that pin through a root certificate.
-	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: f.pub, TlsServerFlight: flight,
+	return &sandboxv1.InitializeTLSResponse{SandboxPublicKey: f.pub,
 		SandboxCertificate: f.o.Identity.Certificate[0]}, nil
 }
 

@@ -64,10 +64,10 @@ func startFuseDrain(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sa
 	}
 	var data *grpc.Server
 	var mu sync.Mutex
-	start := func(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) ([]byte, func(net.Listener), error) {
+	start := func(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (func(net.Listener), error) {
 		if refuse != nil {
 			if err := refuse(req); err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 		}
 		srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
@@ -76,7 +76,7 @@ func startFuseDrain(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sa
 		data = srv
 		mu.Unlock()
 		close(sb.started)
-		return nil, func(ln net.Listener) { srv.Serve(ln) }, nil
+		return func(ln net.Listener) { srv.Serve(ln) }, nil
 	}
 	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start, Waiting: w, Drain: drain})
 	if err != nil {
@@ -152,8 +152,8 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 	defer ln.Close()
 	k, _ := newKey(t)
 	id, _ := tlspin.Certificate(k)
-	start := func(context.Context, *sandboxv1.InitializeTLSRequest, *tls.Config) ([]byte, func(net.Listener), error) {
-		return nil, nil, nil
+	start := func(context.Context, *sandboxv1.InitializeTLSRequest, *tls.Config) (func(net.Listener), error) {
+		return nil, nil
 	}
 	for name, o := range map[string]Options{
 		"no identity": {IdleTTL: time.Minute, Start: start},

@@ -7,8 +7,7 @@
 //     already (binding a host socket from gVisor is a round trip to the host, kept off the
 //     allocation path) but serves nothing until the fuse blows.
 //  2. The first valid InitializeTLS pins the agent's key; the server's start (fuse.Start)
-//     answers the relayed ClientHello when FastPath.Relay is on, starts egress when the
-//     allocation has an allowlist and builds the data plane; the fuse opens the gate, closes
+//     starts egress when the allocation has an allowlist and builds the data plane; the fuse opens the gate, closes
 //     the init listener before the response is written, and answers with the sandbox's public
 //     key (made when the server started). A malformed request is refused and changes nothing.
 //  3. From then on every InitializeTLS is refused and no code path reopens the init listener.

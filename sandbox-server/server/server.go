@@ -18,7 +18,6 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -77,9 +76,7 @@ type Options struct {
 	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
 	NoBulk bool
 	// FastPath says which latency accelerators the server takes part in (see
-	// internal/fastpath): Relay answers a ClientHello relayed in InitializeTLS (without it a
-	// relayed ClientHello is ignored and the agent makes a full handshake); Handoff keeps the
-	// latest connection to the data socket made before the fuse blows, unread, and serves it
+	// internal/fastpath): Handoff keeps the latest connection to the data socket made before the fuse blows, unread, and serves it
 	// first (the one the local manager opens ahead for the agent). The zero value is the
 	// plain path.
 	FastPath fastpath.Switches
@@ -97,9 +94,8 @@ type Server struct {
 	cert tls.Certificate
 	pub  []byte
 
-	mu      sync.Mutex         // guards data and pending
-	data    *grpc.Server       // set by start when the fuse blows
-	pending *tlsflight.Pending // the relayed handshake the agent's first connection continues
+	mu   sync.Mutex   // guards data
+	data *grpc.Server // set by start when the fuse blows
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
 	drain         chan struct{} // closed when the init server may drain (fuse.Options.Drain)
@@ -198,19 +194,6 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 		case <-ctx.Done():
 		}
 	}()
-	// A relayed handshake nobody continued (the agent fell back to a full one, or never
-	// came) is dropped once the agent has made a call, or after a while.
-	defer s.abandonPending()
-	go func() {
-		select {
-		case <-s.firstCall:
-		case <-time.After(pendingTTL):
-		case <-ctx.Done():
-			return // the deferred call drops it
-		}
-		s.abandonPending()
-	}()
-
 	select {
 	case <-ctx.Done():
 		s.mu.Lock()
@@ -222,34 +205,23 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	}
 }
 
-// start is the server's part of the one initialisation (fuse.Start): it answers the agent's
-// relayed ClientHello if there is one and FastPath.Relay is on, starts the sandbox's egress
-// when the allocation has an allowlist, and builds the data plane's gRPC server on cfg. A bad
-// ClientHello or a failure to start egress leaves nothing started.
-func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) ([]byte, func(net.Listener), error) {
+// start is the server's part of the one initialisation (fuse.Start): it starts the sandbox's
+// egress when the allocation has an allowlist, and builds the data plane's gRPC server on
+// cfg. A failure to start egress leaves nothing started. A ClientHello in the request (sent
+// by managers of earlier releases, for an accelerator since removed) is ignored: the agent
+// then makes a full handshake.
+func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (func(net.Listener), error) {
 	if !s.opts.NoBulk {
 		// Offered after HTTP/2: a client that offers both gets HTTP/2.
 		cfg = cfg.Clone()
 		cfg.NextProtos = append(slices.Clip(cfg.NextProtos), bulk.Proto)
 	}
 	creds := credentials.NewTLS(cfg)
-	var flight []byte
-	var pending *tlsflight.Pending
-	if hello := req.GetTlsClientHello(); len(hello) > 0 && s.opts.FastPath.Relay {
-		var err error
-		if flight, pending, err = tlsflight.Answer(ctx, cfg, hello); err != nil {
-			return nil, nil, fmt.Errorf("%w: TLS ClientHello: %w", fuse.ErrInvalid, err)
-		}
-		creds = tlsflight.ServerCredentials(cfg, s.takePending)
-	}
 	if allow := req.GetEgress(); len(allow) > 0 && s.opts.StartEgress != nil {
 		// Before the data plane opens: the agent's first command already has its way out.
 		env, err := s.opts.StartEgress(allow)
 		if err != nil {
-			if pending != nil {
-				pending.Abort()
-			}
-			return nil, nil, fmt.Errorf("starting egress: %w", err)
+			return nil, fmt.Errorf("starting egress: %w", err)
 		}
 		s.state.AddBase(env)
 	}
@@ -273,7 +245,7 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 		s.firstCallOnce.Do(func() { close(s.firstCall) })
 	})
 	s.mu.Lock()
-	s.data, s.pending = data, pending
+	s.data = data
 	s.mu.Unlock()
 	s.timeline.initReceived.Store(received)
 	mark(&s.timeline.initAnswered)
@@ -284,25 +256,7 @@ func (s *Server) start(ctx context.Context, req *sandboxv1.InitializeTLSRequest,
 		}
 		s.drainOnce.Do(func() { close(s.drain) })
 	}()
-	return flight, func(ln net.Listener) { s.dataErr <- data.Serve(bufferedListener{ln}) }, nil
-}
-
-// pendingTTL bounds how long a relayed handshake waits for the agent's connection.
-const pendingTTL = 30 * time.Second
-
-// takePending hands the relayed handshake to the first connection that continues one.
-func (s *Server) takePending() *tlsflight.Pending {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.pending
-	s.pending = nil
-	return p
-}
-
-func (s *Server) abandonPending() {
-	if p := s.takePending(); p != nil {
-		p.Abort()
-	}
+	return func(ln net.Listener) { s.dataErr <- data.Serve(bufferedListener{ln}) }, nil
 }
 
 // newDataServer builds the data plane's gRPC server with creds, to serve on a

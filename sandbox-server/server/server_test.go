@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/bulk"
@@ -30,7 +32,6 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
@@ -261,12 +262,11 @@ func TestIdleTTL(t *testing.T) {
 	}
 }
 
-// The agent's ClientHello relayed through InitializeTLS is answered there, and the agent's
-// first data connection continues that handshake; a hello the sandbox cannot answer is
-// refused without blowing the fuse, and a spent relayed handshake cannot be continued again.
-func TestRelayedHandshake(t *testing.T) {
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.Switches{Relay: true}})
-	dataPath := dataAddr[len("unix://"):]
+// A manager of an earlier release sends the agent's ClientHello in InitializeTLS (field 2,
+// reserved since): the sandbox ignores it, answers no TLS flight, and the agent's ordinary
+// handshake reaches the data plane.
+func TestClientHelloFromAnEarlierManagerIsIgnored(t *testing.T) {
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.All()})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key, _ := client.NewKey()
@@ -274,79 +274,35 @@ func TestRelayedHandshake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pin := &tlspin.Pin{}
-	cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, pin)
-	hs, err := tlsflight.StartClient(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hs.Abort()
-
-	bad := append([]byte{}, hs.Hello()...)
-	bad = bad[:len(bad)/2]
-	if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: bad}); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || !errors.Is(err, sfuse.ErrRefused) {
-		t.Fatalf("truncated ClientHello: %v, want InvalidArgument, sfuse.ErrRefused", err)
-	}
-	sandboxtest.ServesNothing(t, dataPath) // the fuse is intact
-
-	res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: hs.Hello()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.TLSServerFlight) == 0 {
-		t.Fatal("no TLS flight in the answer to a ClientHello")
-	}
-	sandboxKey, err := tlspin.ParsePublicKey(res.SandboxKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pin.Set(sandboxKey); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hs.Finish(ctx, res.TLSServerFlight); err != nil {
-		t.Fatalf("finishing the relayed handshake: %v", err)
-	}
-	first := make(chan *tlsflight.Client, 1)
-	first <- hs
-	conn, err := grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", dataPath), cfg)...)
+	cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, &tlspin.Pin{})
+	req := &sandboxv1.InitializeTLSRequest{AgentPublicKey: key.PublicKey()}
+	req.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), tlspintest.ClientHello(t, cfg)))
+	conn, err := grpc.NewClient(initAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	rpc := sandboxv1.NewSandboxClient(conn)
-	if _, err := rpc.Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
-		t.Fatalf("call over the relayed handshake: %v", err)
-	}
-
-	// A second continuation finds nothing pending: the server closes it unanswered.
-	c, err := net.Dial("unix", dataPath)
+	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx, req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("InitializeTLS with a ClientHello: %v", err)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write([]byte("\x14\x03\x03\x00\x01\x01"))
-	if n, err := c.Read(make([]byte, 64)); n != 0 || err == nil {
-		t.Fatalf("second continuation: read %d bytes, %v; want the connection closed", n, err)
+	if extra := resp.ProtoReflect().GetUnknown(); len(extra) > 0 {
+		t.Fatalf("the answer carries %d bytes of fields it no longer has (a TLS flight): %x", len(extra), extra)
 	}
-	// An ordinary handshake by the same agent still works beside the relayed connection.
-	sb, err := client.Dial(dataAddr, res.SandboxKey, key)
+	sb, err := client.Dial(dataAddr, resp.GetSandboxPublicKey(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Close()
 	if _, err := sb.Run(ctx, "true"); err != nil {
-		t.Fatalf("ordinary handshake after the relayed one: %v", err)
-	}
-	if _, err := rpc.Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {
-		t.Fatalf("relayed connection after the others: %v", err)
+		t.Fatalf("the agent's call after a full handshake: %v", err)
 	}
 }
 
 // The key-pinning and sFuse guarantees hold with the accelerators off (the plain path) and
 // on: only the pinned agent, over TLS 1.3 with a client certificate, reaches the data plane;
-// the agent refuses a sandbox presenting another key; a replayed ClientHello or
-// continuation gets nothing; a second InitializeTLS is refused.
+// the agent refuses a sandbox presenting another key; a replayed ClientHello or a stray
+// handshake record gets nothing; a second InitializeTLS is refused.
 func TestKeyPinningOnBothPaths(t *testing.T) {
 	for _, path := range []struct {
 		name string
@@ -373,35 +329,16 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			}
 			pin := &tlspin.Pin{}
 			cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, pin)
-			hs, err := tlsflight.StartClient(ctx, cfg)
+			hello := tlspintest.ClientHello(t, cfg)
+			res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 			if err != nil {
 				t.Fatal(err)
-			}
-			defer hs.Abort()
-			res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey(), TLSClientHello: hs.Hello()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if relayed := len(res.TLSServerFlight) > 0; relayed != path.fast.Relay {
-				t.Fatalf("TLS flight answered: %v, want %v", relayed, path.fast.Relay)
 			}
 			sandboxKey, _ := tlspin.ParsePublicKey(res.SandboxKey)
 			if err := pin.Set(sandboxKey); err != nil {
 				t.Fatal(err)
 			}
-			// The agent's connection: continuing the relayed handshake on the fast path, an
-			// ordinary one on the plain path.
-			var conn *grpc.ClientConn
-			if path.fast.Relay {
-				if _, err := hs.Finish(ctx, res.TLSServerFlight); err != nil {
-					t.Fatal(err)
-				}
-				first := make(chan *tlsflight.Client, 1)
-				first <- hs
-				conn, err = grpc.NewClient("passthrough:///sandbox", tlsflight.DialOptions(first, tlsflight.NetDialer("unix", dataPath), cfg)...)
-			} else {
-				conn, err = grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-			}
+			conn, err := grpc.NewClient(dataAddr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -434,11 +371,11 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			other, _ := client.NewKey()
 			t.Run("replayed ClientHello", func(t *testing.T) {
 				// On a prepared connection (a new one finds no socket): the fuse is blown.
-				_, err := conns.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey(), TLSClientHello: hs.Hello()})
+				_, err := conns.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()})
 				if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
-					t.Fatalf("InitializeTLS replaying the ClientHello: %v, want FailedPrecondition or Unavailable", err)
+					t.Fatalf("a second InitializeTLS: %v, want FailedPrecondition or Unavailable", err)
 				}
-				if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey(), TLSClientHello: hs.Hello()}); err == nil {
+				if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); err == nil {
 					t.Fatal("a second InitializeTLS on a new connection succeeded")
 				}
 				// The ClientHello sent straight to the data socket: a handshake the server
@@ -450,7 +387,7 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 				}
 				defer c.Close()
 				c.SetDeadline(time.Now().Add(10 * time.Second))
-				c.Write(hs.Hello())
+				c.Write(hello)
 				c.Write([]byte("\x14\x03\x03\x00\x01\x01\x17\x03\x03\x00\x100123456789abcdef"))
 				for {
 					if _, err := c.Read(make([]byte, 4096)); err != nil {
@@ -461,7 +398,7 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 					}
 				}
 			})
-			t.Run("replayed continuation", func(t *testing.T) {
+			t.Run("stray handshake record", func(t *testing.T) {
 				c, err := net.Dial("unix", dataPath)
 				if err != nil {
 					t.Fatal(err)
@@ -470,7 +407,7 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 				c.SetDeadline(time.Now().Add(10 * time.Second))
 				c.Write([]byte("\x14\x03\x03\x00\x01\x01"))
 				if n, err := c.Read(make([]byte, 64)); n != 0 && err == nil {
-					t.Fatalf("continuation with nothing pending: read %d bytes, %v; want the connection closed", n, err)
+					t.Fatalf("a ChangeCipherSpec record first: read %d bytes, %v; want the connection closed", n, err)
 				}
 			})
 			if _, err := sandboxv1.NewSandboxClient(conn).Stat(ctx, &sandboxv1.StatRequest{Path: "."}); err != nil {

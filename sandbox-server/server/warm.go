@@ -7,22 +7,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
-// WarmUp runs one throwaway pinned-TLS handshake, relayed as an allocation relays it when
-// FastPath.Relay is on (see internal/tlsflight), and one data-plane call through this server's own code, on a private
-// unix socket, before the sandbox waits in the pool: a self-test (a server that cannot
-// complete it never enters the pool) that also runs the data plane's code paths once, off the
-// allocation path. It uses its own keys and never touches the pinned identity or the init
+// WarmUp runs one throwaway pinned-TLS handshake and one data-plane call through this
+// server's own code, on a private unix socket, before the sandbox waits in the pool: a
+// self-test (a server that cannot complete it never enters the pool) that also runs the data
+// plane's code paths once, off the allocation path. It uses its own keys and never touches the pinned identity or the init
 // listener.
 func (s *Server) WarmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -57,52 +54,20 @@ func (s *Server) WarmUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("binding the warm-up listener: %w", err)
 	}
-	var dialOpts []grpc.DialOption
 	pin := &tlspin.Pin{}
-	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
-	if !s.opts.FastPath.Relay {
-		if err := pin.Set(serverKey.Public()); err != nil {
-			return err
-		}
-		srv := s.newDataServer(credentials.NewTLS(scfg), nil)
-		go srv.Serve(bufferedListener{ln})
-		defer srv.Stop()
-		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(ccfg)),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				return tlsflight.NetDialer("unix", sock)(ctx)
-			})}
-	} else {
-		// The agent's and the sandbox's halves of sFuse's relayed first round trip.
-		hello, err := tlsflight.StartClient(ctx, ccfg)
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		defer hello.Abort()
-		flight, pending, err := tlsflight.Answer(ctx, scfg, hello.Hello())
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		defer pending.Abort()
-		var once sync.Once
-		srv := s.newDataServer(tlsflight.ServerCredentials(scfg, func() (p *tlsflight.Pending) {
-			once.Do(func() { p = pending })
-			return p
-		}), nil)
-		go srv.Serve(bufferedListener{ln})
-		defer srv.Stop()
-		if err := pin.Set(serverKey.Public()); err != nil {
-			return err
-		}
-		if _, err := hello.Finish(ctx, flight); err != nil {
-			return fmt.Errorf("warm-up handshake: %w", err)
-		}
-		first := make(chan *tlsflight.Client, 1)
-		first <- hello
-		dialOpts = tlsflight.DialOptions(first, tlsflight.NetDialer("unix", sock), ccfg)
+	if err := pin.Set(serverKey.Public()); err != nil {
+		ln.Close()
+		return err
 	}
-	conn, err := grpc.NewClient("passthrough:///warm-up", dialOpts...)
+	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
+	srv := s.newDataServer(credentials.NewTLS(scfg), nil)
+	go srv.Serve(bufferedListener{ln})
+	defer srv.Stop()
+	conn, err := grpc.NewClient("passthrough:///warm-up", grpc.WithTransportCredentials(credentials.NewTLS(ccfg)),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}))
 	if err != nil {
 		return err
 	}

@@ -153,13 +153,12 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 	// accelerators it used.
 	one := func(p *armPool, trace bool, marks *schedMarks) (time.Duration, used, error) {
 		var am agentMarks
-		var sent atomic.Int64 // set on the connection's writer
+		var connected atomic.Int64 // set on the connection's dialer
 		ao := client.AllocateOptions{FastPath: p.arm.Agent()}
 		if trace {
 			ao.Trace = &client.AllocateTrace{
-				Answered:         func(at time.Time) { am.answered = at },
-				RelayedHandshake: func(at time.Time) { am.finished = at },
-				FirstWrite:       func(at time.Time) { sent.Store(at.UnixNano()) },
+				Answered:  func(at time.Time) { am.answered = at },
+				Connected: func(at time.Time) { connected.Store(at.UnixNano()) },
 			}
 		}
 		var u usage
@@ -169,8 +168,8 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			return 0, used{}, err
 		}
 		if trace {
-			if ns := sent.Load(); ns != 0 {
-				am.sent = time.Unix(0, ns)
+			if ns := connected.Load(); ns != 0 {
+				am.connected = time.Unix(0, ns)
 			}
 			tr.record(t0, done, am, p.alloc.ServerLog(a.ID))
 		}

@@ -19,7 +19,7 @@ import (
 // the setting is the same on both ends, as with fusebox local up --fast-path and an SDK user's
 // AllocateOptions.FastPath.
 type Arm struct {
-	// Name is the arm as asked for ("all", "none", "no-relay", "relay+handoff"), with "#2",
+	// Name is the arm as asked for ("all", "none", "no-handoff", "handoff+keep-awake"), with "#2",
 	// "#3" ... after a repeat (an A/A comparison such as all,all shows the noise).
 	Name string
 	// FastPath is the accelerators the arm asks for.
@@ -31,7 +31,7 @@ type Arm struct {
 var DefaultArms = []string{"all", "none"}
 
 // ArmsHelp describes --fast-path-arms.
-const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake; a repeated arm (all,all) measures the noise`
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of handoff, keep-awake; a repeated arm (all,all) measures the noise`
 
 // ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
 // '+'-separated list of accelerator names (those only).
@@ -43,7 +43,7 @@ func ParseArm(v string) (Arm, error) {
 	if name, ok := strings.CutPrefix(v, "no-"); ok {
 		off, err := fastpath.Parse(name)
 		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
-			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, handoff, keep-awake)", v)
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (handoff, keep-awake)", v)
 		}
 		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
 	}
@@ -79,11 +79,10 @@ func ParseArms(vs []string) ([]Arm, error) {
 	return arms, nil
 }
 
-// Agent is the agent's side of the arm: it neither continues a relayed handshake without the
-// relay nor collects a handed-over connection without the handoff (keep-awake is the
-// sandbox's alone).
+// Agent is the agent's side of the arm: it collects no handed-over connection without the
+// handoff (keep-awake is the sandbox's alone).
 func (a Arm) Agent() client.FastPath {
-	return client.FastPath{Off: !a.FastPath.Relay && !a.FastPath.Handoff, NoRelay: !a.FastPath.Relay, NoHandoff: !a.FastPath.Handoff}
+	return client.FastPath{Off: !a.FastPath.Handoff, NoHandoff: !a.FastPath.Handoff}
 }
 
 // effective is the accelerators in effect for an arm whose sandboxes may be kept awake
@@ -94,24 +93,17 @@ func (a Arm) effective(keepAwake bool) fastpath.Switches {
 	return s
 }
 
-// agentString names the agent's side of a client.FastPath: "on", "off", "no-relay" or
-// "no-handoff".
+// agentString names the agent's side of a client.FastPath: "on" or "off".
 func agentString(f client.FastPath) string {
-	switch {
-	case f.Off || f.NoRelay && f.NoHandoff:
+	if f.Off || f.NoHandoff {
 		return "off"
-	case f.NoRelay:
-		return "no-relay"
-	case f.NoHandoff:
-		return "no-handoff"
 	}
 	return "on"
 }
 
 // without is a with b's accelerators switched off.
 func without(a, b fastpath.Switches) fastpath.Switches {
-	return fastpath.Switches{Relay: a.Relay && !b.Relay, Handoff: a.Handoff && !b.Handoff,
-		KeepAwake: a.KeepAwake && !b.KeepAwake}
+	return fastpath.Switches{Handoff: a.Handoff && !b.Handoff, KeepAwake: a.KeepAwake && !b.KeepAwake}
 }
 
 // interleave is the order of an interleaved run's allocations, as arm indices: rounds

@@ -58,18 +58,14 @@ type RemoteResult struct {
 	AnswerP99Ms    float64 `json:"answer_p99_ms"`
 	FirstCallP50Ms float64 `json:"first_call_p50_ms"`
 	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
-	// The first call split further, over the allocations whose handshake rode on the
-	// allocation (the relay), by client.AllocateTrace's hooks: ConnectP50Ms and ConnectP99Ms
-	// from the answer until the data connection was there (dialed, or handed over);
-	// ReplyP50Ms and ReplyP99Ms from the agent's one write of its finished handshake and first
-	// request until the call's end (the sandbox's wake-up, its end of the handshake, the
-	// call, the way back). Between the two, the agent finished the handshake and set gRPC's
-	// transport up. Relayed counts them.
+	// The first call split further by client.AllocateTrace's hooks: ConnectP50Ms and
+	// ConnectP99Ms from the answer until the data connection was there (dialed, or handed
+	// over); ReplyP50Ms and ReplyP99Ms from then until the call's end (the TLS handshake,
+	// gRPC's transport, the call, the way back).
 	ConnectP50Ms float64 `json:"first_call_connect_p50_ms"`
 	ConnectP99Ms float64 `json:"first_call_connect_p99_ms"`
 	ReplyP50Ms   float64 `json:"first_call_reply_p50_ms"`
 	ReplyP99Ms   float64 `json:"first_call_reply_p99_ms"`
-	Relayed      int     `json:"relayed"`
 	// HandedOff is how many allocations used the data connection the manager opened ahead.
 	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
@@ -153,7 +149,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 		r.AnswerP50Ms, r.AnswerP99Ms = pct(split.answer, 50), pct(split.answer, 99)
 		r.FirstCallP50Ms, r.FirstCallP99Ms = pct(split.first, 50), pct(split.first, 99)
 	}
-	if r.Relayed = len(split.connect); r.Relayed > 0 {
+	if len(split.connect) > 0 {
 		r.ConnectP50Ms, r.ConnectP99Ms = pct(split.connect, 50), pct(split.connect, 99)
 		r.ReplyP50Ms, r.ReplyP99Ms = pct(split.reply, 50), pct(split.reply, 99)
 	}
@@ -161,24 +157,22 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 }
 
 // remoteSplit is where each allocation's time went (ms; see RemoteResult): answer and first
-// for every allocation the manager answered, connect and reply for those whose first call
-// continued a relayed handshake.
+// for every allocation the manager answered, connect and reply for those whose data
+// connection's time is known too.
 type remoteSplit struct{ answer, first, connect, reply []float64 }
 
 // callMarks are one allocation's times, set by client.AllocateTrace's hooks on the client's
 // goroutines.
 type callMarks struct {
-	mu                         sync.Mutex
-	answered, connected, wrote time.Time
-	relayed                    bool
+	mu                  sync.Mutex
+	answered, connected time.Time
 }
 
 func (c *callMarks) trace() *client.AllocateTrace {
 	at := func(t *time.Time) func(time.Time) {
 		return func(v time.Time) { c.mu.Lock(); *t = v; c.mu.Unlock() }
 	}
-	return &client.AllocateTrace{Answered: at(&c.answered), Connected: at(&c.connected), FirstWrite: at(&c.wrote),
-		RelayedHandshake: func(time.Time) { c.mu.Lock(); c.relayed = true; c.mu.Unlock() }}
+	return &client.AllocateTrace{Answered: at(&c.answered), Connected: at(&c.connected)}
 }
 
 // add adds the allocation that started at t0 and whose first call ended at done to s.
@@ -189,8 +183,8 @@ func (c *callMarks) add(s *remoteSplit, t0, done time.Time) {
 		return
 	}
 	s.answer, s.first = append(s.answer, ms(c.answered.Sub(t0))), append(s.first, ms(done.Sub(c.answered)))
-	if c.relayed && !c.connected.IsZero() && !c.wrote.IsZero() {
-		s.connect, s.reply = append(s.connect, ms(c.connected.Sub(c.answered))), append(s.reply, ms(done.Sub(c.wrote)))
+	if !c.connected.IsZero() {
+		s.connect, s.reply = append(s.connect, ms(c.connected.Sub(c.answered))), append(s.reply, ms(done.Sub(c.connected)))
 	}
 }
 

@@ -46,12 +46,11 @@ type Step struct {
 var stepNames = []struct{ name, what string }{
 	{"agent_to_manager", "the agent's Allocate reaching the manager's sFuse call"},
 	{"manager_to_sandbox", "InitializeTLS reaching its handler in the sandbox"},
-	{"sandbox_init", "the sandbox's handler: pinning the key, answering the relayed ClientHello"},
+	{"sandbox_init", "the sandbox's handler: pinning the key, starting the data plane"},
 	{"sandbox_to_manager", "InitializeTLS's answer reaching the manager"},
 	{"manager_to_agent", "the manager's answer reaching the agent"},
-	{"agent_finish", "the agent finishing the relayed handshake"},
-	{"agent_transport", "the agent's gRPC transport and first stream, up to the one write"},
-	{"sandbox_handshake", "the sandbox's wake-up and the end of its handshake"},
+	{"agent_connect", "the agent's data connection, dialed or handed over"},
+	{"handshake", "the TLS handshake, up to its end on the sandbox's side"},
 	{"sandbox_transport", "the sandbox's gRPC server transport, up to the first call's handler"},
 	{"sandbox_call", "the first call's handler (Stat)"},
 	{"sandbox_to_agent", "the first call's answer reaching the agent"},
@@ -80,7 +79,7 @@ func (t *tracer) initializer(init manager.Initializer) manager.Initializer {
 }
 
 // agentMarks are when the agent's steps happened (see client.AllocateTrace).
-type agentMarks struct{ answered, finished, sent time.Time }
+type agentMarks struct{ answered, connected time.Time }
 
 // record adds one allocation: it began at start, the agent's steps are in ct, its first call
 // returned at done, and its sandbox's log is at logPath (read while the sandbox exists).
@@ -88,12 +87,12 @@ func (t *tracer) record(start, done time.Time, ct agentMarks, logPath string) {
 	tl, ok := t.readTimeline(logPath)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !ok || ct.finished.IsZero() || ct.sent.IsZero() {
+	if !ok || ct.answered.IsZero() || ct.connected.IsZero() {
 		t.missing++
 		return
 	}
 	t.marks = append(t.marks, []int64{start.UnixNano(), t.sfuse[0].UnixNano(), tl.InitReceived, tl.InitAnswered,
-		t.sfuse[1].UnixNano(), ct.answered.UnixNano(), ct.finished.UnixNano(), ct.sent.UnixNano(), tl.HandshakeDone,
+		t.sfuse[1].UnixNano(), ct.answered.UnixNano(), ct.connected.UnixNano(), tl.HandshakeDone,
 		tl.FirstCallStart, tl.FirstCallEnd, done.UnixNano()})
 }
 

@@ -39,9 +39,8 @@ func traceFixture(t *testing.T, before string) (tr *tracer, log string) {
 	return tr, log
 }
 
-// agentAt are the agent's marks of the fixture: the answer at 3 ms, the handshake finished
-// at 4, the first write at 4.5.
-var agentAt = agentMarks{at(3), at(4), at(4.5)}
+// agentAt are the agent's marks of the fixture: the answer at 3 ms, the data connection at 4.
+var agentAt = agentMarks{at(3), at(4)}
 
 // The tracer reads the sandbox's timeline from its log and reports each step between
 // consecutive marks; an allocation without a timeline is counted and left out.
@@ -53,7 +52,7 @@ func TestTracerSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []float64{0.5, 0.5, 1, 0.5, 0.5, 1, 0.5, 0.5, 1, 1, 1}
+	want := []float64{0.5, 0.5, 1, 0.5, 0.5, 1, 1, 1, 1, 1}
 	if s.Runs != 1 || len(s.Steps) != len(want) || s.Total != 8 {
 		t.Fatalf("steps %+v, want 1 run of %d steps, 8 ms in all", s, len(want))
 	}
@@ -108,7 +107,7 @@ func TestTracerTailAndCSV(t *testing.T) {
 	if want := "total_ms,agent_to_manager_ms,"; !strings.HasPrefix(lines[0], want) || !strings.HasSuffix(lines[0], ",sandbox_to_agent_ms") {
 		t.Errorf("header %q", lines[0])
 	}
-	if want := "13.000,0.500,0.500,1.000,0.500,0.500,1.000,0.500,0.500,1.000,1.000,6.000"; lines[4] != want {
+	if want := "13.000,0.500,0.500,1.000,0.500,0.500,1.000,1.000,1.000,1.000,6.000"; lines[4] != want {
 		t.Errorf("slow row %q, want %q", lines[4], want)
 	}
 }

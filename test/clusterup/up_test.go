@@ -538,7 +538,6 @@ func BenchmarkAllocateThroughTheService(b *testing.B) {
 	b.ReportMetric(r.ConnectP99Ms, "first-call-connect-p99-ms")
 	b.ReportMetric(r.ReplyP50Ms, "first-call-reply-p50-ms")
 	b.ReportMetric(r.ReplyP99Ms, "first-call-reply-p99-ms")
-	b.ReportMetric(float64(r.Relayed), "relayed")
 	b.ReportMetric(float64(r.ColdWaits), "cold-waits")
 	after, err := bench.ScrapeManagerSteps(ctx, metrics)
 	if err != nil {

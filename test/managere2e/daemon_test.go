@@ -41,9 +41,6 @@ func TestAllocateExecRelease(t *testing.T) {
 		t.Fatalf("Allocate: %v", err)
 	}
 	id := a.ID
-	if !used.relayed.Load() {
-		t.Error("the data connection made a full handshake: the one begun in the allocation was not continued")
-	}
 	if !slices.Contains(e.containers(t), id) || !slices.Contains(e.sandboxDirs(t), id) {
 		t.Errorf("allocated %s, but runsc lists %v and the state directory holds %v", id, e.containers(t), e.sandboxDirs(t))
 	}
@@ -128,9 +125,6 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
-		}
-		if !used.relayed.Load() {
-			t.Errorf("allocation %d: the relayed handshake was not continued", i)
 		}
 		if slices.Contains(ids, a.ID) {
 			t.Errorf("allocation %d got sandbox %s again (earlier: %v)", i, a.ID, ids)
@@ -359,8 +353,8 @@ func TestHandoffIsOneUseAndOptional(t *testing.T) {
 	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
 		t.Errorf("exec on a dialed connection: %q", out)
 	}
-	if used.handedOff.Load() || !used.relayed.Load() {
-		t.Errorf("handed off %v, relayed %v: want a dialed connection continuing the relayed handshake", used.handedOff.Load(), used.relayed.Load())
+	if used.handedOff.Load() {
+		t.Error("handed off: want a dialed connection")
 	}
 }
 
@@ -409,8 +403,7 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 }
 
 // With the accelerators switched off on both sides (--fast-path=none, FastPath.Off) an
-// allocation takes the plain path: no relayed handshake, no connection opened ahead, no
-// keep-awake; the pinning holds as on the fast path. A client that keeps its accelerators
+// allocation takes the plain path: no connection opened ahead, no keep-awake; the pinning holds as on the fast path. A client that keeps its accelerators
 // on against that manager falls back to the plain path too.
 func TestPlainPath(t *testing.T) {
 	e := newEnv(t)
@@ -426,8 +419,8 @@ func TestPlainPath(t *testing.T) {
 		if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
 			t.Errorf("exec on the plain path: %q", out)
 		}
-		if used.relayed.Load() || used.handedOff.Load() {
-			t.Errorf("client %+v: relayed %v, handed off %v; want neither on the plain path", o, used.relayed.Load(), used.handedOff.Load())
+		if used.handedOff.Load() {
+			t.Errorf("client %+v: handed off; want a dialed connection on the plain path", o)
 		}
 		if n := used.connected.Load(); n != 1 {
 			t.Errorf("client %+v: AllocateTrace.Connected ran %d times, want once on the plain path too", o, n)
@@ -443,8 +436,8 @@ func TestPlainPath(t *testing.T) {
 	// the answer offers no connection opened ahead.
 	key := sandboxtest.NewKey(t)
 	resp, sb := rawAllocate(t, ctx, dialManager(t, e.Addr), key, time.Minute)
-	if resp.GetDataHandoff() != "" || len(resp.GetTlsServerFlight()) != 0 {
-		t.Errorf("the answer offers a handoff at %q and a %d-byte TLS flight, want neither", resp.GetDataHandoff(), len(resp.GetTlsServerFlight()))
+	if resp.GetDataHandoff() != "" {
+		t.Errorf("the answer offers a handoff at %q, want none", resp.GetDataHandoff())
 	}
 	if out := sandboxtest.Sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
 		t.Errorf("the pinned agent's exec: %q", out)

@@ -1,10 +1,14 @@
 // Package tlspintest holds the table of clients that tests of a pinned data plane run: the
-// pinned agent, which must be served, and the clients that must be refused.
+// pinned agent, which must be served, and the clients that must be refused; and a real
+// ClientHello, for tests of requests that carry one.
 package tlspintest
 
 import (
 	"crypto"
 	"crypto/tls"
+	"encoding/binary"
+	"io"
+	"net"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -50,4 +54,29 @@ func Cases(t testing.TB, agent tls.Certificate, sandbox crypto.PublicKey) []Case
 		{"no client certificate", noCert, false},
 		{"TLS 1.2", tls12, false},
 	}
+}
+
+// ClientHello returns the first TLS record a client with cfg sends: its ClientHello, as an
+// agent of an earlier release sent it in Allocate and a manager of one in InitializeTLS.
+func ClientHello(t testing.TB, cfg *tls.Config) []byte {
+	t.Helper()
+	c, s := net.Pipe()
+	defer s.Close()
+	go func() {
+		tls.Client(c, cfg).Handshake() // fails when s closes
+		c.Close()
+	}()
+	header := make([]byte, 5)
+	if _, err := io.ReadFull(s, header); err != nil {
+		t.Fatal(err)
+	}
+	record := make([]byte, 5+int(binary.BigEndian.Uint16(header[3:])))
+	copy(record, header)
+	if _, err := io.ReadFull(s, record[5:]); err != nil {
+		t.Fatal(err)
+	}
+	if record[0] != 0x16 || record[5] != 1 {
+		t.Fatalf("first record %x...: not a ClientHello", record[:6])
+	}
+	return record
 }

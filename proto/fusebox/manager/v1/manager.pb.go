@@ -108,14 +108,9 @@ type AllocateRequest struct {
 	// Lease length; zero means the manager's default. Capped by the manager's maximum.
 	LeaseTtl *durationpb.Duration `protobuf:"bytes,4,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	// Free-form labels shown by List (e.g. the agent's session id).
-	Labels map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Optional: the agent's first TLS 1.3 flight (its ClientHello record) for the data plane.
-	// The manager relays it to the sandbox with InitializeTLS and returns the sandbox's reply
-	// in tls_server_flight, so that the data connection starts at the agent's second flight and
-	// the handshake costs no round trip of its own. Opaque to the manager; at most 16 KiB.
-	TlsClientHello []byte `protobuf:"bytes,6,opt,name=tls_client_hello,json=tlsClientHello,proto3" json:"tls_client_hello,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocateRequest) Reset() {
@@ -183,13 +178,6 @@ func (x *AllocateRequest) GetLabels() map[string]string {
 	return nil
 }
 
-func (x *AllocateRequest) GetTlsClientHello() []byte {
-	if x != nil {
-		return x.TlsClientHello
-	}
-	return nil
-}
-
 type AllocateResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -200,10 +188,6 @@ type AllocateResponse struct {
 	LeaseExpires     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
 	// Proves ownership of the lease to Renew and Release. Keep it secret.
 	LeaseToken string `protobuf:"bytes,5,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
-	// The sandbox's reply to tls_client_hello (ServerHello through Finished), when the request
-	// carried one and the sandbox accepted it; empty otherwise: the agent then dials with a full
-	// handshake.
-	TlsServerFlight []byte `protobuf:"bytes,6,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
 	// When set, a connection to endpoint that the manager opened ahead of time waits for the
 	// agent here: a unix:///path on the manager's machine, for agents on that machine. Connect,
 	// write data_handoff_token, and read one byte: 1 comes with the connection's file descriptor
@@ -286,13 +270,6 @@ func (x *AllocateResponse) GetLeaseToken() string {
 		return x.LeaseToken
 	}
 	return ""
-}
-
-func (x *AllocateResponse) GetTlsServerFlight() []byte {
-	if x != nil {
-		return x.TlsServerFlight
-	}
-	return nil
 }
 
 func (x *AllocateResponse) GetDataHandoff() string {
@@ -1024,17 +1001,16 @@ var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/manager/v1/manager.proto\x12\x12fusebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x02\n" +
+	" fusebox/manager/v1/manager.proto\x12\x12fusebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x02\n" +
 	"\x0fAllocateRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x16\n" +
 	"\x06egress\x18\x03 \x03(\tR\x06egress\x126\n" +
 	"\tlease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x12G\n" +
-	"\x06labels\x18\x05 \x03(\v2/.fusebox.manager.v1.AllocateRequest.LabelsEntryR\x06labels\x12(\n" +
-	"\x10tls_client_hello\x18\x06 \x01(\fR\x0etlsClientHello\x1a9\n" +
+	"\x06labels\x18\x05 \x03(\v2/.fusebox.manager.v1.AllocateRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x06\x10\aR\x10tls_client_hello\"\xf8\x02\n" +
 	"\x10AllocateResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -1042,11 +1018,10 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x12sandbox_public_key\x18\x03 \x01(\fR\x10sandboxPublicKey\x12?\n" +
 	"\rlease_expires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1f\n" +
 	"\vlease_token\x18\x05 \x01(\tR\n" +
-	"leaseToken\x12*\n" +
-	"\x11tls_server_flight\x18\x06 \x01(\fR\x0ftlsServerFlight\x12!\n" +
+	"leaseToken\x12!\n" +
 	"\fdata_handoff\x18\a \x01(\tR\vdataHandoff\x12,\n" +
 	"\x12data_handoff_token\x18\b \x01(\fR\x10dataHandoffToken\x12/\n" +
-	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificate\"\x9b\x01\n" +
+	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificateJ\x04\b\x06\x10\aR\x11tls_server_flight\"\x9b\x01\n" +
 	"\rAllocateEvent\x12;\n" +
 	"\x06picked\x18\x01 \x01(\v2!.fusebox.manager.v1.SandboxPickedH\x00R\x06picked\x12D\n" +
 	"\tallocated\x18\x02 \x01(\v2$.fusebox.manager.v1.AllocateResponseH\x00R\tallocatedB\a\n" +

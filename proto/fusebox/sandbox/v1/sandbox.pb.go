@@ -233,12 +233,6 @@ type InitializeTLSRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's public key as DER-encoded SubjectPublicKeyInfo (PKIX). ECDSA P-256 or Ed25519.
 	AgentPublicKey []byte `protobuf:"bytes,1,opt,name=agent_public_key,json=agentPublicKey,proto3" json:"agent_public_key,omitempty"`
-	// Optional: the agent's ClientHello record for the data plane (relayed, opaque to the
-	// manager). The sandbox answers it in tls_server_flight and keeps the handshake pending: the
-	// first data connection that does not start with a ClientHello continues it with the agent's
-	// second flight. A ClientHello the sandbox cannot answer fails the call with
-	// INVALID_ARGUMENT and leaves the fuse intact. At most 16 KiB.
-	TlsClientHello []byte `protobuf:"bytes,2,opt,name=tls_client_hello,json=tlsClientHello,proto3" json:"tls_client_hello,omitempty"`
 	// The allocation's egress allowlist as the manager accepted it ("host:port" entries), for
 	// the sandbox's own set-up only: the sandbox enforces nothing (its allowlist is enforced
 	// outside it, by the host's egress proxy or the cluster's network policies). Non-empty, a
@@ -287,13 +281,6 @@ func (x *InitializeTLSRequest) GetAgentPublicKey() []byte {
 	return nil
 }
 
-func (x *InitializeTLSRequest) GetTlsClientHello() []byte {
-	if x != nil {
-		return x.TlsClientHello
-	}
-	return nil
-}
-
 func (x *InitializeTLSRequest) GetEgress() []string {
 	if x != nil {
 		return x.Egress
@@ -306,9 +293,6 @@ type InitializeTLSResponse struct {
 	// The sandbox's public key as DER-encoded SubjectPublicKeyInfo. The agent pins it: the data
 	// listener's TLS certificate carries exactly this key.
 	SandboxPublicKey []byte `protobuf:"bytes,1,opt,name=sandbox_public_key,json=sandboxPublicKey,proto3" json:"sandbox_public_key,omitempty"`
-	// The sandbox's TLS reply to tls_client_hello (ServerHello through Finished); empty when the
-	// request carried none.
-	TlsServerFlight []byte `protobuf:"bytes,2,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
 	// The sandbox's self-signed TLS certificate (DER X.509) that the data listener presents: its
 	// key is sandbox_public_key and it names the fixed server name "sandbox.fusebox.invalid" as
 	// a DNS subject alternative name. For clients whose TLS stack can pin only through a root
@@ -353,13 +337,6 @@ func (*InitializeTLSResponse) Descriptor() ([]byte, []int) {
 func (x *InitializeTLSResponse) GetSandboxPublicKey() []byte {
 	if x != nil {
 		return x.SandboxPublicKey
-	}
-	return nil
-}
-
-func (x *InitializeTLSResponse) GetTlsServerFlight() []byte {
-	if x != nil {
-		return x.TlsServerFlight
 	}
 	return nil
 }
@@ -2818,15 +2795,13 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x0fIdentityRequest\"q\n" +
 	"\x10IdentityResponse\x12,\n" +
 	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12/\n" +
-	"\x13sandbox_certificate\x18\x02 \x01(\fR\x12sandboxCertificate\"\x82\x01\n" +
+	"\x13sandbox_certificate\x18\x02 \x01(\fR\x12sandboxCertificate\"p\n" +
 	"\x14InitializeTLSRequest\x12(\n" +
-	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12(\n" +
-	"\x10tls_client_hello\x18\x02 \x01(\fR\x0etlsClientHello\x12\x16\n" +
-	"\x06egress\x18\x03 \x03(\tR\x06egress\"\xa2\x01\n" +
+	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12\x16\n" +
+	"\x06egress\x18\x03 \x03(\tR\x06egressJ\x04\b\x02\x10\x03R\x10tls_client_hello\"\x8f\x01\n" +
 	"\x15InitializeTLSResponse\x12,\n" +
-	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12*\n" +
-	"\x11tls_server_flight\x18\x02 \x01(\fR\x0ftlsServerFlight\x12/\n" +
-	"\x13sandbox_certificate\x18\x03 \x01(\fR\x12sandboxCertificate\"\xf0\x02\n" +
+	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12/\n" +
+	"\x13sandbox_certificate\x18\x03 \x01(\fR\x12sandboxCertificateJ\x04\b\x02\x10\x03R\x11tls_server_flight\"\xf0\x02\n" +
 	"\vExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x16\n" +
 	"\x06script\x18\x02 \x01(\tR\x06script\x12\x10\n" +

@@ -25,7 +25,7 @@ class AllocateEvent(_message.Message):
     def __init__(self, picked: _Optional[_Union[SandboxPicked, _Mapping]] = ..., allocated: _Optional[_Union[AllocateResponse, _Mapping]] = ...) -> None: ...
 
 class AllocateRequest(_message.Message):
-    __slots__ = ["agent_public_key", "egress", "labels", "lease_ttl", "template", "tls_client_hello"]
+    __slots__ = ["agent_public_key", "egress", "labels", "lease_ttl", "template"]
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,17 +38,15 @@ class AllocateRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
-    TLS_CLIENT_HELLO_FIELD_NUMBER: _ClassVar[int]
     agent_public_key: bytes
     egress: _containers.RepeatedScalarFieldContainer[str]
     labels: _containers.ScalarMap[str, str]
     lease_ttl: _duration_pb2.Duration
     template: str
-    tls_client_hello: bytes
-    def __init__(self, agent_public_key: _Optional[bytes] = ..., template: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., tls_client_hello: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, agent_public_key: _Optional[bytes] = ..., template: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ["data_handoff", "data_handoff_token", "endpoint", "lease_expires", "lease_token", "sandbox_certificate", "sandbox_id", "sandbox_public_key", "tls_server_flight"]
+    __slots__ = ["data_handoff", "data_handoff_token", "endpoint", "lease_expires", "lease_token", "sandbox_certificate", "sandbox_id", "sandbox_public_key"]
     DATA_HANDOFF_FIELD_NUMBER: _ClassVar[int]
     DATA_HANDOFF_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -57,7 +55,6 @@ class AllocateResponse(_message.Message):
     SANDBOX_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    TLS_SERVER_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     data_handoff: str
     data_handoff_token: bytes
     endpoint: str
@@ -66,8 +63,7 @@ class AllocateResponse(_message.Message):
     sandbox_certificate: bytes
     sandbox_id: str
     sandbox_public_key: bytes
-    tls_server_flight: bytes
-    def __init__(self, sandbox_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., sandbox_public_key: _Optional[bytes] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ..., tls_server_flight: _Optional[bytes] = ..., data_handoff: _Optional[str] = ..., data_handoff_token: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., sandbox_public_key: _Optional[bytes] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ..., data_handoff: _Optional[str] = ..., data_handoff_token: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = []

@@ -212,24 +212,20 @@ class IdentityResponse(_message.Message):
     def __init__(self, sandbox_public_key: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
 
 class InitializeTLSRequest(_message.Message):
-    __slots__ = ["agent_public_key", "egress", "tls_client_hello"]
+    __slots__ = ["agent_public_key", "egress"]
     AGENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     EGRESS_FIELD_NUMBER: _ClassVar[int]
-    TLS_CLIENT_HELLO_FIELD_NUMBER: _ClassVar[int]
     agent_public_key: bytes
     egress: _containers.RepeatedScalarFieldContainer[str]
-    tls_client_hello: bytes
-    def __init__(self, agent_public_key: _Optional[bytes] = ..., tls_client_hello: _Optional[bytes] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, agent_public_key: _Optional[bytes] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InitializeTLSResponse(_message.Message):
-    __slots__ = ["sandbox_certificate", "sandbox_public_key", "tls_server_flight"]
+    __slots__ = ["sandbox_certificate", "sandbox_public_key"]
     SANDBOX_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    TLS_SERVER_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     sandbox_certificate: bytes
     sandbox_public_key: bytes
-    tls_server_flight: bytes
-    def __init__(self, sandbox_public_key: _Optional[bytes] = ..., tls_server_flight: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, sandbox_public_key: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ["max_depth", "max_entries", "path", "recursive"]
