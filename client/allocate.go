@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
-	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/tlsflight"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
@@ -57,13 +56,9 @@ type FastPath struct {
 	// NoRelay makes a full TLS handshake on the data connection instead of continuing the
 	// one whose first round trip rode on the allocation.
 	NoRelay bool
-	// NoHandoff dials the sandbox instead of collecting the connection the manager opened
-	// ahead.
-	NoHandoff bool
 }
 
-func (f FastPath) relay() bool   { return !f.Off && !f.NoRelay }
-func (f FastPath) handoff() bool { return !f.Off && !f.NoHandoff }
+func (f FastPath) relay() bool { return !f.Off && !f.NoRelay }
 
 // AllocateTrace is a set of hooks called at an allocation's steps on the agent's side, in the
 // manner of net/http/httptrace: for finding where its time goes (fusebox-bench allocate
@@ -82,11 +77,7 @@ type AllocateTrace struct {
 	// FirstWrite is called when the finished relayed handshake and the first request went to
 	// the sandbox in one write.
 	FirstWrite func(at time.Time)
-	// HandedOff is called when the data connection is the one the manager opened ahead and
-	// handed to this agent (the handoff accelerator), rather than one it dialed.
-	HandedOff func()
-	// Connected is called once, when the first data connection is there (dialed, or handed
-	// over), with when it was.
+	// Connected is called once, when the first data connection is dialed, with when it was.
 	Connected func(at time.Time)
 }
 
@@ -298,9 +289,6 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	if !o.FastPath.handoff() {
-		resp.DataHandoff, resp.DataHandoffToken = "", nil
-	}
 	sb, err := connect(ctx, resp, h, o.Sandbox, trace, next.dialOptions()...)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
@@ -320,11 +308,6 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 // switched off, an older manager or sandbox, or a relayed handshake that could not be
 // finished). A sandbox presenting a key other than the one the manager returned is refused
 // either way.
-//
-// The first data connection is the one the manager opened ahead, when it offers one
-// (resp's data_handoff): collected as the allocation answers, it spares the sandbox an accept
-// on the critical path (trace.HandedOff is called). When it cannot be collected, the
-// connection is dialed as usual.
 func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace, extra ...grpc.DialOption) (sb *Sandbox, err error) {
 	relayed := false
 	defer func() {
@@ -344,10 +327,10 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 		return nil, err
 	}
 	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
-	d := connectedDialer(handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff), trace.Connected)
+	d := connectedDialer(func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.Connected)
 	flight := resp.GetTlsServerFlight()
 	if len(flight) == 0 || h.hs == nil {
-		// The plain path (with the handoff, when the manager offers one).
+		// The plain path.
 		sb, err := dial("passthrough:///"+a.String(), o, append(extra,
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
 			grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))...)
@@ -395,35 +378,6 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	relayed = true
 	first <- hs
 	return g.sb, nil
-}
-
-// handoffTimeout bounds the collection of a connection the manager opened ahead; dialing
-// follows a failure.
-const handoffTimeout = time.Second
-
-// handoffDialer returns a dial function whose first call collects the connection granted to
-// token at the handoff socket addr (see internal/handoff), calling handedOff (if set), and
-// which otherwise, and on any failure to, calls dial. Without addr it is dial.
-func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Conn, error), handedOff func()) func(context.Context) (net.Conn, error) {
-	a, err := endpoint.Parse(addr)
-	if addr == "" || err != nil || a.Network != "unix" {
-		return dial
-	}
-	var tried atomic.Bool
-	return func(ctx context.Context) (net.Conn, error) {
-		if !tried.Swap(true) {
-			hctx, cancel := context.WithTimeout(ctx, handoffTimeout)
-			c, err := handoff.Take(hctx, a.Address, token)
-			cancel()
-			if err == nil {
-				if handedOff != nil {
-					handedOff()
-				}
-				return c, nil
-			}
-		}
-		return dial(ctx)
-	}
 }
 
 // connectedDialer calls connected, if set, when dial first returns a connection.

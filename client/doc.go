@@ -11,9 +11,7 @@
 //	res, err := sb.Exec(ctx, client.Command{Script: "go test ./..."})
 //
 // Allocate and Manager.Allocate do all of that, and more: the TLS handshake's first flight
-// rides on the allocation (internal/tlsflight), and a local manager hands over a connection to
-// the sandbox that it opened ahead (internal/handoff; Allocation.HandedOff), which the agent
-// uses instead of dialing.
+// rides on the allocation (internal/tlsflight).
 //
 // File transfers are batched: WriteFiles and WriteTree bin-pack small files into batches of at
 // most 3.5 MiB sent concurrently and stream larger files; ReadFiles asks the sandbox for a plan

@@ -18,9 +18,9 @@ func printArms(f *bench.FastPathResult) {
 	fmt.Printf("\nfast-path arms, interleaved (%d rounds, each arm once per round in a shuffled order, seed %d):\n", f.Rounds, f.Seed)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	ref := f.Arms[0].Arm
-	fmt.Fprintf(w, "ARM\tFAST PATH (AGENT)\tRUNS\tP50 MS\tP90 MS\tP99 MS\tRELAYED\tHANDED OFF\tVS %s: P50 / P90 / P99\tPAIRED P50\tSLOWER ROUNDS\t\n", strings.ToUpper(ref))
+	fmt.Fprintf(w, "ARM\tFAST PATH (AGENT)\tRUNS\tP50 MS\tP90 MS\tP99 MS\tRELAYED\tVS %s: P50 / P90 / P99\tPAIRED P50\tSLOWER ROUNDS\t\n", strings.ToUpper(ref))
 	for _, a := range f.Arms {
-		fmt.Fprintf(w, "%s\t%s (%s)\t%d\t%.2f\t%.2f\t%.2f\t%d\t%d\t", a.Arm, a.FastPath, a.Agent, a.Runs, a.P50Ms, a.P90Ms, a.P99Ms, a.Relayed, a.HandedOff)
+		fmt.Fprintf(w, "%s\t%s (%s)\t%d\t%.2f\t%.2f\t%.2f\t%d\t", a.Arm, a.FastPath, a.Agent, a.Runs, a.P50Ms, a.P90Ms, a.P99Ms, a.Relayed)
 		if d := a.VsReference; d != nil {
 			fmt.Fprintf(w, "%+.2f / %+.2f / %+.2f ms\t%+.2f ms\t%d of %d\t\n", d.P50Ms, d.P90Ms, d.P99Ms, d.PairedP50Ms, d.SlowerRounds, d.Rounds)
 		} else {
@@ -28,7 +28,7 @@ func printArms(f *bench.FastPathResult) {
 		}
 	}
 	w.Flush()
-	fmt.Println("RELAYED, HANDED OFF: allocations the client's trace hooks saw use the relay and the handoff (keep-awake acts inside the sandbox, unseen by the agent); PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
+	fmt.Println("RELAYED: allocations the client's trace hooks saw use the relay (early naming and keep-awake act in the manager and the sandbox, unseen by the Go agent); PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
 	for _, a := range f.Arms {
 		for _, m := range a.Mismatches() {
 			if m.On {

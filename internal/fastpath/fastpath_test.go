@@ -15,8 +15,8 @@ func TestParseAndString(t *testing.T) {
 		{"none", Switches{}, "none"},
 		{"", Switches{}, "none"},
 		{"relay", Switches{Relay: true}, "relay"},
-		{"handoff, keep-awake", Switches{Handoff: true, KeepAwake: true}, "handoff,keep-awake"},
-		{"relay,handoff,keep-awake", All(), "all"},
+		{"early-naming, keep-awake", Switches{EarlyNaming: true, KeepAwake: true}, "early-naming,keep-awake"},
+		{"relay,early-naming,keep-awake", All(), "all"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
@@ -30,7 +30,7 @@ func TestParseAndString(t *testing.T) {
 			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
 		}
 	}
-	for _, bad := range []string{"fast", "relay,turbo", "ALL", "pool-procs", "relay,pool-procs"} {
+	for _, bad := range []string{"fast", "relay,turbo", "ALL", "pool-procs", "relay,pool-procs", "handoff", "relay,handoff,keep-awake"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
@@ -44,19 +44,23 @@ func TestParseAndString(t *testing.T) {
 // earlier release may hold, and refuses an unknown one.
 func TestSetIgnoresRetiredNames(t *testing.T) {
 	for in, want := range map[string]Switches{
-		"pool-procs":                          {},
-		"relay, pool-procs":                   {Relay: true},
-		"relay,handoff,keep-awake,pool-procs": All(),
-		"all":                                 All(),
+		"pool-procs":                            {},
+		"relay, pool-procs":                     {Relay: true},
+		"relay,handoff,keep-awake,pool-procs":   {Relay: true, KeepAwake: true},
+		"handoff":                               {},
+		"relay,early-naming,keep-awake,handoff": All(),
+		"all":                                   All(),
 	} {
-		s := Switches{Handoff: true} // Set replaces what was there
+		s := Switches{EarlyNaming: true} // Set replaces what was there
 		if err := s.Set(in); err != nil || s != want {
 			t.Errorf("Set(%q) = %+v, %v; want %+v", in, s, err, want)
 		}
 	}
 	var s Switches
-	if err := s.Set("pool-procs,turbo"); err == nil {
-		t.Error(`Set("pool-procs,turbo") accepted it`)
+	for _, bad := range []string{"pool-procs,turbo", "handoff,turbo"} {
+		if err := s.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted it", bad)
+		}
 	}
 }
 

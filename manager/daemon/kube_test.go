@@ -33,8 +33,8 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}{
 		{"all", fastpath.Switches{Relay: true}},
 		{"none", fastpath.Switches{}},
-		{"relay,handoff,keep-awake", fastpath.Switches{Relay: true}},
-		{"handoff", fastpath.Switches{}},
+		{"relay,early-naming,keep-awake", fastpath.Switches{Relay: true}},
+		{"early-naming", fastpath.Switches{}},
 	} {
 		fast, err := fastpath.Parse(tc.flag)
 		if err != nil {

@@ -67,9 +67,6 @@ type AllocateResult struct {
 	AllocateP90Ms float64 `json:"allocate_p90_ms"`
 	AllocateP95Ms float64 `json:"allocate_p95_ms"`
 	AllocateP99Ms float64 `json:"allocate_p99_ms"`
-	// HandedOff is how many of the warm allocations used the data connection the manager
-	// opened ahead (internal/handoff) rather than dialing.
-	HandedOff int `json:"handed_off"`
 	// Young: the same from a pool of one unit, taken as soon as it is ready and idle for
 	// settle_ms, before gVisor's clock calibration (see runscalloc.GVisorWarmUp).
 	YoungRuns          int     `json:"young_runs"`
@@ -164,7 +161,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		}
 		var u usage
 		u.observe(&ao)
-		a, t0, done, err := timedAllocation(ctx, p.agent, ao, marks, nil)
+		a, t0, done, err := timedAllocation(ctx, p.agent, ao, marks)
 		if err != nil {
 			return 0, used{}, err
 		}
@@ -253,9 +250,8 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		effective[i] = p.fast.String()
 	}
 	r.FastPath = &FastPathResult{Rounds: o.Runs, Seed: o.ArmSeed, Arms: summarizeArms(o.Arms, effective, samples),
-		Note: "each arm is a manager with a pool of its own in this process, its sandboxes made with the arm's accelerators and its agent's side switched alike (client.FastPath); in each round every arm makes one warm allocation, in an order shuffled afresh, after every arm's pool has been full and idle for settle_ms; relayed and handed_off count the allocations the client's trace hooks saw use them; vs_reference is against the first arm (positive: slower)"}
+		Note: "each arm is a manager with a pool of its own in this process, its sandboxes made with the arm's accelerators and its agent's side switched alike (client.FastPath); in each round every arm makes one warm allocation, in an order shuffled afresh, after every arm's pool has been full and idle for settle_ms; relayed counts the allocations the client's trace hooks saw use the relay; vs_reference is against the first arm (positive: slower)"}
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 90), pct(warm, 95), pct(warm, 99)
-	r.HandedOff = r.FastPath.Arms[0].HandedOff
 	if o.Trace {
 		if r.Steps, err = tr.steps(); err != nil {
 			return nil, err
@@ -405,18 +401,8 @@ func oldestReadyAge(m *manager.Manager) time.Duration {
 // timedAllocation makes one measured allocation through agent: Allocate (sFuse included), then
 // the first data-plane call (Stat), between marks. It returns the allocation, still held for
 // the caller to release, and when it began and when the call returned; on an error nothing is
-// held. handedOff, if set, counts the allocations whose data connection the manager handed
-// over (client.AllocateTrace.HandedOff).
-func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks, handedOff *atomic.Int64) (*client.Allocation, time.Time, time.Time, error) {
-	var handed atomic.Bool
-	if handedOff != nil {
-		tr := &client.AllocateTrace{}
-		if ao.Trace != nil {
-			*tr = *ao.Trace
-		}
-		tr.HandedOff = func() { handed.Store(true) }
-		ao.Trace = tr
-	}
+// held.
+func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks) (*client.Allocation, time.Time, time.Time, error) {
 	marks.start()
 	t0 := time.Now()
 	a, err := agent.Allocate(ctx, ao)
@@ -429,9 +415,6 @@ func timedAllocation(ctx context.Context, agent *client.Manager, ao client.Alloc
 	}
 	done := time.Now()
 	marks.end()
-	if handedOff != nil && handed.Load() {
-		handedOff.Add(1)
-	}
 	return a, t0, done, nil
 }
 

@@ -14,12 +14,12 @@ import (
 // Arm is one setting of the latency accelerators (internal/fastpath) in an interleaved
 // comparison (fusebox-bench allocate --fast-path-arms). Each arm has a manager and a pool of
 // its own in the benchmark's process, made with the arm's accelerators (the runsc
-// allocator's Options.FastPath, which sets the manager's handoff and each sandbox server's
+// allocator's Options.FastPath, which sets the manager's early naming and each sandbox server's
 // -fast-path and keep-awake), and its agent switches its own side to match (client.FastPath):
 // the setting is the same on both ends, as with fusebox local up --fast-path and an SDK user's
 // AllocateOptions.FastPath.
 type Arm struct {
-	// Name is the arm as asked for ("all", "none", "no-relay", "relay+handoff"), with "#2",
+	// Name is the arm as asked for ("all", "none", "no-relay", "relay+early-naming"), with "#2",
 	// "#3" ... after a repeat (an A/A comparison such as all,all shows the noise).
 	Name string
 	// FastPath is the accelerators the arm asks for.
@@ -31,7 +31,7 @@ type Arm struct {
 var DefaultArms = []string{"all", "none"}
 
 // ArmsHelp describes --fast-path-arms.
-const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, handoff, keep-awake; a repeated arm (all,all) measures the noise`
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of relay, early-naming, keep-awake; a repeated arm (all,all) measures the noise`
 
 // ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
 // '+'-separated list of accelerator names (those only).
@@ -43,7 +43,7 @@ func ParseArm(v string) (Arm, error) {
 	if name, ok := strings.CutPrefix(v, "no-"); ok {
 		off, err := fastpath.Parse(name)
 		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
-			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, handoff, keep-awake)", v)
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (relay, early-naming, keep-awake)", v)
 		}
 		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
 	}
@@ -79,11 +79,11 @@ func ParseArms(vs []string) ([]Arm, error) {
 	return arms, nil
 }
 
-// Agent is the agent's side of the arm: it neither continues a relayed handshake without the
-// relay nor collects a handed-over connection without the handoff (keep-awake is the
-// sandbox's alone).
+// Agent is the agent's side of the arm: it does not continue a relayed handshake without the
+// relay (early naming and keep-awake are the manager's and the sandbox's alone: the Go SDK
+// dials after the answer).
 func (a Arm) Agent() client.FastPath {
-	return client.FastPath{Off: !a.FastPath.Relay && !a.FastPath.Handoff, NoRelay: !a.FastPath.Relay, NoHandoff: !a.FastPath.Handoff}
+	return client.FastPath{Off: !a.FastPath.Relay, NoRelay: !a.FastPath.Relay}
 }
 
 // effective is the accelerators in effect for an arm whose sandboxes may be kept awake
@@ -94,23 +94,17 @@ func (a Arm) effective(keepAwake bool) fastpath.Switches {
 	return s
 }
 
-// agentString names the agent's side of a client.FastPath: "on", "off", "no-relay" or
-// "no-handoff".
+// agentString names the agent's side of a client.FastPath: "on" or "off".
 func agentString(f client.FastPath) string {
-	switch {
-	case f.Off || f.NoRelay && f.NoHandoff:
+	if f.Off || f.NoRelay {
 		return "off"
-	case f.NoRelay:
-		return "no-relay"
-	case f.NoHandoff:
-		return "no-handoff"
 	}
 	return "on"
 }
 
 // without is a with b's accelerators switched off.
 func without(a, b fastpath.Switches) fastpath.Switches {
-	return fastpath.Switches{Relay: a.Relay && !b.Relay, Handoff: a.Handoff && !b.Handoff,
+	return fastpath.Switches{Relay: a.Relay && !b.Relay, EarlyNaming: a.EarlyNaming && !b.EarlyNaming,
 		KeepAwake: a.KeepAwake && !b.KeepAwake}
 }
 

@@ -14,21 +14,21 @@ import (
 
 func TestParseArms(t *testing.T) {
 	all := fastpath.All()
-	noRelay, noKeepAwake := all, all
-	noRelay.Relay, noKeepAwake.KeepAwake = false, false
-	arms, err := ParseArms([]string{"all", "none", "no-relay", " no-keep-awake ", "relay+handoff", "keep-awake", "all", "all"})
+	noRelay, noEarly, noKeepAwake := all, all, all
+	noRelay.Relay, noEarly.EarlyNaming, noKeepAwake.KeepAwake = false, false, false
+	arms, err := ParseArms([]string{"all", "none", "no-relay", "no-early-naming", " no-keep-awake ", "relay+early-naming", "keep-awake", "all", "all"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Arm{
-		{"all", all}, {"none", fastpath.Switches{}}, {"no-relay", noRelay}, {"no-keep-awake", noKeepAwake},
-		{"relay+handoff", fastpath.Switches{Relay: true, Handoff: true}}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
+		{"all", all}, {"none", fastpath.Switches{}}, {"no-relay", noRelay}, {"no-early-naming", noEarly}, {"no-keep-awake", noKeepAwake},
+		{"relay+early-naming", fastpath.Switches{Relay: true, EarlyNaming: true}}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
 		{"all#2", all}, {"all#3", all},
 	}
 	if !slices.Equal(arms, want) {
 		t.Errorf("ParseArms = %+v, want %+v", arms, want)
 	}
-	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-relay+handoff"}, {"pool-procs"}, {"no-pool-procs"}, {"relay,handoff"}, {"relay+"}, {"all", "nonee"}} {
+	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-relay+early-naming"}, {"pool-procs"}, {"no-pool-procs"}, {"handoff"}, {"no-handoff"}, {"relay+handoff"}, {"relay,early-naming"}, {"relay+"}, {"all", "nonee"}} {
 		if got, err := ParseArms(bad); err == nil {
 			t.Errorf("ParseArms(%q) = %+v, want an error", bad, got)
 		}
@@ -46,8 +46,8 @@ func TestDefaultArms(t *testing.T) {
 	}
 }
 
-// Each arm switches the agent's side alike: the agent uses the relay and the handoff only
-// where the arm has them on.
+// Each arm switches the agent's side alike: the agent uses the relay only where the arm has
+// it on.
 func TestArmAgent(t *testing.T) {
 	for _, c := range []struct {
 		arm  string
@@ -56,10 +56,11 @@ func TestArmAgent(t *testing.T) {
 	}{
 		{"all", client.FastPath{}, "on"},
 		{"no-keep-awake", client.FastPath{}, "on"},
-		{"none", client.FastPath{Off: true, NoRelay: true, NoHandoff: true}, "off"},
-		{"keep-awake", client.FastPath{Off: true, NoRelay: true, NoHandoff: true}, "off"},
-		{"no-relay", client.FastPath{NoRelay: true}, "no-relay"},
-		{"no-handoff", client.FastPath{NoHandoff: true}, "no-handoff"},
+		{"no-early-naming", client.FastPath{}, "on"},
+		{"none", client.FastPath{Off: true, NoRelay: true}, "off"},
+		{"keep-awake", client.FastPath{Off: true, NoRelay: true}, "off"},
+		{"early-naming", client.FastPath{Off: true, NoRelay: true}, "off"},
+		{"no-relay", client.FastPath{Off: true, NoRelay: true}, "off"},
 	} {
 		a, err := ParseArm(c.arm)
 		if err != nil {
@@ -73,8 +74,8 @@ func TestArmAgent(t *testing.T) {
 		}
 	}
 	a, _ := ParseArm("all")
-	if got := a.effective(false).String(); got != "relay,handoff" {
-		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want relay,handoff", got)
+	if got := a.effective(false).String(); got != "relay,early-naming" {
+		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want relay,early-naming", got)
 	}
 	if got := a.effective(true); got != fastpath.All() {
 		t.Errorf("all with --keep-sandboxes-awake: %v in effect, want all", got)
@@ -168,7 +169,7 @@ func TestSummarizeArms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	on := used{relayed: true, handedOff: true}
+	on := used{relayed: true}
 	// Four rounds, the arms in shuffled orders; no-relay never ran. In round 3 the reference
 	// fell back to the plain path; round 4 is cut short after the reference.
 	samples := []armSample{
@@ -176,16 +177,16 @@ func TestSummarizeArms(t *testing.T) {
 		{arm: 0, round: 1, ms: 3, used: on}, {arm: 1, round: 1, ms: 2.5},
 		{arm: 1, round: 2, ms: 4}, {arm: 0, round: 2, ms: 2},
 		{arm: 0, round: 3, ms: 4, used: on}, {arm: 1, round: 3, ms: 9},
-		{arm: 0, round: 4, ms: 3.5, used: used{handedOff: true}},
+		{arm: 0, round: 4, ms: 3.5},
 	}
-	got := summarizeArms(arms, []string{"all", "none", "handoff,keep-awake"}, samples)
+	got := summarizeArms(arms, []string{"all", "none", "early-naming,keep-awake"}, samples)
 	want := []ArmResult{
 		// 1, 2, 3, 3.5, 4: nearest rank.
-		{Arm: "all", FastPath: "all", Agent: "on", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4, Relayed: 3, HandedOff: 4},
+		{Arm: "all", FastPath: "all", Agent: "on", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4, Relayed: 3},
 		// 1.5, 2.5, 4, 9; paired with the reference: +0.5, -0.5, +2, +5.
 		{Arm: "none", FastPath: "none", Agent: "off", Runs: 4, P50Ms: 2.5, P90Ms: 9, P99Ms: 9,
 			VsReference: &ArmDiff{Reference: "all", P50Ms: -0.5, P90Ms: 5, P99Ms: 5, PairedP50Ms: 1.25, SlowerRounds: 3, Rounds: 4}},
-		{Arm: "no-relay", FastPath: "handoff,keep-awake", Agent: "no-relay"},
+		{Arm: "no-relay", FastPath: "early-naming,keep-awake", Agent: "off"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d arms, want %d", len(got), len(want))
@@ -241,33 +242,25 @@ func TestUsageObserve(t *testing.T) {
 	if got := u.get(); got != (used{}) {
 		t.Fatalf("before any hook: %+v", got)
 	}
-	ao.Trace.HandedOff()
-	if got := u.get(); got != (used{handedOff: true}) {
-		t.Errorf("after HandedOff: %+v", got)
-	}
 
 	var relayedAt time.Time
-	handed := false
 	ao = client.AllocateOptions{Trace: &client.AllocateTrace{
 		RelayedHandshake: func(at time.Time) { relayedAt = at },
-		HandedOff:        func() { handed = true },
 	}}
 	prior := ao.Trace
 	u = usage{}
 	u.observe(&ao)
 	at := time.Unix(1_800_000_000, 0)
 	ao.Trace.RelayedHandshake(at)
-	ao.Trace.HandedOff()
-	if got := u.get(); got != (used{relayed: true, handedOff: true}) {
-		t.Errorf("recorded %+v, want both", got)
+	if got := u.get(); got != (used{relayed: true}) {
+		t.Errorf("recorded %+v, want relayed", got)
 	}
-	if !relayedAt.Equal(at) || !handed {
-		t.Errorf("the options' own hooks: relayed at %v, handed off %v", relayedAt, handed)
+	if !relayedAt.Equal(at) {
+		t.Errorf("the options' own hook: relayed at %v", relayedAt)
 	}
 	// The caller's AllocateTrace is left as it was: its hooks do not record into u.
 	u = usage{}
 	prior.RelayedHandshake(at)
-	prior.HandedOff()
 	if ao.Trace == prior || u.get() != (used{}) {
 		t.Error("observe changed the caller's AllocateTrace in place")
 	}
@@ -278,11 +271,11 @@ func TestMismatches(t *testing.T) {
 		r    ArmResult
 		want []Mismatch
 	}{
-		{ArmResult{FastPath: "all", Runs: 20, Relayed: 20, HandedOff: 20}, nil},
-		{ArmResult{FastPath: "all", Runs: 20, Relayed: 19, HandedOff: 20}, []Mismatch{{"relay", true, 19}}},
+		{ArmResult{FastPath: "all", Runs: 20, Relayed: 20}, nil},
+		{ArmResult{FastPath: "all", Runs: 20, Relayed: 19}, []Mismatch{{"relay", true, 19}}},
 		{ArmResult{FastPath: "none", Runs: 20}, nil},
-		{ArmResult{FastPath: "none", Runs: 20, HandedOff: 1}, []Mismatch{{"handoff", false, 1}}},
-		{ArmResult{FastPath: "handoff,keep-awake", Runs: 5, Relayed: 2, HandedOff: 4}, []Mismatch{{"relay", false, 2}, {"handoff", true, 4}}},
+		{ArmResult{FastPath: "none", Runs: 20, Relayed: 1}, []Mismatch{{"relay", false, 1}}},
+		{ArmResult{FastPath: "early-naming,keep-awake", Runs: 5, Relayed: 2}, []Mismatch{{"relay", false, 2}}},
 	} {
 		if got := c.r.Mismatches(); !slices.Equal(got, c.want) {
 			t.Errorf("%+v: %+v, want %+v", c.r, got, c.want)

@@ -25,19 +25,17 @@ type ArmResult struct {
 	Arm string `json:"arm"`
 	// FastPath is the accelerators in effect on the manager's and the sandboxes' side
 	// (fastpath.Switches.String; keep-awake only with --keep-sandboxes-awake), Agent the
-	// agent's side (on, off, no-relay, no-handoff).
+	// agent's side (on, off).
 	FastPath string  `json:"fast_path"`
 	Agent    string  `json:"agent"`
 	Runs     int     `json:"runs"`
 	P50Ms    float64 `json:"p50_ms"`
 	P90Ms    float64 `json:"p90_ms"`
 	P99Ms    float64 `json:"p99_ms"`
-	// Relayed and HandedOff are how many of the arm's allocations used the relay and the
-	// handoff, as the client's trace hooks reported them (AllocateTrace.RelayedHandshake and
-	// HandedOff). Keep-awake happens inside the sandbox, out of the agent's sight: FastPath
-	// says whether it was on.
-	Relayed   int `json:"relayed"`
-	HandedOff int `json:"handed_off"`
+	// Relayed is how many of the arm's allocations used the relay, as the client's trace
+	// hooks reported them (AllocateTrace.RelayedHandshake). Early naming and keep-awake
+	// happen out of the Go agent's sight: FastPath says whether they were on.
+	Relayed int `json:"relayed"`
 	// VsReference compares the arm with the first one (absent on the first).
 	VsReference *ArmDiff `json:"vs_reference,omitempty"`
 }
@@ -58,10 +56,9 @@ type ArmDiff struct {
 	Rounds       int     `json:"rounds"`
 }
 
-// Mismatch is an accelerator the agent sees (relay, handoff) whose use in an arm's
+// Mismatch is an accelerator the agent sees (relay) whose use in an arm's
 // allocations does not match the arm's setting: on, yet some allocations went without it (a
-// fallback to the plain path: a handshake that could not be finished, a connection that could
-// not be collected), or off, yet some used it (a switch that did not reach a side).
+// fallback to the plain path: a handshake that could not be finished), or off, yet some used it (a switch that did not reach a side).
 type Mismatch struct {
 	Name string
 	On   bool // in the arm's setting
@@ -81,7 +78,6 @@ func (a ArmResult) Mismatches() []Mismatch {
 		}
 	}
 	check("relay", s.Relay, a.Relayed)
-	check("handoff", s.Handoff, a.HandedOff)
 	return out
 }
 
@@ -93,11 +89,11 @@ type armSample struct {
 }
 
 // used is which of the agent-visible accelerators an allocation used.
-type used struct{ relayed, handedOff bool }
+type used struct{ relayed bool }
 
 // usage records, through the client's trace hooks, which accelerators one allocation used.
 // The hooks may be called on the client's goroutines.
-type usage struct{ relayed, handedOff atomic.Bool }
+type usage struct{ relayed atomic.Bool }
 
 // observe sets ao's trace hooks to record into u, each calling the hook ao had before, if any.
 func (u *usage) observe(ao *client.AllocateOptions) {
@@ -105,24 +101,18 @@ func (u *usage) observe(ao *client.AllocateOptions) {
 	if ao.Trace != nil {
 		*tr = *ao.Trace
 	}
-	relayed, handedOff := tr.RelayedHandshake, tr.HandedOff
+	relayed := tr.RelayedHandshake
 	tr.RelayedHandshake = func(at time.Time) {
 		u.relayed.Store(true)
 		if relayed != nil {
 			relayed(at)
 		}
 	}
-	tr.HandedOff = func() {
-		u.handedOff.Store(true)
-		if handedOff != nil {
-			handedOff()
-		}
-	}
 	ao.Trace = tr
 }
 
 // get returns what u recorded.
-func (u *usage) get() used { return used{relayed: u.relayed.Load(), handedOff: u.handedOff.Load()} }
+func (u *usage) get() used { return used{relayed: u.relayed.Load()} }
 
 // armTimes returns arm's allocation times (ms), in order.
 func armTimes(samples []armSample, arm int) []float64 {
@@ -153,9 +143,6 @@ func summarizeArms(arms []Arm, effective []string, samples []armSample) []ArmRes
 			}
 			if s.used.relayed {
 				r.Relayed++
-			}
-			if s.used.handedOff {
-				r.HandedOff++
 			}
 		}
 		out[i] = r

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -60,7 +59,7 @@ type RemoteResult struct {
 	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
 	// The first call split further, over the allocations whose handshake rode on the
 	// allocation (the relay), by client.AllocateTrace's hooks: ConnectP50Ms and ConnectP99Ms
-	// from the answer until the data connection was there (dialed, or handed over);
+	// from the answer until the data connection was there (dialed);
 	// ReplyP50Ms and ReplyP99Ms from the agent's one write of its finished handshake and first
 	// request until the call's end (the sandbox's wake-up, its end of the handshake, the
 	// call, the way back). Between the two, the agent finished the handshake and set gRPC's
@@ -70,8 +69,6 @@ type RemoteResult struct {
 	ReplyP50Ms   float64 `json:"first_call_reply_p50_ms"`
 	ReplyP99Ms   float64 `json:"first_call_reply_p99_ms"`
 	Relayed      int     `json:"relayed"`
-	// HandedOff is how many allocations used the data connection the manager opened ahead.
-	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
 	// while it ran (the manager's cold-wait count, before and after). Behind a Service with
 	// several replicas the two counts may come from different replicas: then it says little.
@@ -134,9 +131,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 			return nil, err
 		}
 	}
-	var handedOff atomic.Int64
-	lat, split, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
-	r.HandedOff = int(handedOff.Load())
+	lat, split, err := allocateRemote(ctx, agent, mc, o, marks)
 	if marks != nil {
 		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
 	}
@@ -196,7 +191,7 @@ func (c *callMarks) add(s *remoteSplit, t0, done time.Time) {
 
 // allocateRemote makes the o.Runs measured allocations and returns their times (ms) and
 // their split.
-func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat []float64, split remoteSplit, err error) {
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks) (lat []float64, split remoteSplit, err error) {
 	for i := range o.Runs {
 		if err := marks.drain(); err != nil {
 			return nil, split, err
@@ -206,7 +201,7 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		}
 		var call callMarks
 		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"}, Trace: call.trace()}
-		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
+		a, t0, done, err := timedAllocation(ctx, agent, ao, marks)
 		if err != nil {
 			return nil, split, fmt.Errorf("allocation %d: %w", i+1, err)
 		}

@@ -484,14 +484,13 @@ func (e *env) serverEnv(t testing.TB, id string) []string {
 // fastUse records, through an allocation's trace hooks, which accelerators it used, and how
 // many times the hook for the data connection ran.
 type fastUse struct {
-	relayed, handedOff atomic.Bool
-	connected          atomic.Int32
+	relayed   atomic.Bool
+	connected atomic.Int32
 }
 
 func (u *fastUse) trace() *client.AllocateTrace {
 	return &client.AllocateTrace{
 		RelayedHandshake: func(time.Time) { u.relayed.Store(true) },
-		HandedOff:        func() { u.handedOff.Store(true) },
 		Connected:        func(time.Time) { u.connected.Add(1) },
 	}
 }

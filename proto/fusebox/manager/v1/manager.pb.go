@@ -204,14 +204,11 @@ type AllocateResponse struct {
 	// carried one and the sandbox accepted it; empty otherwise: the agent then dials with a full
 	// handshake.
 	TlsServerFlight []byte `protobuf:"bytes,6,opt,name=tls_server_flight,json=tlsServerFlight,proto3" json:"tls_server_flight,omitempty"`
-	// When set, a connection to endpoint that the manager opened ahead of time waits for the
-	// agent here: a unix:///path on the manager's machine, for agents on that machine. Connect,
-	// write data_handoff_token, and read one byte: 1 comes with the connection's file descriptor
-	// (SCM_RIGHTS), 0 means it is gone (dial endpoint instead). The manager never reads or
-	// writes the connection; the agent's TLS runs on it as on one of its own. Empty when the
-	// allocator opens no connections ahead (remote sandboxes, adopted units).
+	// No longer set (the handoff accelerator, a data connection the manager opened ahead for
+	// the agent to collect, was removed); kept for wire compatibility: clients that read it
+	// find it empty and dial endpoint.
 	DataHandoff string `protobuf:"bytes,7,opt,name=data_handoff,json=dataHandoff,proto3" json:"data_handoff,omitempty"`
-	// The one-time token that collects the connection at data_handoff. Keep it secret.
+	// No longer set; kept for wire compatibility (see data_handoff).
 	DataHandoffToken []byte `protobuf:"bytes,8,opt,name=data_handoff_token,json=dataHandoffToken,proto3" json:"data_handoff_token,omitempty"`
 	// The sandbox's self-signed certificate (DER X.509), relayed from InitializeTLS: its key is
 	// sandbox_public_key and it names "sandbox.fusebox.invalid". For clients whose TLS stack pins
