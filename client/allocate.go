@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -15,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
-	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
@@ -39,40 +37,18 @@ type AllocateOptions struct {
 	TokenFile, CAFile, ServerName string
 	// Sandbox tunes the data-plane connection.
 	Sandbox Options
-	// FastPath switches off this side of the latency accelerators; the zero value uses
-	// every one the manager offers.
-	FastPath FastPath
 	// Trace, if set, has its hooks called at the allocation's steps on this side.
 	Trace *AllocateTrace
 }
 
-// FastPath switches off the agent's side of an allocation's latency accelerators (the
-// manager has its own switch, fusebox local up --fast-path). None is part of the trust
-// path: the sandbox's key is pinned either way.
-type FastPath struct {
-	// Off switches every accelerator off: the data connection is dialed, and secured by
-	// credentials.NewTLS with the pinning configuration, nothing else.
-	Off bool
-	// NoHandoff dials the sandbox instead of collecting the connection the manager opened
-	// ahead.
-	NoHandoff bool
-}
-
-func (f FastPath) handoff() bool { return !f.Off && !f.NoHandoff }
-
 // AllocateTrace is a set of hooks called at an allocation's steps on the agent's side, in the
 // manner of net/http/httptrace: for finding where its time goes (fusebox-bench allocate
-// --trace puts them beside the manager's and the sandbox's own) and which accelerators it
-// used. Any hook may be nil. They are called on the goroutine that reaches the step and must
+// --trace puts them beside the manager's and the sandbox's own). Any hook may be nil. They are called on the goroutine that reaches the step and must
 // not block.
 type AllocateTrace struct {
 	// Answered is called when the manager's answer arrives.
 	Answered func(at time.Time)
-	// HandedOff is called when the data connection is the one the manager opened ahead and
-	// handed to this agent (the handoff accelerator), rather than one it dialed.
-	HandedOff func()
-	// Connected is called once, when the first data connection is there (dialed, or handed
-	// over), with when it was.
+	// Connected is called once, when the first data connection is dialed, with when it was.
 	Connected func(at time.Time)
 }
 
@@ -203,9 +179,6 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
 		expires: resp.GetLeaseExpires().AsTime()}
-	if !o.FastPath.handoff() {
-		resp.DataHandoff, resp.DataHandoffToken = "", nil
-	}
 	sb, err := connect(ctx, resp, h, o.Sandbox, trace)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
@@ -222,11 +195,6 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 
 // connect connects to the sandbox resp describes, with a TLS handshake of h's configuration:
 // a sandbox presenting a key other than the one the manager returned is refused.
-//
-// The first data connection is the one the manager opened ahead, when it offers one
-// (resp's data_handoff): collected as the allocation answers, it spares the sandbox an accept
-// on the critical path (trace.HandedOff is called). When it cannot be collected, the
-// connection is dialed as usual.
 func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake, o Options, trace *AllocateTrace) (*Sandbox, error) {
 	a, err := endpoint.Parse(resp.GetEndpoint())
 	if err != nil {
@@ -240,8 +208,7 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 		return nil, err
 	}
 	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
-	d := connectedDialer(handoffDialer(resp.GetDataHandoff(), resp.GetDataHandoffToken(), func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.HandedOff), trace.Connected)
-	// The plain path (with the handoff, when the manager offers one).
+	d := connectedDialer(func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, trace.Connected)
 	sb, err := dial("passthrough:///"+a.String(), o,
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d(ctx) }),
 		grpc.WithTransportCredentials(credentials.NewTLS(h.cfg)))
@@ -250,35 +217,6 @@ func connect(ctx context.Context, resp *managerv1.AllocateResponse, h *handshake
 	}
 	sb.withBulk(a, h.cfg)
 	return sb, nil
-}
-
-// handoffTimeout bounds the collection of a connection the manager opened ahead; dialing
-// follows a failure.
-const handoffTimeout = time.Second
-
-// handoffDialer returns a dial function whose first call collects the connection granted to
-// token at the handoff socket addr (see internal/handoff), calling handedOff (if set), and
-// which otherwise, and on any failure to, calls dial. Without addr it is dial.
-func handoffDialer(addr string, token []byte, dial func(context.Context) (net.Conn, error), handedOff func()) func(context.Context) (net.Conn, error) {
-	a, err := endpoint.Parse(addr)
-	if addr == "" || err != nil || a.Network != "unix" {
-		return dial
-	}
-	var tried atomic.Bool
-	return func(ctx context.Context) (net.Conn, error) {
-		if !tried.Swap(true) {
-			hctx, cancel := context.WithTimeout(ctx, handoffTimeout)
-			c, err := handoff.Take(hctx, a.Address, token)
-			cancel()
-			if err == nil {
-				if handedOff != nil {
-					handedOff()
-				}
-				return c, nil
-			}
-		}
-		return dial(ctx)
-	}
 }
 
 // connectedDialer calls connected, if set, when dial first returns a connection.

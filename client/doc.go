@@ -10,9 +10,8 @@
 //	sb, err := client.Dial(endpoint, sandboxKey, key)
 //	res, err := sb.Exec(ctx, client.Command{Script: "go test ./..."})
 //
-// Allocate and Manager.Allocate do all of that, and more: a local manager hands over a
-// connection to the sandbox that it opened ahead (internal/handoff; Allocation.HandedOff),
-// which the agent uses instead of dialing.
+// Allocate and Manager.Allocate do all of that: they ask the manager for a sandbox, dial it
+// and release the lease when the Allocation is closed.
 //
 // File transfers are batched: WriteFiles and WriteTree bin-pack small files into batches of at
 // most 3.5 MiB sent concurrently and stream larger files; ReadFiles asks the sandbox for a plan

@@ -26,9 +26,8 @@ const DefaultBatchBytes = 3.5 * (1 << 20)
 // transport from it (HTTP/2 windows of 8 MiB per stream and 16 MiB per connection, 32 KiB
 // read and write buffers, messages up to a batch plus 1 MiB), so a client with default
 // options sees the benchmark's figures for the same workload. Allocate differs only in how
-// the connection starts: the TLS handshake rides on the allocation and a local manager hands
-// over a connection it opened ahead, which saves the first call a round trip and changes
-// nothing after it.
+// the connection starts: the TLS handshake rides on the allocation, which saves the first
+// call a round trip and changes nothing after it.
 //
 // The benchmark also reports figures labelled "tuned" with Concurrency 8 (docs/performance.md,
 // "Data-plane workloads"): more batches in flight only help when the sandbox has more CPUs to

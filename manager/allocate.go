@@ -69,10 +69,6 @@ type Allocation struct {
 	// SandboxCertificate is the sandbox's self-signed certificate (DER), relayed as the
 	// sandbox sent it, for agents that pin through a root certificate.
 	SandboxCertificate []byte
-	// Handoff and HandoffToken say where the agent collects the data connection the
-	// allocator opened ahead, if it did (see Handoffer).
-	Handoff      string
-	HandoffToken []byte
 }
 
 // checked is what Allocate's checks made of a request.

@@ -60,9 +60,11 @@ type Capabilities struct {
 	// a restarted manager adopts the bound units it finds, and so that a shared pool's
 	// replicas read each other's leases.
 	Adoption bool
-	// Handoff: the allocator opens units' data connections ahead for agents to collect (it
-	// implements Handoffer).
-	Handoff bool
+	// EarlyNaming: the allocator's units keep a data connection opened before sFuse, unread,
+	// until the fuse blows (the early-naming switch, internal/fastpath). With Options.Conns
+	// the manager then learns each new unit's identity and names the unit an allocation picks
+	// before sFuse (AllocateRequest.Picked), so that the agent can dial while sFuse runs.
+	EarlyNaming bool
 	// SharedPool: the warm pool lives in a backend shared by several manager replicas (it
 	// implements SharedPool; Adoption is required too).
 	SharedPool bool
@@ -109,16 +111,6 @@ type EgressChecker interface {
 	// CheckEgress returns an error wrapping ErrInvalid, naming the entry, if BindEgress
 	// would refuse allow.
 	CheckEgress(allow []string) error
-}
-
-// Handoffer is implemented by allocators that open a unit's data connection ahead of time
-// and hold it for the agent to collect (see internal/handoff; Capabilities.Handoff): an agent on the same machine
-// then skips the sandbox's accept, the slowest step of a first connection into gVisor.
-type Handoffer interface {
-	// Handoff grants unit id's held connection and returns where the agent collects it and
-	// the one-time token that does; ok is false when none is held (the agent dials the
-	// unit's DataAddr).
-	Handoff(id string) (addr string, token []byte, ok bool)
 }
 
 // Initializer performs sFuse on a unit's init endpoint and returns the sandbox's answer

@@ -145,16 +145,11 @@ func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow e
 	return fused, err
 }
 
-// allocation is the answer to the agent: the bound unit, the sandbox's identity and TLS
-// flight, the lease, and the data connection opened ahead if the allocator holds one.
+// allocation is the answer to the agent: the bound unit, the sandbox's identity and the
+// lease.
 func (m *Manager) allocation(u Unit, fused sfuse.Result, lease *Lease, token string) Allocation {
 	a := Allocation{ID: u.Info.ID, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
 		LeaseToken: token, SandboxCertificate: fused.SandboxCertificate}
-	if m.handoffer != nil {
-		if addr, tok, ok := m.handoffer.Handoff(u.Info.ID); ok {
-			a.Handoff, a.HandoffToken = addr, tok
-		}
-	}
 	return a
 }
 

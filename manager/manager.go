@@ -44,7 +44,7 @@ type Options struct {
 	// Conns, instead of Initializer, keeps connections to the init listeners of the units in
 	// the pool and performs sFuse over them (internal/sfuse.Conns in production). With it
 	// the manager also pings the pool's head (PingInterval) and learns the identity of units
-	// that keep a data connection opened before sFuse (Capabilities.Handoff).
+	// that keep a data connection opened before sFuse (Capabilities.EarlyNaming).
 	Conns InitConns
 	// PingInterval, if positive with Conns, is how often the unit the next allocation will
 	// take is pinged, to find it dead before an allocation does (see pingHead).
@@ -95,7 +95,6 @@ type Manager struct {
 	caps      Capabilities
 	binder    EgressBinder
 	annotator Annotator
-	handoffer Handoffer
 	claimer   OneWriteClaimer // a shared pool's, unless Options.SeparateClaim
 
 	tally     *tally
@@ -207,11 +206,6 @@ func (m *Manager) useCapabilities() error {
 	if c.Adoption {
 		if m.annotator, ok = m.alloc.(Annotator); !ok {
 			return missing("adoption", "Annotator")
-		}
-	}
-	if c.Handoff {
-		if m.handoffer, ok = m.alloc.(Handoffer); !ok {
-			return missing("handoff", "Handoffer")
 		}
 	}
 	if c.Exits {

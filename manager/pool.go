@@ -92,7 +92,7 @@ type warmPool struct {
 	binder   EgressBinder // Capabilities.Egress's; nil without it
 	exits    *exitQueue   // units that ended on their own (ExitWatcher)
 	watcher  ExitWatcher  // Capabilities.Exits'; nil without it
-	identify bool         // learn each new unit's identity (Capabilities.Handoff, with Conns)
+	identify bool         // learn each new unit's identity (Capabilities.EarlyNaming, with Conns)
 	refill   time.Duration
 
 	waiting      atomic.Int32 // allocations waiting for a ready unit (take)
@@ -108,7 +108,7 @@ var (
 
 // newWarmPool makes the warm pool of an allocator with caps (checked by New).
 func newWarmPool(d poolDeps, caps Capabilities) *warmPool {
-	p := &warmPool{poolDeps: d, exits: newExitQueue(), identify: caps.Handoff && d.o.Conns != nil}
+	p := &warmPool{poolDeps: d, exits: newExitQueue(), identify: caps.EarlyNaming && d.o.Conns != nil}
 	p.binder, _ = d.alloc.(EgressBinder)
 	if caps.Exits {
 		p.watcher, _ = d.alloc.(ExitWatcher)

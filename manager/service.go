@@ -139,7 +139,7 @@ func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest, 
 	}
 	return &managerv1.AllocateResponse{SandboxId: a.ID, Endpoint: a.Endpoint, SandboxPublicKey: a.SandboxKey,
 		LeaseExpires: timestamppb.New(a.LeaseExpires), LeaseToken: a.LeaseToken,
-		DataHandoff: a.Handoff, DataHandoffToken: a.HandoffToken, SandboxCertificate: a.SandboxCertificate}, nil
+		SandboxCertificate: a.SandboxCertificate}, nil
 }
 
 func (s *Service) Renew(ctx context.Context, req *managerv1.RenewRequest) (*managerv1.RenewResponse, error) {

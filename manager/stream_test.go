@@ -19,16 +19,14 @@ import (
 )
 
 // earlyAlloc is an in-memory allocator whose units keep a data connection opened before sFuse
-// (it declares Handoff, holding no connection to hand off).
+// (it declares EarlyNaming).
 type earlyAlloc struct{ *memalloc.Allocator }
 
 func (a earlyAlloc) Capabilities() manager.Capabilities {
 	c := a.Allocator.Capabilities()
-	c.Handoff = true
+	c.EarlyNaming = true
 	return c
 }
-
-func (earlyAlloc) Handoff(string) (string, []byte, bool) { return "", nil, false }
 
 // identities stands in for the sandboxes' identities: Identify tells each unit's, and sFuse
 // answers with it, or with another key when wrong is set.
@@ -36,6 +34,7 @@ type identities struct {
 	mu    sync.Mutex
 	ids   map[string]sfuse.Identity
 	wrong bool
+	asked int // Identify calls
 }
 
 func (s *identities) identity(addr string) (sfuse.Identity, error) {
@@ -82,15 +81,20 @@ func (s *eventStream) Send(ev *managerv1.AllocateEvent) error {
 	return nil
 }
 
-func newEarlyEnv(t *testing.T, handoff bool) (*env, *identities) {
+func newEarlyEnv(t *testing.T, earlyNaming bool) (*env, *identities) {
 	t.Helper()
 	ids := &identities{ids: map[string]sfuse.Identity{}}
 	e := newEnv(t, 1, func(o *manager.Options) {
-		if handoff {
+		if earlyNaming {
 			o.Allocator = earlyAlloc{o.Allocator.(*memalloc.Allocator)}
 		}
 		o.Initializer, o.Conns = nil, &fakeConns{initialize: ids.initialize,
-			identify: func(_ context.Context, addr string) (sfuse.Identity, error) { return ids.identity(addr) }}
+			identify: func(_ context.Context, addr string) (sfuse.Identity, error) {
+				ids.mu.Lock()
+				ids.asked++
+				ids.mu.Unlock()
+				return ids.identity(addr)
+			}}
 	})
 	e.start(t)
 	eventually(t, "a ready unit", func() bool { return e.ready() == 1 })
@@ -125,16 +129,21 @@ func TestAllocateStreamNamesThePickedUnitFirst(t *testing.T) {
 	}
 }
 
-// Without an early connection (no Handoff) nothing is named before the answer, and the
-// unary Allocate never names anything.
-func TestAllocateStreamWithoutEarlyConnectionOnlyAnswers(t *testing.T) {
-	e, _ := newEarlyEnv(t, false)
+// With early naming off (no Capabilities.EarlyNaming) no unit is asked for its identity and
+// nothing is named before the answer, and the unary Allocate never names anything.
+func TestAllocateStreamWithoutEarlyNamingOnlyAnswers(t *testing.T) {
+	e, ids := newEarlyEnv(t, false)
 	evs, err := allocateStream(e, &managerv1.AllocateRequest{AgentPublicKey: e.key})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(evs) != 1 || evs[0].GetAllocated() == nil {
 		t.Fatalf("events %v, want the answer alone", evs)
+	}
+	ids.mu.Lock()
+	defer ids.mu.Unlock()
+	if ids.asked != 0 {
+		t.Errorf("units were asked for their identity %d times, want none", ids.asked)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 )
 
 // printArms prints the interleaved fast-path arms (bench allocate --fast-path-arms): each
-// arm's warm allocations, which accelerators they used, and each against the first arm.
+// arm's warm allocations, each against the first arm.
 func printArms(f *bench.FastPathResult) {
 	if f == nil || len(f.Arms) == 0 {
 		return
@@ -18,9 +18,9 @@ func printArms(f *bench.FastPathResult) {
 	fmt.Printf("\nfast-path arms, interleaved (%d rounds, each arm once per round in a shuffled order, seed %d):\n", f.Rounds, f.Seed)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	ref := f.Arms[0].Arm
-	fmt.Fprintf(w, "ARM\tFAST PATH (AGENT)\tRUNS\tP50 MS\tP90 MS\tP99 MS\tHANDED OFF\tVS %s: P50 / P90 / P99\tPAIRED P50\tSLOWER ROUNDS\t\n", strings.ToUpper(ref))
+	fmt.Fprintf(w, "ARM\tFAST PATH\tRUNS\tP50 MS\tP90 MS\tP99 MS\tVS %s: P50 / P90 / P99\tPAIRED P50\tSLOWER ROUNDS\t\n", strings.ToUpper(ref))
 	for _, a := range f.Arms {
-		fmt.Fprintf(w, "%s\t%s (%s)\t%d\t%.2f\t%.2f\t%.2f\t%d\t", a.Arm, a.FastPath, a.Agent, a.Runs, a.P50Ms, a.P90Ms, a.P99Ms, a.HandedOff)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t", a.Arm, a.FastPath, a.Runs, a.P50Ms, a.P90Ms, a.P99Ms)
 		if d := a.VsReference; d != nil {
 			fmt.Fprintf(w, "%+.2f / %+.2f / %+.2f ms\t%+.2f ms\t%d of %d\t\n", d.P50Ms, d.P90Ms, d.P99Ms, d.PairedP50Ms, d.SlowerRounds, d.Rounds)
 		} else {
@@ -28,14 +28,5 @@ func printArms(f *bench.FastPathResult) {
 		}
 	}
 	w.Flush()
-	fmt.Println("HANDED OFF: allocations the client's trace hook saw use the handoff (keep-awake acts inside the sandbox, unseen by the agent); PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
-	for _, a := range f.Arms {
-		for _, m := range a.Mismatches() {
-			if m.On {
-				fmt.Printf("note: arm %s has %s on, but only %d of its %d allocations used it\n", a.Arm, m.Name, m.Used, a.Runs)
-			} else {
-				fmt.Printf("note: arm %s has %s off, yet %d of its %d allocations used it\n", a.Arm, m.Name, m.Used, a.Runs)
-			}
-		}
-	}
+	fmt.Println("PAIRED P50: the median over the rounds of the arm's allocation less the reference's in the same round; positive: slower than the reference")
 }

@@ -156,11 +156,10 @@ local up --fast-path makes them, and its agent's side switched alike (client.Fas
 are --runs rounds; in each, every arm makes one warm allocation, in an order shuffled afresh
 (--arm-seed), each after every arm's pool has been full and idle for --settle, so that every
 arm meets the machine as it is then, and no arm's allocation always follows another's. Each
-arm's p50, p90, p99 and count is printed, how many of its allocations used the handoff (the
-client's trace hook), and its difference from the first arm, the reference:
+arm's p50, p90, p99 and count is printed, and its difference from the first arm, the reference:
 the difference of the percentiles, and the median over the rounds of the two arms' paired
 difference, with how many rounds it was the slower. An arm is "all", "none", "no-NAME" (all
-but NAME) or NAME+NAME... (those only), NAME one of handoff, keep-awake; an arm
+but NAME) or NAME+NAME... (those only), NAME one of early-naming, keep-awake; an arm
 repeated (all,all) shows the noise of the comparison. The warm figures on the first line, and
 every other phase, are the reference arm's; the other arms' pools exist only during the warm
 phase. Keep-awake needs --keep-sandboxes-awake as well.
@@ -211,7 +210,7 @@ fusebox processes). A manager that lists a caller only its own sandboxes (an aut
 tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`
 
 const allocateExample = `  fusebox-bench allocate --json --runs 100
-  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-handoff,no-keep-awake
+  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-early-naming,no-keep-awake
   fusebox-bench allocate --runs 100 --fast-path-arms all,all
   fusebox-bench allocate --runs 100 --fast-path-arms all
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv
@@ -331,8 +330,8 @@ func (a *allocateRun) runRemote(ctx context.Context) error {
 	if a.asJSON {
 		return printJSON(r)
 	}
-	fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s, %d on a connection handed over); %d allocations waited for a cold start meanwhile\n",
-		r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.HandedOff, r.ColdWaits)
+	fmt.Printf("warm allocation p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %s allocator at %s); %d allocations waited for a cold start meanwhile\n",
+		r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.Allocator, r.Manager, r.ColdWaits)
 	fmt.Printf("  until the manager's answer p50 %.2f ms, p99 %.2f ms; from it to the first call's end p50 %.2f ms, p99 %.2f ms\n",
 		r.AnswerP50Ms, r.AnswerP99Ms, r.FirstCallP50Ms, r.FirstCallP99Ms)
 	if r.ConnectP50Ms > 0 {
@@ -382,8 +381,8 @@ func (a *allocateRun) runLocal(ctx context.Context) error {
 	if a.asJSON {
 		return printJSON(r)
 	}
-	fmt.Printf("warm allocation (fast path %s) p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs, %d on a connection handed over)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
-		r.FastPath.Arms[0].Arm, r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.HandedOff, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
+	fmt.Printf("warm allocation (fast path %s) p50 %.2f ms, p90 %.2f ms, p95 %.2f ms, p99 %.2f ms (%d runs)\nyoung unit (< 1 s) p50 %.2f ms, p99 %.2f ms (%d runs)\ncold start p50 %.1f ms\npool refill %.1f sandboxes/s\n",
+		r.FastPath.Arms[0].Arm, r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms, r.Runs, r.AllocateYoungP50Ms, r.AllocateYoungP99Ms, r.YoungRuns, r.ColdStartP50Ms, r.PoolRefillPerS)
 	if r.DemandRuns > 0 {
 		fmt.Printf("steady demand %.1f/s (ewma estimator, pool target up to %d): %d allocations, %d waited for a cold start, p50 %.2f ms, p99 %.2f ms\n",
 			r.DemandPerS, r.DemandPoolTargetMax, r.DemandRuns, r.DemandColdWaits, r.DemandP50Ms, r.DemandP99Ms)

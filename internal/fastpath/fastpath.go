@@ -6,11 +6,10 @@
 // handshake a connection that chose the bulk protocol instead of HTTP/2 goes to the bulk
 // handler, which fusebox-sandbox -bulk=false switches off). They are:
 //
-//   - Handoff: the local manager opens each unit's data connection when it creates the unit
-//     (the sandbox's gate keeps it unread, see Latest) and passes it to the agent by
-//     SCM_RIGHTS (internal/handoff). With it the manager also names the picked unit before
-//     sFuse (AllocateStream), for agents that dial the data socket themselves: the gate keeps
-//     their connection in place of the manager's.
+//   - EarlyNaming: the manager learns each new unit's identity (internal/sfuse's Identify)
+//     and names the picked unit before sFuse (AllocateStream), so that an agent that dials
+//     the data socket itself can connect while sFuse runs; the sandbox's gate keeps that
+//     connection unread until the fuse blows (see Latest).
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
 //     (localsandbox.KeepAwakeGODEBUG).
 package fastpath
@@ -24,19 +23,19 @@ import (
 
 // Switches says which accelerators are on. The zero value is the plain path.
 type Switches struct {
-	Handoff   bool
-	KeepAwake bool
+	EarlyNaming bool
+	KeepAwake   bool
 }
 
 // All is every accelerator on, the default.
-func All() Switches { return Switches{Handoff: true, KeepAwake: true} }
+func All() Switches { return Switches{EarlyNaming: true, KeepAwake: true} }
 
 // Any reports whether any accelerator is on.
 func (s Switches) Any() bool { return s != Switches{} }
 
-// Latest is the sandbox gate's Waitroom for Handoff (see sandbox-server/fuse): it keeps the
-// latest connection accepted while the gate is shut, unread, and closes the one it kept
-// before (a restarted manager opens a new one). The gate serializes its calls.
+// Latest is the sandbox gate's Waitroom (see sandbox-server/fuse), for EarlyNaming: it keeps
+// the latest connection accepted while the gate is shut, unread, and closes the one it kept
+// before (an agent that dials again replaces it). The gate serializes its calls.
 type Latest struct{ c net.Conn }
 
 // Keep keeps c in place of the connection kept before, which it closes.
@@ -63,17 +62,17 @@ func (l *Latest) Close() {
 }
 
 // names are the accelerators' names in Parse and String, in order.
-var names = []string{"handoff", "keep-awake"}
+var names = []string{"early-naming", "keep-awake"}
 
 // retired are the names of accelerators that were removed. Set ignores them, so that a
 // -fast-path or --fast-path value written for an earlier release (the sandbox pods of a kube
 // manager of that release, a script) still starts the process; Parse refuses them.
-var retired = []string{"pool-procs", "relay"}
+var retired = []string{"pool-procs", "relay", "handoff"}
 
-func (s *Switches) fields() []*bool { return []*bool{&s.Handoff, &s.KeepAwake} }
+func (s *Switches) fields() []*bool { return []*bool{&s.EarlyNaming, &s.KeepAwake} }
 
 // FlagHelp describes the value Parse reads, for command-line flags.
-const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of handoff, keep-awake`
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of early-naming, keep-awake`
 
 // Parse reads "all", "none", or a comma-separated list of accelerator names.
 func Parse(v string) (Switches, error) {

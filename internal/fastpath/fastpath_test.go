@@ -14,9 +14,9 @@ func TestParseAndString(t *testing.T) {
 		{"all", All(), "all"},
 		{"none", Switches{}, "none"},
 		{"", Switches{}, "none"},
-		{"handoff", Switches{Handoff: true}, "handoff"},
+		{"early-naming", Switches{EarlyNaming: true}, "early-naming"},
 		{" keep-awake", Switches{KeepAwake: true}, "keep-awake"},
-		{"handoff, keep-awake", All(), "all"},
+		{"early-naming, keep-awake", All(), "all"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
@@ -30,7 +30,7 @@ func TestParseAndString(t *testing.T) {
 			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
 		}
 	}
-	for _, bad := range []string{"fast", "handoff,turbo", "ALL", "pool-procs", "handoff,pool-procs", "relay", "relay,handoff"} {
+	for _, bad := range []string{"fast", "early-naming,turbo", "ALL", "pool-procs", "relay", "handoff", "relay,handoff,keep-awake"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
@@ -44,20 +44,22 @@ func TestParseAndString(t *testing.T) {
 // earlier release may hold, and refuses an unknown one.
 func TestSetIgnoresRetiredNames(t *testing.T) {
 	for in, want := range map[string]Switches{
-		"pool-procs":                          {},
-		"relay":                               {},
-		"relay, pool-procs":                   {},
-		"keep-awake, relay":                   {KeepAwake: true},
-		"relay,handoff,keep-awake,pool-procs": All(),
-		"all":                                 All(),
+		"pool-procs":                            {},
+		"relay":                                 {},
+		"handoff":                               {},
+		"relay, pool-procs":                     {},
+		"keep-awake, relay":                     {KeepAwake: true},
+		"relay,handoff,keep-awake,pool-procs":   {KeepAwake: true},
+		"relay,early-naming,keep-awake,handoff": All(),
+		"all":                                   All(),
 	} {
-		s := Switches{Handoff: true} // Set replaces what was there
+		s := Switches{EarlyNaming: true} // Set replaces what was there
 		if err := s.Set(in); err != nil || s != want {
 			t.Errorf("Set(%q) = %+v, %v; want %+v", in, s, err, want)
 		}
 	}
 	var s Switches
-	for _, bad := range []string{"pool-procs,turbo", "relay,turbo"} {
+	for _, bad := range []string{"pool-procs,turbo", "relay,turbo", "handoff,turbo"} {
 		if err := s.Set(bad); err == nil {
 			t.Errorf("Set(%q) accepted it", bad)
 		}

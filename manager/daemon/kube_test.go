@@ -33,8 +33,8 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}{
 		{"all", fastpath.Switches{}},
 		{"none", fastpath.Switches{}},
-		{"handoff,keep-awake", fastpath.Switches{}},
-		{"handoff", fastpath.Switches{}},
+		{"early-naming,keep-awake", fastpath.Switches{}},
+		{"early-naming", fastpath.Switches{}},
 	} {
 		fast, err := fastpath.Parse(tc.flag)
 		if err != nil {
@@ -51,9 +51,9 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}
 	// A template's own -fast-path wins over the manager's.
 	tmpl := kubealloc.DefaultTemplate("img")
-	tmpl.ServerArgs = []string{"-fast-path=handoff"}
+	tmpl.ServerArgs = []string{"-fast-path=early-naming"}
 	none := fastpath.Switches{}
-	if got := podFastPath(t, withFastPath(tmpl, &none)); got != (fastpath.Switches{Handoff: true}) {
-		t.Errorf("template -fast-path=handoff under --fast-path none: the pod's server runs %v, want handoff", got)
+	if got := podFastPath(t, withFastPath(tmpl, &none)); got != (fastpath.Switches{EarlyNaming: true}) {
+		t.Errorf("template -fast-path=early-naming under --fast-path none: the pod's server runs %v, want early-naming", got)
 	}
 }

@@ -34,9 +34,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
-	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/jsonfile"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
@@ -100,8 +98,9 @@ type Options struct {
 	// for a little idle CPU per sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
-	// FastPath, if set, switches the latency accelerators (internal/fastpath): Handoff opens
-	// units' data connections ahead (and is passed to each sandbox server), and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
+	// FastPath, if set, switches the latency accelerators (internal/fastpath): EarlyNaming is
+	// passed to each sandbox server and declared to the manager (Capabilities.EarlyNaming),
+	// and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
 	// as KeepAwake says.
 	FastPath *fastpath.Switches
 }
@@ -124,22 +123,14 @@ type Allocator struct {
 	mu      sync.Mutex // guards proxies, exits
 	proxies map[string]*egress.Proxy
 	exits   exits
-
-	// handoff holds each unit's data connection, opened as the unit is created, for its
-	// agent to collect (see internal/handoff).
-	handoff *handoff.Server
 }
 
 var (
 	_ manager.Allocator    = (*Allocator)(nil)
 	_ manager.Annotator    = (*Allocator)(nil)
 	_ manager.EgressBinder = (*Allocator)(nil)
-	_ manager.Handoffer    = (*Allocator)(nil)
 	_ manager.ExitWatcher  = (*Allocator)(nil)
 )
-
-// HandoffSocket is the handoff socket's name in the state directory.
-const HandoffSocket = "handoff.sock"
 
 // New is NewContext with a context that never ends.
 func New(o Options) (*Allocator, error) { return NewContext(context.Background(), o) }
@@ -219,11 +210,7 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 	if err := killOrphans(ctx, rt, o.Logger); err != nil {
 		return nil, err
 	}
-	h, err := handoff.Listen(filepath.Join(dir, HandoffSocket), o.Logger)
-	if err != nil {
-		return nil, err
-	}
-	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}, handoff: h}, nil
+	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}}, nil
 }
 
 // orphanWait bounds the wait for a previous manager's runsc creations to end on their own
@@ -249,11 +236,9 @@ func (a *Allocator) Runtime() *runsc.Runtime { return a.rt }
 // gofers' empty network namespace, a bind mount: see runsc.Runtime.ReleaseRoot) when no
 // container is left, so that a stopped manager's state directory can be removed. With
 // containers left (bound sandboxes, which the next manager on this state directory adopts)
-// it changes nothing. It closes the handoff socket and the connections held there, and stops
-// watching for sandboxes that end (WatchExits), either way.
+// it changes nothing. It stops watching for sandboxes that end (WatchExits) either way.
 // Call it after the manager's Close.
 func (a *Allocator) Shutdown(ctx context.Context) error {
-	a.handoff.Close()
 	a.unwatchAll()
 	if err := killOrphans(ctx, a.rt, a.o.Logger); err != nil {
 		return err
@@ -279,10 +264,10 @@ func (a *Allocator) Name() string { return "runsc" }
 // docs/performance.md).
 const GVisorWarmUp = time.Second
 
-// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, data
-// connections opened ahead, creations on this host, and gVisor's warm-up.
+// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, early naming
+// (as FastPath says), creations on this host, and gVisor's warm-up.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, Handoff: a.o.fastPath().Handoff,
+	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, EarlyNaming: a.o.fastPath().EarlyNaming,
 		CreatesOnHost: true, WarmUp: GVisorWarmUp}
 }
 
@@ -345,7 +330,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	}
 	fast := a.o.fastPath()
 	// The sandbox's own accelerators (keep-awake is the host's setting, below).
-	inside := fastpath.Switches{Handoff: fast.Handoff}
+	inside := fastpath.Switches{EarlyNaming: fast.EarlyNaming}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
 		"-fast-path="+inside.String())
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
@@ -354,31 +339,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		return manager.UnitInfo{}, err
 	}
 	a.watch(id, sb.Pid)
-	if fast.Handoff {
-		a.connectAhead(ctx, id)
-	}
 	return a.info(id, u), nil
-}
-
-// connectAhead opens unit id's data connection for its agent to collect (the sandbox holds it
-// unread until its fuse blows). Without it the agent dials the unit's data socket itself, so a
-// failure only costs speed.
-func (a *Allocator) connectAhead(ctx context.Context, id string) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, err := endpoint.DialUnix(ctx, a.socket(id, "data.sock"))
-	if err != nil {
-		a.o.Logger.Warn("opening a data connection ahead; the agent will dial", "id", id, "err", err)
-		return
-	}
-	a.handoff.Hold(id, c)
-}
-
-// Handoff grants the data connection opened for unit id when it was created (none for a unit
-// adopted from an earlier manager).
-func (a *Allocator) Handoff(id string) (addr string, token []byte, ok bool) {
-	token, ok = a.handoff.Grant(id)
-	return a.handoff.Addr(), token, ok
 }
 
 // proxy returns unit id's egress proxy, serving it on the unit's egress.sock if it is not
@@ -466,7 +427,6 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
 	}
 	a.stopProxy(id)
-	a.handoff.Drop(id)
 	a.unwatch(id)
 	var errs []error
 	if err := a.rt.Remove(ctx, id); err != nil {

@@ -6,8 +6,8 @@ import (
 )
 
 // Waitroom keeps connections that reach the data listener while the gate is shut, without
-// reading or writing them (an accelerator: the connection a local manager opens ahead and
-// hands to the agent, see internal/fastpath). The gate calls its methods one at a time.
+// reading or writing them (an accelerator: the connection an agent told the picked unit
+// early makes while sFuse runs, see internal/fastpath's EarlyNaming). The gate calls its methods one at a time.
 type Waitroom interface {
 	// Keep takes c, accepted while the gate is shut. It may close c, or one kept before.
 	Keep(c net.Conn)

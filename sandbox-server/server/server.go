@@ -76,9 +76,9 @@ type Options struct {
 	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
 	NoBulk bool
 	// FastPath says which latency accelerators the server takes part in (see
-	// internal/fastpath): Handoff keeps the latest connection to the data socket made before the fuse blows, unread, and serves it
-	// first (the one the local manager opens ahead for the agent). The zero value is the
-	// plain path.
+	// internal/fastpath): EarlyNaming keeps the latest connection to the data socket made
+	// before the fuse blows, unread, and serves it first (the one an agent told the picked
+	// unit early dials while sFuse runs). The zero value is the plain path.
 	FastPath fastpath.Switches
 }
 
@@ -165,7 +165,7 @@ func New(opts Options) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	s.life = ctx
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
-	if s.opts.FastPath.Handoff {
+	if s.opts.FastPath.EarlyNaming {
 		fo.Waiting = &fastpath.Latest{}
 	}
 	if s.opts.FastPath.Any() {

@@ -67,9 +67,6 @@ type AllocateResult struct {
 	AllocateP90Ms float64 `json:"allocate_p90_ms"`
 	AllocateP95Ms float64 `json:"allocate_p95_ms"`
 	AllocateP99Ms float64 `json:"allocate_p99_ms"`
-	// HandedOff is how many of the warm allocations used the data connection the manager
-	// opened ahead (internal/handoff) rather than dialing.
-	HandedOff int `json:"handed_off"`
 	// Young: the same from a pool of one unit, taken as soon as it is ready and idle for
 	// settle_ms, before gVisor's clock calibration (see runscalloc.GVisorWarmUp).
 	YoungRuns          int     `json:"young_runs"`
@@ -149,23 +146,20 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 
 	var marks *schedMarks // set during the warm allocations, with o.Sched
 	// one makes one measured allocation from p (each a fresh key, a fresh sandbox connection and
-	// its first call), with the tracer's hooks if trace; it returns its time and the
-	// accelerators it used.
-	one := func(p *armPool, trace bool, marks *schedMarks) (time.Duration, used, error) {
+	// its first call), with the tracer's hooks if trace; it returns its time.
+	one := func(p *armPool, trace bool, marks *schedMarks) (time.Duration, error) {
 		var am agentMarks
 		var connected atomic.Int64 // set on the connection's dialer
-		ao := client.AllocateOptions{FastPath: p.arm.Agent()}
+		var ao client.AllocateOptions
 		if trace {
 			ao.Trace = &client.AllocateTrace{
 				Answered:  func(at time.Time) { am.answered = at },
 				Connected: func(at time.Time) { connected.Store(at.UnixNano()) },
 			}
 		}
-		var u usage
-		u.observe(&ao)
-		a, t0, done, err := timedAllocation(ctx, p.agent, ao, marks, nil)
+		a, t0, done, err := timedAllocation(ctx, p.agent, ao, marks)
 		if err != nil {
-			return 0, used{}, err
+			return 0, err
 		}
 		if trace {
 			if ns := connected.Load(); ns != 0 {
@@ -173,14 +167,14 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			}
 			tr.record(t0, done, am, p.alloc.ServerLog(a.ID))
 		}
-		return done.Sub(t0), u.get(), a.Close()
+		return done.Sub(t0), a.Close()
 	}
 
 	// Cold starts: the pool is empty and kept empty.
 	o.Log.Info("cold starts", "runs", o.ColdRuns)
 	var cold []float64
 	for range o.ColdRuns {
-		d, _, err := one(ref, false, nil)
+		d, err := one(ref, false, nil)
 		if err != nil {
 			return nil, fmt.Errorf("cold allocation: %w", err)
 		}
@@ -227,7 +221,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			return err
 		}
 		return quiet(pools, pools[i], o.Settle, warmAge)
-	}, func(i int) (time.Duration, used, error) {
+	}, func(i int) (time.Duration, error) {
 		if i == 0 { // the reference arm: traced, and the scheduler's marks are its alone
 			return one(ref, o.Trace, marks)
 		}
@@ -252,9 +246,8 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		effective[i] = p.fast.String()
 	}
 	r.FastPath = &FastPathResult{Rounds: o.Runs, Seed: o.ArmSeed, Arms: summarizeArms(o.Arms, effective, samples),
-		Note: "each arm is a manager with a pool of its own in this process, its sandboxes made with the arm's accelerators and its agent's side switched alike (client.FastPath); in each round every arm makes one warm allocation, in an order shuffled afresh, after every arm's pool has been full and idle for settle_ms; relayed and handed_off count the allocations the client's trace hooks saw use them; vs_reference is against the first arm (positive: slower)"}
+		Note: "each arm is a manager with a pool of its own in this process, its sandboxes made with the arm's accelerators and its agent's side switched alike (client.FastPath); in each round every arm makes one warm allocation, in an order shuffled afresh, after every arm's pool has been full and idle for settle_ms; relayed counts the allocations the client's trace hooks saw use the relay; vs_reference is against the first arm (positive: slower)"}
 	r.AllocateP50Ms, r.AllocateP90Ms, r.AllocateP95Ms, r.AllocateP99Ms = pct(warm, 50), pct(warm, 90), pct(warm, 95), pct(warm, 99)
-	r.HandedOff = r.FastPath.Arms[0].HandedOff
 	if o.Trace {
 		if r.Steps, err = tr.steps(); err != nil {
 			return nil, err
@@ -274,7 +267,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 		if err := quiet(pools[:1], ref, o.Settle, 0); err != nil {
 			return nil, err
 		}
-		d, _, err := one(ref, false, nil)
+		d, err := one(ref, false, nil)
 		if err != nil {
 			return nil, fmt.Errorf("young allocation: %w", err)
 		}
@@ -288,10 +281,7 @@ func Allocate(ctx context.Context, o AllocateOptions) (*AllocateResult, error) {
 			rate = r.PoolRefillPerS / 2
 		}
 		o.Log.Info("steady demand", "runs", o.DemandRuns, "per_s", rate)
-		oneRef := func(trace bool) (time.Duration, error) {
-			d, _, err := one(ref, trace, nil)
-			return d, err
-		}
+		oneRef := func(trace bool) (time.Duration, error) { return one(ref, trace, nil) }
 		if err := demand(ctx, ref.m, ref.est, oneRef, o.DemandRuns, rate, r); err != nil {
 			return nil, err
 		}
@@ -404,18 +394,8 @@ func oldestReadyAge(m *manager.Manager) time.Duration {
 // timedAllocation makes one measured allocation through agent: Allocate (sFuse included), then
 // the first data-plane call (Stat), between marks. It returns the allocation, still held for
 // the caller to release, and when it began and when the call returned; on an error nothing is
-// held. handedOff, if set, counts the allocations whose data connection the manager handed
-// over (client.AllocateTrace.HandedOff).
-func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks, handedOff *atomic.Int64) (*client.Allocation, time.Time, time.Time, error) {
-	var handed atomic.Bool
-	if handedOff != nil {
-		tr := &client.AllocateTrace{}
-		if ao.Trace != nil {
-			*tr = *ao.Trace
-		}
-		tr.HandedOff = func() { handed.Store(true) }
-		ao.Trace = tr
-	}
+// held.
+func timedAllocation(ctx context.Context, agent *client.Manager, ao client.AllocateOptions, marks *schedMarks) (*client.Allocation, time.Time, time.Time, error) {
 	marks.start()
 	t0 := time.Now()
 	a, err := agent.Allocate(ctx, ao)
@@ -428,9 +408,6 @@ func timedAllocation(ctx context.Context, agent *client.Manager, ao client.Alloc
 	}
 	done := time.Now()
 	marks.end()
-	if handedOff != nil && handed.Load() {
-		handedOff.Add(1)
-	}
 	return a, t0, done, nil
 }
 

@@ -45,7 +45,7 @@ func startArmPool(ctx context.Context, o AllocateOptions, arm Arm, wrap func(man
 		KeepAwake: o.KeepAwake, FastPath: &fast, Image: o.Image}); err != nil {
 		return nil, fmt.Errorf("arm %s: starting the runsc allocator: %w", arm.Name, err)
 	}
-	// The handoff socket, runsc's root; before that, after the manager has closed: a unit it
+	// runsc's root; before that, after the manager has closed: a unit it
 	// could not destroy (Failed) must not outlive the benchmark, whose state directory goes
 	// with it.
 	p.undo = append(p.undo, func() { p.alloc.Shutdown(context.WithoutCancel(ctx)) }, func() { removeContainers(p.alloc.Runtime(), o.Log) })

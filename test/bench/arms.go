@@ -7,19 +7,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 )
 
 // Arm is one setting of the latency accelerators (internal/fastpath) in an interleaved
 // comparison (fusebox-bench allocate --fast-path-arms). Each arm has a manager and a pool of
 // its own in the benchmark's process, made with the arm's accelerators (the runsc
-// allocator's Options.FastPath, which sets the manager's handoff and each sandbox server's
-// -fast-path and keep-awake), and its agent switches its own side to match (client.FastPath):
-// the setting is the same on both ends, as with fusebox local up --fast-path and an SDK user's
-// AllocateOptions.FastPath.
+// allocator's Options.FastPath, which sets the manager's early naming and each sandbox server's
+// -fast-path and keep-awake), as fusebox local up --fast-path does. The agent (the Go SDK) has
+// no accelerator of its own.
 type Arm struct {
-	// Name is the arm as asked for ("all", "none", "no-handoff", "handoff+keep-awake"), with "#2",
+	// Name is the arm as asked for ("all", "none", "no-keep-awake", "early-naming+keep-awake"), with "#2",
 	// "#3" ... after a repeat (an A/A comparison such as all,all shows the noise).
 	Name string
 	// FastPath is the accelerators the arm asks for.
@@ -31,7 +29,7 @@ type Arm struct {
 var DefaultArms = []string{"all", "none"}
 
 // ArmsHelp describes --fast-path-arms.
-const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of handoff, keep-awake; a repeated arm (all,all) measures the noise`
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of early-naming, keep-awake; a repeated arm (all,all) measures the noise`
 
 // ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
 // '+'-separated list of accelerator names (those only).
@@ -43,7 +41,7 @@ func ParseArm(v string) (Arm, error) {
 	if name, ok := strings.CutPrefix(v, "no-"); ok {
 		off, err := fastpath.Parse(name)
 		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
-			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (handoff, keep-awake)", v)
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (early-naming, keep-awake)", v)
 		}
 		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
 	}
@@ -79,12 +77,6 @@ func ParseArms(vs []string) ([]Arm, error) {
 	return arms, nil
 }
 
-// Agent is the agent's side of the arm: it collects no handed-over connection without the
-// handoff (keep-awake is the sandbox's alone).
-func (a Arm) Agent() client.FastPath {
-	return client.FastPath{Off: !a.FastPath.Handoff, NoHandoff: !a.FastPath.Handoff}
-}
-
 // effective is the accelerators in effect for an arm whose sandboxes may be kept awake
 // (--keep-sandboxes-awake) or not: the runsc allocator's rule (keep-awake needs both).
 func (a Arm) effective(keepAwake bool) fastpath.Switches {
@@ -93,17 +85,9 @@ func (a Arm) effective(keepAwake bool) fastpath.Switches {
 	return s
 }
 
-// agentString names the agent's side of a client.FastPath: "on" or "off".
-func agentString(f client.FastPath) string {
-	if f.Off || f.NoHandoff {
-		return "off"
-	}
-	return "on"
-}
-
 // without is a with b's accelerators switched off.
 func without(a, b fastpath.Switches) fastpath.Switches {
-	return fastpath.Switches{Handoff: a.Handoff && !b.Handoff, KeepAwake: a.KeepAwake && !b.KeepAwake}
+	return fastpath.Switches{EarlyNaming: a.EarlyNaming && !b.EarlyNaming, KeepAwake: a.KeepAwake && !b.KeepAwake}
 }
 
 // interleave is the order of an interleaved run's allocations, as arm indices: rounds
@@ -125,19 +109,19 @@ func interleave(arms, rounds int, rng *rand.Rand) []int {
 
 // runArms makes an interleaved run's allocations in order (arm indices, as interleave returns
 // them for arms arms): settle(arm) before each, then measure(arm), which returns the
-// allocation's time and the accelerators it used. It stops at the first error, returning the
+// allocation's time. It stops at the first error, returning the
 // samples made before it.
-func runArms(order []int, arms int, settle func(arm int) error, measure func(arm int) (time.Duration, used, error)) ([]armSample, error) {
+func runArms(order []int, arms int, settle func(arm int) error, measure func(arm int) (time.Duration, error)) ([]armSample, error) {
 	samples := make([]armSample, 0, len(order))
 	for n, i := range order {
 		if err := settle(i); err != nil {
 			return samples, err
 		}
-		d, u, err := measure(i)
+		d, err := measure(i)
 		if err != nil {
 			return samples, err
 		}
-		samples = append(samples, armSample{arm: i, round: n / arms, ms: ms(d), used: u})
+		samples = append(samples, armSample{arm: i, round: n / arms, ms: ms(d)})
 	}
 	return samples, nil
 }

@@ -8,27 +8,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 )
 
 func TestParseArms(t *testing.T) {
 	all := fastpath.All()
-	noHandoff, noKeepAwake := all, all
-	noHandoff.Handoff, noKeepAwake.KeepAwake = false, false
-	arms, err := ParseArms([]string{"all", "none", "no-handoff", " no-keep-awake ", "handoff+keep-awake", "keep-awake", "all", "all"})
+	noEarly, noKeepAwake := all, all
+	noEarly.EarlyNaming, noKeepAwake.KeepAwake = false, false
+	arms, err := ParseArms([]string{"all", "none", "no-early-naming", " no-keep-awake ", "early-naming+keep-awake", "keep-awake", "all", "all"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Arm{
-		{"all", all}, {"none", fastpath.Switches{}}, {"no-handoff", noHandoff}, {"no-keep-awake", noKeepAwake},
-		{"handoff+keep-awake", all}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
+		{"all", all}, {"none", fastpath.Switches{}}, {"no-early-naming", noEarly}, {"no-keep-awake", noKeepAwake},
+		{"early-naming+keep-awake", all}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
 		{"all#2", all}, {"all#3", all},
 	}
 	if !slices.Equal(arms, want) {
 		t.Errorf("ParseArms = %+v, want %+v", arms, want)
 	}
-	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-handoff+keep-awake"}, {"pool-procs"}, {"no-pool-procs"}, {"relay"}, {"no-relay"}, {"relay+handoff"}, {"handoff,keep-awake"}, {"handoff+"}, {"all", "nonee"}} {
+	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-early-naming+keep-awake"}, {"pool-procs"}, {"no-pool-procs"}, {"relay"}, {"no-relay"}, {"handoff"}, {"no-handoff"}, {"relay+handoff"}, {"early-naming,keep-awake"}, {"early-naming+"}, {"all", "nonee"}} {
 		if got, err := ParseArms(bad); err == nil {
 			t.Errorf("ParseArms(%q) = %+v, want an error", bad, got)
 		}
@@ -46,35 +45,11 @@ func TestDefaultArms(t *testing.T) {
 	}
 }
 
-// Each arm switches the agent's side alike: the agent uses the handoff only where the arm has
-// it on.
-func TestArmAgent(t *testing.T) {
-	for _, c := range []struct {
-		arm  string
-		want client.FastPath
-		name string
-	}{
-		{"all", client.FastPath{}, "on"},
-		{"no-keep-awake", client.FastPath{}, "on"},
-		{"none", client.FastPath{Off: true, NoHandoff: true}, "off"},
-		{"keep-awake", client.FastPath{Off: true, NoHandoff: true}, "off"},
-		{"no-handoff", client.FastPath{Off: true, NoHandoff: true}, "off"},
-		{"handoff", client.FastPath{}, "on"},
-	} {
-		a, err := ParseArm(c.arm)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := a.Agent(); got != c.want {
-			t.Errorf("%s: Agent() = %+v, want %+v", c.arm, got, c.want)
-		}
-		if got := agentString(a.Agent()); got != c.name {
-			t.Errorf("%s: agent %q, want %q", c.arm, got, c.name)
-		}
-	}
+// An arm's keep-awake is in effect only with --keep-sandboxes-awake.
+func TestArmEffective(t *testing.T) {
 	a, _ := ParseArm("all")
-	if got := a.effective(false).String(); got != "handoff" {
-		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want handoff", got)
+	if got := a.effective(false).String(); got != "early-naming" {
+		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want early-naming", got)
 	}
 	if got := a.effective(true); got != fastpath.All() {
 		t.Errorf("all with --keep-sandboxes-awake: %v in effect, want all", got)
@@ -125,19 +100,19 @@ func TestRunArms(t *testing.T) {
 	var calls []string
 	settle := func(i int) error { calls = append(calls, "settle "+string(rune('0'+i))); return nil }
 	n := 0
-	measure := func(i int) (time.Duration, used, error) {
+	measure := func(i int) (time.Duration, error) {
 		calls = append(calls, "measure "+string(rune('0'+i)))
 		n++
-		return time.Duration(n) * time.Millisecond, used{handedOff: i == 0}, nil
+		return time.Duration(n) * time.Millisecond, nil
 	}
 	samples, err := runArms(order, 2, settle, measure)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []armSample{
-		{arm: 1, round: 0, ms: 1}, {arm: 0, round: 0, ms: 2, used: used{handedOff: true}},
-		{arm: 0, round: 1, ms: 3, used: used{handedOff: true}}, {arm: 1, round: 1, ms: 4},
-		{arm: 1, round: 2, ms: 5}, {arm: 0, round: 2, ms: 6, used: used{handedOff: true}},
+		{arm: 1, round: 0, ms: 1}, {arm: 0, round: 0, ms: 2},
+		{arm: 0, round: 1, ms: 3}, {arm: 1, round: 1, ms: 4},
+		{arm: 1, round: 2, ms: 5}, {arm: 0, round: 2, ms: 6},
 	}
 	if !slices.Equal(samples, want) {
 		t.Errorf("samples %+v, want %+v", samples, want)
@@ -148,11 +123,11 @@ func TestRunArms(t *testing.T) {
 
 	boom := errors.New("boom")
 	n = 0
-	samples, err = runArms(order, 2, settle, func(i int) (time.Duration, used, error) {
+	samples, err = runArms(order, 2, settle, func(i int) (time.Duration, error) {
 		if n++; n == 3 {
-			return 0, used{}, boom
+			return 0, boom
 		}
-		return time.Millisecond, used{}, nil
+		return time.Millisecond, nil
 	})
 	if !errors.Is(err, boom) || len(samples) != 2 {
 		t.Errorf("a failed third allocation: %d samples, err %v; want 2 and boom", len(samples), err)
@@ -164,28 +139,27 @@ func TestRunArms(t *testing.T) {
 }
 
 func TestSummarizeArms(t *testing.T) {
-	arms, err := ParseArms([]string{"all", "none", "no-handoff"})
+	arms, err := ParseArms([]string{"all", "none", "no-early-naming"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	on := used{handedOff: true}
-	// Four rounds, the arms in shuffled orders; no-handoff never ran. In round 3 the reference
-	// fell back to the plain path; round 4 is cut short after the reference.
+	// Four rounds, the arms in shuffled orders; no-early-naming never ran. Round 4 is cut
+	// short after the reference.
 	samples := []armSample{
-		{arm: 1, round: 0, ms: 1.5}, {arm: 0, round: 0, ms: 1, used: on},
-		{arm: 0, round: 1, ms: 3, used: on}, {arm: 1, round: 1, ms: 2.5},
+		{arm: 1, round: 0, ms: 1.5}, {arm: 0, round: 0, ms: 1},
+		{arm: 0, round: 1, ms: 3}, {arm: 1, round: 1, ms: 2.5},
 		{arm: 1, round: 2, ms: 4}, {arm: 0, round: 2, ms: 2},
-		{arm: 0, round: 3, ms: 4, used: on}, {arm: 1, round: 3, ms: 9},
+		{arm: 0, round: 3, ms: 4}, {arm: 1, round: 3, ms: 9},
 		{arm: 0, round: 4, ms: 3.5},
 	}
 	got := summarizeArms(arms, []string{"all", "none", "keep-awake"}, samples)
 	want := []ArmResult{
 		// 1, 2, 3, 3.5, 4: nearest rank.
-		{Arm: "all", FastPath: "all", Agent: "on", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4, HandedOff: 3},
+		{Arm: "all", FastPath: "all", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4},
 		// 1.5, 2.5, 4, 9; paired with the reference: +0.5, -0.5, +2, +5.
-		{Arm: "none", FastPath: "none", Agent: "off", Runs: 4, P50Ms: 2.5, P90Ms: 9, P99Ms: 9,
+		{Arm: "none", FastPath: "none", Runs: 4, P50Ms: 2.5, P90Ms: 9, P99Ms: 9,
 			VsReference: &ArmDiff{Reference: "all", P50Ms: -0.5, P90Ms: 5, P99Ms: 5, PairedP50Ms: 1.25, SlowerRounds: 3, Rounds: 4}},
-		{Arm: "no-handoff", FastPath: "keep-awake", Agent: "off"},
+		{Arm: "no-early-naming", FastPath: "keep-awake"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d arms, want %d", len(got), len(want))
@@ -230,61 +204,5 @@ func TestMedianAndRound(t *testing.T) {
 	}
 	if got := round(1.2345); got != 1.235 && got != 1.234 { // 1.2345 is not exact in binary
 		t.Errorf("round(1.2345) = %v", got)
-	}
-}
-
-// observe records what the trace hooks report, and still calls the hooks the options had.
-func TestUsageObserve(t *testing.T) {
-	var u usage
-	var ao client.AllocateOptions
-	u.observe(&ao)
-	if got := u.get(); got != (used{}) {
-		t.Fatalf("before any hook: %+v", got)
-	}
-	ao.Trace.HandedOff()
-	if got := u.get(); got != (used{handedOff: true}) {
-		t.Errorf("after HandedOff: %+v", got)
-	}
-
-	handed := false
-	var answered time.Time
-	ao = client.AllocateOptions{Trace: &client.AllocateTrace{
-		Answered:  func(at time.Time) { answered = at },
-		HandedOff: func() { handed = true },
-	}}
-	prior := ao.Trace
-	u = usage{}
-	u.observe(&ao)
-	at := time.Unix(1_800_000_000, 0)
-	ao.Trace.Answered(at)
-	ao.Trace.HandedOff()
-	if got := u.get(); got != (used{handedOff: true}) {
-		t.Errorf("recorded %+v, want the handoff", got)
-	}
-	if !answered.Equal(at) || !handed {
-		t.Errorf("the options' own hooks: answered at %v, handed off %v", answered, handed)
-	}
-	// The caller's AllocateTrace is left as it was: its hooks do not record into u.
-	u = usage{}
-	prior.HandedOff()
-	if ao.Trace == prior || u.get() != (used{}) {
-		t.Error("observe changed the caller's AllocateTrace in place")
-	}
-}
-
-func TestMismatches(t *testing.T) {
-	for _, c := range []struct {
-		r    ArmResult
-		want []Mismatch
-	}{
-		{ArmResult{FastPath: "all", Runs: 20, HandedOff: 20}, nil},
-		{ArmResult{FastPath: "all", Runs: 20, HandedOff: 19}, []Mismatch{{"handoff", true, 19}}},
-		{ArmResult{FastPath: "none", Runs: 20}, nil},
-		{ArmResult{FastPath: "none", Runs: 20, HandedOff: 1}, []Mismatch{{"handoff", false, 1}}},
-		{ArmResult{FastPath: "keep-awake", Runs: 5, HandedOff: 2}, []Mismatch{{"handoff", false, 2}}},
-	} {
-		if got := c.r.Mismatches(); !slices.Equal(got, c.want) {
-			t.Errorf("%+v: %+v, want %+v", c.r, got, c.want)
-		}
 	}
 }

@@ -1,12 +1,6 @@
 package bench
 
-import (
-	"slices"
-	"sync/atomic"
-
-	"github.com/fusebox-dev/fusebox/client"
-	"github.com/fusebox-dev/fusebox/internal/fastpath"
-)
+import "slices"
 
 // FastPathResult is the interleaved comparison of accelerator settings (AllocateResult.FastPath;
 // fusebox-bench allocate --fast-path-arms).
@@ -23,18 +17,13 @@ type FastPathResult struct {
 type ArmResult struct {
 	Arm string `json:"arm"`
 	// FastPath is the accelerators in effect on the manager's and the sandboxes' side
-	// (fastpath.Switches.String; keep-awake only with --keep-sandboxes-awake), Agent the
-	// agent's side (on, off).
+	// (fastpath.Switches.String; keep-awake only with --keep-sandboxes-awake). The agent has
+	// none of its own.
 	FastPath string  `json:"fast_path"`
-	Agent    string  `json:"agent"`
 	Runs     int     `json:"runs"`
 	P50Ms    float64 `json:"p50_ms"`
 	P90Ms    float64 `json:"p90_ms"`
 	P99Ms    float64 `json:"p99_ms"`
-	// HandedOff is how many of the arm's allocations used the handoff, as the client's trace
-	// hook reported it (AllocateTrace.HandedOff). Keep-awake happens inside the sandbox, out
-	// of the agent's sight: FastPath says whether it was on.
-	HandedOff int `json:"handed_off"`
 	// VsReference compares the arm with the first one (absent on the first).
 	VsReference *ArmDiff `json:"vs_reference,omitempty"`
 }
@@ -55,64 +44,11 @@ type ArmDiff struct {
 	Rounds       int     `json:"rounds"`
 }
 
-// Mismatch is an accelerator the agent sees (handoff) whose use in an arm's allocations does
-// not match the arm's setting: on, yet some allocations went without it (a fallback to the
-// plain path: a connection that could not be collected), or off, yet some used it (a switch
-// that did not reach a side).
-type Mismatch struct {
-	Name string
-	On   bool // in the arm's setting
-	Used int  // how many of the arm's allocations used it
-}
-
-// Mismatches lists a's accelerators whose use does not match its setting.
-func (a ArmResult) Mismatches() []Mismatch {
-	s, err := fastpath.Parse(a.FastPath)
-	if err != nil {
-		return nil
-	}
-	var out []Mismatch
-	check := func(name string, on bool, n int) {
-		if on && n < a.Runs || !on && n > 0 {
-			out = append(out, Mismatch{Name: name, On: on, Used: n})
-		}
-	}
-	check("handoff", s.Handoff, a.HandedOff)
-	return out
-}
-
 // armSample is one measured warm allocation of an interleaved run.
 type armSample struct {
 	arm, round int
 	ms         float64
-	used       used
 }
-
-// used is which of the agent-visible accelerators an allocation used.
-type used struct{ handedOff bool }
-
-// usage records, through the client's trace hooks, which accelerators one allocation used.
-// The hooks may be called on the client's goroutines.
-type usage struct{ handedOff atomic.Bool }
-
-// observe sets ao's trace hooks to record into u, each calling the hook ao had before, if any.
-func (u *usage) observe(ao *client.AllocateOptions) {
-	tr := &client.AllocateTrace{}
-	if ao.Trace != nil {
-		*tr = *ao.Trace
-	}
-	handedOff := tr.HandedOff
-	tr.HandedOff = func() {
-		u.handedOff.Store(true)
-		if handedOff != nil {
-			handedOff()
-		}
-	}
-	ao.Trace = tr
-}
-
-// get returns what u recorded.
-func (u *usage) get() used { return used{handedOff: u.handedOff.Load()} }
 
 // armTimes returns arm's allocation times (ms), in order.
 func armTimes(samples []armSample, arm int) []float64 {
@@ -131,19 +67,11 @@ func armTimes(samples []armSample, arm int) []float64 {
 func summarizeArms(arms []Arm, effective []string, samples []armSample) []ArmResult {
 	out := make([]ArmResult, len(arms))
 	for i, a := range arms {
-		r := ArmResult{Arm: a.Name, FastPath: effective[i], Agent: agentString(a.Agent())}
+		r := ArmResult{Arm: a.Name, FastPath: effective[i]}
 		times := armTimes(samples, i)
 		r.Runs = len(times)
 		if len(times) > 0 {
 			r.P50Ms, r.P90Ms, r.P99Ms = pct(times, 50), pct(times, 90), pct(times, 99)
-		}
-		for _, s := range samples {
-			if s.arm != i {
-				continue
-			}
-			if s.used.handedOff {
-				r.HandedOff++
-			}
 		}
 		out[i] = r
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -59,15 +58,13 @@ type RemoteResult struct {
 	FirstCallP50Ms float64 `json:"first_call_p50_ms"`
 	FirstCallP99Ms float64 `json:"first_call_p99_ms"`
 	// The first call split further by client.AllocateTrace's hooks: ConnectP50Ms and
-	// ConnectP99Ms from the answer until the data connection was there (dialed, or handed
-	// over); ReplyP50Ms and ReplyP99Ms from then until the call's end (the TLS handshake,
-	// gRPC's transport, the call, the way back).
+	// ConnectP99Ms from the answer until the data connection was dialed; ReplyP50Ms and
+	// ReplyP99Ms from then until the call's end (the TLS handshake, gRPC's transport, the
+	// call, the way back).
 	ConnectP50Ms float64 `json:"first_call_connect_p50_ms"`
 	ConnectP99Ms float64 `json:"first_call_connect_p99_ms"`
 	ReplyP50Ms   float64 `json:"first_call_reply_p50_ms"`
 	ReplyP99Ms   float64 `json:"first_call_reply_p99_ms"`
-	// HandedOff is how many allocations used the data connection the manager opened ahead.
-	HandedOff int `json:"handed_off"`
 	// ColdWaits is how many allocations, this benchmark's or others', found no ready unit
 	// while it ran (the manager's cold-wait count, before and after). Behind a Service with
 	// several replicas the two counts may come from different replicas: then it says little.
@@ -130,9 +127,7 @@ func AllocateRemote(ctx context.Context, o RemoteOptions) (*RemoteResult, error)
 			return nil, err
 		}
 	}
-	var handedOff atomic.Int64
-	lat, split, err := allocateRemote(ctx, agent, mc, o, marks, &handedOff)
-	r.HandedOff = int(handedOff.Load())
+	lat, split, err := allocateRemote(ctx, agent, mc, o, marks)
 	if marks != nil {
 		r.Sched, err = marks.finish(lat, err, o.SchedCSV)
 	}
@@ -190,7 +185,7 @@ func (c *callMarks) add(s *remoteSplit, t0, done time.Time) {
 
 // allocateRemote makes the o.Runs measured allocations and returns their times (ms) and
 // their split.
-func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks, handedOff *atomic.Int64) (lat []float64, split remoteSplit, err error) {
+func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.ManagerClient, o RemoteOptions, marks *schedMarks) (lat []float64, split remoteSplit, err error) {
 	for i := range o.Runs {
 		if err := marks.drain(); err != nil {
 			return nil, split, err
@@ -200,7 +195,7 @@ func allocateRemote(ctx context.Context, agent *client.Manager, mc managerv1.Man
 		}
 		var call callMarks
 		ao := client.AllocateOptions{Labels: map[string]string{"via": "fusebox-bench"}, Trace: call.trace()}
-		a, t0, done, err := timedAllocation(ctx, agent, ao, marks, handedOff)
+		a, t0, done, err := timedAllocation(ctx, agent, ao, marks)
 		if err != nil {
 			return nil, split, fmt.Errorf("allocation %d: %w", i+1, err)
 		}

@@ -49,7 +49,7 @@ var stepNames = []struct{ name, what string }{
 	{"sandbox_init", "the sandbox's handler: pinning the key, starting the data plane"},
 	{"sandbox_to_manager", "InitializeTLS's answer reaching the manager"},
 	{"manager_to_agent", "the manager's answer reaching the agent"},
-	{"agent_connect", "the agent's data connection, dialed or handed over"},
+	{"agent_connect", "the agent's data connection, dialed"},
 	{"handshake", "the TLS handshake, up to its end on the sandbox's side"},
 	{"sandbox_transport", "the sandbox's gRPC server transport, up to the first call's handler"},
 	{"sandbox_call", "the first call's handler (Stat)"},

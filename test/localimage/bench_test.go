@@ -16,8 +16,7 @@ import (
 )
 
 // BenchmarkColdStart times the runsc allocator's Create of one sandbox (bundle, runsc create
-// and start, the server's init socket answering, the data connection opened ahead: what a
-// pool unit costs before it is Ready), with the sandbox image as root against a root
+// and start, the server's init socket answering: what a pool unit costs before it is Ready), with the sandbox image as root against a root
 // assembled from the host. The unpack of the image happens once, before the timer starts.
 // Each iteration's Destroy is outside the timer. Run it short on a shared machine:
 //

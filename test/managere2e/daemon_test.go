@@ -1,10 +1,13 @@
 package managere2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,10 +22,8 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
-	"github.com/fusebox-dev/fusebox/internal/handoff"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
-	"github.com/fusebox-dev/fusebox/manager/runscalloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
@@ -49,9 +50,6 @@ func TestAllocateExecRelease(t *testing.T) {
 	}
 	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "uname -r"); !strings.Contains(out, "gvisor") {
 		t.Errorf("uname -r = %q, want gVisor's kernel", out)
-	}
-	if !used.handedOff.Load() {
-		t.Error("the agent dialed its data connection: the one the manager opened ahead was not handed over")
 	}
 	if n := used.connected.Load(); n != 1 {
 		t.Errorf("AllocateTrace.Connected ran %d times, want once", n)
@@ -140,9 +138,6 @@ func TestAllocationsNeverReuseSandboxes(t *testing.T) {
 		}
 		out := sandboxtest.Sh(t, ctx, a.Sandbox, fmt.Sprintf(
 			"ls -A /workspace; echo @@; echo %d > /workspace/marker-%d; ls -A /workspace", i, i))
-		if !used.handedOff.Load() {
-			t.Errorf("allocation %d: the data connection opened ahead was not handed over", i)
-		}
 		before, after, _ := strings.Cut(out, "@@\n")
 		for _, name := range strings.Fields(before) {
 			if strings.HasPrefix(name, "marker-") {
@@ -300,62 +295,97 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 	e.waitUnitGone(t, ctrl.GetSandboxId())
 }
 
-// The data connection a local manager opens ahead is handed over once, to whoever holds the
-// allocation's token, and it is a connection into that sandbox on which the agent's own TLS
-// runs; without the handoff the agent dials, and nothing else changes.
-func TestHandoffIsOneUseAndOptional(t *testing.T) {
-	e := newEnv(t)
-	e.startDaemon(t, daemonOpts{PoolSize: 1})
-	ctx := testenv.Context(t, testDeadline)
-	mc := dialManager(t, e.Addr)
+// Early naming is a switch of its own: on (the default), AllocateStream names the picked unit
+// before sFuse, and a connection the agent makes to it on that word alone, before the answer,
+// is kept unread by the sandbox and carries the agent's pinned TLS once the fuse blows; off
+// (--fast-path keep-awake), the stream is the answer alone, and the agent dials after it.
+// Either way the state directory holds no handoff socket (that accelerator was removed).
+func TestEarlyNamingSwitch(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("early-naming=%v", on), func(t *testing.T) {
+			e := newEnv(t)
+			fast := fastpath.All()
+			fast.EarlyNaming = on
+			e.startDaemon(t, daemonOpts{PoolSize: 1, FastPath: &fast})
+			ctx := testenv.Context(t, testDeadline)
+			mc := dialManager(t, e.Addr)
+			key := sandboxtest.NewKey(t)
+			stream, err := mc.AllocateStream(ctx, &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var evs []*managerv1.AllocateEvent
+			early := make(chan error, 1)
+			for {
+				ev, err := stream.Recv()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("AllocateStream: %v", err)
+				}
+				evs = append(evs, ev)
+				if p := ev.GetPicked(); p != nil && len(evs) == 1 {
+					go func() { early <- pinnedHandshake(ctx, p.GetEndpoint(), key, p.GetSandboxPublicKey()) }()
+				}
+			}
+			want := 1
+			if on {
+				want = 2
+			}
+			if len(evs) != want || evs[len(evs)-1].GetAllocated() == nil || on && evs[0].GetPicked() == nil {
+				t.Fatalf("early naming %v: events %v, want %d ending with the answer", on, evs, want)
+			}
+			resp := evs[len(evs)-1].GetAllocated()
+			if _, err := os.Stat(filepath.Join(e.StateDir, "handoff.sock")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the state directory holds a handoff socket: %v", err)
+			}
+			if on {
+				p := evs[0].GetPicked()
+				if p.GetSandboxId() != resp.GetSandboxId() || p.GetEndpoint() != resp.GetEndpoint() ||
+					!bytes.Equal(p.GetSandboxPublicKey(), resp.GetSandboxPublicKey()) || !bytes.Equal(p.GetSandboxCertificate(), resp.GetSandboxCertificate()) {
+					t.Errorf("picked %v, but the answer is %v", p, resp)
+				}
+				if err := <-early; err != nil {
+					t.Errorf("the connection made on the early word: %v", err)
+				}
+			}
+			sb, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			if out := sandboxtest.Sh(t, ctx, sb, "echo named"); out != "named\n" {
+				t.Errorf("exec: %q", out)
+			}
+			if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.GetSandboxId(), LeaseToken: resp.GetLeaseToken()}); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+}
 
-	key := sandboxtest.NewKey(t)
-	resp, _ := rawAllocate(t, ctx, mc, key, time.Minute)
-	path := filepath.Join(e.StateDir, runscalloc.HandoffSocket)
-	if resp.GetDataHandoff() != "unix://"+path || len(resp.GetDataHandoffToken()) != handoff.TokenSize {
-		t.Fatalf("the answer offers a handoff at %q with a %d-byte token, want unix://%s and %d bytes",
-			resp.GetDataHandoff(), len(resp.GetDataHandoffToken()), path, handoff.TokenSize)
-	}
-	c, err := handoff.Take(ctx, path, resp.GetDataHandoffToken())
+// pinnedHandshake connects to the data endpoint and makes the agent's TLS handshake there,
+// pinned to sandboxKey; the sandbox finishes it only once its fuse has blown.
+func pinnedHandshake(ctx context.Context, endpoint string, key *client.Key, sandboxKey []byte) error {
+	pub, err := tlspin.ParsePublicKey(sandboxKey)
 	if err != nil {
-		t.Fatalf("collecting the connection: %v", err)
+		return err
 	}
-	defer c.Close()
-	sandboxKey, err := tlspin.ParsePublicKey(resp.GetSandboxPublicKey())
+	cfg, err := tlspin.ClientConfig(key.Signer(), pub)
 	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := tlspin.ClientConfig(key.Signer(), sandboxKey)
-	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	cfg.NextProtos = []string{"h2"}
-	tc := tls.Client(c, cfg)
-	tc.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := tc.HandshakeContext(ctx); err != nil {
-		t.Fatalf("TLS with the sandbox on the handed-over connection: %v", err)
-	}
-	tc.Close()
-	if _, err := handoff.Take(ctx, path, resp.GetDataHandoffToken()); !errors.Is(err, handoff.ErrNoGrant) {
-		t.Errorf("a second collection = %v, want handoff.ErrNoGrant", err)
-	}
-
-	// Without the handoff socket (a manager on another machine, say) the agent dials itself.
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	var used fastUse
-	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", strings.TrimPrefix(endpoint, "unix://"))
 	if err != nil {
-		t.Fatalf("Allocate without the handoff socket: %v", err)
+		return err
 	}
-	defer a.Close()
-	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo dialed"); out != "dialed\n" {
-		t.Errorf("exec on a dialed connection: %q", out)
-	}
-	if used.handedOff.Load() {
-		t.Error("handed off: want a dialed connection")
-	}
+	tc := tls.Client(c, cfg)
+	defer tc.Close()
+	tc.SetDeadline(time.Now().Add(30 * time.Second))
+	return tc.HandshakeContext(ctx)
 }
 
 // Untrusted code cannot end its sandbox's server (`kill -9 1` is refused and the unit stays
@@ -402,43 +432,33 @@ func TestDeadBoundUnitIsMarkedFailed(t *testing.T) {
 	sandboxtest.Sh(t, ctx, b.Sandbox, "true")
 }
 
-// With the accelerators switched off on both sides (--fast-path=none, FastPath.Off) an
-// allocation takes the plain path: no connection opened ahead, no keep-awake; the pinning holds as on the fast path. A client that keeps its accelerators
-// on against that manager falls back to the plain path too.
+// With the accelerators switched off (--fast-path=none) an allocation takes the plain path:
+// no unit named early, no keep-awake; the pinning holds as on the fast path.
 func TestPlainPath(t *testing.T) {
 	e := newEnv(t)
 	none := fastpath.Switches{}
 	e.startDaemon(t, daemonOpts{PoolSize: 1, KeepAwake: true, FastPath: &none})
 	ctx := testenv.Context(t, testDeadline)
-	for _, o := range []client.FastPath{{Off: true}, {}} {
-		var used fastUse
-		a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{FastPath: o, Trace: used.trace()})
-		if err != nil {
-			t.Fatalf("Allocate (client %+v): %v", o, err)
-		}
-		if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
-			t.Errorf("exec on the plain path: %q", out)
-		}
-		if used.handedOff.Load() {
-			t.Errorf("client %+v: handed off; want a dialed connection on the plain path", o)
-		}
-		if n := used.connected.Load(); n != 1 {
-			t.Errorf("client %+v: AllocateTrace.Connected ran %d times, want once on the plain path too", o, n)
-		}
-		if env := e.serverEnv(t, a.ID); slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
-			t.Errorf("the server's environment is %q: keep-awake is on with --fast-path=none", env)
-		}
-		if err := a.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
+	var used fastUse
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Trace: used.trace()})
+	if err != nil {
+		t.Fatalf("Allocate: %v", err)
 	}
-	// The pinning on the plain path: the pinned agent is served, another key is not, and
-	// the answer offers no connection opened ahead.
+	if out := sandboxtest.Sh(t, ctx, a.Sandbox, "echo plain"); out != "plain\n" {
+		t.Errorf("exec on the plain path: %q", out)
+	}
+	if n := used.connected.Load(); n != 1 {
+		t.Errorf("AllocateTrace.Connected ran %d times, want once", n)
+	}
+	if env := e.serverEnv(t, a.ID); slices.Contains(env, "GODEBUG="+localsandbox.KeepAwakeGODEBUG) {
+		t.Errorf("the server's environment is %q: keep-awake is on with --fast-path=none", env)
+	}
+	if err := a.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	// The pinning on the plain path: the pinned agent is served, another key is not.
 	key := sandboxtest.NewKey(t)
 	resp, sb := rawAllocate(t, ctx, dialManager(t, e.Addr), key, time.Minute)
-	if resp.GetDataHandoff() != "" {
-		t.Errorf("the answer offers a handoff at %q, want none", resp.GetDataHandoff())
-	}
 	if out := sandboxtest.Sh(t, ctx, sb, "echo pinned"); out != "pinned\n" {
 		t.Errorf("the pinned agent's exec: %q", out)
 	}

@@ -481,16 +481,14 @@ func (e *env) serverEnv(t testing.TB, id string) []string {
 	return spec.Process.Env
 }
 
-// fastUse records, through an allocation's trace hooks, which accelerators it used, and how
-// many times the hook for the data connection ran.
+// fastUse records, through an allocation's trace hooks, how many times the hook for the data
+// connection ran.
 type fastUse struct {
-	handedOff atomic.Bool
 	connected atomic.Int32
 }
 
 func (u *fastUse) trace() *client.AllocateTrace {
 	return &client.AllocateTrace{
-		HandedOff: func() { u.handedOff.Store(true) },
 		Connected: func(time.Time) { u.connected.Add(1) },
 	}
 }

@@ -183,8 +183,8 @@ func StartBound(t testing.TB, o Options) *Bound {
 }
 
 // ServesNothing checks that the data socket at path, bound before initialisation, serves
-// nothing: the gate holds one connection unread (the one a local manager opens ahead for the
-// agent) until a later one replaces it, and closes the replaced one without a byte written to
+// nothing: the gate holds one connection unread (the one an agent told the picked unit early
+// makes) until a later one replaces it, and closes the replaced one without a byte written to
 // it. It dials twice and checks that the first connection is closed unserved.
 func ServesNothing(t testing.TB, path string) {
 	t.Helper()

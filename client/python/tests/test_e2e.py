@@ -140,7 +140,7 @@ def plain_manager():
 
 
 def test_plain_path_names_no_unit_early(plain_manager):
-    """Without the handoff accelerator the sandbox closes connections made before its fuse
+    """Without early naming the sandbox closes connections made before its fuse
     blows, so the manager names nothing early and the SDK dials after the answer."""
     with fusebox.Manager(plain_manager) as m:
         with m.allocate() as sb:

@@ -188,15 +188,6 @@ type AllocateResponse struct {
 	LeaseExpires     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lease_expires,json=leaseExpires,proto3" json:"lease_expires,omitempty"`
 	// Proves ownership of the lease to Renew and Release. Keep it secret.
 	LeaseToken string `protobuf:"bytes,5,opt,name=lease_token,json=leaseToken,proto3" json:"lease_token,omitempty"`
-	// When set, a connection to endpoint that the manager opened ahead of time waits for the
-	// agent here: a unix:///path on the manager's machine, for agents on that machine. Connect,
-	// write data_handoff_token, and read one byte: 1 comes with the connection's file descriptor
-	// (SCM_RIGHTS), 0 means it is gone (dial endpoint instead). The manager never reads or
-	// writes the connection; the agent's TLS runs on it as on one of its own. Empty when the
-	// allocator opens no connections ahead (remote sandboxes, adopted units).
-	DataHandoff string `protobuf:"bytes,7,opt,name=data_handoff,json=dataHandoff,proto3" json:"data_handoff,omitempty"`
-	// The one-time token that collects the connection at data_handoff. Keep it secret.
-	DataHandoffToken []byte `protobuf:"bytes,8,opt,name=data_handoff_token,json=dataHandoffToken,proto3" json:"data_handoff_token,omitempty"`
 	// The sandbox's self-signed certificate (DER X.509), relayed from InitializeTLS: its key is
 	// sandbox_public_key and it names "sandbox.fusebox.invalid". For clients whose TLS stack pins
 	// only through a root certificate: refuse it unless its SubjectPublicKeyInfo equals
@@ -270,20 +261,6 @@ func (x *AllocateResponse) GetLeaseToken() string {
 		return x.LeaseToken
 	}
 	return ""
-}
-
-func (x *AllocateResponse) GetDataHandoff() string {
-	if x != nil {
-		return x.DataHandoff
-	}
-	return ""
-}
-
-func (x *AllocateResponse) GetDataHandoffToken() []byte {
-	if x != nil {
-		return x.DataHandoffToken
-	}
-	return nil
 }
 
 func (x *AllocateResponse) GetSandboxCertificate() []byte {
@@ -1010,7 +987,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2/.fusebox.manager.v1.AllocateRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x06\x10\aR\x10tls_client_hello\"\xf8\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x06\x10\aR\x10tls_client_hello\"\xd5\x02\n" +
 	"\x10AllocateResponse\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -1018,10 +995,8 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x12sandbox_public_key\x18\x03 \x01(\fR\x10sandboxPublicKey\x12?\n" +
 	"\rlease_expires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1f\n" +
 	"\vlease_token\x18\x05 \x01(\tR\n" +
-	"leaseToken\x12!\n" +
-	"\fdata_handoff\x18\a \x01(\tR\vdataHandoff\x12,\n" +
-	"\x12data_handoff_token\x18\b \x01(\fR\x10dataHandoffToken\x12/\n" +
-	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificateJ\x04\b\x06\x10\aR\x11tls_server_flight\"\x9b\x01\n" +
+	"leaseToken\x12/\n" +
+	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificateJ\x04\b\x06\x10\aJ\x04\b\a\x10\bJ\x04\b\b\x10\tR\x11tls_server_flightR\fdata_handoffR\x12data_handoff_token\"\x9b\x01\n" +
 	"\rAllocateEvent\x12;\n" +
 	"\x06picked\x18\x01 \x01(\v2!.fusebox.manager.v1.SandboxPickedH\x00R\x06picked\x12D\n" +
 	"\tallocated\x18\x02 \x01(\v2$.fusebox.manager.v1.AllocateResponseH\x00R\tallocatedB\a\n" +

@@ -46,24 +46,20 @@ class AllocateRequest(_message.Message):
     def __init__(self, agent_public_key: _Optional[bytes] = ..., template: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
-    __slots__ = ["data_handoff", "data_handoff_token", "endpoint", "lease_expires", "lease_token", "sandbox_certificate", "sandbox_id", "sandbox_public_key"]
-    DATA_HANDOFF_FIELD_NUMBER: _ClassVar[int]
-    DATA_HANDOFF_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ["endpoint", "lease_expires", "lease_token", "sandbox_certificate", "sandbox_id", "sandbox_public_key"]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    data_handoff: str
-    data_handoff_token: bytes
     endpoint: str
     lease_expires: _timestamp_pb2.Timestamp
     lease_token: str
     sandbox_certificate: bytes
     sandbox_id: str
     sandbox_public_key: bytes
-    def __init__(self, sandbox_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., sandbox_public_key: _Optional[bytes] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ..., data_handoff: _Optional[str] = ..., data_handoff_token: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., sandbox_public_key: _Optional[bytes] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_token: _Optional[str] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = []

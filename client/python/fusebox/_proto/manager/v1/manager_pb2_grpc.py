@@ -63,7 +63,7 @@ class ManagerServicer(object):
         answer) or with Allocate's error. Before it, it sends a `picked` event for each unit the
         allocation picks whose identity the manager knows and whose data listener keeps one
         connection opened before sFuse unread until the fuse blows (the local manager's, with its
-        handoff accelerator on): the client may then dial the endpoint and begin its TLS
+        early-naming switch on): the client may then dial the endpoint and begin its TLS
         handshake, pinned to the picked key, while sFuse runs. A later `picked` replaces an
         earlier one (the first unit failed and another was taken). The `allocated` answer is the
         one that counts: a client keeps its early connection only when the answer names the same
