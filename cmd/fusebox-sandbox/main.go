@@ -94,6 +94,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "fusebox-sandbox: -log-level: %v\n", err)
 		os.Exit(2)
 	}
+	// Standard error is a pipe the host reads while the process that started the sandbox
+	// lives (see internal/localsandbox's serverLog); after that process's end, writes to it
+	// fail with EPIPE. Go kills a program on EPIPE on its standard error unless SIGPIPE is
+	// notified; notified, the write fails and the logger drops it. Notified rather than
+	// ignored: commands start with SIGPIPE's default action, as they expect.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

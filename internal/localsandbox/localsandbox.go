@@ -24,7 +24,8 @@ const (
 	WorkspaceDir = "/workspace"
 )
 
-// LogName is the sandbox server's log (its standard error) in Options.Dir.
+// LogName is the sandbox server's log (its standard output and error) in Options.Dir; the
+// earlier part, once it passed Options.LogLimit, is in LogName+".1" (see serverLog).
 const LogName = "server.log"
 
 // DefaultCommandUser is who commands run as when the bundle names no other (non-root) user:
@@ -58,6 +59,9 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// KeepAwake runs the server with KeepAwakeGODEBUG in its environment.
 	KeepAwake bool
+	// LogLimit bounds each of the server's two log files, LogName and LogName+".1" (default
+	// DefaultLogLimit, at least 64 KiB).
+	LogLimit int64
 }
 
 // KeepAwakeGODEBUG keeps the sandbox server's Go runtime monitor (sysmon) out of its deep
@@ -101,6 +105,7 @@ type Sandbox struct {
 	// exits when the server does.
 	Pid int
 	rt  *runsc.Runtime
+	log *serverLog
 }
 
 // Start writes the bundle, creates and starts the container and waits for the init socket.
@@ -129,12 +134,14 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	if err := runsc.WriteBundle(spec); err != nil {
 		return nil, fmt.Errorf("writing bundle: %w", err)
 	}
-	log, err := os.Create(filepath.Join(o.Dir, LogName))
-	if err != nil {
-		return nil, err
+	var logw *os.File
+	if s.log, logw, err = startServerLog(o.Dir, o.LogLimit); err != nil {
+		return nil, fmt.Errorf("sandbox %s: starting its log: %w", o.ID, err)
 	}
-	defer log.Close()
-	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: log, Stderr: log}); err != nil {
+	// The sandbox holds its own copies; this one goes before a failure's Destroy, which
+	// waits for the reader to see the pipe's end.
+	defer logw.Close()
+	if err := o.Runtime.CreateWithStdio(ctx, o.ID, spec.Dir, runsc.Stdio{Stdout: logw, Stderr: logw}); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", o.ID, err)
 	}
 	if s.Pid, err = runsc.ReadSandboxPID(spec.Dir); err != nil {
@@ -254,15 +261,22 @@ func (s *Sandbox) logTail() string {
 	return l
 }
 
-// Log returns what the sandbox server wrote to its standard output and error.
+// Log returns what the sandbox server wrote to its standard output and error, as far as its
+// two log files keep it (see Options.LogLimit), up to the moment of the call.
 func (s *Sandbox) Log() string {
-	b, _ := os.ReadFile(filepath.Join(s.Dir, LogName))
-	return string(b)
+	if s.log != nil {
+		s.log.flush(time.Second)
+	}
+	return readLog(s.Dir)
 }
 
 // Destroy kills and deletes the container and removes its directory. It is idempotent.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	err := s.rt.Remove(ctx, s.ID)
+	if s.log != nil && err == nil {
+		// The sandbox is gone, and with it the pipe's write end.
+		s.log.wait(5 * time.Second)
+	}
 	if rmErr := os.RemoveAll(s.Dir); err == nil && rmErr != nil {
 		err = fmt.Errorf("removing %s: %w", s.Dir, rmErr)
 	}

@@ -35,7 +35,17 @@ type TokenReviewer func(ctx context.Context, token string, audiences []string) (
 const (
 	DefaultCacheTTL  = 30 * time.Second
 	DefaultCacheSize = 4096
+	// DefaultRefusalTTL is how long a token the Kubernetes API refused is refused again
+	// without a new review.
+	DefaultRefusalTTL = 10 * time.Second
 )
+
+// MaxTokenBytes bounds a bearer token: a longer one is refused before anything else is done
+// with it (no decoding, no hash, no TokenReview). ServiceAccount tokens are about 1 KiB, and
+// OIDC tokens with many groups a few KiB; the API server would accept far larger ones, so
+// without the bound any caller who reaches the port could have the manager send megabytes
+// to the Kubernetes API per call.
+const MaxTokenBytes = 16 << 10
 
 // TokenOptions configure Tokens.
 type TokenOptions struct {
@@ -48,8 +58,14 @@ type TokenOptions struct {
 	// ServiceAccount's token may still be accepted.
 	CacheTTL time.Duration
 	// CacheSize bounds the accepted tokens remembered (least recently used go first; default
-	// DefaultCacheSize).
+	// DefaultCacheSize), and apart from them the refused tokens remembered: a caller
+	// presenting many bad tokens cannot push good ones out.
 	CacheSize int
+	// RefusalTTL bounds how long a token the Kubernetes API refused is refused again without
+	// a new review (default DefaultRefusalTTL, never more than CacheTTL), so that repeating a
+	// bad token does not repeat the review. Short: a refusal may be a transient one (a token
+	// presented before the API server knows its ServiceAccount).
+	RefusalTTL time.Duration
 	// Now tells the time (nil: time.Now).
 	Now func() time.Time
 	// Metrics count reviews and cache hits (nil: not counted).
@@ -62,6 +78,8 @@ type TokenMetrics struct {
 	Reviews prometheus.Histogram
 	// CacheHits counts the tokens accepted from the cache, without a review.
 	CacheHits prometheus.Counter
+	// RefusalCacheHits counts the tokens refused from the cache, without a review.
+	RefusalCacheHits prometheus.Counter
 }
 
 // NewTokenMetrics registers Tokens' metrics with reg.
@@ -74,26 +92,23 @@ func NewTokenMetrics(reg prometheus.Registerer) *TokenMetrics {
 		CacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fusebox_manager_token_cache_hits_total", Help: "Callers' tokens accepted from the cache, without a TokenReview.",
 		}),
+		RefusalCacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fusebox_manager_token_refusal_cache_hits_total", Help: "Callers' tokens refused from the cache of recent refusals, without a TokenReview.",
+		}),
 	}
-	reg.MustRegister(m.Reviews, m.CacheHits)
+	reg.MustRegister(m.Reviews, m.CacheHits, m.RefusalCacheHits)
 	return m
 }
 
 // Tokens authenticates bearer tokens: Kubernetes ServiceAccount tokens with the manager's
-// audience, checked by TokenReview. Accepted tokens are remembered by their SHA-256 (never the
-// token itself), for a bounded time and in a bounded number. It is safe for concurrent use.
+// audience, checked by TokenReview. Tokens longer than MaxTokenBytes are refused unread.
+// Accepted tokens, and apart from them the tokens the review refused, are remembered by their
+// SHA-256 (never the token itself), for a bounded time and in a bounded number. It is safe for
+// concurrent use.
 type Tokens struct {
-	o TokenOptions
-
-	mu    sync.Mutex // guards lru and byKey
-	lru   *list.List // of *cached, most recently used first
-	byKey map[[32]byte]*list.Element
-}
-
-type cached struct {
-	key   [32]byte
-	id    Identity
-	until time.Time
+	o        TokenOptions
+	accepted *tokenCache // of Identity
+	refused  *tokenCache // of the refusal's error
 }
 
 // NewTokens returns a token authenticator; it refuses a missing reviewer or audience.
@@ -110,10 +125,14 @@ func NewTokens(o TokenOptions) (*Tokens, error) {
 	if o.CacheSize <= 0 {
 		o.CacheSize = DefaultCacheSize
 	}
+	if o.RefusalTTL <= 0 {
+		o.RefusalTTL = DefaultRefusalTTL
+	}
+	o.RefusalTTL = min(o.RefusalTTL, o.CacheTTL)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Tokens{o: o, lru: list.New(), byKey: map[[32]byte]*list.Element{}}, nil
+	return &Tokens{o: o, accepted: newTokenCache(o.CacheSize), refused: newTokenCache(o.CacheSize)}, nil
 }
 
 // claims are the parts of a JWT's payload read before the review, only to refuse early with
@@ -158,6 +177,10 @@ func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, erro
 		return Identity{}, fmt.Errorf("%w: no bearer token: this manager authenticates callers by a Kubernetes ServiceAccount token with audience %q "+
 			"(fusebox --token-file or $FUSEBOX_TOKEN_FILE; in a pod, a projected serviceAccountToken volume with that audience)", ErrUnauthenticated, aud)
 	}
+	if len(token) > MaxTokenBytes {
+		return Identity{}, fmt.Errorf("%w: the bearer token is %d bytes, over the limit of %d bytes (%d KiB): Kubernetes ServiceAccount tokens are far smaller",
+			ErrUnauthenticated, len(token), MaxTokenBytes, MaxTokenBytes>>10)
+	}
 	now := t.o.Now()
 	c, jwt := peek(token)
 	if jwt {
@@ -171,11 +194,17 @@ func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, erro
 		}
 	}
 	key := sha256.Sum256([]byte(token))
-	if id, ok := t.lookup(key, now); ok {
+	if v, ok := t.accepted.lookup(key, now); ok {
 		if t.o.Metrics != nil {
 			t.o.Metrics.CacheHits.Inc()
 		}
-		return id, nil
+		return v.(Identity), nil
+	}
+	if v, ok := t.refused.lookup(key, now); ok {
+		if t.o.Metrics != nil {
+			t.o.Metrics.RefusalCacheHits.Inc()
+		}
+		return Identity{}, v.(error)
 	}
 	reviewing := time.Now()
 	r, err := t.o.Review(ctx, token, []string{aud})
@@ -183,8 +212,24 @@ func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, erro
 		t.o.Metrics.Reviews.Observe(time.Since(reviewing).Seconds())
 	}
 	if err != nil {
+		// Not a refusal: the next call reviews again.
 		return Identity{}, fmt.Errorf("%w: checking the token with the Kubernetes API (TokenReview): %v", ErrUnavailable, err)
 	}
+	id, err := reviewed(r, aud)
+	if err != nil {
+		t.refused.store(key, err, now.Add(t.o.RefusalTTL))
+		return Identity{}, err
+	}
+	until := now.Add(t.o.CacheTTL)
+	if jwt && c.Exp != 0 {
+		until = minTime(until, time.Unix(c.Exp, 0))
+	}
+	t.accepted.store(key, id, until)
+	return id, nil
+}
+
+// reviewed returns the identity review r gives a token for audience aud, or the refusal.
+func reviewed(r Review, aud string) (Identity, error) {
 	if !r.Authenticated {
 		reason := r.Error
 		if reason == "" {
@@ -199,13 +244,7 @@ func (t *Tokens) Authenticate(ctx context.Context, token string) (Identity, erro
 	if !ok {
 		return Identity{}, fmt.Errorf("%w: the token's user %q is not a ServiceAccount: the manager accepts ServiceAccount tokens only", ErrUnauthenticated, r.Username)
 	}
-	id := ServiceAccountIdentity(ns, name)
-	until := now.Add(t.o.CacheTTL)
-	if jwt && c.Exp != 0 {
-		until = minTime(until, time.Unix(c.Exp, 0))
-	}
-	t.store(key, id, until)
-	return id, nil
+	return ServiceAccountIdentity(ns, name), nil
 }
 
 // parseServiceAccountUser splits "system:serviceaccount:<namespace>:<name>".
@@ -228,42 +267,64 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-func (t *Tokens) lookup(key [32]byte, now time.Time) (Identity, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	el, ok := t.byKey[key]
+// tokenCache remembers a value per token, keyed by the token's SHA-256, until a given time
+// and for at most size tokens (the least recently used go first).
+type tokenCache struct {
+	size int
+
+	mu    sync.Mutex // guards lru and byKey
+	lru   *list.List // of *cached, most recently used first
+	byKey map[[32]byte]*list.Element
+}
+
+type cached struct {
+	key   [32]byte
+	val   any
+	until time.Time
+}
+
+func newTokenCache(size int) *tokenCache {
+	return &tokenCache{size: size, lru: list.New(), byKey: map[[32]byte]*list.Element{}}
+}
+
+func (tc *tokenCache) lookup(key [32]byte, now time.Time) (any, bool) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	el, ok := tc.byKey[key]
 	if !ok {
-		return Identity{}, false
+		return nil, false
 	}
 	c := el.Value.(*cached)
 	if !now.Before(c.until) {
-		t.lru.Remove(el)
-		delete(t.byKey, key)
-		return Identity{}, false
+		tc.lru.Remove(el)
+		delete(tc.byKey, key)
+		return nil, false
 	}
-	t.lru.MoveToFront(el)
-	return c.id, true
+	tc.lru.MoveToFront(el)
+	return c.val, true
 }
 
-func (t *Tokens) store(key [32]byte, id Identity, until time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if el, ok := t.byKey[key]; ok {
-		el.Value = &cached{key: key, id: id, until: until}
-		t.lru.MoveToFront(el)
+func (tc *tokenCache) store(key [32]byte, val any, until time.Time) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if el, ok := tc.byKey[key]; ok {
+		el.Value = &cached{key: key, val: val, until: until}
+		tc.lru.MoveToFront(el)
 		return
 	}
-	t.byKey[key] = t.lru.PushFront(&cached{key: key, id: id, until: until})
-	for t.lru.Len() > t.o.CacheSize {
-		old := t.lru.Back()
-		t.lru.Remove(old)
-		delete(t.byKey, old.Value.(*cached).key)
+	tc.byKey[key] = tc.lru.PushFront(&cached{key: key, val: val, until: until})
+	for tc.lru.Len() > tc.size {
+		old := tc.lru.Back()
+		tc.lru.Remove(old)
+		delete(tc.byKey, old.Value.(*cached).key)
 	}
 }
 
-// cacheLen is the number of remembered tokens (tests).
-func (t *Tokens) cacheLen() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lru.Len()
+func (tc *tokenCache) len() int {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	return tc.lru.Len()
 }
+
+// cacheLen is the number of remembered accepted tokens (tests).
+func (t *Tokens) cacheLen() int { return t.accepted.len() }

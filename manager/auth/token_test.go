@@ -236,3 +236,127 @@ func TestTokenMetricsCountReviewsAndCacheHits(t *testing.T) {
 		t.Errorf("%v cache hits, want 2", n)
 	}
 }
+
+func TestTokensRefuseOversizedTokensUnreviewed(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	r := &fakeReviewer{review: goodReview}
+	tk := newTokens(t, r, &fakeNow{t: now}, 0)
+	// A well-formed token padded with a claim to the longest that is at most n bytes.
+	padded := func(n int) string {
+		k := (n - len(jwt("fusebox-manager", now.Add(time.Hour), ""))) * 3 / 4
+		for len(jwt("fusebox-manager", now.Add(time.Hour), strings.Repeat("x", k+1))) <= n {
+			k++
+		}
+		return jwt("fusebox-manager", now.Add(time.Hour), strings.Repeat("x", k))
+	}
+	for _, tc := range []struct {
+		name    string
+		token   string
+		reviews int
+		wantErr bool
+	}{
+		{"1 MiB opaque", strings.Repeat("A", 1<<20), 0, true},
+		{"just over the limit JWT", padded(MaxTokenBytes + 3), 0, true},
+		{"at the limit", padded(MaxTokenBytes), 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := r.Calls()
+			_, err := tk.Authenticate(context.Background(), tc.token)
+			if got := r.Calls() - before; got != tc.reviews {
+				t.Errorf("%d reviews, want %d", got, tc.reviews)
+			}
+			if !tc.wantErr {
+				if len(tc.token) > MaxTokenBytes {
+					t.Fatalf("test token is %d bytes, over the limit", len(tc.token))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want := fmt.Sprintf("the bearer token is %d bytes, over the limit of 16384 bytes (16 KiB)", len(tc.token))
+			if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("err = %v, want Unauthenticated containing %q", err, want)
+			}
+			if len(err.Error()) > 1000 {
+				t.Fatalf("the error is %d bytes long", len(err.Error()))
+			}
+		})
+	}
+}
+
+func TestTokensRefusalsAreCached(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1_800_000_000, 0)}
+	r := &fakeReviewer{review: Review{Error: "invalid bearer token"}}
+	met := NewTokenMetrics(prometheus.NewRegistry())
+	tk, err := NewTokens(TokenOptions{Review: r.Review, Audience: "fusebox-manager", Now: clock.Now, Metrics: met})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := jwt("fusebox-manager", clock.Now().Add(time.Hour), "bad")
+	refused := func(what string) {
+		t.Helper()
+		_, err := tk.Authenticate(context.Background(), bad)
+		if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "refused the token for audience \"fusebox-manager\": invalid bearer token") {
+			t.Fatalf("%s: err = %v", what, err)
+		}
+	}
+	refused("first")
+	refused("again at once")
+	clock.Advance(DefaultRefusalTTL - time.Second)
+	refused("again within the refusal TTL")
+	if n := r.Calls(); n != 1 {
+		t.Fatalf("%d reviews of a token refused three times within %v, want 1", n, DefaultRefusalTTL)
+	}
+	if n := testutil.ToFloat64(met.RefusalCacheHits); n != 2 {
+		t.Errorf("%v refusal cache hits, want 2", n)
+	}
+	// Remembered briefly only: the refusal may have been transient.
+	clock.Advance(time.Second)
+	r.mu.Lock()
+	r.review = goodReview
+	r.mu.Unlock()
+	if _, err := tk.Authenticate(context.Background(), bad); err != nil {
+		t.Fatalf("after the refusal TTL: %v", err)
+	}
+	if n := r.Calls(); n != 2 {
+		t.Fatalf("%d reviews after the refusal TTL, want 2", n)
+	}
+	// A review that could not be made is not a refusal: it is not remembered.
+	down := &fakeReviewer{err: errors.New("connection refused")}
+	tk2 := newTokens(t, down, clock, 0)
+	for range 2 {
+		if _, err := tk2.Authenticate(context.Background(), bad); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("API down: %v", err)
+		}
+	}
+	if n := down.Calls(); n != 2 {
+		t.Fatalf("%d reviews with the API down, want 2 (an unavailable API is not a refusal)", n)
+	}
+}
+
+func TestTokensRefusalsDoNotEvictAcceptedTokens(t *testing.T) {
+	clock := &fakeNow{t: time.Unix(1_800_000_000, 0)}
+	r := &fakeReviewer{review: goodReview}
+	tk := newTokens(t, r, clock, 2)
+	good := jwt("fusebox-manager", clock.Now().Add(time.Hour), "good")
+	if _, err := tk.Authenticate(context.Background(), good); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	r.review = Review{Error: "invalid bearer token"}
+	r.mu.Unlock()
+	for i := range 10 {
+		tk.Authenticate(context.Background(), jwt("fusebox-manager", clock.Now().Add(time.Hour), fmt.Sprint("bad", i)))
+	}
+	if n := tk.refused.len(); n != 2 {
+		t.Errorf("%d refusals remembered, want the cache size 2", n)
+	}
+	calls := r.Calls()
+	if _, err := tk.Authenticate(context.Background(), good); err != nil {
+		t.Fatalf("the accepted token was pushed out by refusals: %v", err)
+	}
+	if r.Calls() != calls {
+		t.Fatal("the accepted token was reviewed again after refusals of others")
+	}
+}

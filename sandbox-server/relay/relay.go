@@ -115,11 +115,16 @@ func entryHost(e string) string {
 // unix socket at socketPath, dialled per connection, until ctx ends (it then returns nil)
 // or ln fails (it returns the error). Either way it closes ln and every relayed connection
 // and returns only after their goroutines have ended. A connection whose socket cannot be
-// dialled gets a 502 response and is closed.
+// dialled gets a 502 response and is closed; such refusals, and transient accept errors, are
+// logged the first time for each cause and then counted, in a line per cause at most every
+// minute (see refusals).
 func Serve(ctx context.Context, ln net.Listener, socketPath string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	refused := newRefusals(log)
+	// Deferred first, so it runs last: after every connection's goroutine has ended.
+	defer refused.close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	// Deferred after the Wait, so it runs first: the relayed connections end with ctx (see
@@ -142,7 +147,7 @@ func Serve(ctx context.Context, ln net.Listener, socketPath string, log *slog.Lo
 				return err
 			}
 			backoff = min(max(2*backoff, 5*time.Millisecond), maxAcceptBackoff)
-			log.Warn("egress relay: accept failed, retrying", "err", err, "backoff", backoff)
+			refused.add("egress relay: accept failed, retrying", err, "backoff", backoff)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -151,7 +156,7 @@ func Serve(ctx context.Context, ln net.Listener, socketPath string, log *slog.Lo
 			continue
 		}
 		backoff = 0
-		wg.Go(func() { relay(ctx, c, socketPath, log) })
+		wg.Go(func() { relay(ctx, c, socketPath, refused) })
 	}
 }
 
@@ -166,13 +171,13 @@ func transient(err error) bool {
 }
 
 // relay pipes c to a new connection to the socket until both directions have ended or ctx
-// ends.
-func relay(ctx context.Context, c net.Conn, socketPath string, log *slog.Logger) {
+// ends. A refusal is counted in refused.
+func relay(ctx context.Context, c net.Conn, socketPath string, refused *refusals) {
 	defer c.Close()
 	d := net.Dialer{Timeout: dialTimeout}
 	up, err := d.DialContext(ctx, "unix", socketPath)
 	if err != nil {
-		log.Warn("egress relay: cannot reach the egress proxy", "socket", socketPath, "err", err)
+		refused.add("egress relay: cannot reach the egress proxy", err, "socket", socketPath)
 		c.SetDeadline(time.Now().Add(drainTimeout))
 		if _, err := io.WriteString(c, unavailable); err == nil {
 			closeWrite(c)
