@@ -145,6 +145,61 @@ def go_figures(bench: Path, addr: str, exec_runs: int, alloc_runs: int, settle_s
             "allocate_p50_ms": alloc["allocate_p50_ms"], "allocate_p99_ms": alloc["allocate_p99_ms"], "allocate_runs": alloc["runs"]}
 
 
+def arm_figures(managers: dict, runs: int, settle_s: float, pool: int, seed: int) -> dict:
+    """Warm allocations with the first call through each manager of ``managers`` (arm name to
+    address), interleaved: ``runs`` rounds, each taking every arm once in an order shuffled
+    afresh, each after that arm's pool has settled. Returns each arm's p50, p90 and p99 and,
+    for every arm but the first, the median over rounds of its time less the first's."""
+    rng = random.Random(seed)
+    names = list(managers)
+    ms = {n: fusebox.Manager(a) for n, a in managers.items()}
+    lat = {n: [] for n in names}
+    try:
+        for _ in range(runs):
+            order = names[:]
+            rng.shuffle(order)
+            for n in order:
+                settle(ms[n], pool, settle_s)
+                t0 = time.perf_counter()
+                sb = ms[n].allocate()
+                sb.stat(".")
+                lat[n].append((time.perf_counter() - t0) * 1e3)
+                sb.close()
+    finally:
+        for m in ms.values():
+            m.close()
+    out = {"rounds": runs, "seed": seed, "arms": []}
+    for n in names:
+        arm = {"arm": n, "p50_ms": pct(lat[n], 50), "p90_ms": pct(lat[n], 90), "p99_ms": pct(lat[n], 99)}
+        if n != names[0]:
+            arm["paired_p50_ms"] = statistics.median(x - r for x, r in zip(lat[n], lat[names[0]]))
+        out["arms"].append(arm)
+    return out
+
+
+def main_arms(a, binary: Path, runsc: str) -> int:
+    """--arms: one fusebox local up per --fast-path setting, the Python SDK's warm allocations
+    interleaved across them (arm_figures)."""
+    arms = a.arms.split(",")
+    lms = {arm: LocalManager(Path(tempfile.mkdtemp(prefix="fbxpyb-")), binary, runsc, ("--fast-path", arm)) for arm in arms}
+    try:
+        for lm in lms.values():
+            lm.start()
+        r = arm_figures({arm: lm.address for arm, lm in lms.items()}, a.alloc_runs, a.settle, 2, a.seed)
+    finally:
+        for lm in lms.values():
+            lm.stop()
+    r["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if a.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"python warm allocation + first call, {r['rounds']} interleaved rounds (seed {r['seed']}), p50 / p90 / p99 ms:")
+    for arm in r["arms"]:
+        paired = f", paired against {arms[0]} {arm['paired_p50_ms']:+.2f}" if "paired_p50_ms" in arm else ""
+        print(f"  --fast-path {arm['arm']:24} {arm['p50_ms']:.2f} / {arm['p90_ms']:.2f} / {arm['p99_ms']:.2f}{paired}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--exec-runs", type=int, default=300)
@@ -152,9 +207,15 @@ def main() -> int:
                     help="warm allocations per SDK; a p99 wants hundreds (1000 for a figure to quote)")
     ap.add_argument("--settle", type=float, default=0.1, help="seconds the full pool idles before each allocation")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--arms", help="compare the Python SDK's warm allocations across managers of these --fast-path "
+                    "settings, comma-separated, interleaved (e.g. all,keep-awake: early naming on and off); "
+                    "the first is the reference. Measures allocations only")
+    ap.add_argument("--seed", type=int, default=1, help="with --arms: the seed of the rounds' order")
     a = ap.parse_args()
     binary = Path(os.environ.get("FUSEBOX_BIN") or REPO / "bin" / "fusebox")
     runsc = os.environ.get("FUSEBOX_RUNSC") or DEFAULT_RUNSC
+    if a.arms:
+        return main_arms(a, binary, runsc)
     lm = LocalManager(Path(tempfile.mkdtemp(prefix="fbxpyb-")), binary, runsc)
     pool = 2
     try:
