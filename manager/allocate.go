@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 )
@@ -56,7 +56,7 @@ type AllocateRequest struct {
 // Picked names a unit an allocation has picked, before sFuse (AllocateRequest.Picked).
 type Picked struct {
 	ID, Endpoint string
-	Identity     sfuse.Identity
+	Identity     initconns.Identity
 }
 
 // Allocation is the result of Allocate.

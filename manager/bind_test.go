@@ -10,6 +10,7 @@ import (
 
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
@@ -111,7 +112,7 @@ func TestBindAnnotateStep(t *testing.T) {
 // sFuse's failures say whose fault they are; an answer with another identity than the one
 // told before sFuse is refused.
 func TestBindFuseStep(t *testing.T) {
-	told := Unit{Info: UnitInfo{ID: "u"}, Identity: sfuse.Identity{SandboxKey: []byte("key"), SandboxCertificate: []byte("cert")}}
+	told := Unit{Info: UnitInfo{ID: "u"}, Identity: initconns.Identity{SandboxKey: []byte("key"), SandboxCertificate: []byte("cert")}}
 	for _, c := range []struct {
 		name   string
 		answer sfuse.Result

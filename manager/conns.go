@@ -3,12 +3,13 @@ package manager
 import (
 	"context"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 )
 
 // InitConns keeps connections to the init listeners of the units waiting in the pool, so
 // that an allocation's sFuse is one call on an open connection (Options.Conns;
-// internal/sfuse.Conns in production). The manager calls Prepare when a unit joins the pool,
+// internal/fastpath/initconns.Conns in production). The manager calls Prepare when a unit joins the pool,
 // and then exactly one of Initialize (the unit is allocated) or Forget (it leaves the pool
 // otherwise), so that no prepared connection outlives its unit. Implementations are safe for
 // concurrent use.
@@ -26,7 +27,7 @@ type InitConns interface {
 	Ping(ctx context.Context, initAddr string) error
 	// Identify returns the identity the sandbox at initAddr will answer sFuse with, without
 	// initialising it, for AllocateRequest.Picked. A failure only costs that head start.
-	Identify(ctx context.Context, initAddr string) (sfuse.Identity, error)
+	Identify(ctx context.Context, initAddr string) (initconns.Identity, error)
 }
 
-var _ InitConns = (*sfuse.Conns)(nil)
+var _ InitConns = (*initconns.Conns)(nil)

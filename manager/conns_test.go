@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
@@ -16,7 +17,7 @@ import (
 type fakeConns struct {
 	initialize func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error)
 	ping       func(ctx context.Context, addr string) error
-	identify   func(ctx context.Context, addr string) (sfuse.Identity, error)
+	identify   func(ctx context.Context, addr string) (initconns.Identity, error)
 
 	mu   sync.Mutex
 	open map[string]bool // init address -> prepared and not yet initialised or forgotten
@@ -56,11 +57,11 @@ func (c *fakeConns) Ping(ctx context.Context, addr string) error {
 	return nil
 }
 
-func (c *fakeConns) Identify(ctx context.Context, addr string) (sfuse.Identity, error) {
+func (c *fakeConns) Identify(ctx context.Context, addr string) (initconns.Identity, error) {
 	if c.identify != nil {
 		return c.identify(ctx, addr)
 	}
-	return sfuse.Identity{}, errors.New("no identity")
+	return initconns.Identity{}, errors.New("no identity")
 }
 
 // opened returns the init addresses of the connections held now.

@@ -42,7 +42,7 @@ type Options struct {
 	// Initializer performs sFuse on a connection of its own (the plain path); not with Conns.
 	Initializer Initializer
 	// Conns, instead of Initializer, keeps connections to the init listeners of the units in
-	// the pool and performs sFuse over them (internal/sfuse.Conns in production). With it
+	// the pool and performs sFuse over them (internal/fastpath/initconns.Conns in production). With it
 	// the manager also pings the pool's head (PingInterval) and learns the identity of units
 	// that keep a data connection opened before sFuse (Capabilities.EarlyNaming).
 	Conns InitConns

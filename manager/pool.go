@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 )
 
 // pool is where a Manager keeps its units, and how it takes, renews, releases, lists, counts,
@@ -253,16 +253,16 @@ func (p *warmPool) release(ctx context.Context, id, token string) error {
 
 // identityOf learns a new unit's identity (InitConns.Identify) when its sandbox keeps a data
 // connection opened before sFuse, and returns it; empty when it is not asked for or fails.
-func (p *warmPool) identityOf(ctx context.Context, info UnitInfo) sfuse.Identity {
+func (p *warmPool) identityOf(ctx context.Context, info UnitInfo) initconns.Identity {
 	if !p.identify {
-		return sfuse.Identity{}
+		return initconns.Identity{}
 	}
 	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
 	id, err := p.o.Conns.Identify(ctx, info.InitAddr)
 	if err != nil {
 		p.log.Warn("asking a new unit for its identity; its allocation will not name it early", "id", info.ID, "err", err)
-		return sfuse.Identity{}
+		return initconns.Identity{}
 	}
 	return id
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 )
 
 // State is where a unit is in its life.
@@ -72,7 +72,7 @@ type Unit struct {
 	Remains bool
 	// Identity is the sandbox's identity, learned while it waited in the pool
 	// (InitConns.Identify); empty when unknown.
-	Identity sfuse.Identity
+	Identity initconns.Identity
 
 	// claimOnBind marks a unit a shared pool picked without claiming it: bind claims it
 	// with the lease's write (OneWriteClaimer).

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/client"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/auth"
@@ -32,12 +33,12 @@ func (a earlyAlloc) Capabilities() manager.Capabilities {
 // answers with it, or with another key when wrong is set.
 type identities struct {
 	mu    sync.Mutex
-	ids   map[string]sfuse.Identity
+	ids   map[string]initconns.Identity
 	wrong bool
 	asked int // Identify calls
 }
 
-func (s *identities) identity(addr string) (sfuse.Identity, error) {
+func (s *identities) identity(addr string) (initconns.Identity, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if id, ok := s.ids[addr]; ok {
@@ -45,9 +46,9 @@ func (s *identities) identity(addr string) (sfuse.Identity, error) {
 	}
 	k, err := client.NewKey()
 	if err != nil {
-		return sfuse.Identity{}, err
+		return initconns.Identity{}, err
 	}
-	id := sfuse.Identity{SandboxKey: k.PublicKey(), SandboxCertificate: []byte("certificate of " + addr)}
+	id := initconns.Identity{SandboxKey: k.PublicKey(), SandboxCertificate: []byte("certificate of " + addr)}
 	s.ids[addr] = id
 	return id, nil
 }
@@ -83,13 +84,13 @@ func (s *eventStream) Send(ev *managerv1.AllocateEvent) error {
 
 func newEarlyEnv(t *testing.T, earlyNaming bool) (*env, *identities) {
 	t.Helper()
-	ids := &identities{ids: map[string]sfuse.Identity{}}
+	ids := &identities{ids: map[string]initconns.Identity{}}
 	e := newEnv(t, 1, func(o *manager.Options) {
 		if earlyNaming {
 			o.Allocator = earlyAlloc{o.Allocator.(*memalloc.Allocator)}
 		}
 		o.Initializer, o.Conns = nil, &fakeConns{initialize: ids.initialize,
-			identify: func(_ context.Context, addr string) (sfuse.Identity, error) {
+			identify: func(_ context.Context, addr string) (initconns.Identity, error) {
 				ids.mu.Lock()
 				ids.asked++
 				ids.mu.Unlock()

@@ -9,14 +9,13 @@
 //   - EarlyNaming: the manager learns each new unit's identity (internal/sfuse's Identify)
 //     and names the picked unit before sFuse (AllocateStream), so that an agent that dials
 //     the data socket itself can connect while sFuse runs; the sandbox's gate keeps that
-//     connection unread until the fuse blows (see Latest).
+//     connection unread until the fuse blows (internal/fastpath/waitroom).
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
 //     (localsandbox.KeepAwakeGODEBUG).
 package fastpath
 
 import (
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 )
@@ -32,34 +31,6 @@ func All() Switches { return Switches{EarlyNaming: true, KeepAwake: true} }
 
 // Any reports whether any accelerator is on.
 func (s Switches) Any() bool { return s != Switches{} }
-
-// Latest is the sandbox gate's Waitroom (see sandbox-server/fuse), for EarlyNaming: it keeps
-// the latest connection accepted while the gate is shut, unread, and closes the one it kept
-// before (an agent that dials again replaces it). The gate serializes its calls.
-type Latest struct{ c net.Conn }
-
-// Keep keeps c in place of the connection kept before, which it closes.
-func (l *Latest) Keep(c net.Conn) {
-	if l.c != nil {
-		l.c.Close()
-	}
-	l.c = c
-}
-
-// Release returns the kept connection, if any.
-func (l *Latest) Release() net.Conn {
-	c := l.c
-	l.c = nil
-	return c
-}
-
-// Close closes the kept connection, if any.
-func (l *Latest) Close() {
-	if l.c != nil {
-		l.c.Close()
-		l.c = nil
-	}
-}
 
 // names are the accelerators' names in Parse and String, in order.
 var names = []string{"early-naming", "keep-awake"}

@@ -24,7 +24,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/processalloc"
@@ -242,7 +242,7 @@ func newAllocator(ctx context.Context, c Config, log *slog.Logger) (_ manager.Al
 // the units' warm-up) the manager reads from the allocator's Capabilities.
 func newManager(c Config, alloc manager.Allocator, est estimator.Estimator, isLeader func() bool, reg prometheus.Registerer, log *slog.Logger) (*manager.Manager, error) {
 	return manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
-		Conns: &sfuse.Conns{}, PingInterval: c.PoolPing, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL,
+		Conns: &initconns.Conns{}, PingInterval: c.PoolPing, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL,
 		MaxLeaseTTL: c.MaxLeaseTTL, SeparateClaim: c.Kube.SeparateClaim, Logger: log, Metrics: manager.NewMetrics(reg)})
 }
 

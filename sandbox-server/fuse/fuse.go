@@ -1,15 +1,27 @@
-// Package fuse is the sandbox's trust path: the one-shot init (sFuse) and the data-socket
-// gate. With internal/tlspin (the key pinning) it is all a reviewer needs to read to check
-// that only the agent holding the pinned key can command a sandbox and that the init
-// endpoint works exactly once:
+// Package fuse is the sandbox's trust path: the one-shot init (sFuse), the data-socket gate,
+// and the data plane's transport credentials. With the packages below it is the trust core, all
+// a reviewer needs to read to check that only the agent holding the pinned key can command a
+// sandbox and that the init endpoint works exactly once:
+//
+//   - sandbox-server/fuse: fuse.go (the Init service and the fuse), gate.go (the data
+//     listener's gate), data.go (DataCredentials, the only credentials the data plane serves
+//     with) and bufconn.go (its read buffer below TLS);
+//   - internal/tlspin: tlspin.go (the pinned TLS 1.3 configurations and certificates);
+//   - internal/coalesce: coalesce.go (the write coalescing below TLS);
+//   - internal/sfuse: sfuse.go (the manager's side: one InitializeTLS call);
+//   - internal/endpoint: the addresses and the host's dials that follow no link.
+//
+// The core imports nothing of the latency accelerators (internal/fastpath and below; hack/verify.sh
+// checks it with go list -deps -test). What it guarantees:
 //
 //   - Before the fuse blows the data listener serves nothing: no byte is read or written on a
 //     connection to it (each is closed, or kept unread by a Waitroom).
 //   - The first valid InitializeTLS pins the agent's key, builds the data plane's TLS 1.3
 //     configuration (tlspin.ServerConfigCert: a client certificate whose key equals the
-//     pinned one, nothing else), has Start begin the data plane, opens the gate, and closes
-//     the init listener before the response is written: once the manager has the answer,
-//     nobody can connect to the init endpoint again, and no code path reopens it.
+//     pinned one, nothing else) and its credentials (DataCredentials), has Start begin the
+//     data plane on them, opens the gate, and closes the init listener before the response is
+//     written: once the manager has the answer, nobody can connect to the init endpoint
+//     again, and no code path reopens it.
 //   - A malformed request (bad key, or one Start refuses) gets INVALID_ARGUMENT and leaves
 //     the fuse intact; every call after the one that blew it gets FAILED_PRECONDITION.
 //   - Identity, the Init service's other call, returns the sandbox's public key and
@@ -31,6 +43,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -48,11 +61,12 @@ var (
 	ErrInvalid = errors.New("invalid InitializeTLS request")
 )
 
-// Start begins the data plane when the fuse is about to blow. cfg is the data plane's TLS
-// configuration, pinning the agent's key. Start returns serve, which the fuse runs on the
-// data listener once the gate is open. An error leaves the fuse intact and must leave
+// Start begins the data plane when the fuse is about to blow. creds are the data plane's
+// transport credentials (DataCredentials with the TLS configuration pinning the agent's key
+// and Options.Data), the only ones it may serve with. Start returns serve, which the fuse runs
+// on the data listener once the gate is open. An error leaves the fuse intact and must leave
 // nothing started.
-type Start func(ctx context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (serve func(net.Listener), err error)
+type Start func(ctx context.Context, req *sandboxv1.InitializeTLSRequest, creds credentials.TransportCredentials) (serve func(net.Listener), err error)
 
 // Options configure a Fuse. Identity, IdleTTL and Start are required.
 type Options struct {
@@ -61,6 +75,8 @@ type Options struct {
 	Identity tls.Certificate
 	IdleTTL  time.Duration
 	Start    Start
+	// Data is what the data plane's credentials do beside the pinned handshake.
+	Data DataOptions
 	// Waiting, if set, keeps connections that reach the data listener before the fuse
 	// blows, unread; without it they are closed as soon as they are accepted.
 	Waiting Waitroom
@@ -182,7 +198,7 @@ func (f *Fuse) blow(ctx context.Context, req *sandboxv1.InitializeTLSRequest) (*
 	if f.blown {
 		return nil, ErrBlown
 	}
-	serve, err := f.o.Start(ctx, req, cfg)
+	serve, err := f.o.Start(ctx, req, DataCredentials(cfg, f.o.Data))
 	if err != nil {
 		return nil, err
 	}

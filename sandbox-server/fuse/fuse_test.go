@@ -6,6 +6,7 @@ import (
 	"crypto"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -30,7 +31,7 @@ import (
 )
 
 // sandbox is a Fuse on unix sockets in a temp dir whose data plane is the gRPC health
-// service over credentials.NewTLS(cfg): the plain path.
+// service over the credentials the fuse gives Start (DataCredentials, no options).
 type sandbox struct {
 	initPath, dataPath string
 	serveErr           chan error
@@ -64,13 +65,13 @@ func startFuseDrain(t *testing.T, ttl time.Duration, w Waitroom, refuse func(*sa
 	}
 	var data *grpc.Server
 	var mu sync.Mutex
-	start := func(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (func(net.Listener), error) {
+	start := func(_ context.Context, req *sandboxv1.InitializeTLSRequest, creds credentials.TransportCredentials) (func(net.Listener), error) {
 		if refuse != nil {
 			if err := refuse(req); err != nil {
 				return nil, err
 			}
 		}
-		srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+		srv := grpc.NewServer(grpc.Creds(creds))
 		healthpb.RegisterHealthServer(srv, health.NewServer())
 		mu.Lock()
 		data = srv
@@ -152,7 +153,7 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 	defer ln.Close()
 	k, _ := newKey(t)
 	id, _ := tlspin.Certificate(k)
-	start := func(context.Context, *sandboxv1.InitializeTLSRequest, *tls.Config) (func(net.Listener), error) {
+	start := func(context.Context, *sandboxv1.InitializeTLSRequest, credentials.TransportCredentials) (func(net.Listener), error) {
 		return nil, nil
 	}
 	for name, o := range map[string]Options{
@@ -180,14 +181,12 @@ func TestFuseBlowsOnce(t *testing.T) {
 	defer cancel()
 	servesNothing(t, sb.dataPath)
 	// A connection made before the fuse blows, as the manager's prepared one is.
-	var conns sfuse.Conns
-	conns.Prepare("unix://" + sb.initPath)
-	defer conns.Forget("unix://" + sb.initPath)
-	if err := conns.Ping(ctx, "unix://"+sb.initPath); err != nil {
+	conns := prepare(t, "unix://"+sb.initPath)
+	if err := conns.Ping(ctx); err != nil {
 		t.Fatalf("ping before init: %v", err)
 	}
 	// Its identity is told before init and changes nothing.
-	ident, err := conns.Identify(ctx, "unix://"+sb.initPath)
+	ident, err := conns.Identify(ctx)
 	if err != nil {
 		t.Fatalf("identity before init: %v", err)
 	}
@@ -216,17 +215,17 @@ func TestFuseBlowsOnce(t *testing.T) {
 		c.Close()
 		t.Fatal("dialing the init socket after InitializeTLS answered succeeded")
 	}
-	if !bytes.Equal(res.SandboxKey, ident.SandboxKey) || !bytes.Equal(res.SandboxCertificate, ident.SandboxCertificate) {
+	if !bytes.Equal(res.SandboxKey, ident.GetSandboxPublicKey()) || !bytes.Equal(res.SandboxCertificate, ident.GetSandboxCertificate()) {
 		t.Fatal("InitializeTLS returned another identity than Identity told")
 	}
 	// On a connection made before, the identity is refused now, and a second init.
-	if _, err := conns.Identify(ctx, "unix://"+sb.initPath); err == nil {
+	if _, err := conns.Identify(ctx); err == nil {
 		t.Fatal("Identity after the fuse blew succeeded")
 	} else if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
 		t.Fatalf("Identity after the fuse blew: %v, want FailedPrecondition (or Unavailable once drained)", err)
 	}
 	other, otherDER := newKey(t)
-	if _, err := conns.Initialize(ctx, "unix://"+sb.initPath, sfuse.Request{AgentKey: otherDER}); err == nil {
+	if _, err := conns.Initialize(ctx, sfuse.Request{AgentKey: otherDER}); err == nil {
 		t.Fatal("second InitializeTLS succeeded")
 	} else if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
 		t.Fatalf("second InitializeTLS: %v, want FailedPrecondition (or Unavailable once drained)", err)
@@ -294,11 +293,10 @@ func TestConcurrentInitExactlyOneWins(t *testing.T) {
 	const n = 8
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
-	conns := make([]*sfuse.Conns, n)
+	conns := make([]*prepared, n)
 	for i := range conns {
-		conns[i] = &sfuse.Conns{}
-		conns[i].Prepare(addr)
-		if err := conns[i].Ping(ctx, addr); err != nil {
+		conns[i] = prepare(t, addr)
+		if err := conns[i].Ping(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -307,7 +305,7 @@ func TestConcurrentInitExactlyOneWins(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := c.Initialize(ctx, addr, sfuse.Request{AgentKey: der})
+			_, err := c.Initialize(ctx, sfuse.Request{AgentKey: der})
 			errs <- err
 		}()
 	}
@@ -416,10 +414,8 @@ func TestDrainLater(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	addr := "unix://" + sb.initPath
-	var conns sfuse.Conns
-	conns.Prepare(addr)
-	defer conns.Forget(addr)
-	if err := conns.Ping(ctx, addr); err != nil {
+	conns := prepare(t, addr)
+	if err := conns.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
 	_, der := newKey(t)
@@ -430,7 +426,7 @@ func TestDrainLater(t *testing.T) {
 		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
 	}
 	_, other := newKey(t)
-	_, err := conns.Initialize(ctx, addr, sfuse.Request{AgentKey: other})
+	_, err := conns.Initialize(ctx, sfuse.Request{AgentKey: other})
 	if status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
 		t.Fatalf("InitializeTLS on a connection made before, not yet drained: %v, want FailedPrecondition", err)
 	}
@@ -439,4 +435,45 @@ func TestDrainLater(t *testing.T) {
 		t.Fatalf("InitializeTLS of a blown fuse: %v, want sfuse.ErrBlown only", err)
 	}
 	close(drain)
+}
+
+// prepared is a connection to an init listener made before the fuse blows, as a manager's
+// pool keeps one (internal/fastpath/initconns, which the trust core's tests do not import).
+type prepared struct {
+	conn *grpc.ClientConn
+	addr string
+}
+
+func prepare(t *testing.T, addr string) *prepared {
+	t.Helper()
+	conn, err := sfuse.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Connect()
+	t.Cleanup(func() { conn.Close() })
+	return &prepared{conn, addr}
+}
+
+// Ping is the gRPC health check a manager pings a pooled unit with.
+func (p *prepared) Ping(ctx context.Context) error {
+	resp, err := healthpb.NewHealthClient(p.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		err = fmt.Errorf("health %v", resp.GetStatus())
+	}
+	return err
+}
+
+// Identify is the Init service's Identity call.
+func (p *prepared) Identify(ctx context.Context) (*sandboxv1.IdentityResponse, error) {
+	resp, err := sandboxv1.NewInitClient(p.conn).Identity(ctx, &sandboxv1.IdentityRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("asking for the identity: %w", err)
+	}
+	return resp, nil
+}
+
+// Initialize is sFuse on this connection.
+func (p *prepared) Initialize(ctx context.Context, req sfuse.Request) (sfuse.Result, error) {
+	return sfuse.InitializeOn(ctx, p.conn, p.addr, req)
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"time"
 
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
@@ -29,29 +28,6 @@ const bulkIdle = 5 * time.Minute
 
 // bulkDepth is how many chunks a transfer has in flight between its two goroutines.
 const bulkDepth = 3
-
-// bulkCreds dispatches connections that negotiated bulk.Proto to serve, out of gRPC
-// (credentials.ErrConnDispatched), and hands every other connection to gRPC as it is.
-type bulkCreds struct {
-	credentials.TransportCredentials
-	serve func(net.Conn)
-}
-
-func (c bulkCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
-	if err != nil {
-		return nil, nil, err
-	}
-	if ti, ok := info.(credentials.TLSInfo); ok && ti.State.NegotiatedProtocol == bulk.Proto {
-		go c.serve(conn)
-		return nil, nil, credentials.ErrConnDispatched
-	}
-	return conn, info, nil
-}
-
-func (c bulkCreds) Clone() credentials.TransportCredentials {
-	return bulkCreds{c.TransportCredentials.Clone(), c.serve}
-}
 
 // serveBulk serves bulk exchanges on conn until the agent closes it, an exchange fails, the
 // connection idles for bulkIdle, or ctx ends; it closes conn.

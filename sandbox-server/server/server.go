@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/waitroom"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -164,9 +164,9 @@ func New(opts Options) (*Server, error) {
 // initialises the sandbox in time.
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	s.life = ctx
-	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log}
+	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log, Data: s.dataOptions()}
 	if s.opts.FastPath.EarlyNaming {
-		fo.Waiting = &fastpath.Latest{}
+		fo.Waiting = &waitroom.Latest{}
 	}
 	if s.opts.FastPath.Any() {
 		// The init server's connections drain once the agent's first call has been
@@ -207,16 +207,10 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 
 // start is the server's part of the one initialisation (fuse.Start): it starts the sandbox's
 // egress when the allocation has an allowlist, and builds the data plane's gRPC server on
-// cfg. A failure to start egress leaves nothing started. A ClientHello in the request (sent
+// creds, the fuse's. A failure to start egress leaves nothing started. A ClientHello in the request (sent
 // by managers of earlier releases, for an accelerator since removed) is ignored: the agent
 // then makes a full handshake.
-func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, cfg *tls.Config) (func(net.Listener), error) {
-	if !s.opts.NoBulk {
-		// Offered after HTTP/2: a client that offers both gets HTTP/2.
-		cfg = cfg.Clone()
-		cfg.NextProtos = append(slices.Clip(cfg.NextProtos), bulk.Proto)
-	}
-	creds := credentials.NewTLS(cfg)
+func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, creds credentials.TransportCredentials) (func(net.Listener), error) {
 	if allow := req.GetEgress(); len(allow) > 0 && s.opts.StartEgress != nil {
 		// Before the data plane opens: the agent's first command already has its way out.
 		env, err := s.opts.StartEgress(allow)
@@ -224,16 +218,6 @@ func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, c
 			return nil, fmt.Errorf("starting egress: %w", err)
 		}
 		s.state.AddBase(env)
-	}
-	creds = coalescedCreds{creds}
-	if !s.opts.NoBulk {
-		creds = bulkCreds{creds, func(c net.Conn) { s.serveBulk(s.life, c) }}
-	}
-	if s.opts.FastPath.Any() {
-		// Where an allocation's time goes, for the accelerators' measurements; the plain
-		// path's transport is credentials.NewTLS over the write coalescing alone (and, unless
-		// NoBulk, the hand-off of bulk connections after it).
-		creds = timedCreds{creds, &s.timeline}
 	}
 	received := time.Now().UnixNano()
 	data := s.newDataServer(creds, func(before bool) {
@@ -256,11 +240,24 @@ func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, c
 		}
 		s.drainOnce.Do(func() { close(s.drain) })
 	}()
-	return func(ln net.Listener) { s.dataErr <- data.Serve(bufferedListener{ln}) }, nil
+	return func(ln net.Listener) { s.dataErr <- data.Serve(ln) }, nil
 }
 
-// newDataServer builds the data plane's gRPC server with creds, to serve on a
-// bufferedListener. around, if set, runs before (true) and after (false) every call.
+// dataOptions are the data plane's transport options (fuse.DataOptions): bulk connections
+// unless NoBulk, and, with any accelerator on, the handshake's marks on the allocation
+// timeline.
+func (s *Server) dataOptions() fuse.DataOptions {
+	var o fuse.DataOptions
+	if !s.opts.NoBulk {
+		o.BulkProto, o.Bulk = bulk.Proto, func(c net.Conn) { s.serveBulk(s.life, c) }
+	}
+	if s.opts.FastPath.Any() {
+		o.Handshake = s.timeline.handshake
+	}
+	return o
+}
+
+// newDataServer builds the data plane's gRPC server with creds. around, if set, runs before (true) and after (false) every call.
 func (s *Server) newDataServer(creds credentials.TransportCredentials, around func(before bool)) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.Creds(creds),
@@ -271,7 +268,7 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 		grpc.InitialWindowSize(8 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
 		grpc.ReadBufferSize(32 << 10),
-		// What gRPC hands TLS at a time, which coalescedCreds sends in one write: under
+		// What gRPC hands TLS at a time, which fuse.DataCredentials sends in one write: under
 		// gVisor a download's throughput follows the size of its writes (docs/performance.md).
 		// One buffer per connection, made as it opens;
 		// a flush touches only the pages it fills, so small calls cost no more.

@@ -30,6 +30,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
@@ -153,7 +154,7 @@ func TestFuseBlowsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sandboxtest.ServesNothing(t, dataAddr[len("unix://"):])
-	var conns sfuse.Conns
+	var conns initconns.Conns
 	if err := conns.Ping(ctx, initAddr); err != nil {
 		t.Fatalf("ping of a sandbox in the pool: %v", err)
 	}
@@ -316,7 +317,7 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			dataPath := dataAddr[len("unix://"):]
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			var conns sfuse.Conns // prepared before the fuse blows, as the manager's is
+			var conns initconns.Conns // prepared before the fuse blows, as the manager's is
 			conns.Prepare(initAddr)
 			defer conns.Forget(initAddr)
 			if err := conns.Ping(ctx, initAddr); err != nil {

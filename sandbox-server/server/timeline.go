@@ -3,11 +3,8 @@ package server
 import (
 	"encoding/json"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc/credentials"
 )
 
 // timeline records when the steps of this sandbox's one allocation happened, as Unix
@@ -60,23 +57,14 @@ func LogTimeline(l *slog.Logger, tl Timeline) {
 	l.Info(TimelineMessage, slog.Any(timelineKey, tl))
 }
 
-// timedCreds marks the first server handshake's start and end on a timeline.
-type timedCreds struct {
-	credentials.TransportCredentials
-	tl *timeline
-}
-
-func (c timedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	mark(&c.tl.dataAccepted)
-	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
-	if err == nil {
-		mark(&c.tl.handshakeDone)
+// handshake marks the first data connection's handshake: its start (done false) and end
+// (fuse.DataOptions.Handshake).
+func (t *timeline) handshake(done bool) {
+	if done {
+		mark(&t.handshakeDone)
+	} else {
+		mark(&t.dataAccepted)
 	}
-	return conn, info, err
-}
-
-func (c timedCreds) Clone() credentials.TransportCredentials {
-	return timedCreds{c.TransportCredentials.Clone(), c.tl}
 }
 
 // ParseTimeline returns the Timeline of a JSON log line, if the line is that record.

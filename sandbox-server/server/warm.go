@@ -14,6 +14,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+	"github.com/fusebox-dev/fusebox/sandbox-server/fuse"
 )
 
 // WarmUp runs one throwaway pinned-TLS handshake and one data-plane call through this
@@ -60,8 +61,8 @@ func (s *Server) WarmUp(ctx context.Context) error {
 		return err
 	}
 	ccfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return clientCert, nil }, pin)
-	srv := s.newDataServer(credentials.NewTLS(scfg), nil)
-	go srv.Serve(bufferedListener{ln})
+	srv := s.newDataServer(fuse.DataCredentials(scfg, fuse.DataOptions{}), nil)
+	go srv.Serve(ln)
 	defer srv.Stop()
 	conn, err := grpc.NewClient("passthrough:///warm-up", grpc.WithTransportCredentials(credentials.NewTLS(ccfg)),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {

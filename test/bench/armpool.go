@@ -8,6 +8,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
+	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
@@ -49,7 +50,7 @@ func startArmPool(ctx context.Context, o AllocateOptions, arm Arm, wrap func(man
 	// could not destroy (Failed) must not outlive the benchmark, whose state directory goes
 	// with it.
 	p.undo = append(p.undo, func() { p.alloc.Shutdown(context.WithoutCancel(ctx)) }, func() { removeContainers(p.alloc.Runtime(), o.Log) })
-	var conns manager.InitConns = &sfuse.Conns{}
+	var conns manager.InitConns = &initconns.Conns{}
 	if wrap != nil {
 		conns = wrappedConns{conns, wrap(conns.Initialize)}
 	}

@@ -1,4 +1,4 @@
-package server
+package fuse
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package sfuse
+package initconns
 
 import (
 	"strings"

@@ -1,4 +1,4 @@
-package server
+package fuse
 
 import (
 	"net"
@@ -14,18 +14,12 @@ const (
 	connReadBufferMax = 1 << 20
 )
 
-// bufferedListener wraps accepted connections in a growing read buffer.
-type bufferedListener struct{ net.Listener }
-
-func (l bufferedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &bufferedConn{Conn: c, buf: make([]byte, connReadBufferMin)}, nil
+// bufferedConn is c with a growing read buffer. It is read by one goroutine at a time (the
+// TLS layer's reader).
+func newBufferedConn(c net.Conn) *bufferedConn {
+	return &bufferedConn{Conn: c, buf: make([]byte, connReadBufferMin)}
 }
 
-// bufferedConn is read by one goroutine at a time (the TLS layer's reader).
 type bufferedConn struct {
 	net.Conn
 	buf  []byte
