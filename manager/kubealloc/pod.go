@@ -1,9 +1,11 @@
 package kubealloc
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -41,6 +43,9 @@ const (
 	// someone else.
 	AnnotationCreateNonce = internalAnnotationPrefix + "create-nonce"
 )
+
+// ContainerName is the sandbox container's name: the sandbox server's.
+const ContainerName = "sandbox"
 
 // Ports of the sandbox server inside the pod.
 const (
@@ -246,7 +251,7 @@ func sandboxContainer(t Template) corev1.Container {
 		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
 	}, t.ServerArgs...)
 	return corev1.Container{
-		Name:  "sandbox",
+		Name:  ContainerName,
 		Image: t.Image,
 		Args:  args,
 		Ports: []corev1.ContainerPort{
@@ -310,4 +315,64 @@ func podState(p *corev1.Pod) string {
 		return s
 	}
 	return p.Labels[legacyLabelState]
+}
+
+// serverEnded returns why pod p's sandbox server is no longer serving, for people, or "" while
+// it may be: its container terminated or restarted (a crash, the OOM killer, a kill through
+// the runtime), or the pod failed or finished (evicted, its node lost). The kubelet reports
+// it in the pod's status, which the informer delivers.
+func serverEnded(p *corev1.Pod) string {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name != ContainerName {
+			continue
+		}
+		if t := c.State.Terminated; t != nil {
+			return "sandbox server exited: " + termination(t)
+		}
+		if c.RestartCount > 0 {
+			last := "unknown"
+			if t := c.LastTerminationState.Terminated; t != nil {
+				last = termination(t)
+			}
+			return fmt.Sprintf("sandbox server restarted %d times (it had exited: %s)", c.RestartCount, last)
+		}
+	}
+	if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+		why := "sandbox pod " + strings.ToLower(string(p.Status.Phase))
+		if p.Status.Reason != "" {
+			why += ": " + p.Status.Reason
+		}
+		if p.Status.Message != "" {
+			why += ": " + truncate(p.Status.Message)
+		}
+		return why
+	}
+	return ""
+}
+
+// termination describes a terminated container's end.
+func termination(t *corev1.ContainerStateTerminated) string {
+	s := fmt.Sprintf("exit code %d", t.ExitCode)
+	if t.Signal != 0 {
+		s += fmt.Sprintf(", signal %d", t.Signal)
+	}
+	if t.Reason != "" {
+		s += " (" + t.Reason + ")"
+	}
+	if t.Message != "" {
+		s += ": " + truncate(t.Message)
+	}
+	return s
+}
+
+// maxReason bounds the kubelet's or the container's message in a reason: it is shown in
+// List and kept while the unit is listed.
+const maxReason = 256
+
+func truncate(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > maxReason {
+		return s[:maxReason] + "..."
+	}
+	return s
 }
