@@ -239,7 +239,7 @@ func (s PodSpec) pullSecrets() []corev1.LocalObjectReference {
 // inside gVisor with every capability dropped but ServerCapabilities and its commands run as
 // SandboxUID, and a read-only root filesystem, Ready once its init port accepts connections;
 // the template's server args come last and so override the allocator's (but for
-// -command-user, which TemplateFromPod refuses).
+// -command-user, which TemplateFromPod refuses with any other value).
 func sandboxContainer(t Template) corev1.Container {
 	no, yes := false, true
 	root := int64(0)

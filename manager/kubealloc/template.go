@@ -230,8 +230,8 @@ func identity(nonRoot *bool, user, group *int64, seccomp *corev1.SeccompProfile)
 	return "", ""
 }
 
-// serverArgs returns the template's fusebox-sandbox flags without the listen flags BuildPod
-// sets itself, refusing listen flags that say something else.
+// serverArgs returns the template's fusebox-sandbox flags without the listen, workspace and
+// command-user flags BuildPod sets itself, refusing those flags when they say something else.
 func serverArgs(in []string) ([]string, error) {
 	own := map[string]string{
 		"init-listen": "tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
