@@ -19,6 +19,12 @@ import (
 const (
 	AnnotationState     = annState
 	AnnotationClaimedAt = "fusebox.dev/claimed-at"
+	// AnnotationFailed is what a SharedPool allocator reports (never stores) for a bound
+	// unit whose sandbox ended on its own: the reason, for people ("sandbox server exited:
+	// exit code 137"). The unit is then Failed with it: List shows it, Renew is refused
+	// naming it, Release destroys the unit, and the leader destroys it when its lease ends.
+	// (A shared pool has no ExitWatcher: its units' state is the allocator's view.)
+	AnnotationFailed = "fusebox.dev/failed"
 )
 
 // Annotation keys under which a bound unit's lease is stored with its allocator.

@@ -111,12 +111,15 @@ func (p *sharedPool) lease(ctx context.Context, id string) (UnitInfo, *Lease, er
 }
 
 func (p *sharedPool) renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
-	_, l, err := p.lease(ctx, id)
+	info, l, err := p.lease(ctx, id)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
 	}
 	if err := checkToken(l, token); err != nil {
 		return time.Time{}, fmt.Errorf("renewing %s: %w", id, err)
+	}
+	if reason := info.Annotations[AnnotationFailed]; reason != "" {
+		return time.Time{}, fmt.Errorf("renewing %s: %w: the sandbox failed: %s", id, ErrLeaseEnded, reason)
 	}
 	now := p.o.Clock.Now()
 	if !now.Before(l.Expires) {
@@ -223,7 +226,9 @@ func (p *sharedPool) expire(ctx context.Context, now time.Time, units []UnitInfo
 		if err != nil {
 			continue
 		}
-		bound++
+		if u.Annotations[AnnotationFailed] == "" {
+			bound++ // a failed unit holds no sandbox; it stays listed until its lease ends
+		}
 		if !now.Before(l.Expires) && p.expiring.Add(u.ID) {
 			p.log.Info("lease expired; destroying sandbox", "id", u.ID)
 			destroy(u.ID)
@@ -298,8 +303,12 @@ func (p *sharedPool) units() []Unit {
 	out := make([]Unit, 0, len(units))
 	for _, info := range units {
 		u := Unit{Info: info, State: sharedState(info.Annotations)}
-		if u.State == Bound {
+		switch u.State {
+		case Bound:
 			u.Lease, _ = leaseFromAnnotations(info.Annotations)
+		case Failed: // still its owner's to see
+			u.Lease, _ = leaseFromAnnotations(info.Annotations)
+			u.Err = "exited: " + info.Annotations[AnnotationFailed]
 		}
 		if local, ok := p.ops.Get(info.ID); ok && local.State != Bound {
 			u.State = local.State
@@ -312,6 +321,9 @@ func (p *sharedPool) units() []Unit {
 
 // sharedState is a shared pool unit's state as the allocator reports it (AnnotationState).
 func sharedState(annotations map[string]string) State {
+	if annotations[AnnotationFailed] != "" {
+		return Failed
+	}
 	switch annotations[annState] {
 	case "creating":
 		return Creating

@@ -31,6 +31,12 @@ type AdmissionPolicy struct {
 	Validations []Validation
 }
 
+// serverCapabilities, as a CEL list, are the only capabilities a sandbox container may add
+// (with or without the CAP_ prefix): kubealloc.ServerCapabilities, which the sandbox server
+// needs to run its commands as another user than its own (package privsep), and which Pod
+// Security "baseline" allows.
+const serverCapabilities = "['SETUID', 'SETGID', 'CAP_SETUID', 'CAP_SETGID']"
+
 // ErrNoNamespace is returned by SandboxPodPolicy without a namespace: an unscoped policy would
 // apply to every pod of the cluster.
 var ErrNoNamespace = errors.New("admission policy needs a sandbox namespace")
@@ -52,7 +58,7 @@ func everyContainer(pred string) string {
 // SandboxPodPolicy returns the policy that makes the API server refuse, in namespace, any pod
 // that does not use the gvisor RuntimeClass, that gets a service-account token, that has a
 // privileged container, that shares the host's network, PID or IPC namespace, that mounts a
-// hostPath, or that adds capabilities.
+// hostPath, or that adds capabilities other than ServerCapabilities.
 func SandboxPodPolicy(namespace, runtimeClass string) (AdmissionPolicy, error) {
 	if namespace == "" {
 		return AdmissionPolicy{}, ErrNoNamespace
@@ -98,10 +104,10 @@ func SandboxPodPolicy(namespace, runtimeClass string) (AdmissionPolicy, error) {
 				Message:    "sandbox pods must not mount hostPath volumes",
 			},
 			{
-				Name: "no-added-capabilities",
+				Name: "only-server-capabilities",
 				Expression: everyContainer("!has(c.securityContext) || !has(c.securityContext.capabilities) || " +
-					"!has(c.securityContext.capabilities.add) || size(c.securityContext.capabilities.add) == 0"),
-				Message: "sandbox pods must not add capabilities",
+					"!has(c.securityContext.capabilities.add) || c.securityContext.capabilities.add.all(x, x in " + serverCapabilities + ")"),
+				Message: "sandbox pods must not add capabilities other than SETUID and SETGID",
 			},
 		},
 	}, nil

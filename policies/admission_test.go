@@ -15,13 +15,13 @@ func TestSandboxPodPolicy(t *testing.T) {
 	}
 	// Each rule: the fragments its expression must contain.
 	want := map[string][]string{
-		"runtime-class":         {"object.spec.runtimeClassName == 'gvisor'", "has(object.spec.runtimeClassName)"},
-		"no-automount-token":    {"object.spec.automountServiceAccountToken == false", "has(object.spec.automountServiceAccountToken)"},
-		"no-projected-token":    {"!has(s.serviceAccountToken)"},
-		"no-privileged":         {"c.securityContext.privileged == false", "object.spec.containers.all(", "object.spec.initContainers.all(", "object.spec.ephemeralContainers.all("},
-		"no-host-namespaces":    {"object.spec.hostNetwork", "object.spec.hostPID", "object.spec.hostIPC"},
-		"no-host-path":          {"!has(v.hostPath)"},
-		"no-added-capabilities": {"size(c.securityContext.capabilities.add) == 0", "object.spec.ephemeralContainers.all("},
+		"runtime-class":            {"object.spec.runtimeClassName == 'gvisor'", "has(object.spec.runtimeClassName)"},
+		"no-automount-token":       {"object.spec.automountServiceAccountToken == false", "has(object.spec.automountServiceAccountToken)"},
+		"no-projected-token":       {"!has(s.serviceAccountToken)"},
+		"no-privileged":            {"c.securityContext.privileged == false", "object.spec.containers.all(", "object.spec.initContainers.all(", "object.spec.ephemeralContainers.all("},
+		"no-host-namespaces":       {"object.spec.hostNetwork", "object.spec.hostPID", "object.spec.hostIPC"},
+		"no-host-path":             {"!has(v.hostPath)"},
+		"only-server-capabilities": {"c.securityContext.capabilities.add.all(x, x in ['SETUID', 'SETGID', 'CAP_SETUID', 'CAP_SETGID'])", "object.spec.ephemeralContainers.all("},
 	}
 	got := map[string]Validation{}
 	for _, v := range p.Validations {

@@ -1,7 +1,7 @@
 // Package admission provides the SandboxAdmission component: the ValidatingAdmissionPolicy and
 // its binding (from policies.SandboxPodPolicy) with which the API server refuses, in the sandbox
 // namespace, pods without gVisor, with a service-account token, privileged, with host namespaces
-// or host paths, or with added capabilities.
+// or host paths, or adding capabilities other than the sandbox server's SETUID and SETGID.
 package admission
 
 import (

@@ -268,7 +268,7 @@ func TestSandboxTemplateConfigMap(t *testing.T) {
 		t.Errorf("container %+v", c)
 	}
 	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || *c.SecurityContext.Privileged ||
-		(c.SecurityContext.Capabilities != nil && len(c.SecurityContext.Capabilities.Add) != 0) {
+		c.SecurityContext.Capabilities == nil || !slices.Equal(c.SecurityContext.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"}) {
 		t.Errorf("container securityContext %+v", c.SecurityContext)
 	}
 }

@@ -68,11 +68,16 @@ func GKESandboxPlacement() Placement {
 	}
 }
 
+// sandboxCommandUser is the user and group the sandbox server runs its commands as
+// (kubealloc.CommandUser, which the manager enforces).
+const sandboxCommandUser = "65532:65532"
+
 // GKESandboxLabel is the label and taint key of GKE Sandbox nodes.
 const GKESandboxLabel = "sandbox.gke.io/runtime"
 
 // Pod returns the sandbox pod template. It satisfies the sandbox admission policy: gVisor, no
-// service-account token, nothing privileged, no host access, no added capabilities; it runs
+// service-account token, nothing privileged, no host access, no capabilities added but the
+// server's SETUID and SETGID (its commands run as sandboxCommandUser); it runs
 // on the sandbox node pool (its label and taint). The manager (--sandbox-template) takes the
 // image, resources, placement, labels and ports from it and enforces the security settings
 // itself, refusing a template that contradicts them (kubealloc.TemplateFromPod).
@@ -101,6 +106,7 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 		lim[corev1.ResourceCPU] = q
 	}
 	no, yes := false, true
+	root := int64(0)
 	place := SandboxPoolPlacement()
 	if t.Placement != nil {
 		place = *t.Placement
@@ -124,7 +130,6 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 			Tolerations:                  place.Tolerations,
 			ImagePullSecrets:             pull,
 			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot:   &yes,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
@@ -133,6 +138,7 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 				Args: []string{
 					fmt.Sprintf("-init-listen=tcp://0.0.0.0:%d", components.InitPort),
 					fmt.Sprintf("-data-listen=tcp://0.0.0.0:%d", components.DataPort),
+					"-command-user=" + sandboxCommandUser,
 				},
 				Ports: []corev1.ContainerPort{
 					{Name: "init", ContainerPort: components.InitPort, Protocol: corev1.ProtocolTCP},
@@ -142,9 +148,12 @@ func (t SandboxTemplate) Pod() (*corev1.Pod, error) {
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(components.InitPort)},
 				}, PeriodSeconds: 1},
+				// The server starts as root inside gVisor, keeps only what it needs to run
+				// its commands as another user (package privsep), and the commands run
+				// as that user with no capabilities; the manager enforces the same.
 				SecurityContext: &corev1.SecurityContext{
-					AllowPrivilegeEscalation: &no, Privileged: &no, RunAsNonRoot: &yes, ReadOnlyRootFilesystem: &yes,
-					Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					AllowPrivilegeEscalation: &no, Privileged: &no, RunAsUser: &root, RunAsGroup: &root, ReadOnlyRootFilesystem: &yes,
+					Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"SETUID", "SETGID"}},
 					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
 			}},

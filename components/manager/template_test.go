@@ -57,13 +57,14 @@ func TestManagerBuildsPodsFromTheRenderedTemplate(t *testing.T) {
 	for name, ok := range map[string]bool{
 		"runtimeClassName gvisor":            s.RuntimeClassName != nil && *s.RuntimeClassName == components.RuntimeClassName,
 		"automountServiceAccountToken false": s.AutomountServiceAccountToken != nil && !*s.AutomountServiceAccountToken,
-		"pod non-root":                       s.SecurityContext.RunAsNonRoot != nil && *s.SecurityContext.RunAsNonRoot,
+		"pod server as root inside gVisor":   s.SecurityContext.RunAsUser != nil && *s.SecurityContext.RunAsUser == 0,
 		"pod seccomp RuntimeDefault":         s.SecurityContext.SeccompProfile != nil && s.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
-		"container non-root":                 sc.RunAsNonRoot != nil && *sc.RunAsNonRoot && sc.RunAsUser != nil && *sc.RunAsUser != 0,
+		"commands apart from the server":     sc.RunAsUser != nil && *sc.RunAsUser == 0 && slices.Contains(c.Args, "-command-user="+kubealloc.CommandUser),
 		"no privilege escalation":            sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
 		"not privileged":                     sc.Privileged != nil && !*sc.Privileged,
-		"drop ALL":                           sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) && len(sc.Capabilities.Add) == 0,
-		"container seccomp RuntimeDefault":   sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+		"drop ALL but SETUID and SETGID": sc.Capabilities != nil && slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) &&
+			slices.Equal(sc.Capabilities.Add, kubealloc.ServerCapabilities),
+		"container seccomp RuntimeDefault": sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
 		"ports init and data": len(c.Ports) == 2 && c.Ports[0].ContainerPort == components.InitPort &&
 			c.Ports[1].ContainerPort == components.DataPort,
 	} {

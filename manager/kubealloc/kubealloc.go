@@ -31,6 +31,12 @@
 // Update, and ClaimBound ready -> bound with a patch, each carrying the cached
 // resourceVersion, so the API server lets exactly one replica win each pod and no lock is
 // needed.
+//
+// A bound pod whose sandbox server ended on its own (its container terminated or restarted,
+// or the pod failed: the kubelet's status, through the informer) is reported with
+// manager.AnnotationFailed and the reason, on every replica and with no write: the manager
+// lists the unit failed and refuses its renewal, and the pod stays until its lease ends or
+// its agent releases it.
 package kubealloc
 
 import (
@@ -227,7 +233,7 @@ func New(o Options) (*Allocator, error) {
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { a.notify(obj, false) },
-		UpdateFunc: func(_, obj any) { a.notify(obj, false) },
+		UpdateFunc: func(old, obj any) { a.notify(obj, false); a.noticeEnd(old, obj) },
 		DeleteFunc: func(obj any) { a.notify(obj, true) },
 	}); err != nil {
 		return nil, err
@@ -282,6 +288,19 @@ func (a *Allocator) notify(obj any, deleted bool) {
 		case w.ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// noticeEnd logs, once per pod, a bound pod whose sandbox server stopped serving (see
+// serverEnded): the unit is reported failed from then on.
+func (a *Allocator) noticeEnd(old, obj any) {
+	was, ok1 := old.(*corev1.Pod)
+	p, ok2 := obj.(*corev1.Pod)
+	if !ok1 || !ok2 || podState(p) != StateBound || p.DeletionTimestamp != nil {
+		return
+	}
+	if reason := serverEnded(p); reason != "" && serverEnded(was) == "" {
+		a.o.Logger.Error("a bound sandbox pod's server ended on its own; the unit is failed", "pod", p.Name, "reason", reason)
 	}
 }
 
@@ -452,6 +471,14 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 		}
 		info.Annotations[manager.AnnotationState] = "claimed"
 		info.Annotations[manager.AnnotationClaimedAt] = p.Annotations[AnnotationClaimedAt]
+	}
+	if reason := serverEnded(p); reason != "" && podState(p) == StateBound {
+		// Reported (not stored), like "claimed": every replica reads it from the pod's
+		// status, and the manager lists the unit failed with it and refuses its renewal.
+		if info.Annotations == nil {
+			info.Annotations = map[string]string{}
+		}
+		info.Annotations[manager.AnnotationFailed] = reason
 	}
 	if podState(p) == StateReady && !podReady(p) && !podEnded(p) {
 		// Reported for every replica's view of the pool (PoolStatus, List): a pod on its

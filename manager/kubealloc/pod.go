@@ -1,9 +1,11 @@
 package kubealloc
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -42,13 +44,28 @@ const (
 	AnnotationCreateNonce = internalAnnotationPrefix + "create-nonce"
 )
 
+// ContainerName is the sandbox container's name: the sandbox server's.
+const ContainerName = "sandbox"
+
 // Ports of the sandbox server inside the pod.
 const (
 	InitPort int32 = 7070
 	DataPort int32 = 7071
-	// SandboxUID is the non-root user the sandbox server runs as.
+	// SandboxUID is the user (and group) commands run as, and whom the workspace belongs
+	// to. The sandbox server starts as root inside gVisor and works as this user, keeping
+	// root as its real and saved user (fusebox-sandbox -command-user, package privsep), so
+	// that a command can neither signal the server, trace it nor read its /proc files.
 	SandboxUID int64 = 65532
 )
+
+// ServerCapabilities are the only capabilities the sandbox container keeps (every other is
+// dropped): what the server needs to switch each new command to SandboxUID, after which the
+// command holds none. Pod Security "baseline" allows both; "restricted" allows neither (and
+// no root user), so the sandbox namespace enforces baseline.
+var ServerCapabilities = []corev1.Capability{"SETUID", "SETGID"}
+
+// CommandUser is fusebox-sandbox's -command-user: SandboxUID as user and group.
+var CommandUser = strconv.FormatInt(SandboxUID, 10) + ":" + strconv.FormatInt(SandboxUID, 10)
 
 // Template is how sandbox pods of one template are made.
 type Template struct {
@@ -118,8 +135,10 @@ type PodSpec struct {
 	ImagePullSecrets []string
 }
 
-// BuildPod returns the sandbox pod: gVisor runtime class, no service-account token, non-root
-// with every capability dropped, no privilege escalation, seccomp RuntimeDefault, read-only
+// BuildPod returns the sandbox pod: gVisor runtime class, no service-account token, the
+// server started as root inside gVisor with every capability dropped but
+// ServerCapabilities and its commands run as SandboxUID (privsep), no privilege escalation,
+// seccomp RuntimeDefault, read-only
 // root filesystem, no host namespaces or host paths, a memory-backed workspace, resource
 // requests and limits, the sandbox node pool (the template's, else PodSpec.Pool), the
 // template's labels and annotations under the allocator's own, and a readiness probe on the init port (Ready
@@ -131,8 +150,8 @@ func BuildPod(s PodSpec) *corev1.Pod {
 	if t.Pool != nil {
 		pool = *t.Pool
 	}
-	no, yes := false, true
-	uid := SandboxUID
+	no := false
+	root, uid := int64(0), SandboxUID
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        s.ID,
@@ -153,9 +172,9 @@ func BuildPod(s PodSpec) *corev1.Pod {
 			HostPID:                      false,
 			HostIPC:                      false,
 			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot:   &yes,
-				RunAsUser:      &uid,
-				RunAsGroup:     &uid,
+				RunAsNonRoot:   &no,
+				RunAsUser:      &root,
+				RunAsGroup:     &root,
 				FSGroup:        &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
@@ -216,20 +235,23 @@ func (s PodSpec) pullSecrets() []corev1.LocalObjectReference {
 	return pull
 }
 
-// sandboxContainer runs the sandbox server on the init and data ports, non-root with every
-// capability dropped and a read-only root filesystem, Ready once its init port accepts
-// connections; the template's server args come last and so override the allocator's.
+// sandboxContainer runs the sandbox server on the init and data ports, started as root
+// inside gVisor with every capability dropped but ServerCapabilities and its commands run as
+// SandboxUID, and a read-only root filesystem, Ready once its init port accepts connections;
+// the template's server args come last and so override the allocator's (but for
+// -command-user, which TemplateFromPod refuses with any other value).
 func sandboxContainer(t Template) corev1.Container {
 	no, yes := false, true
-	uid := SandboxUID
+	root := int64(0)
 	args := append([]string{
 		"-init-listen=tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
 		"-data-listen=tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
 		"-workspace=/workspace",
+		"-command-user=" + CommandUser,
 		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
 	}, t.ServerArgs...)
 	return corev1.Container{
-		Name:  "sandbox",
+		Name:  ContainerName,
 		Image: t.Image,
 		Args:  args,
 		Ports: []corev1.ContainerPort{
@@ -238,12 +260,13 @@ func sandboxContainer(t Template) corev1.Container {
 		},
 		Resources: corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
 		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             &yes,
-			RunAsUser:                &uid,
+			RunAsNonRoot:             &no,
+			RunAsUser:                &root,
+			RunAsGroup:               &root,
 			AllowPrivilegeEscalation: &no,
 			Privileged:               &no,
 			ReadOnlyRootFilesystem:   &yes,
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: slices.Clone(ServerCapabilities)},
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 		ReadinessProbe: &corev1.Probe{
@@ -292,4 +315,64 @@ func podState(p *corev1.Pod) string {
 		return s
 	}
 	return p.Labels[legacyLabelState]
+}
+
+// serverEnded returns why pod p's sandbox server is no longer serving, for people, or "" while
+// it may be: its container terminated or restarted (a crash, the OOM killer, a kill through
+// the runtime), or the pod failed or finished (evicted, its node lost). The kubelet reports
+// it in the pod's status, which the informer delivers.
+func serverEnded(p *corev1.Pod) string {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name != ContainerName {
+			continue
+		}
+		if t := c.State.Terminated; t != nil {
+			return "sandbox server exited: " + termination(t)
+		}
+		if c.RestartCount > 0 {
+			last := "unknown"
+			if t := c.LastTerminationState.Terminated; t != nil {
+				last = termination(t)
+			}
+			return fmt.Sprintf("sandbox server restarted %d times (it had exited: %s)", c.RestartCount, last)
+		}
+	}
+	if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+		why := "sandbox pod " + strings.ToLower(string(p.Status.Phase))
+		if p.Status.Reason != "" {
+			why += ": " + p.Status.Reason
+		}
+		if p.Status.Message != "" {
+			why += ": " + truncate(p.Status.Message)
+		}
+		return why
+	}
+	return ""
+}
+
+// termination describes a terminated container's end.
+func termination(t *corev1.ContainerStateTerminated) string {
+	s := fmt.Sprintf("exit code %d", t.ExitCode)
+	if t.Signal != 0 {
+		s += fmt.Sprintf(", signal %d", t.Signal)
+	}
+	if t.Reason != "" {
+		s += " (" + t.Reason + ")"
+	}
+	if t.Message != "" {
+		s += ": " + truncate(t.Message)
+	}
+	return s
+}
+
+// maxReason bounds the kubelet's or the container's message in a reason: it is shown in
+// List and kept while the unit is listed.
+const maxReason = 256
+
+func truncate(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > maxReason {
+		return s[:maxReason] + "..."
+	}
+	return s
 }

@@ -35,9 +35,10 @@ func ParseTemplate(data []byte) (Template, error) {
 // TemplateFromPod takes from p what a sandbox template may decide: the image, the
 // container's resources and extra server args, nodeSelector and tolerations, image pull
 // secrets, labels and annotations. BuildPod makes everything else and enforces the security settings
-// (runtimeClassName gvisor, no service-account token, non-root, every capability dropped,
-// no privilege escalation, seccomp RuntimeDefault, read-only root filesystem, no host
-// namespaces, ports init 7070 and data 7071). A template that states a different value
+// (runtimeClassName gvisor, no service-account token, the server started as root inside
+// gVisor with its commands run as SandboxUID, every capability dropped but
+// ServerCapabilities, no privilege escalation, seccomp RuntimeDefault, read-only root
+// filesystem, no host namespaces, ports init 7070 and data 7071). A template that states a different value
 // for any of those, or asks for something BuildPod never grants (volumes, more
 // containers, host ports, sysctls), is refused with an error naming the field. Fields that
 // grant nothing (probes, enableServiceLinks, dnsPolicy, ...) are ignored: BuildPod sets its
@@ -159,8 +160,10 @@ func checkContainerSecurity(p *corev1.Pod) (field, why string) {
 		return containerField("securityContext.allowPrivilegeEscalation"), "true; sandbox pods cannot gain privileges"
 	case sc.ReadOnlyRootFilesystem != nil && !*sc.ReadOnlyRootFilesystem:
 		return containerField("securityContext.readOnlyRootFilesystem"), "false; the root filesystem is read-only (the workspace is writable)"
-	case sc.Capabilities != nil && len(sc.Capabilities.Add) > 0:
-		return containerField("securityContext.capabilities.add"), fmt.Sprintf("%v; sandbox pods drop every capability", sc.Capabilities.Add)
+	case sc.Capabilities != nil && slices.ContainsFunc(sc.Capabilities.Add, func(c corev1.Capability) bool {
+		return !slices.Contains(ServerCapabilities, corev1.Capability(strings.TrimPrefix(string(c), "CAP_")))
+	}):
+		return containerField("securityContext.capabilities.add"), fmt.Sprintf("%v; sandbox pods drop every capability but %v", sc.Capabilities.Add, ServerCapabilities)
 	case sc.Capabilities != nil && len(sc.Capabilities.Drop) > 0 && !slices.Contains(sc.Capabilities.Drop, "ALL"):
 		return containerField("securityContext.capabilities.drop"), fmt.Sprintf("%v; sandbox pods drop ALL", sc.Capabilities.Drop)
 	case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
@@ -215,25 +218,27 @@ func checkMetadata(p *corev1.Pod) (field, why string) {
 // the first one that contradicts BuildPod (relative to the securityContext) and why, or "".
 func identity(nonRoot *bool, user, group *int64, seccomp *corev1.SeccompProfile) (field, why string) {
 	switch {
-	case nonRoot != nil && !*nonRoot:
-		return "runAsNonRoot", "false; the sandbox server runs as a non-root user"
-	case user != nil && *user != SandboxUID:
-		return "runAsUser", fmt.Sprintf("%d; the sandbox server runs as %d", *user, SandboxUID)
-	case group != nil && *group != SandboxUID:
-		return "runAsGroup", fmt.Sprintf("%d; the sandbox server runs as group %d", *group, SandboxUID)
+	case nonRoot != nil && *nonRoot:
+		return "runAsNonRoot", fmt.Sprintf("true; the sandbox server starts as root inside gVisor and runs its commands as %d", SandboxUID)
+	case user != nil && *user != 0:
+		return "runAsUser", fmt.Sprintf("%d; the sandbox server starts as root inside gVisor and runs its commands as %d", *user, SandboxUID)
+	case group != nil && *group != 0:
+		return "runAsGroup", fmt.Sprintf("%d; the sandbox server starts as group 0 inside gVisor and runs its commands as group %d", *group, SandboxUID)
 	case seccomp != nil && seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault:
 		return "seccompProfile.type", fmt.Sprintf("%s; sandbox pods use RuntimeDefault", seccomp.Type)
 	}
 	return "", ""
 }
 
-// serverArgs returns the template's fusebox-sandbox flags without the listen flags BuildPod
-// sets itself, refusing listen flags that say something else.
+// serverArgs returns the template's fusebox-sandbox flags without the listen, workspace and
+// command-user flags BuildPod sets itself, refusing those flags when they say something else.
 func serverArgs(in []string) ([]string, error) {
 	own := map[string]string{
 		"init-listen": "tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
 		"data-listen": "tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
 		"workspace":   "/workspace",
+		// Commands run apart from the server, always.
+		"command-user": CommandUser,
 	}
 	var out []string
 	for _, a := range in {

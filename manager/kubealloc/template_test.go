@@ -2,6 +2,7 @@ package kubealloc
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,7 +30,7 @@ spec:
     operator: Exists
     effect: NoSchedule
   securityContext:
-    runAsNonRoot: true
+    runAsNonRoot: false
     seccompProfile:
       type: RuntimeDefault
   containers:
@@ -46,7 +47,7 @@ spec:
       privileged: false
       allowPrivilegeEscalation: false
       readOnlyRootFilesystem: true
-      capabilities: {drop: [ALL]}
+      capabilities: {drop: [ALL], add: [SETUID, SETGID]}
 `
 
 func TestParseTemplateBuildsThePod(t *testing.T) {
@@ -69,7 +70,7 @@ func TestParseTemplateBuildsThePod(t *testing.T) {
 	if p.Labels["team"] != "ml" || p.Annotations[AnnotationState] != StateReady || p.Labels[LabelSandboxID] != "sb-1" || p.Annotations["example.com/owner"] != "ml-platform" {
 		t.Errorf("metadata %v %v", p.Labels, p.Annotations)
 	}
-	if got := strings.Join(c.Args, " "); got != "-init-listen=tcp://0.0.0.0:7070 -data-listen=tcp://0.0.0.0:7071 -workspace=/workspace -idle-ttl=24h -max-file-bytes=4096" {
+	if got := strings.Join(c.Args, " "); got != "-init-listen=tcp://0.0.0.0:7070 -data-listen=tcp://0.0.0.0:7071 -workspace=/workspace -command-user=65532:65532 -idle-ttl=24h -max-file-bytes=4096" {
 		t.Errorf("args %s", got)
 	}
 	checkEnforced(t, p)
@@ -85,15 +86,16 @@ func checkEnforced(t *testing.T, p *corev1.Pod) {
 		"runtimeClassName gvisor":            s.RuntimeClassName != nil && *s.RuntimeClassName == "gvisor",
 		"automountServiceAccountToken false": s.AutomountServiceAccountToken != nil && !*s.AutomountServiceAccountToken,
 		"no host namespaces":                 !s.HostNetwork && !s.HostPID && !s.HostIPC,
-		"pod non-root":                       s.SecurityContext.RunAsNonRoot != nil && *s.SecurityContext.RunAsNonRoot && *s.SecurityContext.RunAsUser == SandboxUID,
+		"pod server as root inside gVisor":   *s.SecurityContext.RunAsUser == 0 && *s.SecurityContext.FSGroup == SandboxUID,
 		"pod seccomp RuntimeDefault":         s.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
 		"one container, workspace only":      len(s.Containers) == 1 && len(s.InitContainers) == 0 && len(s.Volumes) == 1 && s.Volumes[0].EmptyDir != nil,
-		"container non-root":                 *sc.RunAsNonRoot && *sc.RunAsUser == SandboxUID,
+		"server as root, commands apart":     *sc.RunAsUser == 0 && slices.Contains(c.Args, "-command-user=65532:65532"),
 		"not privileged":                     sc.Privileged != nil && !*sc.Privileged,
 		"no privilege escalation":            sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
-		"drop ALL, add none":                 len(sc.Capabilities.Drop) == 1 && sc.Capabilities.Drop[0] == "ALL" && len(sc.Capabilities.Add) == 0,
-		"container seccomp RuntimeDefault":   sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
-		"read-only root filesystem":          *sc.ReadOnlyRootFilesystem,
+		"drop ALL, add SETUID and SETGID": len(sc.Capabilities.Drop) == 1 && sc.Capabilities.Drop[0] == "ALL" &&
+			slices.Equal(sc.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"}),
+		"container seccomp RuntimeDefault": sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault,
+		"read-only root filesystem":        *sc.ReadOnlyRootFilesystem,
 		"ports init 7070 and data 7071": len(c.Ports) == 2 && c.Ports[0].Name == "init" && c.Ports[0].ContainerPort == InitPort &&
 			c.Ports[1].Name == "data" && c.Ports[1].ContainerPort == DataPort && c.Ports[0].HostPort == 0 && c.Ports[1].HostPort == 0,
 		"resource requests and limits": !c.Resources.Requests.Cpu().IsZero() && !c.Resources.Limits.Memory().IsZero(),
@@ -111,10 +113,11 @@ func TestTemplateRefusesContradictions(t *testing.T) {
 		{"runc", "runtimeClassName: gvisor", "runtimeClassName: runc", "spec.runtimeClassName"},
 		{"privilege escalation", "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true", "allowPrivilegeEscalation"},
 		{"service account token", "automountServiceAccountToken: false", "automountServiceAccountToken: true", "spec.automountServiceAccountToken"},
-		{"root", "runAsNonRoot: true", "runAsNonRoot: true\n    runAsUser: 0", "spec.securityContext.runAsUser"},
-		{"pod may run as root", "runAsNonRoot: true", "runAsNonRoot: false", "spec.securityContext.runAsNonRoot"},
-		{"added capability", "capabilities: {drop: [ALL]}", "capabilities: {drop: [ALL], add: [NET_ADMIN]}", "capabilities.add"},
-		{"capabilities kept", "capabilities: {drop: [ALL]}", "capabilities: {drop: [NET_RAW]}", "capabilities.drop"},
+		{"server user", "runAsNonRoot: false", "runAsNonRoot: false\n    runAsUser: 65532", "spec.securityContext.runAsUser"},
+		{"pod non-root", "runAsNonRoot: false", "runAsNonRoot: true", "spec.securityContext.runAsNonRoot"},
+		{"added capability", "add: [SETUID, SETGID]", "add: [SETUID, SETGID, NET_ADMIN]", "capabilities.add"},
+		{"capabilities kept", "capabilities: {drop: [ALL], add: [SETUID, SETGID]}", "capabilities: {drop: [NET_RAW]}", "capabilities.drop"},
+		{"commands as the server", "-max-file-bytes=4096", "-command-user=", "spec.containers[0].args"},
 		{"writable root", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false", "readOnlyRootFilesystem"},
 		{"unconfined seccomp", "type: RuntimeDefault", "type: Unconfined", "spec.securityContext.seccompProfile.type"},
 		{"host network", "restartPolicy: Never", "restartPolicy: Never\n  hostNetwork: true", "spec.hostNetwork"},

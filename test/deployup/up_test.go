@@ -140,6 +140,15 @@ func TestUpLocalStack(t *testing.T) {
 	if _, err := env.Client.CoreV1().Pods(sandboxNS).Create(ctx, tmpl, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"}); err != nil {
 		t.Fatalf("the manager's sandbox pod template was refused in %s: %v", sandboxNS, err)
 	}
+	// It adds SETUID and SETGID (the server runs its commands as another user); one more
+	// capability, even one Pod Security baseline allows, is refused by the admission policy.
+	more := tmpl.DeepCopy()
+	sc := more.Spec.Containers[0].SecurityContext
+	sc.Capabilities.Add = append(sc.Capabilities.Add, "DAC_OVERRIDE")
+	if _, err := env.Client.CoreV1().Pods(sandboxNS).Create(ctx, more, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err == nil ||
+		!strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "SETUID and SETGID") {
+		t.Fatalf("a sandbox pod adding DAC_OVERRIDE: %v, want the admission policy's refusal", err)
+	}
 
 	created := diff(snapshot(ctx, t), before)
 	for _, want := range []string{"namespaces//" + sandboxNS, "namespaces//" + managerNS, "runtimeclasses.node.k8s.io//gvisor",

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestManagerUsesSandboxTemplate(t *testing.T) {
 		t.Errorf("pod does not follow the template: labels %v tolerations %v resources %v", p.Labels, p.Spec.Tolerations, c.Resources)
 	}
 	sc := c.SecurityContext
-	if *p.Spec.RuntimeClassName != "gvisor" || *p.Spec.AutomountServiceAccountToken || !*sc.RunAsNonRoot || *sc.AllowPrivilegeEscalation ||
+	if *p.Spec.RuntimeClassName != "gvisor" || *p.Spec.AutomountServiceAccountToken || *sc.RunAsUser != 0 || !slices.Contains(c.Args, "-command-user=65532:65532") || *sc.AllowPrivilegeEscalation ||
 		sc.Capabilities.Drop[0] != "ALL" || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("enforced security settings missing: %+v %+v", p.Spec, sc)
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -210,16 +211,18 @@ func TestCreatePodSpecSecurity(t *testing.T) {
 		{"automountServiceAccountToken false", s.AutomountServiceAccountToken != nil && !*s.AutomountServiceAccountToken},
 		{"no host namespaces", !s.HostNetwork && !s.HostPID && !s.HostIPC},
 		{"restartPolicy Never", s.RestartPolicy == corev1.RestartPolicyNever},
-		{"pod runAsNonRoot", s.SecurityContext.RunAsNonRoot != nil && *s.SecurityContext.RunAsNonRoot},
-		{"pod runAsUser 65532", s.SecurityContext.RunAsUser != nil && *s.SecurityContext.RunAsUser == 65532},
+		// The server starts as root inside gVisor and runs its commands as 65532 (privsep).
+		{"pod runAsUser 0, fsGroup 65532", s.SecurityContext.RunAsUser != nil && *s.SecurityContext.RunAsUser == 0 &&
+			s.SecurityContext.FSGroup != nil && *s.SecurityContext.FSGroup == 65532},
 		{"pod seccomp RuntimeDefault", s.SecurityContext.SeccompProfile != nil && s.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault},
 		{"one container", len(s.Containers) == 1 && len(s.InitContainers) == 0},
-		{"container runAsNonRoot", csc.RunAsNonRoot != nil && *csc.RunAsNonRoot},
-		{"container runAsUser 65532", csc.RunAsUser != nil && *csc.RunAsUser == 65532},
+		{"container runAsUser 0", csc.RunAsUser != nil && *csc.RunAsUser == 0},
+		{"commands run as 65532", slices.Contains(c.Args, "-command-user=65532:65532")},
 		{"allowPrivilegeEscalation false", csc.AllowPrivilegeEscalation != nil && !*csc.AllowPrivilegeEscalation},
 		{"not privileged", csc.Privileged == nil || !*csc.Privileged},
 		{"readOnlyRootFilesystem", csc.ReadOnlyRootFilesystem != nil && *csc.ReadOnlyRootFilesystem},
-		{"drop ALL capabilities, add none", csc.Capabilities != nil && len(csc.Capabilities.Drop) == 1 && csc.Capabilities.Drop[0] == "ALL" && len(csc.Capabilities.Add) == 0},
+		{"drop ALL capabilities, add SETUID and SETGID", csc.Capabilities != nil && len(csc.Capabilities.Drop) == 1 && csc.Capabilities.Drop[0] == "ALL" &&
+			slices.Equal(csc.Capabilities.Add, []corev1.Capability{"SETUID", "SETGID"})},
 		{"container seccomp RuntimeDefault", csc.SeccompProfile != nil && csc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault},
 		{"cpu and memory requests", !c.Resources.Requests.Cpu().IsZero() && !c.Resources.Requests.Memory().IsZero()},
 		{"a memory limit and no cpu quota", c.Resources.Limits.Cpu().IsZero() && !c.Resources.Limits.Memory().IsZero()},

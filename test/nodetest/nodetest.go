@@ -422,3 +422,14 @@ func WriteSandboxImage(sandboxBinary, ref, path string) error {
 	}
 	return WriteImage(img, ref, path)
 }
+
+// KillContainer sends SIGKILL to the main process of a pod's container through the node's
+// containerd (as a crash or the OOM killer would end it), given the container's ID as the
+// pod's status reports it ("containerd://ID").
+func (n *Node) KillContainer(ctx context.Context, containerID string) error {
+	id, ok := strings.CutPrefix(containerID, "containerd://")
+	if !ok || id == "" {
+		return fmt.Errorf("container ID %q is not containerd's", containerID)
+	}
+	return n.ctrRun(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
+}
