@@ -37,6 +37,10 @@ func TestAdversarial(t *testing.T) {
 	}{
 		{"kernel", kernelAttacks},
 		{"network", networkAttacks},
+		{"trust", trustAttacks},
+		{"files", fileAttacks},
+		{"lease", leaseAttacks},
+		{"requests", requestAttacks},
 	} {
 		t.Run(g.name, func(t *testing.T) { g.run(t, s) })
 	}
