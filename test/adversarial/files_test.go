@@ -60,7 +60,9 @@ func fileAttacks(t *testing.T, s *suite) {
 		}
 		return refusedf("%v: %.160s", status.Code(err), status.Convert(err).Message())
 	}
-	write := func(p string) func() verdict { return func() verdict { return jailed(c.WriteFile(ctx, p, data, 0o644)) } }
+	write := func(p string) func() verdict {
+		return func() verdict { return jailed(c.WriteFile(ctx, p, data, 0o644)) }
+	}
 	read := func(p string) func() verdict {
 		return func() verdict { b, err := c.ReadFile(ctx, p); return jailed(err, b) }
 	}
