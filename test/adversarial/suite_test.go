@@ -41,6 +41,7 @@ func TestAdversarial(t *testing.T) {
 		{"files", fileAttacks},
 		{"lease", leaseAttacks},
 		{"requests", requestAttacks},
+		{"resources", resourceAttacks},
 	} {
 		t.Run(g.name, func(t *testing.T) { g.run(t, s) })
 	}
@@ -155,6 +156,9 @@ func (s *suite) unharmed(ctx context.Context, also ...*lease) error {
 func (s *suite) containedOr(ctx context.Context, detail string, attacked ...*lease) verdict {
 	if err := s.unharmed(ctx, attacked...); err != nil {
 		return escapedf("%s; then: %v", detail, err)
+	}
+	if len(attacked) == 0 {
+		return containedf("%s; the manager and the bystander serve on", detail)
 	}
 	return containedf("%s; the manager, the bystander and the attacked sandbox serve on", detail)
 }
