@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,11 +60,16 @@ func kernelAttacks(t *testing.T, s *suite) {
 		return shell(t, ctx, c, fmt.Sprintf("ls %s && cat %s", s.m.StateDir, stateSecret), "No such file")
 	})
 	g.attack("find host files", "find / (but /proc, /sys, /usr) for the host's files named fbxadv-*-"+tag, func(t *testing.T) verdict {
-		res := run(t, ctx, c, commandf(`find / \( -path /proc -o -path /sys -o -path /usr \) -prune -o -name 'fbxadv-*-%s' -print 2>/dev/null; true`, tag))
-		if out := strings.TrimSpace(string(res.Stdout)); out != "" {
-			return escapedf("found %q", out)
+		// The control: a file of that name the sandbox makes itself is found.
+		res := run(t, ctx, c, commandf(`touch /tmp/fbxadv-control-%[1]s; find / \( -path /proc -o -path /sys -o -path /usr \) -prune -o -name 'fbxadv-*-%[1]s' -print 2>/dev/null; rm /tmp/fbxadv-control-%[1]s`, tag))
+		found := strings.Fields(string(res.Stdout))
+		if len(found) != 1 || found[0] != "/tmp/fbxadv-control-"+tag {
+			if slices.ContainsFunc(found, func(f string) bool { return strings.Contains(f, "-host-") || strings.Contains(f, "-state-") }) {
+				return escapedf("found %q", found)
+			}
+			t.Fatalf("find: exit %d, found %q, stderr %q; want the control file only", res.ExitCode, found, res.Stderr)
 		}
-		return refusedf("no such file in the sandbox's filesystem")
+		return refusedf("only the sandbox's own control file is found")
 	})
 	usrMarker := "/usr/fbxadv-" + tag
 	g.attack("write the host's /usr", "touch "+usrMarker+" (the root is the host's /usr, read-only)", func(t *testing.T) verdict {
@@ -86,6 +92,9 @@ func kernelAttacks(t *testing.T, s *suite) {
 		res := run(t, ctx, c, commandf(`for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$f" 2>/dev/null; echo; done`))
 		if strings.Contains(string(res.Stdout), self) {
 			return escapedf("a process named %s is visible", self)
+		}
+		if !strings.Contains(string(res.Stdout), "fusebox-sandbox") {
+			t.Fatalf("the scan does not see the sandbox's own server: %q, %q", res.Stdout, res.Stderr)
 		}
 		return refusedf("no process of the host (%s) is visible", self)
 	})
