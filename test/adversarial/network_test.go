@@ -169,20 +169,12 @@ func networkAttacks(t *testing.T, s *suite) {
 	}
 
 	// Unix sockets of the host: the manager's, other sandboxes', the sandbox's own server's.
-	units, err := s.list(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sockets := map[string]string{
 		"the manager's socket":         s.m.Socket,
 		"the bystander's data socket":  filepath.Join(s.m.StateDir, "sandboxes", s.bystander.ID, "sock", "data.sock"),
 		"its own server's data socket": "/run/fusebox/data.sock",
 		"its own server's init socket": "/run/fusebox/init.sock",
-	}
-	for id, u := range units {
-		if u.GetState().String() == "UNIT_STATE_READY" {
-			sockets["a warm unit's init socket"] = filepath.Join(s.m.StateDir, "sandboxes", id, "sock", "init.sock")
-		}
+		"a warm unit's init socket":    filepath.Join(s.m.StateDir, "sandboxes", s.readyUnit(t, ctx), "sock", "init.sock"),
 	}
 	for name, path := range sockets {
 		g.attack("connect to "+name, "AF_UNIX connect to "+path, func(t *testing.T) verdict {

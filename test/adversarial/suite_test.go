@@ -41,6 +41,7 @@ func TestAdversarial(t *testing.T) {
 		{"files", fileAttacks},
 		{"lease", leaseAttacks},
 		{"requests", requestAttacks},
+		{"host users", hostUserAttacks},
 		{"resources", resourceAttacks},
 	} {
 		t.Run(g.name, func(t *testing.T) { g.run(t, s) })
@@ -209,6 +210,18 @@ func (s *suite) settled(t *testing.T, ctx context.Context) poolState {
 		return ready == poolSize && busy == 0, p.String()
 	})
 	return p
+}
+
+// readyUnit waits for the pool to settle and returns the id of one of its ready units.
+func (s *suite) readyUnit(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	for _, u := range s.settled(t, ctx).units {
+		if id, ok := strings.CutSuffix(u, " UNIT_STATE_READY"); ok {
+			return id
+		}
+	}
+	t.Fatal("no ready unit in a settled pool")
+	return ""
 }
 
 func (s *suite) poolState(ctx context.Context) (poolState, error) {

@@ -46,6 +46,11 @@ func StartManager(t testing.TB, o ManagerOptions) *Manager {
 	sb := SandboxBinary(t)
 	// Short paths: a sandbox's socket path must fit sun_path (108 bytes).
 	base, err := os.MkdirTemp("", "fbxm-")
+	if err == nil {
+		// Searchable, as the parents of a real state directory are: what keeps other host
+		// users out is then the manager's own permissions.
+		err = os.Chmod(base, 0o755)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
