@@ -179,6 +179,25 @@ try:
 except OSError as e:
     report(False, "after %d MiB: %s" % (n, errno.errorcode.get(e.errno, str(e.errno))))
 `},
+		{"SysV shared memory past the limit", fmt.Sprintf("shmget and fill a 1 GiB SysV segment (the sandbox has %d MiB)", limits.MemoryBytes>>20), `
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmat.restype = ctypes.c_void_p
+size = 1 << 30
+shm = libc.shmget(0, size, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+if shm < 0:
+    report(False, "shmget: " + err())
+    sys.exit(0)
+addr = libc.shmat(shm, None, 0)
+if addr is None or addr == ctypes.c_void_p(-1).value:
+    report(False, "shmat: " + err())
+    sys.exit(0)
+n = 0
+while n < size >> 20:
+    ctypes.memset(addr + (n << 20), 1, 1 << 20)
+    n += 1
+report(True, "filled %d MiB of a SysV segment" % n)
+`},
 		{"inodes", "create 200,000 empty files in /workspace", `
 n = 0
 try:
@@ -232,7 +251,7 @@ func (s *suite) alone(t *testing.T, ctx context.Context, m *lease, program strin
 		}
 		return refusedf("%s, in %v", out, took)
 	case strings.HasPrefix(out, "CREATED"), res.ExitCode != 0:
-		return s.containedOr(ctx, fmt.Sprintf("%s in %v (exit %d, signal %q, stderr %.200q)", out, took, res.ExitCode, res.Signal, res.Stderr), m)
+		return s.containedOr(ctx, fmt.Sprintf("output %q in %v (exit %d, signal %q, stderr %.200q)", out, took, res.ExitCode, res.Signal, res.Stderr), m)
 	}
 	t.Fatalf("attack: exit %d, stdout %q, stderr %q", res.ExitCode, out, res.Stderr)
 	return verdict{}
