@@ -134,6 +134,25 @@ func TestListShowsTheCallerItsOwnSandboxes(t *testing.T) {
 			t.Errorf("operator %s does not see the warm pool: %v", op.id, got)
 		}
 	}
+	// PoolStatus: a tenant sees its own sandboxes' states and nothing of the pool.
+	for c, want := range map[*asCaller]int32{alice: 2, coder: 1, other: 0} {
+		ps, err := c.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps.Units) > 1 || ps.Units["bound"] != want || ps.Allocations != 0 || ps.Creations != 0 || ps.Target != 0 {
+			t.Errorf("%s's PoolStatus: %v, want its %d bound sandboxes only", c.id, ps, want)
+		}
+	}
+	for _, op := range []*asCaller{root, ops} {
+		ps, err := op.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps.Units["bound"] != 4 || ps.Allocations != 4 {
+			t.Errorf("operator %s's PoolStatus: %v, want the pool's (4 bound, 4 allocations)", op.id, ps)
+		}
+	}
 	// Release still needs the lease token, whoever calls: bob cannot release alice's
 	// sandbox without it, and an operator cannot either.
 	for _, c := range []*asCaller{bob, root} {

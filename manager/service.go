@@ -194,8 +194,24 @@ func (s *Service) List(ctx context.Context, _ *managerv1.ListRequest) (*managerv
 	return &out, nil
 }
 
+// PoolStatus answers an operator with the pool's status. Any other caller learns only the
+// states of its own sandboxes and the allocator's name: the pool's size, demand and counters
+// tell of other tenants' work.
 func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest) (*managerv1.PoolStatusResponse, error) {
+	id, err := caller(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 	st := s.M.Status()
+	if !id.Operator {
+		units := map[string]int32{}
+		for _, u := range s.M.List() {
+			if u.Lease != nil && u.Lease.Owner == id.Owner {
+				units[u.State.String()]++
+			}
+		}
+		return &managerv1.PoolStatusResponse{Units: units, Allocator: st.Allocator}, nil
+	}
 	units := map[string]int32{}
 	for k, v := range st.Units {
 		units[k] = int32(v)
