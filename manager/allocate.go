@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 )
@@ -44,19 +43,6 @@ type AllocateRequest struct {
 	// is parsed (only its size is checked by then), then with the parsed list. Its error
 	// ends the allocation as it is.
 	Authorize func(template string, allow egress.Allowlist) error
-	// Picked, if set, is called before sFuse with the unit the allocation has picked, when
-	// the manager knows its identity (InitConns.Identify): the agent may dial it and start its
-	// TLS handshake while sFuse runs (the sandbox keeps that connection unread until its
-	// fuse blows). It is called again if the allocation moves on to another unit. The
-	// Allocation returned is what counts; it carries the same identity as the last Picked
-	// when it names the same unit.
-	Picked func(Picked)
-}
-
-// Picked names a unit an allocation has picked, before sFuse (AllocateRequest.Picked).
-type Picked struct {
-	ID, Endpoint string
-	Identity     initconns.Identity
 }
 
 // Allocation is the result of Allocate.

@@ -60,11 +60,6 @@ type Capabilities struct {
 	// a restarted manager adopts the bound units it finds, and so that a shared pool's
 	// replicas read each other's leases.
 	Adoption bool
-	// EarlyNaming: the allocator's units keep a data connection opened before sFuse, unread,
-	// until the fuse blows (the early-naming switch, internal/fastpath). With Options.Conns
-	// the manager then learns each new unit's identity and names the unit an allocation picks
-	// before sFuse (AllocateRequest.Picked), so that the agent can dial while sFuse runs.
-	EarlyNaming bool
 	// SharedPool: the warm pool lives in a backend shared by several manager replicas (it
 	// implements SharedPool; Adoption is required too).
 	SharedPool bool

@@ -1,7 +1,6 @@
 package manager
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -34,9 +33,6 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	claimed := m.claim(ctx, u, lease)
 	egressed := m.bindEgress(ctx, id, allow, claimed)
 	annotated := m.annotate(ctx, u, lease)
-	if req.Picked != nil && len(u.Identity.SandboxKey) > 0 {
-		req.Picked(Picked{ID: id, Endpoint: u.Info.DataAddr, Identity: u.Identity})
-	}
 	fused, ferr := m.fuse(ctx, u, req, allow)
 	cerr, eerr, aerr := claimed.wait(), egressed.wait(), annotated.wait()
 	switch {
@@ -126,17 +122,12 @@ func (m *Manager) annotate(ctx context.Context, u Unit, lease *Lease) *pending {
 // sent is the request's fault (ErrInvalid: no other unit is tried; the fuse is intact, but
 // the unit is destroyed all the same: it has been offered to someone); a blown fuse on a unit
 // this replica claimed beside sFuse is a race lost to another replica's sFuse, whose claim
-// lost (ErrUnitTaken: retried, and the unit is this replica's to destroy); an answer with
-// another identity than the unit told before sFuse is refused, since the agent may have been
-// told that identity (AllocateRequest.Picked).
+// lost (ErrUnitTaken: retried, and the unit is this replica's to destroy).
 func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow egress.Allowlist) (sfuse.Result, error) {
 	start := time.Now()
 	fused, err := m.initialize(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, Egress: allow.Entries()})
 	m.tally.timeStep("init", start)
 	switch {
-	case err == nil && len(u.Identity.SandboxKey) > 0 && (!bytes.Equal(fused.SandboxKey, u.Identity.SandboxKey) ||
-		!bytes.Equal(fused.SandboxCertificate, u.Identity.SandboxCertificate)):
-		return sfuse.Result{}, errors.New("the sandbox answered sFuse with another identity than it told before")
 	case errors.Is(err, sfuse.ErrRefused):
 		return sfuse.Result{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	case u.claimOnBind && errors.Is(err, sfuse.ErrBlown):

@@ -25,9 +25,6 @@ type InitConns interface {
 	// Ping returns nil if the init listener at initAddr answers (a sandbox serves it until
 	// its fuse blows), over the prepared connection when there is one.
 	Ping(ctx context.Context, initAddr string) error
-	// Identify returns the identity the sandbox at initAddr will answer sFuse with, without
-	// initialising it, for AllocateRequest.Picked. A failure only costs that head start.
-	Identify(ctx context.Context, initAddr string) (initconns.Identity, error)
 }
 
 var _ InitConns = (*initconns.Conns)(nil)

@@ -2,10 +2,8 @@ package manager_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 
-	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
@@ -13,11 +11,10 @@ import (
 
 // fakeConns is an InitConns that records the connections it holds: Prepare opens one,
 // Initialize and Forget close it. Its calls answer through its funcs (nil: sFuse by
-// memalloc.Initializer, pings answered, no identity).
+// memalloc.Initializer, pings answered).
 type fakeConns struct {
 	initialize func(ctx context.Context, addr string, req sfuse.Request) (sfuse.Result, error)
 	ping       func(ctx context.Context, addr string) error
-	identify   func(ctx context.Context, addr string) (initconns.Identity, error)
 
 	mu   sync.Mutex
 	open map[string]bool // init address -> prepared and not yet initialised or forgotten
@@ -55,13 +52,6 @@ func (c *fakeConns) Ping(ctx context.Context, addr string) error {
 		return c.ping(ctx, addr)
 	}
 	return nil
-}
-
-func (c *fakeConns) Identify(ctx context.Context, addr string) (initconns.Identity, error) {
-	if c.identify != nil {
-		return c.identify(ctx, addr)
-	}
-	return initconns.Identity{}, errors.New("no identity")
 }
 
 // opened returns the init addresses of the connections held now.

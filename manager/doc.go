@@ -10,7 +10,7 @@
 //     and never holds its lock across I/O;
 //   - an Estimator (package estimator) sets the pool's target size from observed demand.
 //
-// An allocator declares what it supports (Capabilities: egress enforcement, adoption, early naming,
+// An allocator declares what it supports (Capabilities: egress enforcement, adoption,
 // a shared pool, no isolation, creations on this host, its units' warm-up); the manager picks
 // its behaviour from the declaration, never from the allocator's name, and fails closed on a request that needs a feature
 // its allocator lacks. Every wait of the control loop runs on the injected Clock, so tests

@@ -43,8 +43,7 @@ type Options struct {
 	Initializer Initializer
 	// Conns, instead of Initializer, keeps connections to the init listeners of the units in
 	// the pool and performs sFuse over them (internal/fastpath/initconns.Conns in production). With it
-	// the manager also pings the pool's head (PingInterval) and learns the identity of units
-	// that keep a data connection opened before sFuse (Capabilities.EarlyNaming).
+	// the manager also pings the pool's head (PingInterval).
 	Conns InitConns
 	// PingInterval, if positive with Conns, is how often the unit the next allocation will
 	// take is pinged, to find it dead before an allocation does (see pingHead).

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 )
 
 // pool is where a Manager keeps its units, and how it takes, renews, releases, lists, counts,
@@ -89,11 +87,10 @@ func (d *poolDeps) forget(initAddr string) {
 // units wait in its StateOperator, oldest first.
 type warmPool struct {
 	poolDeps
-	binder   EgressBinder // Capabilities.Egress's; nil without it
-	exits    *exitQueue   // units that ended on their own (ExitWatcher)
-	watcher  ExitWatcher  // Capabilities.Exits'; nil without it
-	identify bool         // learn each new unit's identity (Capabilities.EarlyNaming, with Conns)
-	refill   time.Duration
+	binder  EgressBinder // Capabilities.Egress's; nil without it
+	exits   *exitQueue   // units that ended on their own (ExitWatcher)
+	watcher ExitWatcher  // Capabilities.Exits'; nil without it
+	refill  time.Duration
 
 	waiting      atomic.Int32 // allocations waiting for a ready unit (take)
 	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
@@ -108,7 +105,7 @@ var (
 
 // newWarmPool makes the warm pool of an allocator with caps (checked by New).
 func newWarmPool(d poolDeps, caps Capabilities) *warmPool {
-	p := &warmPool{poolDeps: d, exits: newExitQueue(), identify: caps.EarlyNaming && d.o.Conns != nil}
+	p := &warmPool{poolDeps: d, exits: newExitQueue()}
 	p.binder, _ = d.alloc.(EgressBinder)
 	if caps.Exits {
 		p.watcher, _ = d.alloc.(ExitWatcher)
@@ -251,25 +248,6 @@ func (p *warmPool) release(ctx context.Context, id, token string) error {
 	return nil
 }
 
-// identityOf learns a new unit's identity (InitConns.Identify) when its sandbox keeps a data
-// connection opened before sFuse, and returns it; empty when it is not asked for or fails.
-func (p *warmPool) identityOf(ctx context.Context, info UnitInfo) initconns.Identity {
-	if !p.identify {
-		return initconns.Identity{}
-	}
-	ctx, cancel := context.WithTimeout(ctx, identifyTimeout)
-	defer cancel()
-	id, err := p.o.Conns.Identify(ctx, info.InitAddr)
-	if err != nil {
-		p.log.Warn("asking a new unit for its identity; its allocation will not name it early", "id", info.ID, "err", err)
-		return initconns.Identity{}
-	}
-	return id
-}
-
-// identifyTimeout bounds InitConns.Identify.
-const identifyTimeout = 5 * time.Second
-
 // create makes one unit of template and puts it into the pool, and reports whether it did.
 func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 	id := p.o.NewID()
@@ -301,8 +279,7 @@ func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 		got.Created = info.Created
 	}
 	p.prepare(got.InitAddr)
-	ident := p.identityOf(ctx, got)
-	if _, err := p.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info, u.Identity = got, ident }); err != nil {
+	if _, err := p.ops.Transition(id, Creating, Ready, func(u *Unit) { u.Info = got }); err != nil {
 		p.log.Error("unit vanished while being created", "id", id, "err", err)
 		p.forget(got.InitAddr)
 		p.alloc.Destroy(context.WithoutCancel(ctx), id)

@@ -101,27 +101,22 @@ func leaseTTL(d *durationpb.Duration) (time.Duration, error) {
 }
 
 func (s *Service) Allocate(ctx context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
-	resp, err := s.allocate(ctx, req, nil)
+	resp, err := s.allocate(ctx, req)
 	return resp, toStatus(err)
 }
 
-// AllocateStream is Allocate that names the picked unit first when it can (see the proto).
+// AllocateStream is Allocate whose answer is the stream's one event, kept for the clients
+// that call it (see the proto): no unit is named before sFuse any more.
 func (s *Service) AllocateStream(req *managerv1.AllocateRequest, stream managerv1.Manager_AllocateStreamServer) error {
-	resp, err := s.allocate(stream.Context(), req, func(p Picked) {
-		// A failed send means the client is gone: the answer's send fails too, and the
-		// lease expires.
-		stream.Send(&managerv1.AllocateEvent{Event: &managerv1.AllocateEvent_Picked{Picked: &managerv1.SandboxPicked{
-			SandboxId: p.ID, Endpoint: p.Endpoint, SandboxPublicKey: p.Identity.SandboxKey,
-			SandboxCertificate: p.Identity.SandboxCertificate}}})
-	})
+	resp, err := s.allocate(stream.Context(), req)
 	if err != nil {
 		return toStatus(err)
 	}
 	return stream.Send(&managerv1.AllocateEvent{Event: &managerv1.AllocateEvent_Allocated{Allocated: resp}})
 }
 
-// allocate serves Allocate and AllocateStream; picked, if set, is AllocateRequest.Picked.
-func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest, picked func(Picked)) (*managerv1.AllocateResponse, error) {
+// allocate serves Allocate and AllocateStream.
+func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest) (*managerv1.AllocateResponse, error) {
 	id, err := caller(ctx)
 	if err != nil {
 		return nil, err
@@ -132,8 +127,7 @@ func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest, 
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
 		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(),
-		Owner: id.Owner, Authorize: func(template string, allow egress.Allowlist) error { return s.Policy.Authorize(id, template, allow) },
-		Picked: picked})
+		Owner: id.Owner, Authorize: func(template string, allow egress.Allowlist) error { return s.Policy.Authorize(id, template, allow) }})
 	if err != nil {
 		return nil, err
 	}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 )
 
 // State is where a unit is in its life.
@@ -70,9 +68,6 @@ type Unit struct {
 	// Remains marks a Failed unit whose destroy failed: the allocator may still hold its
 	// resources (a running sandbox), so the manager destroys it again later.
 	Remains bool
-	// Identity is the sandbox's identity, learned while it waited in the pool
-	// (InitConns.Identify); empty when unknown.
-	Identity initconns.Identity
 
 	// claimOnBind marks a unit a shared pool picked without claiming it: bind claims it
 	// with the lease's write (OneWriteClaimer).

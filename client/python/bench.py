@@ -208,7 +208,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=0.1, help="seconds the full pool idles before each allocation")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--arms", help="compare the Python SDK's warm allocations across managers of these --fast-path "
-                    "settings, comma-separated, interleaved (e.g. all,keep-awake: early naming on and off); "
+                    "settings, comma-separated, interleaved (e.g. all,none: keep-awake on and off); "
                     "the first is the reference. Measures allocations only")
     ap.add_argument("--seed", type=int, default=1, help="with --arms: the seed of the rounds' order")
     a = ap.parse_args()

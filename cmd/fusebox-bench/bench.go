@@ -159,7 +159,7 @@ arm meets the machine as it is then, and no arm's allocation always follows anot
 arm's p50, p90, p99 and count is printed, and its difference from the first arm, the reference:
 the difference of the percentiles, and the median over the rounds of the two arms' paired
 difference, with how many rounds it was the slower. An arm is "all", "none", "no-NAME" (all
-but NAME) or NAME+NAME... (those only), NAME one of early-naming, keep-awake; an arm
+but NAME) or NAME+NAME... (those only), NAME one of keep-awake; an arm
 repeated (all,all) shows the noise of the comparison. The warm figures on the first line, and
 every other phase, are the reference arm's; the other arms' pools exist only during the warm
 phase. Keep-awake needs --keep-sandboxes-awake as well.
@@ -210,7 +210,7 @@ fusebox processes). A manager that lists a caller only its own sandboxes (an aut
 tcp:// one) does not show the ready units' ages: the wait for the warm-up is then not made.`
 
 const allocateExample = `  fusebox-bench allocate --json --runs 100
-  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-early-naming,no-keep-awake
+  fusebox-bench allocate --runs 20 --demand-runs -1 --fast-path-arms all,none,no-keep-awake
   fusebox-bench allocate --runs 100 --fast-path-arms all,all
   fusebox-bench allocate --runs 100 --fast-path-arms all
   fusebox-bench allocate --runs 100 --trace --trace-csv /tmp/steps.csv

@@ -4,12 +4,8 @@
 // the plain path (the data plane is credentials.NewTLS with the pinning configuration, over
 // the sandbox server's byte-preserving read and write buffering below TLS; after that
 // handshake a connection that chose the bulk protocol instead of HTTP/2 goes to the bulk
-// handler, which fusebox-sandbox -bulk=false switches off). They are:
+// handler, which fusebox-sandbox -bulk=false switches off). There is one:
 //
-//   - EarlyNaming: the manager learns each new unit's identity (internal/sfuse's Identify)
-//     and names the picked unit before sFuse (AllocateStream), so that an agent that dials
-//     the data socket itself can connect while sFuse runs; the sandbox's gate keeps that
-//     connection unread until the fuse blows (internal/fastpath/waitroom).
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
 //     (localsandbox.KeepAwakeGODEBUG).
 package fastpath
@@ -22,28 +18,27 @@ import (
 
 // Switches says which accelerators are on. The zero value is the plain path.
 type Switches struct {
-	EarlyNaming bool
-	KeepAwake   bool
+	KeepAwake bool
 }
 
 // All is every accelerator on, the default.
-func All() Switches { return Switches{EarlyNaming: true, KeepAwake: true} }
+func All() Switches { return Switches{KeepAwake: true} }
 
 // Any reports whether any accelerator is on.
 func (s Switches) Any() bool { return s != Switches{} }
 
 // names are the accelerators' names in Parse and String, in order.
-var names = []string{"early-naming", "keep-awake"}
+var names = []string{"keep-awake"}
 
 // retired are the names of accelerators that were removed. Set ignores them, so that a
 // -fast-path or --fast-path value written for an earlier release (the sandbox pods of a kube
 // manager of that release, a script) still starts the process; Parse refuses them.
-var retired = []string{"pool-procs", "relay", "handoff"}
+var retired = []string{"pool-procs", "relay", "handoff", "early-naming"}
 
-func (s *Switches) fields() []*bool { return []*bool{&s.EarlyNaming, &s.KeepAwake} }
+func (s *Switches) fields() []*bool { return []*bool{&s.KeepAwake} }
 
 // FlagHelp describes the value Parse reads, for command-line flags.
-const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of early-naming, keep-awake`
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of keep-awake`
 
 // Parse reads "all", "none", or a comma-separated list of accelerator names.
 func Parse(v string) (Switches, error) {

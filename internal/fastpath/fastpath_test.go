@@ -11,9 +11,8 @@ func TestParseAndString(t *testing.T) {
 		{"all", All(), "all"},
 		{"none", Switches{}, "none"},
 		{"", Switches{}, "none"},
-		{"early-naming", Switches{EarlyNaming: true}, "early-naming"},
-		{" keep-awake", Switches{KeepAwake: true}, "keep-awake"},
-		{"early-naming, keep-awake", All(), "all"},
+		{" keep-awake", All(), "all"},
+		{"keep-awake,keep-awake", All(), "all"},
 	} {
 		got, err := Parse(tc.in)
 		if err != nil || got != tc.want {
@@ -27,7 +26,7 @@ func TestParseAndString(t *testing.T) {
 			t.Errorf("Parse(String()) of %+v = %+v, %v", got, back, err)
 		}
 	}
-	for _, bad := range []string{"fast", "early-naming,turbo", "ALL", "pool-procs", "relay", "handoff", "relay,handoff,keep-awake"} {
+	for _, bad := range []string{"fast", "keep-awake,turbo", "ALL", "pool-procs", "relay", "handoff", "early-naming", "early-naming,keep-awake", "relay,handoff,keep-awake"} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
@@ -44,19 +43,21 @@ func TestSetIgnoresRetiredNames(t *testing.T) {
 		"pool-procs":                            {},
 		"relay":                                 {},
 		"handoff":                               {},
+		"early-naming":                          {},
 		"relay, pool-procs":                     {},
 		"keep-awake, relay":                     {KeepAwake: true},
+		"early-naming, keep-awake":              {KeepAwake: true},
 		"relay,handoff,keep-awake,pool-procs":   {KeepAwake: true},
 		"relay,early-naming,keep-awake,handoff": All(),
 		"all":                                   All(),
 	} {
-		s := Switches{EarlyNaming: true} // Set replaces what was there
+		s := All() // Set replaces what was there
 		if err := s.Set(in); err != nil || s != want {
 			t.Errorf("Set(%q) = %+v, %v; want %+v", in, s, err, want)
 		}
 	}
 	var s Switches
-	for _, bad := range []string{"pool-procs,turbo", "relay,turbo", "handoff,turbo"} {
+	for _, bad := range []string{"pool-procs,turbo", "relay,turbo", "handoff,turbo", "early-naming,turbo"} {
 		if err := s.Set(bad); err == nil {
 			t.Errorf("Set(%q) accepted it", bad)
 		}

@@ -40,8 +40,8 @@ func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
 }
 
 // withFastPath gives the sandbox pods of t the plain path whatever fast says: no accelerator
-// runs inside a pod. The kube allocator does not name units early (EarlyNaming), and its
-// pods keep no Go runtime awake (KeepAwake: a warm pod's idle CPU is the cluster's). The flag
+// runs inside a pod: its pods keep no Go runtime awake (KeepAwake: a warm pod's idle CPU is
+// the cluster's). The flag
 // goes before the template's own ServerArgs, so that a template that sets -fast-path keeps
 // it. nil fast leaves t as it is (the server's default: all).
 func withFastPath(t kubealloc.Template, fast *fastpath.Switches) kubealloc.Template {

@@ -33,8 +33,7 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}{
 		{"all", fastpath.Switches{}},
 		{"none", fastpath.Switches{}},
-		{"early-naming,keep-awake", fastpath.Switches{}},
-		{"early-naming", fastpath.Switches{}},
+		{"keep-awake", fastpath.Switches{}},
 	} {
 		fast, err := fastpath.Parse(tc.flag)
 		if err != nil {
@@ -51,9 +50,9 @@ func TestKubePodsFollowTheManagersFastPath(t *testing.T) {
 	}
 	// A template's own -fast-path wins over the manager's.
 	tmpl := kubealloc.DefaultTemplate("img")
-	tmpl.ServerArgs = []string{"-fast-path=early-naming"}
+	tmpl.ServerArgs = []string{"-fast-path=keep-awake"}
 	none := fastpath.Switches{}
-	if got := podFastPath(t, withFastPath(tmpl, &none)); got != (fastpath.Switches{EarlyNaming: true}) {
-		t.Errorf("template -fast-path=early-naming under --fast-path none: the pod's server runs %v, want early-naming", got)
+	if got := podFastPath(t, withFastPath(tmpl, &none)); got != (fastpath.Switches{KeepAwake: true}) {
+		t.Errorf("template -fast-path=keep-awake under --fast-path none: the pod's server runs %v, want keep-awake", got)
 	}
 }

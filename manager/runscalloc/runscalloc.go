@@ -98,10 +98,8 @@ type Options struct {
 	// for a little idle CPU per sandbox (see localsandbox.KeepAwakeGODEBUG; fusebox
 	// local up turns it on unless told not to).
 	KeepAwake bool
-	// FastPath, if set, switches the latency accelerators (internal/fastpath): EarlyNaming is
-	// passed to each sandbox server and declared to the manager (Capabilities.EarlyNaming),
-	// and KeepAwake is KeepAwake's condition too. Nil: all of them, keep-awake
-	// as KeepAwake says.
+	// FastPath, if set, switches the latency accelerators (internal/fastpath): KeepAwake is
+	// KeepAwake's condition too. Nil: all of them, keep-awake as KeepAwake says.
 	FastPath *fastpath.Switches
 }
 
@@ -264,10 +262,10 @@ func (a *Allocator) Name() string { return "runsc" }
 // docs/performance.md).
 const GVisorWarmUp = time.Second
 
-// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, early naming
-// (as FastPath says), creations on this host, and gVisor's warm-up.
+// Capabilities: egress through the per-sandbox proxy, leases beside the bundles, creations on
+// this host, and gVisor's warm-up.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, Exits: true, EarlyNaming: a.o.fastPath().EarlyNaming,
+	return manager.Capabilities{Egress: true, Adoption: true, Exits: true,
 		CreatesOnHost: true, WarmUp: GVisorWarmUp}
 }
 
@@ -329,8 +327,8 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
 	}
 	fast := a.o.fastPath()
-	// The sandbox's own accelerators (keep-awake is the host's setting, below).
-	inside := fastpath.Switches{EarlyNaming: fast.EarlyNaming}
+	// The sandbox runs the plain path (keep-awake is the host's setting, below).
+	inside := fastpath.Switches{}
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
 		"-fast-path="+inside.String())
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,

@@ -15,7 +15,7 @@
 // checks it with go list -deps -test). What it guarantees:
 //
 //   - Before the fuse blows the data listener serves nothing: no byte is read or written on a
-//     connection to it (each is closed, or kept unread by a Waitroom).
+//     connection to it (each is closed as soon as it is accepted).
 //   - The first valid InitializeTLS pins the agent's key, builds the data plane's TLS 1.3
 //     configuration (tlspin.ServerConfigCert: a client certificate whose key equals the
 //     pinned one, nothing else) and its credentials (DataCredentials), has Start begin the
@@ -24,9 +24,6 @@
 //     again, and no code path reopens it.
 //   - A malformed request (bad key, or one Start refuses) gets INVALID_ARGUMENT and leaves
 //     the fuse intact; every call after the one that blew it gets FAILED_PRECONDITION.
-//   - Identity, the Init service's other call, returns the sandbox's public key and
-//     certificate (public: the data listener presents them to anyone) and changes nothing;
-//     once the fuse has blown it is refused as a second InitializeTLS is.
 //   - If nobody blows the fuse within the idle TTL, Serve returns ErrIdleTimeout.
 package fuse
 
@@ -77,9 +74,6 @@ type Options struct {
 	Start    Start
 	// Data is what the data plane's credentials do beside the pinned handshake.
 	Data DataOptions
-	// Waiting, if set, keeps connections that reach the data listener before the fuse
-	// blows, unread; without it they are closed as soon as they are accepted.
-	Waiting Waitroom
 	// Drain, if set, delays draining the init server's remaining connections (the one that
 	// carried the answer, the manager's prepared one) until it is closed: work kept off the
 	// agent's first call. The init listener is closed when the fuse blows either way, and
@@ -122,7 +116,7 @@ func New(dataLn net.Listener, o Options) (*Fuse, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Fuse{o: o, pub: pub, gate: newGate(dataLn, o.Waiting), health: health.NewServer(),
+	return &Fuse{o: o, pub: pub, gate: newGate(dataLn), health: health.NewServer(),
 		done: make(chan struct{})}, nil
 }
 
@@ -241,18 +235,6 @@ func (i initService) InitializeTLS(ctx context.Context, req *sandboxv1.Initializ
 		code = codes.DeadlineExceeded
 	}
 	return nil, status.Error(code, err.Error())
-}
-
-// Identity returns the sandbox's public key and certificate while the fuse is intact, so that
-// the manager can name them to an agent before sFuse.
-func (i initService) Identity(context.Context, *sandboxv1.IdentityRequest) (*sandboxv1.IdentityResponse, error) {
-	i.f.mu.Lock()
-	blown := i.f.blown
-	i.f.mu.Unlock()
-	if blown {
-		return nil, status.Error(codes.FailedPrecondition, ErrBlown.Error())
-	}
-	return &sandboxv1.IdentityResponse{SandboxPublicKey: i.f.pub, SandboxCertificate: i.f.o.Identity.Certificate[0]}, nil
 }
 
 // closeOnce is a listener whose Close runs once (the fuse and gRPC's Stop both close it).

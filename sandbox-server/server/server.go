@@ -17,7 +17,6 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
-	"github.com/fusebox-dev/fusebox/internal/fastpath/waitroom"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -75,10 +74,10 @@ type Options struct {
 	// NoBulk, if set, refuses bulk connections (internal/bulk): the TLS handshake offers only
 	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
 	NoBulk bool
-	// FastPath says which latency accelerators the server takes part in (see
-	// internal/fastpath): EarlyNaming keeps the latest connection to the data socket made
-	// before the fuse blows, unread, and serves it first (the one an agent told the picked
-	// unit early dials while sFuse runs). The zero value is the plain path.
+	// FastPath says which latency accelerators are on (see internal/fastpath; keep-awake is
+	// the host's GODEBUG, not this process's): with any on, the init server's connections
+	// drain after the agent's first call and the handshake marks the allocation timeline.
+	// The zero value is the plain path.
 	FastPath fastpath.Switches
 }
 
@@ -165,9 +164,6 @@ func New(opts Options) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	s.life = ctx
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log, Data: s.dataOptions()}
-	if s.opts.FastPath.EarlyNaming {
-		fo.Waiting = &waitroom.Latest{}
-	}
 	if s.opts.FastPath.Any() {
 		// The init server's connections drain once the agent's first call has been
 		// answered (or drainDelay after the fuse blew), not competing with the agent's

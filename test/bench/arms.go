@@ -13,11 +13,10 @@ import (
 // Arm is one setting of the latency accelerators (internal/fastpath) in an interleaved
 // comparison (fusebox-bench allocate --fast-path-arms). Each arm has a manager and a pool of
 // its own in the benchmark's process, made with the arm's accelerators (the runsc
-// allocator's Options.FastPath, which sets the manager's early naming and each sandbox server's
-// -fast-path and keep-awake), as fusebox local up --fast-path does. The agent (the Go SDK) has
+// allocator's Options.FastPath, which sets each sandbox's keep-awake), as fusebox local up --fast-path does. The agent (the Go SDK) has
 // no accelerator of its own.
 type Arm struct {
-	// Name is the arm as asked for ("all", "none", "no-keep-awake", "early-naming+keep-awake"), with "#2",
+	// Name is the arm as asked for ("all", "none", "no-keep-awake", "keep-awake"), with "#2",
 	// "#3" ... after a repeat (an A/A comparison such as all,all shows the noise).
 	Name string
 	// FastPath is the accelerators the arm asks for.
@@ -29,7 +28,7 @@ type Arm struct {
 var DefaultArms = []string{"all", "none"}
 
 // ArmsHelp describes --fast-path-arms.
-const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of early-naming, keep-awake; a repeated arm (all,all) measures the noise`
+const ArmsHelp = `accelerator settings to compare, interleaved, each with a manager and pool of its own (the first is the reference: the other phases run on it and the differences are against it): "all", "none", "no-NAME" (all but NAME) or NAME+NAME... (those only), NAME one of keep-awake; a repeated arm (all,all) measures the noise`
 
 // ParseArm reads one arm: "all", "none", "no-NAME" (every accelerator but NAME) or a
 // '+'-separated list of accelerator names (those only).
@@ -40,8 +39,8 @@ func ParseArm(v string) (Arm, error) {
 	}
 	if name, ok := strings.CutPrefix(v, "no-"); ok {
 		off, err := fastpath.Parse(name)
-		if err != nil || strings.Contains(name, ",") || off == fastpath.All() || !off.Any() {
-			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (early-naming, keep-awake)", v)
+		if err != nil || strings.Contains(name, ",") || name == "all" || !off.Any() {
+			return Arm{}, fmt.Errorf("fast-path arm %q: no- takes one accelerator name (keep-awake)", v)
 		}
 		return Arm{Name: v, FastPath: without(fastpath.All(), off)}, nil
 	}
@@ -87,7 +86,7 @@ func (a Arm) effective(keepAwake bool) fastpath.Switches {
 
 // without is a with b's accelerators switched off.
 func without(a, b fastpath.Switches) fastpath.Switches {
-	return fastpath.Switches{EarlyNaming: a.EarlyNaming && !b.EarlyNaming, KeepAwake: a.KeepAwake && !b.KeepAwake}
+	return fastpath.Switches{KeepAwake: a.KeepAwake && !b.KeepAwake}
 }
 
 // interleave is the order of an interleaved run's allocations, as arm indices: rounds

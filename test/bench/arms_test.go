@@ -13,21 +13,19 @@ import (
 
 func TestParseArms(t *testing.T) {
 	all := fastpath.All()
-	noEarly, noKeepAwake := all, all
-	noEarly.EarlyNaming, noKeepAwake.KeepAwake = false, false
-	arms, err := ParseArms([]string{"all", "none", "no-early-naming", " no-keep-awake ", "early-naming+keep-awake", "keep-awake", "all", "all"})
+	arms, err := ParseArms([]string{"all", "none", " no-keep-awake ", "keep-awake+keep-awake", "keep-awake", "all", "all"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []Arm{
-		{"all", all}, {"none", fastpath.Switches{}}, {"no-early-naming", noEarly}, {"no-keep-awake", noKeepAwake},
-		{"early-naming+keep-awake", all}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
+		{"all", all}, {"none", fastpath.Switches{}}, {"no-keep-awake", fastpath.Switches{}},
+		{"keep-awake+keep-awake", all}, {"keep-awake", fastpath.Switches{KeepAwake: true}},
 		{"all#2", all}, {"all#3", all},
 	}
 	if !slices.Equal(arms, want) {
 		t.Errorf("ParseArms = %+v, want %+v", arms, want)
 	}
-	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-early-naming+keep-awake"}, {"pool-procs"}, {"no-pool-procs"}, {"relay"}, {"no-relay"}, {"handoff"}, {"no-handoff"}, {"relay+handoff"}, {"early-naming,keep-awake"}, {"early-naming+"}, {"all", "nonee"}} {
+	for _, bad := range [][]string{nil, {""}, {"bogus"}, {"no-bogus"}, {"no-all"}, {"no-none"}, {"no-"}, {"no-keep-awake+keep-awake"}, {"early-naming"}, {"no-early-naming"}, {"early-naming+keep-awake"}, {"pool-procs"}, {"no-pool-procs"}, {"relay"}, {"no-relay"}, {"handoff"}, {"no-handoff"}, {"relay+handoff"}, {"keep-awake,keep-awake"}, {"keep-awake+"}, {"all", "nonee"}} {
 		if got, err := ParseArms(bad); err == nil {
 			t.Errorf("ParseArms(%q) = %+v, want an error", bad, got)
 		}
@@ -48,8 +46,8 @@ func TestDefaultArms(t *testing.T) {
 // An arm's keep-awake is in effect only with --keep-sandboxes-awake.
 func TestArmEffective(t *testing.T) {
 	a, _ := ParseArm("all")
-	if got := a.effective(false).String(); got != "early-naming" {
-		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want early-naming", got)
+	if got := a.effective(false).String(); got != "none" {
+		t.Errorf("all without --keep-sandboxes-awake: %q in effect, want none", got)
 	}
 	if got := a.effective(true); got != fastpath.All() {
 		t.Errorf("all with --keep-sandboxes-awake: %v in effect, want all", got)
@@ -139,11 +137,11 @@ func TestRunArms(t *testing.T) {
 }
 
 func TestSummarizeArms(t *testing.T) {
-	arms, err := ParseArms([]string{"all", "none", "no-early-naming"})
+	arms, err := ParseArms([]string{"all", "none", "no-keep-awake"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Four rounds, the arms in shuffled orders; no-early-naming never ran. Round 4 is cut
+	// Four rounds, the arms in shuffled orders; no-keep-awake never ran. Round 4 is cut
 	// short after the reference.
 	samples := []armSample{
 		{arm: 1, round: 0, ms: 1.5}, {arm: 0, round: 0, ms: 1},
@@ -152,14 +150,14 @@ func TestSummarizeArms(t *testing.T) {
 		{arm: 0, round: 3, ms: 4}, {arm: 1, round: 3, ms: 9},
 		{arm: 0, round: 4, ms: 3.5},
 	}
-	got := summarizeArms(arms, []string{"all", "none", "keep-awake"}, samples)
+	got := summarizeArms(arms, []string{"all", "none", "none"}, samples)
 	want := []ArmResult{
 		// 1, 2, 3, 3.5, 4: nearest rank.
 		{Arm: "all", FastPath: "all", Runs: 5, P50Ms: 3, P90Ms: 4, P99Ms: 4},
 		// 1.5, 2.5, 4, 9; paired with the reference: +0.5, -0.5, +2, +5.
 		{Arm: "none", FastPath: "none", Runs: 4, P50Ms: 2.5, P90Ms: 9, P99Ms: 9,
 			VsReference: &ArmDiff{Reference: "all", P50Ms: -0.5, P90Ms: 5, P99Ms: 5, PairedP50Ms: 1.25, SlowerRounds: 3, Rounds: 4}},
-		{Arm: "no-early-naming", FastPath: "keep-awake"},
+		{Arm: "no-keep-awake", FastPath: "none"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d arms, want %d", len(got), len(want))

@@ -1,13 +1,10 @@
 package managere2e
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,7 +20,6 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
-	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
@@ -295,97 +291,48 @@ func TestExpiredLeaseDestroysSandbox(t *testing.T) {
 	e.waitUnitGone(t, ctrl.GetSandboxId())
 }
 
-// Early naming is a switch of its own: on (the default), AllocateStream names the picked unit
-// before sFuse, and a connection the agent makes to it on that word alone, before the answer,
-// is kept unread by the sandbox and carries the agent's pinned TLS once the fuse blows; off
-// (--fast-path keep-awake), the stream is the answer alone, and the agent dials after it.
-// Either way the state directory holds no handoff socket (that accelerator was removed).
-func TestEarlyNamingSwitch(t *testing.T) {
-	for _, on := range []bool{true, false} {
-		t.Run(fmt.Sprintf("early-naming=%v", on), func(t *testing.T) {
-			e := newEnv(t)
-			fast := fastpath.All()
-			fast.EarlyNaming = on
-			e.startDaemon(t, daemonOpts{PoolSize: 1, FastPath: &fast})
-			ctx := testenv.Context(t, testDeadline)
-			mc := dialManager(t, e.Addr)
-			key := sandboxtest.NewKey(t)
-			stream, err := mc.AllocateStream(ctx, &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var evs []*managerv1.AllocateEvent
-			early := make(chan error, 1)
-			for {
-				ev, err := stream.Recv()
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatalf("AllocateStream: %v", err)
-				}
-				evs = append(evs, ev)
-				if p := ev.GetPicked(); p != nil && len(evs) == 1 {
-					go func() { early <- pinnedHandshake(ctx, p.GetEndpoint(), key, p.GetSandboxPublicKey()) }()
-				}
-			}
-			want := 1
-			if on {
-				want = 2
-			}
-			if len(evs) != want || evs[len(evs)-1].GetAllocated() == nil || on && evs[0].GetPicked() == nil {
-				t.Fatalf("early naming %v: events %v, want %d ending with the answer", on, evs, want)
-			}
-			resp := evs[len(evs)-1].GetAllocated()
-			if _, err := os.Stat(filepath.Join(e.StateDir, "handoff.sock")); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("the state directory holds a handoff socket: %v", err)
-			}
-			if on {
-				p := evs[0].GetPicked()
-				if p.GetSandboxId() != resp.GetSandboxId() || p.GetEndpoint() != resp.GetEndpoint() ||
-					!bytes.Equal(p.GetSandboxPublicKey(), resp.GetSandboxPublicKey()) || !bytes.Equal(p.GetSandboxCertificate(), resp.GetSandboxCertificate()) {
-					t.Errorf("picked %v, but the answer is %v", p, resp)
-				}
-				if err := <-early; err != nil {
-					t.Errorf("the connection made on the early word: %v", err)
-				}
-			}
-			sb, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sb.Close()
-			if out := sandboxtest.Sh(t, ctx, sb, "echo named"); out != "named\n" {
-				t.Errorf("exec: %q", out)
-			}
-			if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.GetSandboxId(), LeaseToken: resp.GetLeaseToken()}); err != nil {
-				t.Errorf("Release: %v", err)
-			}
-		})
-	}
-}
-
-// pinnedHandshake connects to the data endpoint and makes the agent's TLS handshake there,
-// pinned to sandboxKey; the sandbox finishes it only once its fuse has blown.
-func pinnedHandshake(ctx context.Context, endpoint string, key *client.Key, sandboxKey []byte) error {
-	pub, err := tlspin.ParsePublicKey(sandboxKey)
+// AllocateStream, kept for the clients of earlier releases, sends the answer alone (no unit
+// is named before sFuse any more), and the agent dials after it. The state directory holds no
+// handoff socket (that accelerator was removed).
+func TestAllocateStreamAnswersAlone(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon(t, daemonOpts{PoolSize: 1})
+	ctx := testenv.Context(t, testDeadline)
+	mc := dialManager(t, e.Addr)
+	key := sandboxtest.NewKey(t)
+	stream, err := mc.AllocateStream(ctx, &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey()})
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
-	cfg, err := tlspin.ClientConfig(key.Signer(), pub)
+	var evs []*managerv1.AllocateEvent
+	for {
+		ev, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("AllocateStream: %v", err)
+		}
+		evs = append(evs, ev)
+	}
+	if len(evs) != 1 || evs[0].GetAllocated() == nil {
+		t.Fatalf("events %v, want the answer alone", evs)
+	}
+	resp := evs[0].GetAllocated()
+	if _, err := os.Stat(filepath.Join(e.StateDir, "handoff.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the state directory holds a handoff socket: %v", err)
+	}
+	sb, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key)
 	if err != nil {
-		return err
+		t.Fatal(err)
 	}
-	cfg.NextProtos = []string{"h2"}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", strings.TrimPrefix(endpoint, "unix://"))
-	if err != nil {
-		return err
+	defer sb.Close()
+	if out := sandboxtest.Sh(t, ctx, sb, "echo answered"); out != "answered\n" {
+		t.Errorf("exec: %q", out)
 	}
-	tc := tls.Client(c, cfg)
-	defer tc.Close()
-	tc.SetDeadline(time.Now().Add(30 * time.Second))
-	return tc.HandshakeContext(ctx)
+	if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: resp.GetSandboxId(), LeaseToken: resp.GetLeaseToken()}); err != nil {
+		t.Errorf("Release: %v", err)
+	}
 }
 
 // Untrusted code cannot end its sandbox's server (`kill -9 1` is refused and the unit stays

@@ -183,13 +183,11 @@ func StartBound(t testing.TB, o Options) *Bound {
 }
 
 // ServesNothing checks that the data socket at path, bound before initialisation, serves
-// nothing: the gate holds one connection unread (the one an agent told the picked unit early
-// makes) until a later one replaces it, and closes the replaced one without a byte written to
-// it. It dials twice and checks that the first connection is closed unserved.
+// nothing: each connection is closed without a byte read or written. It dials twice and
+// checks that both connections are closed unserved.
 func ServesNothing(t testing.TB, path string) {
 	t.Helper()
-	var conns [2]net.Conn
-	for i := range conns {
+	for range 2 {
 		c, err := net.Dial("unix", path)
 		if err != nil {
 			t.Fatalf("dialing the pre-bound data socket: %v", err)
@@ -197,11 +195,10 @@ func ServesNothing(t testing.TB, path string) {
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		c.Write([]byte("\x16\x03\x01\x00\x05hello")) // may fail: the server may have closed already
-		conns[i] = c
-	}
-	n, err := conns[0].Read(make([]byte, 64))
-	if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
-		t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
+		n, err := c.Read(make([]byte, 64))
+		if n != 0 || (err != io.EOF && !errors.Is(err, syscall.ECONNRESET)) {
+			t.Fatalf("data socket before init: read %d bytes, %v; want the connection closed unserved", n, err)
+		}
 	}
 }
 

@@ -207,88 +207,11 @@ def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_b
     Raises PinningError when the certificate's key is not the pinned key (the caller then
     releases the sandbox).
     """
-    return _channel_args(resp.sandbox_certificate, resp.sandbox_public_key, resp.endpoint, key, batch_bytes)
-
-
-def _channel_args(certificate: bytes, sandbox_key: bytes, endpoint: str, key: AgentKey, batch_bytes: int):
-    root = pinned_root(certificate, sandbox_key)
-    addr = _address.parse(endpoint, "sandbox endpoint")
+    root = pinned_root(resp.sandbox_certificate, resp.sandbox_public_key)
+    addr = _address.parse(resp.endpoint, "sandbox endpoint")
     key_pem, cert_pem = key._credentials()
     creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=cert_pem)
     return addr.grpc_target, creds, channel_options(batch_bytes)
-
-
-def picked_channel_args(picked: manager_pb2.SandboxPicked, key: AgentKey, batch_bytes: int):
-    """(target, credentials, options) of the unit an AllocateStream named before sFuse, pinned
-    to the key it named; None when that identity does not pin (the answer then decides, and
-    data_channel_args says what is wrong with it)."""
-    try:
-        return _channel_args(picked.sandbox_certificate, picked.sandbox_public_key, picked.endpoint, key, batch_bytes)
-    except FuseboxError:
-        return None
-
-
-def same_sandbox(picked: manager_pb2.SandboxPicked, resp: manager_pb2.AllocateResponse) -> bool:
-    """Whether the allocation's answer names the picked unit with the identity named before:
-    only then is a connection started on the picked unit kept."""
-    return (picked.sandbox_id == resp.sandbox_id and picked.endpoint == resp.endpoint
-            and picked.sandbox_public_key == resp.sandbox_public_key
-            and picked.sandbox_certificate == resp.sandbox_certificate)
-
-
-class Early:
-    """A data channel to the unit an AllocateStream named before sFuse: made and connecting
-    while the sandbox is initialised, pinned to the identity the manager named. The sandbox
-    keeps the connection unread until its fuse blows; the channel is kept only if the answer
-    names the same sandbox and identity (keeps)."""
-
-    def __init__(self, picked: manager_pb2.SandboxPicked, channel):
-        self.picked, self.channel = picked, channel
-
-    def keeps(self, resp: manager_pb2.AllocateResponse) -> bool:
-        return same_sandbox(self.picked, resp)
-
-
-class StreamAllocation:
-    """What an AllocateStream's events mean, for the sync and asyncio APIs alike.
-
-    ``open_channel(target, credentials, options)`` makes a data channel and starts its
-    connection. Each event goes to event(); the caller closes the channels it returns as
-    stale and stops at the answer.
-    """
-
-    def __init__(self, key: AgentKey, batch_bytes: int, open_channel: Callable[[str, grpc.ChannelCredentials, list], Any]):
-        self.key, self.batch_bytes, self.open_channel = key, batch_bytes, open_channel
-        self.early: Optional[Early] = None
-        self.events = 0
-
-    def event(self, ev: manager_pb2.AllocateEvent) -> Tuple[Optional[manager_pb2.AllocateResponse], Optional[Early]]:
-        """Returns (the answer when ev is it, an early channel now stale or None). A unit
-        named before sFuse gets an early channel when its identity pins; a second one named
-        (the manager moved on to another unit) makes the first stale."""
-        self.events += 1
-        if ev.HasField("allocated"):
-            return ev.allocated, None
-        stale = None
-        if ev.HasField("picked"):
-            stale, self.early = self.early, None
-            args = picked_channel_args(ev.picked, self.key, self.batch_bytes)
-            if args is not None:
-                self.early = Early(ev.picked, self.open_channel(*args))
-        return None, stale
-
-    def drop_early(self) -> Optional[Early]:
-        """Takes the early channel, for the caller to close."""
-        e, self.early = self.early, None
-        return e
-
-    def predates(self, e: grpc.RpcError) -> bool:
-        """Whether the manager answered the call as one that predates AllocateStream."""
-        return e.code() == grpc.StatusCode.UNIMPLEMENTED and self.events == 0
-
-    @staticmethod
-    def no_answer() -> FuseboxError:
-        return FuseboxError("allocating sandbox: the manager ended the call without an answer")
 
 
 def renew_every(ttl: Optional[float], expires: datetime.datetime) -> float:

@@ -53,19 +53,11 @@ class Manager:
         self._keys = KeysAhead()
         self._ahead = _ahead
         self._keeper = _Keeper(self)
-        # AllocateStream (this channel's one streaming call) is read by the allocating thread
-        # itself, rather than by a thread grpcio would start for each call and hand every
-        # message over from: alternating with and without it, 200 allocations each, twice, p99
-        # 15.36 and 13.79 ms against 19.98 and 15.54 (p50 alike).
-        opts = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)] + self._conn.options
         if self._conn.credentials is not None:
-            self._channel = grpc.secure_channel(self._conn.target, self._conn.credentials, options=opts)
+            self._channel = grpc.secure_channel(self._conn.target, self._conn.credentials, options=self._conn.options)
         else:
-            self._channel = grpc.insecure_channel(self._conn.target, options=opts)
+            self._channel = grpc.insecure_channel(self._conn.target, options=self._conn.options)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
-        # Whether to allocate through AllocateStream (False once the manager turns out to
-        # predate it).
-        self._stream = True
         if _ahead:
             self._keeper.want_key(0)
 
@@ -85,25 +77,14 @@ class Manager:
         releases the sandbox on close(); the manager destroys it then.
         """
         a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
-        got = self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
-        if got is None:  # the manager predates AllocateStream
-            got = self._allocate_unary(a.request, a.key, a.deadline)
-        resp, early = got
-        channel = None
-        if early is not None:
-            if early.keeps(resp):
-                channel = early.channel
-            else:
-                early.channel.close()
+        resp = self._allocate(a.request, a.key, a.deadline)
         try:
-            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency)
         except BaseException:
-            if channel is not None:
-                channel.close()
             self._release(resp.sandbox_id, resp.lease_token)
             raise
 
-    def _allocate_unary(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
+    def _allocate(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
         fut = self._rpc.Allocate.future(req, timeout=deadline)
         try:
             key._credentials()  # the client certificate, made while the manager allocates
@@ -114,44 +95,9 @@ class Manager:
                 self._release(got.sandbox_id, got.lease_token)
             raise
         try:
-            return fut.result(), None
+            return fut.result()
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
-
-    def _allocate_stream(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float],
-                         batch_bytes: int):
-        """Allocates through AllocateStream: when the manager names the picked unit before
-        sFuse, the data channel to it is made and starts connecting (its TLS context, its
-        connection and its ClientHello) while the manager initialises the sandbox. Returns
-        (the answer, its _core.Early or None); sets _stream False and returns None when the
-        manager predates AllocateStream."""
-        call = self._rpc.AllocateStream(req, timeout=deadline)
-        st = _core.StreamAllocation(key, batch_bytes, _open_early)
-        try:
-            key._credentials()  # the client certificate, made while the manager allocates
-            for ev in call:
-                resp, stale = st.event(ev)
-                if stale is not None:
-                    stale.channel.close()
-                if resp is not None:
-                    return resp, st.early
-            raise st.no_answer()
-        except grpc.RpcError as e:
-            _close_early(st.drop_early())
-            if st.predates(e):
-                self._stream = False
-                return None
-            raise self._err(e, "allocating sandbox") from None
-        except BaseException:
-            _close_early(st.drop_early())
-            # The manager may allocate all the same: take its answer and release what it gave.
-            try:
-                for ev in call:
-                    if ev.HasField("allocated"):
-                        self._release(ev.allocated.sandbox_id, ev.allocated.lease_token)
-            except grpc.RpcError:
-                pass
-            raise
 
     def _release(self, sandbox_id: str, token: str) -> Optional[FuseboxError]:
         try:
@@ -331,18 +277,6 @@ class _Keeper:
                 self.mgr._keys.make()
 
 
-def _open_early(target: str, creds: grpc.ChannelCredentials, options: list) -> grpc.Channel:
-    """A data channel to the unit an AllocateStream named before sFuse, connecting now (see _core.Early)."""
-    ch = grpc.secure_channel(target, creds, options=options)
-    _core.start_connecting(ch)
-    return ch
-
-
-def _close_early(early: Optional[_core.Early]) -> None:
-    if early is not None:
-        early.channel.close()
-
-
 def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
     """Stops renewing, releases the sandbox and closes the connections; returns the release's error."""
     lease.stop()
@@ -386,15 +320,12 @@ class Sandbox:
 
     @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
-                 batch_bytes: int, concurrency: int, channel: Optional[grpc.Channel] = None) -> "Sandbox":
-        """The Sandbox of an allocation's answer, on channel (started on the unit before the
-        answer, see _core.Early) or else on a channel made now."""
+                 batch_bytes: int, concurrency: int) -> "Sandbox":
+        """The Sandbox of an allocation's answer, on a data channel made now."""
         sb = cls.__new__(cls)
-        sb._early = channel is not None
-        if channel is None:
-            target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
-            channel = grpc.secure_channel(target, creds, options=options)
-            _core.start_connecting(channel)
+        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+        channel = grpc.secure_channel(target, creds, options=options)
+        _core.start_connecting(channel)
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
         sb._channel = channel

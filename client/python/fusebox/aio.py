@@ -55,9 +55,6 @@ class Manager:
         else:
             self._channel = grpc.aio.insecure_channel(self._conn.target)
         self._rpc = manager_pb2_grpc.ManagerStub(self._channel)
-        # Whether to allocate through AllocateStream (False once the manager turns out to
-        # predate it).
-        self._stream = True
 
     def _err(self, e: grpc.RpcError, doing: str, service: str = "manager") -> FuseboxError:
         return self._conn.error(e, doing, service)
@@ -69,25 +66,14 @@ class Manager:
         """Allocates a fresh sandbox and connects to it with pinned mTLS (see
         :meth:`fusebox.Manager.allocate`); the lease is renewed by a task until close()."""
         a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
-        got = await self._allocate_stream(a.request, a.key, a.deadline, a.batch_bytes) if self._stream else None
-        if got is None:  # the manager predates AllocateStream
-            got = await self._allocate_unary(a.request, a.key, a.deadline)
-        resp, early = got
-        channel = None
-        if early is not None:
-            if early.keeps(resp):
-                channel = early.channel
-            else:
-                await early.channel.close()
+        resp = await self._allocate(a.request, a.key, a.deadline)
         try:
-            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency, channel)
+            return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency)
         except BaseException:
-            if channel is not None:
-                await channel.close()
             await asyncio.shield(self._release(resp.sandbox_id, resp.lease_token))
             raise
 
-    async def _allocate_unary(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
+    async def _allocate(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float]):
         call = self._rpc.Allocate(req, timeout=deadline)
         try:
             await asyncio.sleep(0)  # the call starts...
@@ -96,50 +82,9 @@ class Manager:
             await asyncio.shield(self._reap(call))
             raise
         try:
-            return await call, None
+            return await call
         except grpc.RpcError as e:
             raise self._err(e, "allocating sandbox") from None
-
-    async def _allocate_stream(self, req: manager_pb2.AllocateRequest, key: AgentKey, deadline: Optional[float],
-                               batch_bytes: int):
-        """Allocates through AllocateStream, starting the data channel on the unit the manager
-        names before sFuse (see fusebox.Manager._allocate_stream). Returns (the answer, its
-        _core.Early or None); sets _stream False and returns None when the manager predates it."""
-        call = self._rpc.AllocateStream(req, timeout=deadline)
-        st = _core.StreamAllocation(key, batch_bytes, _open_early)
-        try:
-            await asyncio.sleep(0)  # the call starts...
-            key._credentials()  # ...and the client certificate is made while the manager allocates
-            async for ev in call:
-                resp, stale = st.event(ev)
-                if stale is not None:
-                    await stale.channel.close()
-                if resp is not None:
-                    return resp, st.early
-            raise st.no_answer()
-        except grpc.RpcError as e:
-            early = st.drop_early()
-            if early is not None:
-                await early.channel.close()
-            if st.predates(e):
-                self._stream = False
-                return None
-            raise self._err(e, "allocating sandbox") from None
-        except BaseException:
-            await asyncio.shield(self._reap_stream(call, st.drop_early()))
-            raise
-
-    async def _reap_stream(self, call, early: Optional[_core.Early]) -> None:
-        """Closes the early channel and releases what an AllocateStream the caller gave up on
-        allocated, if anything."""
-        if early is not None:
-            await early.channel.close()
-        try:
-            async for ev in call:
-                if ev.HasField("allocated"):
-                    await self._release(ev.allocated.sandbox_id, ev.allocated.lease_token)
-        except grpc.RpcError:
-            return
 
     async def _reap(self, call) -> None:
         """Releases what an Allocate call the caller gave up on allocated, if anything."""
@@ -182,13 +127,6 @@ class Manager:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-def _open_early(target: str, creds: grpc.ChannelCredentials, options: list) -> grpc.aio.Channel:
-    """A data channel to the unit an AllocateStream named before sFuse, connecting now (see _core.Early)."""
-    ch = grpc.aio.secure_channel(target, creds, options=options)
-    ch.get_state(try_to_connect=True)
-    return ch
 
 
 class _Allocating:
@@ -244,15 +182,12 @@ class Sandbox:
 
     @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
-                 batch_bytes: int, concurrency: int, channel: Optional[grpc.aio.Channel] = None) -> "Sandbox":
-        """The Sandbox of an allocation's answer, on channel (started on the unit before the
-        answer, see _Early) or else on a channel made now."""
+                 batch_bytes: int, concurrency: int) -> "Sandbox":
+        """The Sandbox of an allocation's answer, on a data channel made now."""
         sb = cls.__new__(cls)
-        sb._early = channel is not None
-        if channel is None:
-            target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
-            channel = grpc.aio.secure_channel(target, creds, options=options)
-            channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
+        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
+        channel = grpc.aio.secure_channel(target, creds, options=options)
+        channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
         sb._mgr, sb._owned, sb._token = mgr, None, resp.lease_token

@@ -86,6 +86,7 @@ class FakeManager(manager_pb2_grpc.ManagerServicer):
         self.lock = threading.Lock()
         self.released: List[str] = []  # guarded by lock
         self.allocated = 0  # guarded by lock
+        self.unary = 0  # Allocate calls, guarded by lock
 
     def _answer(self, context) -> manager_pb2.AllocateResponse:
         if self.allocate_abort is not None:
@@ -99,9 +100,13 @@ class FakeManager(manager_pb2_grpc.ManagerServicer):
         return r
 
     def Allocate(self, request, context):
+        with self.lock:
+            self.unary += 1
         return self._answer(context)
 
     def AllocateStream(self, request, context):
+        """As a manager of this release answers it, for the SDKs of earlier releases: the
+        answer alone."""
         yield manager_pb2.AllocateEvent(allocated=self._answer(context))
 
     def Renew(self, request, context):

@@ -14,7 +14,7 @@ from fusebox import _core
 from fusebox._proto.manager.v1 import manager_pb2
 from fusebox.keys import AgentKey
 
-from .test_e2e import bound_now, no_leak, picked_event, sandbox_style_certificate, wait_key_ahead, wait_unlisted
+from .test_e2e import sandbox_style_certificate, wait_key_ahead, wait_unlisted
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,38 +31,6 @@ async def test_allocate_exec_release(manager_address):
             assert sid in {s.sandbox_id for s in await m.list()}
     assert sb.closed
     await asyncio.get_running_loop().run_in_executor(None, wait_unlisted, manager_address, sid)
-
-
-async def test_allocation_starts_its_connection_before_the_answer(manager_address):
-    """As in the sync API: the data channel starts on the unit named before sFuse, and is kept
-    only when the answer names the same sandbox and identity."""
-    loop = asyncio.get_running_loop()
-    before = await loop.run_in_executor(None, bound_now, manager_address)
-    async with fusebox.aio.Manager(manager_address) as m:
-        sb = await m.allocate()
-        try:
-            assert sb._early
-            assert (await sb.exec("echo early")).stdout == b"early\n"
-        finally:
-            await sb.close()
-        forged = AgentKey.generate()
-        real = m._rpc.AllocateStream
-
-        def call(req, timeout=None):
-            async def events():
-                evs = [ev async for ev in real(req, timeout=timeout)]
-                a = evs[-1].allocated
-                yield picked_event(a.sandbox_id, a.endpoint, forged.public_key, sandbox_style_certificate(forged))
-                yield evs[-1]
-            return events()
-        m._rpc.AllocateStream = call
-        sb = await m.allocate()
-        try:
-            assert not sb._early
-            assert (await sb.exec("echo fresh")).stdout == b"fresh\n"
-        finally:
-            await sb.close()
-    await loop.run_in_executor(None, no_leak, manager_address, before)
 
 
 async def test_lease_renewed_past_ttl(manager_address):

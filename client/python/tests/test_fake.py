@@ -159,19 +159,16 @@ def test_nothing_listening_gets_the_hint(tmp_path):
         fusebox.Sandbox.allocate("unix://" + str(tmp_path / "none.sock"), timeout=10)
 
 
-def test_answer_alone_allocates(cluster):
-    """A manager with early naming off (fusebox local up --fast-path without early-naming, or a
-    remote allocator) sends AllocateStream's answer alone, as the fake does: the sync and
-    asyncio SDKs dial after it, and their sandboxes work."""
+def test_allocates_with_allocate(cluster):
+    """The sync and asyncio SDKs allocate with the unary Allocate (not AllocateStream, which
+    the manager keeps for earlier SDKs), dial after the answer, and their sandboxes work."""
     cluster.sandbox.exec = exited_exec
     with fusebox.Sandbox.allocate(cluster.address) as sb:
-        assert not sb._early
         assert sb.exec("true").exit_code == 0
 
     async def run():
         async with fusebox.aio.allocate(cluster.address) as sb:
-            assert not sb._early
             return await sb.exec("true")
 
     assert asyncio.run(run()).exit_code == 0
-    assert cluster.manager.allocated == 2
+    assert cluster.manager.allocated == 2 and cluster.manager.unary == 2

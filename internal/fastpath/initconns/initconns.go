@@ -1,15 +1,11 @@
 // Package initconns keeps prepared connections to the init listeners of the units waiting in
-// a manager's pool (Conns): an allocation's sFuse is then one call on an open connection, the
-// manager pings a unit over it, and early naming (fastpath.Switches.EarlyNaming) asks a unit
-// for its identity over it. It is part of the latency wing (internal/fastpath): the trust
+// a manager's pool (Conns): an allocation's sFuse is then one call on an open connection, and
+// the manager pings a unit over it. It is part of the latency wing (internal/fastpath): the trust
 // core's side of sFuse is internal/sfuse, which this package only calls.
 package initconns
 
 import (
-	"bytes"
 	"context"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -18,8 +14,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
-	"github.com/fusebox-dev/fusebox/internal/tlspin"
-	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 )
 
 // Conns prepares the connection to a unit's init listener while the unit waits in the warm
@@ -91,53 +85,6 @@ func (c *Conns) conn(initAddr string) (conn *grpc.ClientConn, done func(), err e
 		return nil, nil, err
 	}
 	return conn, func() { conn.Close() }, nil
-}
-
-// Identity is a sandbox's public identity: what InitializeTLS will return of it.
-type Identity struct {
-	// SandboxKey is the sandbox's public key, DER SubjectPublicKeyInfo.
-	SandboxKey []byte
-	// SandboxCertificate is its self-signed certificate (DER), whose key is SandboxKey.
-	SandboxCertificate []byte
-}
-
-// Identify asks the sandbox at initAddr for its identity without initialising it (the Init
-// service's Identity call), over the prepared connection when there is one. It checks that
-// the certificate carries the key, so that what the manager names to an agent before sFuse
-// is consistent; the agent checks it again, and the answer after sFuse must match it.
-func (c *Conns) Identify(ctx context.Context, initAddr string) (Identity, error) {
-	conn, done, err := c.conn(initAddr)
-	if err != nil {
-		return Identity{}, err
-	}
-	defer done()
-	resp, err := sandboxv1.NewInitClient(conn).Identity(ctx, &sandboxv1.IdentityRequest{})
-	if err != nil {
-		return Identity{}, fmt.Errorf("asking %s for its identity: %w", initAddr, err)
-	}
-	id := Identity{SandboxKey: resp.GetSandboxPublicKey(), SandboxCertificate: resp.GetSandboxCertificate()}
-	if err := id.check(); err != nil {
-		return Identity{}, fmt.Errorf("identity of %s: %w", initAddr, err)
-	}
-	return id, nil
-}
-
-// check reports whether the key is one the agent can pin and the certificate carries it.
-func (id Identity) check() error {
-	if _, err := tlspin.ParsePublicKey(id.SandboxKey); err != nil {
-		return fmt.Errorf("bad key: %w", err)
-	}
-	if n := len(id.SandboxCertificate); n == 0 || n > sfuse.MaxCertificateBytes {
-		return fmt.Errorf("a certificate of %d bytes (want 1 to %d)", n, sfuse.MaxCertificateBytes)
-	}
-	cert, err := x509.ParseCertificate(id.SandboxCertificate)
-	if err != nil {
-		return fmt.Errorf("certificate: %w", err)
-	}
-	if !bytes.Equal(cert.RawSubjectPublicKeyInfo, id.SandboxKey) {
-		return errors.New("the certificate does not carry the sandbox's key")
-	}
-	return nil
 }
 
 // Ping checks that the init listener at initAddr answers (the gRPC health service, which a

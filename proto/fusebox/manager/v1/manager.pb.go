@@ -275,7 +275,6 @@ type AllocateEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
 	//
-	//	*AllocateEvent_Picked
 	//	*AllocateEvent_Allocated
 	Event         isAllocateEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
@@ -319,15 +318,6 @@ func (x *AllocateEvent) GetEvent() isAllocateEvent_Event {
 	return nil
 }
 
-func (x *AllocateEvent) GetPicked() *SandboxPicked {
-	if x != nil {
-		if x, ok := x.Event.(*AllocateEvent_Picked); ok {
-			return x.Picked
-		}
-	}
-	return nil
-}
-
 func (x *AllocateEvent) GetAllocated() *AllocateResponse {
 	if x != nil {
 		if x, ok := x.Event.(*AllocateEvent_Allocated); ok {
@@ -341,90 +331,11 @@ type isAllocateEvent_Event interface {
 	isAllocateEvent_Event()
 }
 
-type AllocateEvent_Picked struct {
-	Picked *SandboxPicked `protobuf:"bytes,1,opt,name=picked,proto3,oneof"`
-}
-
 type AllocateEvent_Allocated struct {
 	Allocated *AllocateResponse `protobuf:"bytes,2,opt,name=allocated,proto3,oneof"`
 }
 
-func (*AllocateEvent_Picked) isAllocateEvent_Event() {}
-
 func (*AllocateEvent_Allocated) isAllocateEvent_Event() {}
-
-// SandboxPicked names the unit an allocation has picked, before sFuse pins the agent's key
-// into it: nothing is served on its data connection until then.
-type SandboxPicked struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	// As AllocateResponse.endpoint.
-	Endpoint string `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	// The sandbox's public key (DER SubjectPublicKeyInfo), which the answer will carry too.
-	SandboxPublicKey []byte `protobuf:"bytes,3,opt,name=sandbox_public_key,json=sandboxPublicKey,proto3" json:"sandbox_public_key,omitempty"`
-	// The sandbox's self-signed certificate (DER X.509), as AllocateResponse.sandbox_certificate.
-	SandboxCertificate []byte `protobuf:"bytes,4,opt,name=sandbox_certificate,json=sandboxCertificate,proto3" json:"sandbox_certificate,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
-}
-
-func (x *SandboxPicked) Reset() {
-	*x = SandboxPicked{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[3]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SandboxPicked) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SandboxPicked) ProtoMessage() {}
-
-func (x *SandboxPicked) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[3]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SandboxPicked.ProtoReflect.Descriptor instead.
-func (*SandboxPicked) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{3}
-}
-
-func (x *SandboxPicked) GetSandboxId() string {
-	if x != nil {
-		return x.SandboxId
-	}
-	return ""
-}
-
-func (x *SandboxPicked) GetEndpoint() string {
-	if x != nil {
-		return x.Endpoint
-	}
-	return ""
-}
-
-func (x *SandboxPicked) GetSandboxPublicKey() []byte {
-	if x != nil {
-		return x.SandboxPublicKey
-	}
-	return nil
-}
-
-func (x *SandboxPicked) GetSandboxCertificate() []byte {
-	if x != nil {
-		return x.SandboxCertificate
-	}
-	return nil
-}
 
 type RenewRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -438,7 +349,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[4]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +361,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[4]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +374,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{4}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RenewRequest) GetSandboxId() string {
@@ -496,7 +407,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[5]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +419,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[5]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +432,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{5}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RenewResponse) GetLeaseExpires() *timestamppb.Timestamp {
@@ -541,7 +452,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[6]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +464,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[6]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +477,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{6}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseRequest) GetSandboxId() string {
@@ -591,7 +502,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[7]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +514,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[7]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +527,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{7}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{6}
 }
 
 type ListRequest struct {
@@ -627,7 +538,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[8]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -639,7 +550,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[8]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -652,7 +563,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{8}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{7}
 }
 
 type Sandbox struct {
@@ -673,7 +584,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[9]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +596,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[9]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +609,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{9}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -773,7 +684,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[10]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +696,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[10]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +709,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{10}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -816,7 +727,7 @@ type PoolStatusRequest struct {
 
 func (x *PoolStatusRequest) Reset() {
 	*x = PoolStatusRequest{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[11]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +739,7 @@ func (x *PoolStatusRequest) String() string {
 func (*PoolStatusRequest) ProtoMessage() {}
 
 func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[11]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +752,7 @@ func (x *PoolStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusRequest.ProtoReflect.Descriptor instead.
 func (*PoolStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{11}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{10}
 }
 
 type PoolStatusResponse struct {
@@ -869,7 +780,7 @@ type PoolStatusResponse struct {
 
 func (x *PoolStatusResponse) Reset() {
 	*x = PoolStatusResponse{}
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[12]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +792,7 @@ func (x *PoolStatusResponse) String() string {
 func (*PoolStatusResponse) ProtoMessage() {}
 
 func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[12]
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +805,7 @@ func (x *PoolStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatusResponse.ProtoReflect.Descriptor instead.
 func (*PoolStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{12}
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PoolStatusResponse) GetUnits() map[string]int32 {
@@ -996,17 +907,10 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\rlease_expires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fleaseExpires\x12\x1f\n" +
 	"\vlease_token\x18\x05 \x01(\tR\n" +
 	"leaseToken\x12/\n" +
-	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificateJ\x04\b\x06\x10\aJ\x04\b\a\x10\bJ\x04\b\b\x10\tR\x11tls_server_flightR\fdata_handoffR\x12data_handoff_token\"\x9b\x01\n" +
-	"\rAllocateEvent\x12;\n" +
-	"\x06picked\x18\x01 \x01(\v2!.fusebox.manager.v1.SandboxPickedH\x00R\x06picked\x12D\n" +
+	"\x13sandbox_certificate\x18\t \x01(\fR\x12sandboxCertificateJ\x04\b\x06\x10\aJ\x04\b\a\x10\bJ\x04\b\b\x10\tR\x11tls_server_flightR\fdata_handoffR\x12data_handoff_token\"l\n" +
+	"\rAllocateEvent\x12D\n" +
 	"\tallocated\x18\x02 \x01(\v2$.fusebox.manager.v1.AllocateResponseH\x00R\tallocatedB\a\n" +
-	"\x05event\"\xa9\x01\n" +
-	"\rSandboxPicked\x12\x1d\n" +
-	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
-	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12,\n" +
-	"\x12sandbox_public_key\x18\x03 \x01(\fR\x10sandboxPublicKey\x12/\n" +
-	"\x13sandbox_certificate\x18\x04 \x01(\fR\x12sandboxCertificate\"\x86\x01\n" +
+	"\x05eventJ\x04\b\x01\x10\x02R\x06picked\"\x86\x01\n" +
 	"\fRenewRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -1088,60 +992,58 @@ func file_fusebox_manager_v1_manager_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_manager_v1_manager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_fusebox_manager_v1_manager_proto_goTypes = []any{
 	(UnitState)(0),                // 0: fusebox.manager.v1.UnitState
 	(*AllocateRequest)(nil),       // 1: fusebox.manager.v1.AllocateRequest
 	(*AllocateResponse)(nil),      // 2: fusebox.manager.v1.AllocateResponse
 	(*AllocateEvent)(nil),         // 3: fusebox.manager.v1.AllocateEvent
-	(*SandboxPicked)(nil),         // 4: fusebox.manager.v1.SandboxPicked
-	(*RenewRequest)(nil),          // 5: fusebox.manager.v1.RenewRequest
-	(*RenewResponse)(nil),         // 6: fusebox.manager.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 7: fusebox.manager.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 8: fusebox.manager.v1.ReleaseResponse
-	(*ListRequest)(nil),           // 9: fusebox.manager.v1.ListRequest
-	(*Sandbox)(nil),               // 10: fusebox.manager.v1.Sandbox
-	(*ListResponse)(nil),          // 11: fusebox.manager.v1.ListResponse
-	(*PoolStatusRequest)(nil),     // 12: fusebox.manager.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),    // 13: fusebox.manager.v1.PoolStatusResponse
-	nil,                           // 14: fusebox.manager.v1.AllocateRequest.LabelsEntry
-	nil,                           // 15: fusebox.manager.v1.Sandbox.LabelsEntry
-	nil,                           // 16: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*RenewRequest)(nil),          // 4: fusebox.manager.v1.RenewRequest
+	(*RenewResponse)(nil),         // 5: fusebox.manager.v1.RenewResponse
+	(*ReleaseRequest)(nil),        // 6: fusebox.manager.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 7: fusebox.manager.v1.ReleaseResponse
+	(*ListRequest)(nil),           // 8: fusebox.manager.v1.ListRequest
+	(*Sandbox)(nil),               // 9: fusebox.manager.v1.Sandbox
+	(*ListResponse)(nil),          // 10: fusebox.manager.v1.ListResponse
+	(*PoolStatusRequest)(nil),     // 11: fusebox.manager.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),    // 12: fusebox.manager.v1.PoolStatusResponse
+	nil,                           // 13: fusebox.manager.v1.AllocateRequest.LabelsEntry
+	nil,                           // 14: fusebox.manager.v1.Sandbox.LabelsEntry
+	nil,                           // 15: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_fusebox_manager_v1_manager_proto_depIdxs = []int32{
-	17, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
-	14, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
-	18, // 2: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	4,  // 3: fusebox.manager.v1.AllocateEvent.picked:type_name -> fusebox.manager.v1.SandboxPicked
-	2,  // 4: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
-	17, // 5: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
-	18, // 6: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	0,  // 7: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
-	18, // 8: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
-	18, // 9: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
-	15, // 10: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
-	10, // 11: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
-	16, // 12: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	17, // 13: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
-	1,  // 14: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
-	1,  // 15: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
-	5,  // 16: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
-	7,  // 17: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
-	9,  // 18: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
-	12, // 19: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
-	2,  // 20: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
-	3,  // 21: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
-	6,  // 22: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
-	8,  // 23: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
-	11, // 24: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
-	13, // 25: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
+	13, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
+	17, // 2: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	2,  // 3: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
+	16, // 4: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
+	17, // 5: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	0,  // 6: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
+	17, // 7: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
+	17, // 8: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
+	14, // 9: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
+	9,  // 10: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
+	15, // 11: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	16, // 12: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
+	1,  // 13: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
+	1,  // 14: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
+	4,  // 15: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
+	6,  // 16: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
+	8,  // 17: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
+	11, // 18: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
+	2,  // 19: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
+	3,  // 20: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
+	5,  // 21: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
+	7,  // 22: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
+	10, // 23: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
+	12, // 24: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
+	19, // [19:25] is the sub-list for method output_type
+	13, // [13:19] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_manager_v1_manager_proto_init() }
@@ -1150,7 +1052,6 @@ func file_fusebox_manager_v1_manager_proto_init() {
 		return
 	}
 	file_fusebox_manager_v1_manager_proto_msgTypes[2].OneofWrappers = []any{
-		(*AllocateEvent_Picked)(nil),
 		(*AllocateEvent_Allocated)(nil),
 	}
 	type x struct{}
@@ -1159,7 +1060,7 @@ func file_fusebox_manager_v1_manager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_manager_v1_manager_proto_rawDesc), len(file_fusebox_manager_v1_manager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -139,96 +139,6 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
-type IdentityRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *IdentityRequest) Reset() {
-	*x = IdentityRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[0]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *IdentityRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*IdentityRequest) ProtoMessage() {}
-
-func (x *IdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[0]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use IdentityRequest.ProtoReflect.Descriptor instead.
-func (*IdentityRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
-}
-
-type IdentityResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// As InitializeTLSResponse.sandbox_public_key.
-	SandboxPublicKey []byte `protobuf:"bytes,1,opt,name=sandbox_public_key,json=sandboxPublicKey,proto3" json:"sandbox_public_key,omitempty"`
-	// As InitializeTLSResponse.sandbox_certificate.
-	SandboxCertificate []byte `protobuf:"bytes,2,opt,name=sandbox_certificate,json=sandboxCertificate,proto3" json:"sandbox_certificate,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
-}
-
-func (x *IdentityResponse) Reset() {
-	*x = IdentityResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *IdentityResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*IdentityResponse) ProtoMessage() {}
-
-func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use IdentityResponse.ProtoReflect.Descriptor instead.
-func (*IdentityResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *IdentityResponse) GetSandboxPublicKey() []byte {
-	if x != nil {
-		return x.SandboxPublicKey
-	}
-	return nil
-}
-
-func (x *IdentityResponse) GetSandboxCertificate() []byte {
-	if x != nil {
-		return x.SandboxCertificate
-	}
-	return nil
-}
-
 type InitializeTLSRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's public key as DER-encoded SubjectPublicKeyInfo (PKIX). ECDSA P-256 or Ed25519.
@@ -246,7 +156,7 @@ type InitializeTLSRequest struct {
 
 func (x *InitializeTLSRequest) Reset() {
 	*x = InitializeTLSRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -258,7 +168,7 @@ func (x *InitializeTLSRequest) String() string {
 func (*InitializeTLSRequest) ProtoMessage() {}
 
 func (x *InitializeTLSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[2]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -271,7 +181,7 @@ func (x *InitializeTLSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitializeTLSRequest.ProtoReflect.Descriptor instead.
 func (*InitializeTLSRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *InitializeTLSRequest) GetAgentPublicKey() []byte {
@@ -306,7 +216,7 @@ type InitializeTLSResponse struct {
 
 func (x *InitializeTLSResponse) Reset() {
 	*x = InitializeTLSResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +228,7 @@ func (x *InitializeTLSResponse) String() string {
 func (*InitializeTLSResponse) ProtoMessage() {}
 
 func (x *InitializeTLSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +241,7 @@ func (x *InitializeTLSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitializeTLSResponse.ProtoReflect.Descriptor instead.
 func (*InitializeTLSResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *InitializeTLSResponse) GetSandboxPublicKey() []byte {
@@ -379,7 +289,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +301,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +314,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ExecRequest) GetArgv() []string {
@@ -485,7 +395,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +407,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +420,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -564,7 +474,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +486,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +499,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecOutput) GetStream() StreamKind {
@@ -628,7 +538,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +550,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +563,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecExit) GetExitCode() int32 {
@@ -710,7 +620,7 @@ type FileWrite struct {
 
 func (x *FileWrite) Reset() {
 	*x = FileWrite{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +632,7 @@ func (x *FileWrite) String() string {
 func (*FileWrite) ProtoMessage() {}
 
 func (x *FileWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +645,7 @@ func (x *FileWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileWrite.ProtoReflect.Descriptor instead.
 func (*FileWrite) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FileWrite) GetPath() string {
@@ -770,7 +680,7 @@ type SymlinkSpec struct {
 
 func (x *SymlinkSpec) Reset() {
 	*x = SymlinkSpec{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +692,7 @@ func (x *SymlinkSpec) String() string {
 func (*SymlinkSpec) ProtoMessage() {}
 
 func (x *SymlinkSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +705,7 @@ func (x *SymlinkSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkSpec.ProtoReflect.Descriptor instead.
 func (*SymlinkSpec) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SymlinkSpec) GetTarget() string {
@@ -823,7 +733,7 @@ type WriteFilesRequest struct {
 
 func (x *WriteFilesRequest) Reset() {
 	*x = WriteFilesRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +745,7 @@ func (x *WriteFilesRequest) String() string {
 func (*WriteFilesRequest) ProtoMessage() {}
 
 func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +758,7 @@ func (x *WriteFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesRequest.ProtoReflect.Descriptor instead.
 func (*WriteFilesRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteFilesRequest) GetMkdirs() []string {
@@ -884,7 +794,7 @@ type WriteFilesResponse struct {
 
 func (x *WriteFilesResponse) Reset() {
 	*x = WriteFilesResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +806,7 @@ func (x *WriteFilesResponse) String() string {
 func (*WriteFilesResponse) ProtoMessage() {}
 
 func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +819,7 @@ func (x *WriteFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFilesResponse.ProtoReflect.Descriptor instead.
 func (*WriteFilesResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WriteFilesResponse) GetFilesWritten() uint32 {
@@ -953,7 +863,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +875,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +888,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WriteFileHeader) GetPath() string {
@@ -1013,7 +923,7 @@ type WriteFileChunk struct {
 
 func (x *WriteFileChunk) Reset() {
 	*x = WriteFileChunk{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +935,7 @@ func (x *WriteFileChunk) String() string {
 func (*WriteFileChunk) ProtoMessage() {}
 
 func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +948,7 @@ func (x *WriteFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileChunk.ProtoReflect.Descriptor instead.
 func (*WriteFileChunk) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteFileChunk) GetHeader() *WriteFileHeader {
@@ -1064,7 +974,7 @@ type WriteFileStreamResponse struct {
 
 func (x *WriteFileStreamResponse) Reset() {
 	*x = WriteFileStreamResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +986,7 @@ func (x *WriteFileStreamResponse) String() string {
 func (*WriteFileStreamResponse) ProtoMessage() {}
 
 func (x *WriteFileStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +999,7 @@ func (x *WriteFileStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStreamResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileStreamResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WriteFileStreamResponse) GetBytesWritten() uint64 {
@@ -1111,7 +1021,7 @@ type GetReadFilesPlanRequest struct {
 
 func (x *GetReadFilesPlanRequest) Reset() {
 	*x = GetReadFilesPlanRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1033,7 @@ func (x *GetReadFilesPlanRequest) String() string {
 func (*GetReadFilesPlanRequest) ProtoMessage() {}
 
 func (x *GetReadFilesPlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1046,7 @@ func (x *GetReadFilesPlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReadFilesPlanRequest.ProtoReflect.Descriptor instead.
 func (*GetReadFilesPlanRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetReadFilesPlanRequest) GetPaths() []string {
@@ -1164,7 +1074,7 @@ type PlannedFile struct {
 
 func (x *PlannedFile) Reset() {
 	*x = PlannedFile{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1086,7 @@ func (x *PlannedFile) String() string {
 func (*PlannedFile) ProtoMessage() {}
 
 func (x *PlannedFile) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1099,7 @@ func (x *PlannedFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlannedFile.ProtoReflect.Descriptor instead.
 func (*PlannedFile) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlannedFile) GetPath() string {
@@ -1223,7 +1133,7 @@ type ReadBatch struct {
 
 func (x *ReadBatch) Reset() {
 	*x = ReadBatch{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1145,7 @@ func (x *ReadBatch) String() string {
 func (*ReadBatch) ProtoMessage() {}
 
 func (x *ReadBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1158,7 @@ func (x *ReadBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBatch.ProtoReflect.Descriptor instead.
 func (*ReadBatch) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadBatch) GetFiles() []*PlannedFile {
@@ -1279,7 +1189,7 @@ type ReadFilesPlan struct {
 
 func (x *ReadFilesPlan) Reset() {
 	*x = ReadFilesPlan{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1201,7 @@ func (x *ReadFilesPlan) String() string {
 func (*ReadFilesPlan) ProtoMessage() {}
 
 func (x *ReadFilesPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1214,7 @@ func (x *ReadFilesPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesPlan.ProtoReflect.Descriptor instead.
 func (*ReadFilesPlan) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadFilesPlan) GetBatches() []*ReadBatch {
@@ -1344,7 +1254,7 @@ type ReadFilesRequest struct {
 
 func (x *ReadFilesRequest) Reset() {
 	*x = ReadFilesRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1266,7 @@ func (x *ReadFilesRequest) String() string {
 func (*ReadFilesRequest) ProtoMessage() {}
 
 func (x *ReadFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1279,7 @@ func (x *ReadFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFilesRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadFilesRequest) GetPaths() []string {
@@ -1390,7 +1300,7 @@ type FileContent struct {
 
 func (x *FileContent) Reset() {
 	*x = FileContent{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1312,7 @@ func (x *FileContent) String() string {
 func (*FileContent) ProtoMessage() {}
 
 func (x *FileContent) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1325,7 @@ func (x *FileContent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileContent.ProtoReflect.Descriptor instead.
 func (*FileContent) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FileContent) GetPath() string {
@@ -1448,7 +1358,7 @@ type ReadFilesResponse struct {
 
 func (x *ReadFilesResponse) Reset() {
 	*x = ReadFilesResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1370,7 @@ func (x *ReadFilesResponse) String() string {
 func (*ReadFilesResponse) ProtoMessage() {}
 
 func (x *ReadFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1383,7 @@ func (x *ReadFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFilesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFilesResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFilesResponse) GetFiles() []*FileContent {
@@ -1494,7 +1404,7 @@ type ReadFileStreamRequest struct {
 
 func (x *ReadFileStreamRequest) Reset() {
 	*x = ReadFileStreamRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1416,7 @@ func (x *ReadFileStreamRequest) String() string {
 func (*ReadFileStreamRequest) ProtoMessage() {}
 
 func (x *ReadFileStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1429,7 @@ func (x *ReadFileStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileStreamRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadFileStreamRequest) GetPath() string {
@@ -1547,7 +1457,7 @@ type ReadFileChunk struct {
 
 func (x *ReadFileChunk) Reset() {
 	*x = ReadFileChunk{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1469,7 @@ func (x *ReadFileChunk) String() string {
 func (*ReadFileChunk) ProtoMessage() {}
 
 func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1482,7 @@ func (x *ReadFileChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileChunk.ProtoReflect.Descriptor instead.
 func (*ReadFileChunk) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReadFileChunk) GetData() []byte {
@@ -1621,7 +1531,7 @@ type BulkRequest struct {
 
 func (x *BulkRequest) Reset() {
 	*x = BulkRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1543,7 @@ func (x *BulkRequest) String() string {
 func (*BulkRequest) ProtoMessage() {}
 
 func (x *BulkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1556,7 @@ func (x *BulkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BulkRequest.ProtoReflect.Descriptor instead.
 func (*BulkRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BulkRequest) GetOp() isBulkRequest_Op {
@@ -1704,7 +1614,7 @@ type BulkStatus struct {
 
 func (x *BulkStatus) Reset() {
 	*x = BulkStatus{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1626,7 @@ func (x *BulkStatus) String() string {
 func (*BulkStatus) ProtoMessage() {}
 
 func (x *BulkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1639,7 @@ func (x *BulkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BulkStatus.ProtoReflect.Descriptor instead.
 func (*BulkStatus) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BulkStatus) GetCode() int32 {
@@ -1768,7 +1678,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1690,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1703,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileInfo) GetPath() string {
@@ -1850,7 +1760,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1772,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1785,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatRequest) GetPath() string {
@@ -1901,7 +1811,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +1823,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +1836,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1951,7 +1861,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +1873,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +1886,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListRequest) GetPath() string {
@@ -2017,7 +1927,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +1939,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +1952,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListResponse) GetEntries() []*FileInfo {
@@ -2070,7 +1980,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2082,7 +1992,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2095,7 +2005,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MkdirRequest) GetPath() string {
@@ -2127,7 +2037,7 @@ type MkdirResponse struct {
 
 func (x *MkdirResponse) Reset() {
 	*x = MkdirResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2049,7 @@ func (x *MkdirResponse) String() string {
 func (*MkdirResponse) ProtoMessage() {}
 
 func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2062,7 @@ func (x *MkdirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirResponse.ProtoReflect.Descriptor instead.
 func (*MkdirResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 type RemoveRequest struct {
@@ -2167,7 +2077,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2089,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2102,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveRequest) GetPath() string {
@@ -2224,7 +2134,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2146,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2159,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 type RenameRequest struct {
@@ -2264,7 +2174,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2186,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2199,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenameRequest) GetFrom() string {
@@ -2321,7 +2231,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2243,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2256,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{34}
 }
 
 type SymlinkRequest struct {
@@ -2359,7 +2269,7 @@ type SymlinkRequest struct {
 
 func (x *SymlinkRequest) Reset() {
 	*x = SymlinkRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2281,7 @@ func (x *SymlinkRequest) String() string {
 func (*SymlinkRequest) ProtoMessage() {}
 
 func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2294,7 @@ func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkRequest.ProtoReflect.Descriptor instead.
 func (*SymlinkRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SymlinkRequest) GetTarget() string {
@@ -2409,7 +2319,7 @@ type SymlinkResponse struct {
 
 func (x *SymlinkResponse) Reset() {
 	*x = SymlinkResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2331,7 @@ func (x *SymlinkResponse) String() string {
 func (*SymlinkResponse) ProtoMessage() {}
 
 func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2344,7 @@ func (x *SymlinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkResponse.ProtoReflect.Descriptor instead.
 func (*SymlinkResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{36}
 }
 
 type FindRequest struct {
@@ -2454,7 +2364,7 @@ type FindRequest struct {
 
 func (x *FindRequest) Reset() {
 	*x = FindRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2376,7 @@ func (x *FindRequest) String() string {
 func (*FindRequest) ProtoMessage() {}
 
 func (x *FindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2389,7 @@ func (x *FindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindRequest.ProtoReflect.Descriptor instead.
 func (*FindRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FindRequest) GetPath() string {
@@ -2527,7 +2437,7 @@ type FindResponse struct {
 
 func (x *FindResponse) Reset() {
 	*x = FindResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2539,7 +2449,7 @@ func (x *FindResponse) String() string {
 func (*FindResponse) ProtoMessage() {}
 
 func (x *FindResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2552,7 +2462,7 @@ func (x *FindResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindResponse.ProtoReflect.Descriptor instead.
 func (*FindResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FindResponse) GetEntries() []*FileInfo {
@@ -2588,7 +2498,7 @@ type GrepRequest struct {
 
 func (x *GrepRequest) Reset() {
 	*x = GrepRequest{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2510,7 @@ func (x *GrepRequest) String() string {
 func (*GrepRequest) ProtoMessage() {}
 
 func (x *GrepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2523,7 @@ func (x *GrepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepRequest.ProtoReflect.Descriptor instead.
 func (*GrepRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GrepRequest) GetPattern() string {
@@ -2670,7 +2580,7 @@ type GrepMatch struct {
 
 func (x *GrepMatch) Reset() {
 	*x = GrepMatch{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2592,7 @@ func (x *GrepMatch) String() string {
 func (*GrepMatch) ProtoMessage() {}
 
 func (x *GrepMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[42]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2605,7 @@ func (x *GrepMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepMatch.ProtoReflect.Descriptor instead.
 func (*GrepMatch) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GrepMatch) GetPath() string {
@@ -2731,7 +2641,7 @@ type GrepResponse struct {
 
 func (x *GrepResponse) Reset() {
 	*x = GrepResponse{}
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2743,7 +2653,7 @@ func (x *GrepResponse) String() string {
 func (*GrepResponse) ProtoMessage() {}
 
 func (x *GrepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[43]
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2756,7 +2666,7 @@ func (x *GrepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrepResponse.ProtoReflect.Descriptor instead.
 func (*GrepResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GrepResponse) GetMatches() []*GrepMatch {
@@ -2791,11 +2701,7 @@ var File_fusebox_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n" +
-	"\x0fIdentityRequest\"q\n" +
-	"\x10IdentityResponse\x12,\n" +
-	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12/\n" +
-	"\x13sandbox_certificate\x18\x02 \x01(\fR\x12sandboxCertificate\"p\n" +
+	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"p\n" +
 	"\x14InitializeTLSRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12\x16\n" +
 	"\x06egress\x18\x03 \x03(\tR\x06egressJ\x04\b\x02\x10\x03R\x10tls_client_hello\"\x8f\x01\n" +
@@ -2974,10 +2880,9 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +
 	"\rFILE_TYPE_DIR\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xc3\x01\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x042l\n" +
 	"\x04Init\x12d\n" +
-	"\rInitializeTLS\x12(.fusebox.sandbox.v1.InitializeTLSRequest\x1a).fusebox.sandbox.v1.InitializeTLSResponse\x12U\n" +
-	"\bIdentity\x12#.fusebox.sandbox.v1.IdentityRequest\x1a$.fusebox.sandbox.v1.IdentityResponse2\xa6\t\n" +
+	"\rInitializeTLS\x12(.fusebox.sandbox.v1.InitializeTLSRequest\x1a).fusebox.sandbox.v1.InitializeTLSResponse2\xa6\t\n" +
 	"\aSandbox\x12H\n" +
 	"\x04Exec\x12\x1f.fusebox.sandbox.v1.ExecRequest\x1a\x1d.fusebox.sandbox.v1.ExecEvent0\x01\x12[\n" +
 	"\n" +
@@ -3008,115 +2913,111 @@ func file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(StreamKind)(0),                 // 0: fusebox.sandbox.v1.StreamKind
 	(FileType)(0),                   // 1: fusebox.sandbox.v1.FileType
-	(*IdentityRequest)(nil),         // 2: fusebox.sandbox.v1.IdentityRequest
-	(*IdentityResponse)(nil),        // 3: fusebox.sandbox.v1.IdentityResponse
-	(*InitializeTLSRequest)(nil),    // 4: fusebox.sandbox.v1.InitializeTLSRequest
-	(*InitializeTLSResponse)(nil),   // 5: fusebox.sandbox.v1.InitializeTLSResponse
-	(*ExecRequest)(nil),             // 6: fusebox.sandbox.v1.ExecRequest
-	(*ExecEvent)(nil),               // 7: fusebox.sandbox.v1.ExecEvent
-	(*ExecOutput)(nil),              // 8: fusebox.sandbox.v1.ExecOutput
-	(*ExecExit)(nil),                // 9: fusebox.sandbox.v1.ExecExit
-	(*FileWrite)(nil),               // 10: fusebox.sandbox.v1.FileWrite
-	(*SymlinkSpec)(nil),             // 11: fusebox.sandbox.v1.SymlinkSpec
-	(*WriteFilesRequest)(nil),       // 12: fusebox.sandbox.v1.WriteFilesRequest
-	(*WriteFilesResponse)(nil),      // 13: fusebox.sandbox.v1.WriteFilesResponse
-	(*WriteFileHeader)(nil),         // 14: fusebox.sandbox.v1.WriteFileHeader
-	(*WriteFileChunk)(nil),          // 15: fusebox.sandbox.v1.WriteFileChunk
-	(*WriteFileStreamResponse)(nil), // 16: fusebox.sandbox.v1.WriteFileStreamResponse
-	(*GetReadFilesPlanRequest)(nil), // 17: fusebox.sandbox.v1.GetReadFilesPlanRequest
-	(*PlannedFile)(nil),             // 18: fusebox.sandbox.v1.PlannedFile
-	(*ReadBatch)(nil),               // 19: fusebox.sandbox.v1.ReadBatch
-	(*ReadFilesPlan)(nil),           // 20: fusebox.sandbox.v1.ReadFilesPlan
-	(*ReadFilesRequest)(nil),        // 21: fusebox.sandbox.v1.ReadFilesRequest
-	(*FileContent)(nil),             // 22: fusebox.sandbox.v1.FileContent
-	(*ReadFilesResponse)(nil),       // 23: fusebox.sandbox.v1.ReadFilesResponse
-	(*ReadFileStreamRequest)(nil),   // 24: fusebox.sandbox.v1.ReadFileStreamRequest
-	(*ReadFileChunk)(nil),           // 25: fusebox.sandbox.v1.ReadFileChunk
-	(*BulkRequest)(nil),             // 26: fusebox.sandbox.v1.BulkRequest
-	(*BulkStatus)(nil),              // 27: fusebox.sandbox.v1.BulkStatus
-	(*FileInfo)(nil),                // 28: fusebox.sandbox.v1.FileInfo
-	(*StatRequest)(nil),             // 29: fusebox.sandbox.v1.StatRequest
-	(*StatResponse)(nil),            // 30: fusebox.sandbox.v1.StatResponse
-	(*ListRequest)(nil),             // 31: fusebox.sandbox.v1.ListRequest
-	(*ListResponse)(nil),            // 32: fusebox.sandbox.v1.ListResponse
-	(*MkdirRequest)(nil),            // 33: fusebox.sandbox.v1.MkdirRequest
-	(*MkdirResponse)(nil),           // 34: fusebox.sandbox.v1.MkdirResponse
-	(*RemoveRequest)(nil),           // 35: fusebox.sandbox.v1.RemoveRequest
-	(*RemoveResponse)(nil),          // 36: fusebox.sandbox.v1.RemoveResponse
-	(*RenameRequest)(nil),           // 37: fusebox.sandbox.v1.RenameRequest
-	(*RenameResponse)(nil),          // 38: fusebox.sandbox.v1.RenameResponse
-	(*SymlinkRequest)(nil),          // 39: fusebox.sandbox.v1.SymlinkRequest
-	(*SymlinkResponse)(nil),         // 40: fusebox.sandbox.v1.SymlinkResponse
-	(*FindRequest)(nil),             // 41: fusebox.sandbox.v1.FindRequest
-	(*FindResponse)(nil),            // 42: fusebox.sandbox.v1.FindResponse
-	(*GrepRequest)(nil),             // 43: fusebox.sandbox.v1.GrepRequest
-	(*GrepMatch)(nil),               // 44: fusebox.sandbox.v1.GrepMatch
-	(*GrepResponse)(nil),            // 45: fusebox.sandbox.v1.GrepResponse
-	nil,                             // 46: fusebox.sandbox.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 47: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
+	(*InitializeTLSRequest)(nil),    // 2: fusebox.sandbox.v1.InitializeTLSRequest
+	(*InitializeTLSResponse)(nil),   // 3: fusebox.sandbox.v1.InitializeTLSResponse
+	(*ExecRequest)(nil),             // 4: fusebox.sandbox.v1.ExecRequest
+	(*ExecEvent)(nil),               // 5: fusebox.sandbox.v1.ExecEvent
+	(*ExecOutput)(nil),              // 6: fusebox.sandbox.v1.ExecOutput
+	(*ExecExit)(nil),                // 7: fusebox.sandbox.v1.ExecExit
+	(*FileWrite)(nil),               // 8: fusebox.sandbox.v1.FileWrite
+	(*SymlinkSpec)(nil),             // 9: fusebox.sandbox.v1.SymlinkSpec
+	(*WriteFilesRequest)(nil),       // 10: fusebox.sandbox.v1.WriteFilesRequest
+	(*WriteFilesResponse)(nil),      // 11: fusebox.sandbox.v1.WriteFilesResponse
+	(*WriteFileHeader)(nil),         // 12: fusebox.sandbox.v1.WriteFileHeader
+	(*WriteFileChunk)(nil),          // 13: fusebox.sandbox.v1.WriteFileChunk
+	(*WriteFileStreamResponse)(nil), // 14: fusebox.sandbox.v1.WriteFileStreamResponse
+	(*GetReadFilesPlanRequest)(nil), // 15: fusebox.sandbox.v1.GetReadFilesPlanRequest
+	(*PlannedFile)(nil),             // 16: fusebox.sandbox.v1.PlannedFile
+	(*ReadBatch)(nil),               // 17: fusebox.sandbox.v1.ReadBatch
+	(*ReadFilesPlan)(nil),           // 18: fusebox.sandbox.v1.ReadFilesPlan
+	(*ReadFilesRequest)(nil),        // 19: fusebox.sandbox.v1.ReadFilesRequest
+	(*FileContent)(nil),             // 20: fusebox.sandbox.v1.FileContent
+	(*ReadFilesResponse)(nil),       // 21: fusebox.sandbox.v1.ReadFilesResponse
+	(*ReadFileStreamRequest)(nil),   // 22: fusebox.sandbox.v1.ReadFileStreamRequest
+	(*ReadFileChunk)(nil),           // 23: fusebox.sandbox.v1.ReadFileChunk
+	(*BulkRequest)(nil),             // 24: fusebox.sandbox.v1.BulkRequest
+	(*BulkStatus)(nil),              // 25: fusebox.sandbox.v1.BulkStatus
+	(*FileInfo)(nil),                // 26: fusebox.sandbox.v1.FileInfo
+	(*StatRequest)(nil),             // 27: fusebox.sandbox.v1.StatRequest
+	(*StatResponse)(nil),            // 28: fusebox.sandbox.v1.StatResponse
+	(*ListRequest)(nil),             // 29: fusebox.sandbox.v1.ListRequest
+	(*ListResponse)(nil),            // 30: fusebox.sandbox.v1.ListResponse
+	(*MkdirRequest)(nil),            // 31: fusebox.sandbox.v1.MkdirRequest
+	(*MkdirResponse)(nil),           // 32: fusebox.sandbox.v1.MkdirResponse
+	(*RemoveRequest)(nil),           // 33: fusebox.sandbox.v1.RemoveRequest
+	(*RemoveResponse)(nil),          // 34: fusebox.sandbox.v1.RemoveResponse
+	(*RenameRequest)(nil),           // 35: fusebox.sandbox.v1.RenameRequest
+	(*RenameResponse)(nil),          // 36: fusebox.sandbox.v1.RenameResponse
+	(*SymlinkRequest)(nil),          // 37: fusebox.sandbox.v1.SymlinkRequest
+	(*SymlinkResponse)(nil),         // 38: fusebox.sandbox.v1.SymlinkResponse
+	(*FindRequest)(nil),             // 39: fusebox.sandbox.v1.FindRequest
+	(*FindResponse)(nil),            // 40: fusebox.sandbox.v1.FindResponse
+	(*GrepRequest)(nil),             // 41: fusebox.sandbox.v1.GrepRequest
+	(*GrepMatch)(nil),               // 42: fusebox.sandbox.v1.GrepMatch
+	(*GrepResponse)(nil),            // 43: fusebox.sandbox.v1.GrepResponse
+	nil,                             // 44: fusebox.sandbox.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 45: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	46, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
-	47, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	8,  // 2: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
-	9,  // 3: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
+	44, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
+	45, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	6,  // 2: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
+	7,  // 3: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
 	0,  // 4: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
-	47, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
-	10, // 6: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
-	11, // 7: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
-	14, // 8: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	18, // 9: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
-	19, // 10: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
-	18, // 11: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
-	22, // 12: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
-	14, // 13: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	24, // 14: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
+	45, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	8,  // 6: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
+	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
+	12, // 8: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	16, // 9: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
+	17, // 10: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
+	16, // 11: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
+	20, // 12: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
+	12, // 13: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	22, // 14: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
 	1,  // 15: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
-	48, // 16: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
-	28, // 17: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
-	28, // 18: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	46, // 16: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
+	26, // 17: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
+	26, // 18: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
 	1,  // 19: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
-	28, // 20: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	44, // 21: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
-	4,  // 22: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
-	2,  // 23: fusebox.sandbox.v1.Init.Identity:input_type -> fusebox.sandbox.v1.IdentityRequest
-	6,  // 24: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
-	12, // 25: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
-	15, // 26: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
-	17, // 27: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
-	21, // 28: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
-	24, // 29: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
-	29, // 30: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
-	31, // 31: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
-	33, // 32: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
-	35, // 33: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
-	37, // 34: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
-	39, // 35: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
-	41, // 36: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
-	43, // 37: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
-	5,  // 38: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
-	3,  // 39: fusebox.sandbox.v1.Init.Identity:output_type -> fusebox.sandbox.v1.IdentityResponse
-	7,  // 40: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
-	13, // 41: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
-	16, // 42: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
-	20, // 43: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
-	23, // 44: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
-	25, // 45: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
-	30, // 46: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
-	32, // 47: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
-	34, // 48: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
-	36, // 49: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
-	38, // 50: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
-	40, // 51: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
-	42, // 52: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
-	45, // 53: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
-	38, // [38:54] is the sub-list for method output_type
-	22, // [22:38] is the sub-list for method input_type
+	26, // 20: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	42, // 21: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
+	2,  // 22: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
+	4,  // 23: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
+	10, // 24: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
+	13, // 25: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
+	15, // 26: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
+	19, // 27: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
+	22, // 28: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
+	27, // 29: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
+	29, // 30: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
+	31, // 31: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
+	33, // 32: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
+	35, // 33: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
+	37, // 34: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
+	39, // 35: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
+	41, // 36: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
+	3,  // 37: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
+	5,  // 38: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
+	11, // 39: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
+	14, // 40: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
+	18, // 41: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
+	21, // 42: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
+	23, // 43: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
+	28, // 44: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
+	30, // 45: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
+	32, // 46: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
+	34, // 47: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
+	36, // 48: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
+	38, // 49: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
+	40, // 50: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
+	43, // 51: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
+	37, // [37:52] is the sub-list for method output_type
+	22, // [22:37] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -3127,12 +3028,12 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 	if File_fusebox_sandbox_v1_sandbox_proto != nil {
 		return
 	}
-	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[5].OneofWrappers = []any{
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[3].OneofWrappers = []any{
 		(*ExecEvent_Output)(nil),
 		(*ExecEvent_Exit)(nil),
 	}
-	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[12].OneofWrappers = []any{}
-	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[24].OneofWrappers = []any{
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[10].OneofWrappers = []any{}
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[22].OneofWrappers = []any{
 		(*BulkRequest_Write)(nil),
 		(*BulkRequest_Read)(nil),
 	}
@@ -3142,7 +3043,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_sandbox_v1_sandbox_proto_rawDesc), len(file_fusebox_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

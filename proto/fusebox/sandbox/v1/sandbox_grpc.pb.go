@@ -32,7 +32,6 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Init_InitializeTLS_FullMethodName = "/fusebox.sandbox.v1.Init/InitializeTLS"
-	Init_Identity_FullMethodName      = "/fusebox.sandbox.v1.Init/Identity"
 )
 
 // InitClient is the client API for Init service.
@@ -46,11 +45,6 @@ type InitClient interface {
 	// key. A malformed request fails with INVALID_ARGUMENT and leaves the fuse intact; a second
 	// call after success fails with FAILED_PRECONDITION (if it gets through at all).
 	InitializeTLS(ctx context.Context, in *InitializeTLSRequest, opts ...grpc.CallOption) (*InitializeTLSResponse, error)
-	// Identity returns the sandbox's public key and certificate, which InitializeTLS will
-	// return, and changes nothing: the manager learns them while the sandbox waits in the pool,
-	// to tell an agent before sFuse (AllocateStream). Public data; after the fuse has blown it
-	// fails with FAILED_PRECONDITION (if it gets through at all).
-	Identity(ctx context.Context, in *IdentityRequest, opts ...grpc.CallOption) (*IdentityResponse, error)
 }
 
 type initClient struct {
@@ -71,16 +65,6 @@ func (c *initClient) InitializeTLS(ctx context.Context, in *InitializeTLSRequest
 	return out, nil
 }
 
-func (c *initClient) Identity(ctx context.Context, in *IdentityRequest, opts ...grpc.CallOption) (*IdentityResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(IdentityResponse)
-	err := c.cc.Invoke(ctx, Init_Identity_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 // InitServer is the server API for Init service.
 // All implementations must embed UnimplementedInitServer
 // for forward compatibility.
@@ -92,11 +76,6 @@ type InitServer interface {
 	// key. A malformed request fails with INVALID_ARGUMENT and leaves the fuse intact; a second
 	// call after success fails with FAILED_PRECONDITION (if it gets through at all).
 	InitializeTLS(context.Context, *InitializeTLSRequest) (*InitializeTLSResponse, error)
-	// Identity returns the sandbox's public key and certificate, which InitializeTLS will
-	// return, and changes nothing: the manager learns them while the sandbox waits in the pool,
-	// to tell an agent before sFuse (AllocateStream). Public data; after the fuse has blown it
-	// fails with FAILED_PRECONDITION (if it gets through at all).
-	Identity(context.Context, *IdentityRequest) (*IdentityResponse, error)
 	mustEmbedUnimplementedInitServer()
 }
 
@@ -109,9 +88,6 @@ type UnimplementedInitServer struct{}
 
 func (UnimplementedInitServer) InitializeTLS(context.Context, *InitializeTLSRequest) (*InitializeTLSResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method InitializeTLS not implemented")
-}
-func (UnimplementedInitServer) Identity(context.Context, *IdentityRequest) (*IdentityResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Identity not implemented")
 }
 func (UnimplementedInitServer) mustEmbedUnimplementedInitServer() {}
 func (UnimplementedInitServer) testEmbeddedByValue()              {}
@@ -152,24 +128,6 @@ func _Init_InitializeTLS_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Init_Identity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(IdentityRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(InitServer).Identity(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Init_Identity_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(InitServer).Identity(ctx, req.(*IdentityRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 // Init_ServiceDesc is the grpc.ServiceDesc for Init service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -180,10 +138,6 @@ var Init_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "InitializeTLS",
 			Handler:    _Init_InitializeTLS_Handler,
-		},
-		{
-			MethodName: "Identity",
-			Handler:    _Init_Identity_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fusebox/manager/v1/manager.proto\x12\x12\x66usebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x02\n\x0f\x41llocateRequest\x12\x18\n\x10\x61gent_public_key\x18\x01 \x01(\x0c\x12\x10\n\x08template\x18\x02 \x01(\t\x12\x0e\n\x06\x65gress\x18\x03 \x03(\t\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.fusebox.manager.v1.AllocateRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x06\x10\x07R\x10tls_client_hello\"\x80\x02\n\x10\x41llocateResponse\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x1a\n\x12sandbox_public_key\x18\x03 \x01(\x0c\x12\x31\n\rlease_expires\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_token\x18\x05 \x01(\t\x12\x1b\n\x13sandbox_certificate\x18\t \x01(\x0cJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x11tls_server_flightR\x0c\x64\x61ta_handoffR\x12\x64\x61ta_handoff_token\"\x88\x01\n\rAllocateEvent\x12\x33\n\x06picked\x18\x01 \x01(\x0b\x32!.fusebox.manager.v1.SandboxPickedH\x00\x12\x39\n\tallocated\x18\x02 \x01(\x0b\x32$.fusebox.manager.v1.AllocateResponseH\x00\x42\x07\n\x05\x65vent\"n\n\rSandboxPicked\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x1a\n\x12sandbox_public_key\x18\x03 \x01(\x0c\x12\x1b\n\x13sandbox_certificate\x18\x04 \x01(\x0c\"e\n\x0cRenewRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\rRenewResponse\x12\x31\n\rlease_expires\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x0eReleaseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bListRequest\"\xd6\x02\n\x07Sandbox\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.fusebox.manager.v1.UnitState\x12\x10\n\x08template\x18\x03 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12+\n\x07\x63reated\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlease_expires\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65gress\x18\x07 \x03(\t\x12\x37\n\x06labels\x18\x08 \x03(\x0b\x32\'.fusebox.manager.v1.Sandbox.LabelsEntry\x12\r\n\x05\x65rror\x18\t \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0cListResponse\x12.\n\tsandboxes\x18\x01 \x03(\x0b\x32\x1b.fusebox.manager.v1.Sandbox\"\x13\n\x11PoolStatusRequest\"\xf2\x02\n\x12PoolStatusResponse\x12@\n\x05units\x18\x01 \x03(\x0b\x32\x31.fusebox.manager.v1.PoolStatusResponse.UnitsEntry\x12\x0e\n\x06target\x18\x02 \x01(\x05\x12\x11\n\testimator\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65mand_per_second\x18\x04 \x01(\x01\x12\x37\n\x14provisioning_latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x61llocations\x18\x06 \x01(\x04\x12\x11\n\tcreations\x18\x07 \x01(\x04\x12\x14\n\x0c\x64\x65structions\x18\x08 \x01(\x04\x12\x10\n\x08\x66\x61ilures\x18\t \x01(\x04\x12\x11\n\tallocator\x18\n \x01(\t\x12\x12\n\ncold_waits\x18\x0b \x01(\x04\x1a,\n\nUnitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01*\xd0\x01\n\tUnitState\x12\x1a\n\x16UNIT_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13UNIT_STATE_CREATING\x10\x01\x12\x14\n\x10UNIT_STATE_READY\x10\x02\x12\x1b\n\x17UNIT_STATE_INITIALISING\x10\x03\x12\x14\n\x10UNIT_STATE_BOUND\x10\x04\x12\x19\n\x15UNIT_STATE_DESTROYING\x10\x05\x12\x13\n\x0fUNIT_STATE_GONE\x10\x06\x12\x15\n\x11UNIT_STATE_FAILED\x10\x07\x32\x86\x04\n\x07Manager\x12U\n\x08\x41llocate\x12#.fusebox.manager.v1.AllocateRequest\x1a$.fusebox.manager.v1.AllocateResponse\x12Z\n\x0e\x41llocateStream\x12#.fusebox.manager.v1.AllocateRequest\x1a!.fusebox.manager.v1.AllocateEvent0\x01\x12L\n\x05Renew\x12 .fusebox.manager.v1.RenewRequest\x1a!.fusebox.manager.v1.RenewResponse\x12R\n\x07Release\x12\".fusebox.manager.v1.ReleaseRequest\x1a#.fusebox.manager.v1.ReleaseResponse\x12I\n\x04List\x12\x1f.fusebox.manager.v1.ListRequest\x1a .fusebox.manager.v1.ListResponse\x12[\n\nPoolStatus\x12%.fusebox.manager.v1.PoolStatusRequest\x1a&.fusebox.manager.v1.PoolStatusResponseBCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/manager/v1;managerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fusebox/manager/v1/manager.proto\x12\x12\x66usebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x02\n\x0f\x41llocateRequest\x12\x18\n\x10\x61gent_public_key\x18\x01 \x01(\x0c\x12\x10\n\x08template\x18\x02 \x01(\t\x12\x0e\n\x06\x65gress\x18\x03 \x03(\t\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.fusebox.manager.v1.AllocateRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x06\x10\x07R\x10tls_client_hello\"\x80\x02\n\x10\x41llocateResponse\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x1a\n\x12sandbox_public_key\x18\x03 \x01(\x0c\x12\x31\n\rlease_expires\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0blease_token\x18\x05 \x01(\t\x12\x1b\n\x13sandbox_certificate\x18\t \x01(\x0cJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x11tls_server_flightR\x0c\x64\x61ta_handoffR\x12\x64\x61ta_handoff_token\"a\n\rAllocateEvent\x12\x39\n\tallocated\x18\x02 \x01(\x0b\x32$.fusebox.manager.v1.AllocateResponseH\x00\x42\x07\n\x05\x65ventJ\x04\x08\x01\x10\x02R\x06picked\"e\n\x0cRenewRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12,\n\tlease_ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\rRenewResponse\x12\x31\n\rlease_expires\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\x0eReleaseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"\x11\n\x0fReleaseResponse\"\r\n\x0bListRequest\"\xd6\x02\n\x07Sandbox\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x1d.fusebox.manager.v1.UnitState\x12\x10\n\x08template\x18\x03 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x04 \x01(\t\x12+\n\x07\x63reated\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlease_expires\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x65gress\x18\x07 \x03(\t\x12\x37\n\x06labels\x18\x08 \x03(\x0b\x32\'.fusebox.manager.v1.Sandbox.LabelsEntry\x12\r\n\x05\x65rror\x18\t \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0cListResponse\x12.\n\tsandboxes\x18\x01 \x03(\x0b\x32\x1b.fusebox.manager.v1.Sandbox\"\x13\n\x11PoolStatusRequest\"\xf2\x02\n\x12PoolStatusResponse\x12@\n\x05units\x18\x01 \x03(\x0b\x32\x31.fusebox.manager.v1.PoolStatusResponse.UnitsEntry\x12\x0e\n\x06target\x18\x02 \x01(\x05\x12\x11\n\testimator\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65mand_per_second\x18\x04 \x01(\x01\x12\x37\n\x14provisioning_latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x61llocations\x18\x06 \x01(\x04\x12\x11\n\tcreations\x18\x07 \x01(\x04\x12\x14\n\x0c\x64\x65structions\x18\x08 \x01(\x04\x12\x10\n\x08\x66\x61ilures\x18\t \x01(\x04\x12\x11\n\tallocator\x18\n \x01(\t\x12\x12\n\ncold_waits\x18\x0b \x01(\x04\x1a,\n\nUnitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01*\xd0\x01\n\tUnitState\x12\x1a\n\x16UNIT_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13UNIT_STATE_CREATING\x10\x01\x12\x14\n\x10UNIT_STATE_READY\x10\x02\x12\x1b\n\x17UNIT_STATE_INITIALISING\x10\x03\x12\x14\n\x10UNIT_STATE_BOUND\x10\x04\x12\x19\n\x15UNIT_STATE_DESTROYING\x10\x05\x12\x13\n\x0fUNIT_STATE_GONE\x10\x06\x12\x15\n\x11UNIT_STATE_FAILED\x10\x07\x32\x86\x04\n\x07Manager\x12U\n\x08\x41llocate\x12#.fusebox.manager.v1.AllocateRequest\x1a$.fusebox.manager.v1.AllocateResponse\x12Z\n\x0e\x41llocateStream\x12#.fusebox.manager.v1.AllocateRequest\x1a!.fusebox.manager.v1.AllocateEvent0\x01\x12L\n\x05Renew\x12 .fusebox.manager.v1.RenewRequest\x1a!.fusebox.manager.v1.RenewResponse\x12R\n\x07Release\x12\".fusebox.manager.v1.ReleaseRequest\x1a#.fusebox.manager.v1.ReleaseResponse\x12I\n\x04List\x12\x1f.fusebox.manager.v1.ListRequest\x1a .fusebox.manager.v1.ListResponse\x12[\n\nPoolStatus\x12%.fusebox.manager.v1.PoolStatusRequest\x1a&.fusebox.manager.v1.PoolStatusResponseBCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/manager/v1;managerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fusebox._proto.manager.v1.manager_pb2', globals())
@@ -29,40 +29,38 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _SANDBOX_LABELSENTRY._serialized_options = b'8\001'
   _POOLSTATUSRESPONSE_UNITSENTRY._options = None
   _POOLSTATUSRESPONSE_UNITSENTRY._serialized_options = b'8\001'
-  _UNITSTATE._serialized_start=1961
-  _UNITSTATE._serialized_end=2169
+  _UNITSTATE._serialized_start=1809
+  _UNITSTATE._serialized_end=2017
   _ALLOCATEREQUEST._serialized_start=122
   _ALLOCATEREQUEST._serialized_end=381
   _ALLOCATEREQUEST_LABELSENTRY._serialized_start=312
   _ALLOCATEREQUEST_LABELSENTRY._serialized_end=357
   _ALLOCATERESPONSE._serialized_start=384
   _ALLOCATERESPONSE._serialized_end=640
-  _ALLOCATEEVENT._serialized_start=643
-  _ALLOCATEEVENT._serialized_end=779
-  _SANDBOXPICKED._serialized_start=781
-  _SANDBOXPICKED._serialized_end=891
-  _RENEWREQUEST._serialized_start=893
-  _RENEWREQUEST._serialized_end=994
-  _RENEWRESPONSE._serialized_start=996
-  _RENEWRESPONSE._serialized_end=1062
-  _RELEASEREQUEST._serialized_start=1064
-  _RELEASEREQUEST._serialized_end=1121
-  _RELEASERESPONSE._serialized_start=1123
-  _RELEASERESPONSE._serialized_end=1140
-  _LISTREQUEST._serialized_start=1142
-  _LISTREQUEST._serialized_end=1155
-  _SANDBOX._serialized_start=1158
-  _SANDBOX._serialized_end=1500
+  _ALLOCATEEVENT._serialized_start=642
+  _ALLOCATEEVENT._serialized_end=739
+  _RENEWREQUEST._serialized_start=741
+  _RENEWREQUEST._serialized_end=842
+  _RENEWRESPONSE._serialized_start=844
+  _RENEWRESPONSE._serialized_end=910
+  _RELEASEREQUEST._serialized_start=912
+  _RELEASEREQUEST._serialized_end=969
+  _RELEASERESPONSE._serialized_start=971
+  _RELEASERESPONSE._serialized_end=988
+  _LISTREQUEST._serialized_start=990
+  _LISTREQUEST._serialized_end=1003
+  _SANDBOX._serialized_start=1006
+  _SANDBOX._serialized_end=1348
   _SANDBOX_LABELSENTRY._serialized_start=312
   _SANDBOX_LABELSENTRY._serialized_end=357
-  _LISTRESPONSE._serialized_start=1502
-  _LISTRESPONSE._serialized_end=1564
-  _POOLSTATUSREQUEST._serialized_start=1566
-  _POOLSTATUSREQUEST._serialized_end=1585
-  _POOLSTATUSRESPONSE._serialized_start=1588
-  _POOLSTATUSRESPONSE._serialized_end=1958
-  _POOLSTATUSRESPONSE_UNITSENTRY._serialized_start=1914
-  _POOLSTATUSRESPONSE_UNITSENTRY._serialized_end=1958
-  _MANAGER._serialized_start=2172
-  _MANAGER._serialized_end=2690
+  _LISTRESPONSE._serialized_start=1350
+  _LISTRESPONSE._serialized_end=1412
+  _POOLSTATUSREQUEST._serialized_start=1414
+  _POOLSTATUSREQUEST._serialized_end=1433
+  _POOLSTATUSRESPONSE._serialized_start=1436
+  _POOLSTATUSRESPONSE._serialized_end=1806
+  _POOLSTATUSRESPONSE_UNITSENTRY._serialized_start=1762
+  _POOLSTATUSRESPONSE_UNITSENTRY._serialized_end=1806
+  _MANAGER._serialized_start=2020
+  _MANAGER._serialized_end=2538
 # @@protoc_insertion_point(module_scope)

@@ -17,12 +17,10 @@ UNIT_STATE_READY: UnitState
 UNIT_STATE_UNSPECIFIED: UnitState
 
 class AllocateEvent(_message.Message):
-    __slots__ = ["allocated", "picked"]
+    __slots__ = ["allocated"]
     ALLOCATED_FIELD_NUMBER: _ClassVar[int]
-    PICKED_FIELD_NUMBER: _ClassVar[int]
     allocated: AllocateResponse
-    picked: SandboxPicked
-    def __init__(self, picked: _Optional[_Union[SandboxPicked, _Mapping]] = ..., allocated: _Optional[_Union[AllocateResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, allocated: _Optional[_Union[AllocateResponse, _Mapping]] = ...) -> None: ...
 
 class AllocateRequest(_message.Message):
     __slots__ = ["agent_public_key", "egress", "labels", "lease_ttl", "template"]
@@ -164,18 +162,6 @@ class Sandbox(_message.Message):
     state: UnitState
     template: str
     def __init__(self, sandbox_id: _Optional[str] = ..., state: _Optional[_Union[UnitState, str]] = ..., template: _Optional[str] = ..., endpoint: _Optional[str] = ..., created: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., egress: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ...) -> None: ...
-
-class SandboxPicked(_message.Message):
-    __slots__ = ["endpoint", "sandbox_certificate", "sandbox_id", "sandbox_public_key"]
-    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
-    SANDBOX_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
-    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
-    SANDBOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    endpoint: str
-    sandbox_certificate: bytes
-    sandbox_id: str
-    sandbox_public_key: bytes
-    def __init__(self, sandbox_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., sandbox_public_key: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
 
 class UnitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -58,16 +58,10 @@ class ManagerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def AllocateStream(self, request, context):
-        """AllocateStream is Allocate for clients that can start their data connection while the
-        sandbox is being initialised. It ends with exactly one `allocated` event (Allocate's
-        answer) or with Allocate's error. Before it, it sends a `picked` event for each unit the
-        allocation picks whose identity the manager knows and whose data listener keeps one
-        connection opened before sFuse unread until the fuse blows (the local manager's, with its
-        early-naming switch on): the client may then dial the endpoint and begin its TLS
-        handshake, pinned to the picked key, while sFuse runs. A later `picked` replaces an
-        earlier one (the first unit failed and another was taken). The `allocated` answer is the
-        one that counts: a client keeps its early connection only when the answer names the same
-        sandbox, key and certificate.
+        """AllocateStream is Allocate as a stream, kept for the clients of earlier releases that call
+        it: it sends exactly one `allocated` event (Allocate's answer), or ends with Allocate's
+        error. It once named the picked unit before sFuse (a `picked` event, for an accelerator
+        since removed); it no longer does. New clients call Allocate.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

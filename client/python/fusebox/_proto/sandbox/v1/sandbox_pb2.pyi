@@ -199,18 +199,6 @@ class GrepResponse(_message.Message):
     truncated: bool
     def __init__(self, matches: _Optional[_Iterable[_Union[GrepMatch, _Mapping]]] = ..., truncated: bool = ..., files_searched: _Optional[int] = ..., binary_files_skipped: _Optional[int] = ...) -> None: ...
 
-class IdentityRequest(_message.Message):
-    __slots__ = []
-    def __init__(self) -> None: ...
-
-class IdentityResponse(_message.Message):
-    __slots__ = ["sandbox_certificate", "sandbox_public_key"]
-    SANDBOX_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
-    SANDBOX_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
-    sandbox_certificate: bytes
-    sandbox_public_key: bytes
-    def __init__(self, sandbox_public_key: _Optional[bytes] = ..., sandbox_certificate: _Optional[bytes] = ...) -> None: ...
-
 class InitializeTLSRequest(_message.Message):
     __slots__ = ["agent_public_key", "egress"]
     AGENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]

@@ -21,11 +21,6 @@ class InitStub(object):
                 request_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSRequest.SerializeToString,
                 response_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSResponse.FromString,
                 )
-        self.Identity = channel.unary_unary(
-                '/fusebox.sandbox.v1.Init/Identity',
-                request_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityRequest.SerializeToString,
-                response_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityResponse.FromString,
-                )
 
 
 class InitServicer(object):
@@ -37,16 +32,9 @@ class InitServicer(object):
         """InitializeTLS pins the agent's public key and returns the sandbox's freshly generated public
         key. A malformed request fails with INVALID_ARGUMENT and leaves the fuse intact; a second
         call after success fails with FAILED_PRECONDITION (if it gets through at all).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Identity(self, request, context):
-        """Identity returns the sandbox's public key and certificate, which InitializeTLS will
-        return, and changes nothing: the manager learns them while the sandbox waits in the pool,
-        to tell an agent before sFuse (AllocateStream). Public data; after the fuse has blown it
-        fails with FAILED_PRECONDITION (if it gets through at all).
+        Identity, which told the sandbox's key and certificate before InitializeTLS for an
+        accelerator since removed (early naming), is no longer served: a manager of an earlier
+        release that calls it gets UNIMPLEMENTED, logs a warning, and names no unit early.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,11 +47,6 @@ def add_InitServicer_to_server(servicer, server):
                     servicer.InitializeTLS,
                     request_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSRequest.FromString,
                     response_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSResponse.SerializeToString,
-            ),
-            'Identity': grpc.unary_unary_rpc_method_handler(
-                    servicer.Identity,
-                    request_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityRequest.FromString,
-                    response_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,23 +74,6 @@ class Init(object):
         return grpc.experimental.unary_unary(request, target, '/fusebox.sandbox.v1.Init/InitializeTLS',
             fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSRequest.SerializeToString,
             fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.InitializeTLSResponse.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
-    def Identity(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/fusebox.sandbox.v1.Init/Identity',
-            fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityRequest.SerializeToString,
-            fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.IdentityResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
