@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
@@ -54,8 +53,7 @@ func main() {
 	flag.DurationVar(&lim.DefaultTimeout, "exec-timeout", 10*time.Minute, "timeout of an exec that sets none")
 	flag.DurationVar(&lim.MaxTimeout, "max-exec-timeout", 24*time.Hour, "cap on any exec timeout")
 	flag.DurationVar(&cfg.Server.IdleTTL, "idle-ttl", 10*time.Minute, "exit if not initialised within this time")
-	cfg.Server.FastPath = fastpath.All()
-	flag.Var(&cfg.Server.FastPath, "fast-path", fastpath.FlagHelp+" (keep-awake is the host's GODEBUG, not this process's); default all")
+	flag.String("fast-path", "", "ignored: the sandbox server takes part in no latency accelerator (keep-awake is the host's GODEBUG); accepted for managers of earlier releases, which pass it")
 	bulkOn := flag.Bool("bulk", true, "serve bulk transfers of large files (ALPN fusebox-bulk/1) after the same pinned handshake as the gRPC service; false: clients use the gRPC streams")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")

@@ -1,13 +1,13 @@
-// Package fastpath is the one seam for the allocation's latency accelerators. None of them is
-// part of the trust path (sandbox-server/fuse and internal/tlspin): each only moves work off
-// an allocation's critical path, and each can be switched off, alone or all at once, leaving
-// the plain path (the data plane is credentials.NewTLS with the pinning configuration, over
-// the sandbox server's byte-preserving read and write buffering below TLS; after that
-// handshake a connection that chose the bulk protocol instead of HTTP/2 goes to the bulk
-// handler, which fusebox-sandbox -bulk=false switches off). There is one:
+// Package fastpath is the switch of the allocation's latency accelerators, the root of the
+// latency wing (internal/fastpath/...). None of them is part of the trust core (see
+// sandbox-server/fuse), which imports nothing of the wing: each only moves work off an
+// allocation's critical path and can be switched off, leaving the plain path. An accelerator
+// stays only while its measured gain clears a tenth of the plain path's allocation time
+// (docs/performance.md); the names of those removed are still accepted by Set and ignored.
+// There is one:
 //
 //   - KeepAwake: the sandbox server's Go runtime monitor never deep-sleeps
-//     (localsandbox.KeepAwakeGODEBUG).
+//     (localsandbox.KeepAwakeGODEBUG; the manager's setting, with --keep-sandboxes-awake).
 package fastpath
 
 import (
@@ -38,7 +38,7 @@ var retired = []string{"pool-procs", "relay", "handoff", "early-naming"}
 func (s *Switches) fields() []*bool { return []*bool{&s.KeepAwake} }
 
 // FlagHelp describes the value Parse reads, for command-line flags.
-const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or a comma-separated list of keep-awake`
+const FlagHelp = `latency accelerators (see internal/fastpath): "all", "none" (the plain path), or keep-awake`
 
 // Parse reads "all", "none", or a comma-separated list of accelerator names.
 func Parse(v string) (Switches, error) {

@@ -204,7 +204,7 @@ func lockStateDir(dir string) (unlock func(), err error) {
 func newAllocator(ctx context.Context, c Config, log *slog.Logger) (_ manager.Allocator, isLeader func() bool, shutdown func(), _ error) {
 	switch c.Allocator {
 	case "kube":
-		a, leader, err := startKube(ctx, c.Kube, c.FastPath, log)
+		a, leader, err := startKube(ctx, c.Kube, log)
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/leader"
@@ -39,23 +38,9 @@ func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
 	return t, nil
 }
 
-// withFastPath gives the sandbox pods of t the plain path whatever fast says: no accelerator
-// runs inside a pod: its pods keep no Go runtime awake (KeepAwake: a warm pod's idle CPU is
-// the cluster's). The flag
-// goes before the template's own ServerArgs, so that a template that sets -fast-path keeps
-// it. nil fast leaves t as it is (the server's default: all).
-func withFastPath(t kubealloc.Template, fast *fastpath.Switches) kubealloc.Template {
-	if fast == nil {
-		return t
-	}
-	inside := fastpath.Switches{}
-	t.ServerArgs = append([]string{"-fast-path=" + inside.String()}, t.ServerArgs...)
-	return t
-}
-
 // startKube checks the cluster (the sandbox namespace must already deny by default), starts
 // the informer-fed allocator and, with LeaderElect, joins the election for the pool duties.
-func startKube(ctx context.Context, k KubeConfig, fast *fastpath.Switches, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
+func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
 	if k.SandboxNamespace == "" || k.Identity == "" || (k.SandboxImage == "" && k.SandboxTemplate == "") {
 		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image or --sandbox-template")
 	}
@@ -63,7 +48,6 @@ func startKube(ctx context.Context, k KubeConfig, fast *fastpath.Switches, log *
 	if err != nil {
 		return nil, nil, err
 	}
-	tmpl = withFastPath(tmpl, fast)
 	if len(k.ManagerSelector) == 0 {
 		return nil, nil, errors.New("--allocator kube needs --manager-selector (the manager's pods: the only ones that may reach the init port)")
 	}

@@ -327,10 +327,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 		spec.EtcDir = filepath.Join(a.o.StateDir, "etc")
 	}
 	fast := a.o.fastPath()
-	// The sandbox runs the plain path (keep-awake is the host's setting, below).
-	inside := fastpath.Switches{}
-	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock",
-		"-fast-path="+inside.String())
+	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
 		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: fast.KeepAwake})
 	if err != nil {

@@ -73,12 +73,7 @@ type Options struct {
 	IdleTTL  time.Duration
 	Start    Start
 	// Data is what the data plane's credentials do beside the pinned handshake.
-	Data DataOptions
-	// Drain, if set, delays draining the init server's remaining connections (the one that
-	// carried the answer, the manager's prepared one) until it is closed: work kept off the
-	// agent's first call. The init listener is closed when the fuse blows either way, and
-	// every call on those connections is refused. Nil: they drain at once.
-	Drain  <-chan struct{}
+	Data   DataOptions
 	Logger *slog.Logger
 }
 
@@ -139,7 +134,7 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 	var err error
 	select {
 	case <-f.done:
-		go f.drain(ctx, srv)
+		go f.drain(srv)
 		return nil
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -154,7 +149,7 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 	f.mu.Unlock()
 	if blown {
 		// The fuse blew as this returned (closing initLn ends srv.Serve too).
-		go f.drain(ctx, srv)
+		go f.drain(srv)
 		return nil
 	}
 	srv.Stop()
@@ -163,16 +158,8 @@ func (f *Fuse) Serve(ctx context.Context, initLn net.Listener) error {
 }
 
 // drain stops the init server once the fuse has blown: the listener is closed already; the
-// InitializeTLS response and the open connections drain in the background, after Drain.
-func (f *Fuse) drain(ctx context.Context, srv *grpc.Server) {
-	if f.o.Drain != nil {
-		select {
-		case <-f.o.Drain:
-		case <-ctx.Done():
-		}
-	}
-	srv.GracefulStop()
-}
+// InitializeTLS response and the open connections drain in the background.
+func (f *Fuse) drain(srv *grpc.Server) { srv.GracefulStop() }
 
 // Close closes the data listener (the data plane's own Stop closes it too).
 func (f *Fuse) Close() error { return f.gate.Close() }

@@ -39,10 +39,6 @@ type sandbox struct {
 }
 
 func startFuse(t *testing.T, ttl time.Duration, refuse func(*sandboxv1.InitializeTLSRequest) error) *sandbox {
-	return startFuseDrain(t, ttl, refuse, nil)
-}
-
-func startFuseDrain(t *testing.T, ttl time.Duration, refuse func(*sandboxv1.InitializeTLSRequest) error, drain <-chan struct{}) *sandbox {
 	t.Helper()
 	dir := t.TempDir()
 	sb := &sandbox{initPath: filepath.Join(dir, "init.sock"), dataPath: filepath.Join(dir, "data.sock"),
@@ -79,7 +75,7 @@ func startFuseDrain(t *testing.T, ttl time.Duration, refuse func(*sandboxv1.Init
 		close(sb.started)
 		return func(ln net.Listener) { srv.Serve(ln) }, nil
 	}
-	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start, Drain: drain})
+	f, err := New(dataLn, Options{Identity: id, IdleTTL: ttl, Start: start})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,37 +359,6 @@ func TestEarlyConnectionClosedUnread(t *testing.T) {
 	if err := sb.call(ctx, cfg); err != nil {
 		t.Fatalf("call on a connection made after the fuse blew: %v", err)
 	}
-}
-
-// With Drain, the init listener is still closed when the fuse blows; the connections made
-// before are refused every call until they drain.
-func TestDrainLater(t *testing.T) {
-	drain := make(chan struct{})
-	sb := startFuseDrain(t, time.Minute, nil, drain)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	addr := "unix://" + sb.initPath
-	conns := prepare(t, addr)
-	if err := conns.Ping(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, der := newKey(t)
-	if _, err := sb.init(ctx, der); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(sb.initPath); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("init socket after InitializeTLS answered: %v, want it removed", err)
-	}
-	_, other := newKey(t)
-	_, err := conns.Initialize(ctx, sfuse.Request{AgentKey: other})
-	if status.Code(errors.Unwrap(err)) != codes.FailedPrecondition {
-		t.Fatalf("InitializeTLS on a connection made before, not yet drained: %v, want FailedPrecondition", err)
-	}
-	// What a manager replica whose claim won learns when another replica's sFuse came first.
-	if !errors.Is(err, sfuse.ErrBlown) || errors.Is(err, sfuse.ErrRefused) {
-		t.Fatalf("InitializeTLS of a blown fuse: %v, want sfuse.ErrBlown only", err)
-	}
-	close(drain)
 }
 
 // prepared is a connection to an init listener made before the fuse blows, as a manager's

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
-	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -29,10 +28,6 @@ import (
 // logs the allocation's timeline: long enough for the call's response to be written (by
 // another goroutine, after the call returns), so that this work does not delay it.
 const afterFirstCall = 2 * time.Millisecond
-
-// drainDelay bounds how long after the fuse blew the init server's connections wait to be
-// drained (fuse.Options.Drain) when the agent makes no call.
-const drainDelay = 250 * time.Millisecond
 
 // ErrIdleTimeout is returned by Serve when no InitializeTLS succeeded within the idle TTL.
 var ErrIdleTimeout = fuse.ErrIdleTimeout
@@ -74,11 +69,6 @@ type Options struct {
 	// NoBulk, if set, refuses bulk connections (internal/bulk): the TLS handshake offers only
 	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
 	NoBulk bool
-	// FastPath says which latency accelerators are on (see internal/fastpath; keep-awake is
-	// the host's GODEBUG, not this process's): with any on, the init server's connections
-	// drain after the agent's first call and the handshake marks the allocation timeline.
-	// The zero value is the plain path.
-	FastPath fastpath.Switches
 }
 
 // Server is one sandbox's server. It serves one agent once.
@@ -97,8 +87,6 @@ type Server struct {
 	data *grpc.Server // set by start when the fuse blows
 
 	firstCall     chan struct{} // closed when the first data-plane call has returned
-	drain         chan struct{} // closed when the init server may drain (fuse.Options.Drain)
-	drainOnce     sync.Once
 	firstCallOnce sync.Once
 	timeline      timeline
 	dataErr       chan error
@@ -138,7 +126,6 @@ func New(opts Options) (*Server, error) {
 		log:       opts.Logger,
 		state:     envstate.New(opts.BaseEnv, opts.WorkspaceDir),
 		firstCall: make(chan struct{}),
-		drain:     make(chan struct{}),
 		dataErr:   make(chan error, 1),
 	}
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
@@ -164,12 +151,6 @@ func New(opts Options) (*Server, error) {
 func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 	s.life = ctx
 	fo := fuse.Options{Identity: s.cert, IdleTTL: s.opts.IdleTTL, Start: s.start, Logger: s.log, Data: s.dataOptions()}
-	if s.opts.FastPath.Any() {
-		// The init server's connections drain once the agent's first call has been
-		// answered (or drainDelay after the fuse blew), not competing with the agent's
-		// handshake (start begins the wait).
-		fo.Drain = s.drain
-	}
 	f, err := fuse.New(dataLn, fo)
 	if err != nil {
 		dataLn.Close()
@@ -229,27 +210,18 @@ func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, c
 	s.mu.Unlock()
 	s.timeline.initReceived.Store(received)
 	mark(&s.timeline.initAnswered)
-	go func() {
-		select {
-		case <-s.firstCall:
-		case <-time.After(drainDelay):
-		}
-		s.drainOnce.Do(func() { close(s.drain) })
-	}()
 	return func(ln net.Listener) { s.dataErr <- data.Serve(ln) }, nil
 }
 
 // dataOptions are the data plane's transport options (fuse.DataOptions): bulk connections
-// unless NoBulk, and, with any accelerator on, the handshake's marks on the allocation
-// timeline.
+// unless NoBulk, and the handshake's marks on the allocation timeline (a measurement, logged
+// once after the first call, that changes nothing of the connection).
 func (s *Server) dataOptions() fuse.DataOptions {
 	var o fuse.DataOptions
 	if !s.opts.NoBulk {
 		o.BulkProto, o.Bulk = bulk.Proto, func(c net.Conn) { s.serveBulk(s.life, c) }
 	}
-	if s.opts.FastPath.Any() {
-		o.Handshake = s.timeline.handshake
-	}
+	o.Handshake = s.timeline.handshake
 	return o
 }
 

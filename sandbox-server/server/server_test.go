@@ -29,7 +29,6 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
-	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/syncbuf"
@@ -232,7 +231,7 @@ func firstCall(t *testing.T, initAddr, dataAddr string) {
 // order.
 func TestAllocationTimelineIsLogged(t *testing.T) {
 	var logs syncbuf.Buffer
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil)), FastPath: fastpath.All()})
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	firstCall(t, initAddr, dataAddr)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		for _, line := range strings.Split(logs.String(), "\n") {
@@ -267,7 +266,7 @@ func TestIdleTTL(t *testing.T) {
 // reserved since): the sandbox ignores it, answers no TLS flight, and the agent's ordinary
 // handshake reaches the data plane.
 func TestClientHelloFromAnEarlierManagerIsIgnored(t *testing.T) {
-	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: fastpath.All()})
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key, _ := client.NewKey()
@@ -300,28 +299,33 @@ func TestClientHelloFromAnEarlierManagerIsIgnored(t *testing.T) {
 	}
 }
 
-// The key-pinning and sFuse guarantees hold with the accelerators off (the plain path) and
-// on: only the pinned agent, over TLS 1.3 with a client certificate, reaches the data plane;
+// The key-pinning and sFuse guarantees hold whether sFuse comes on a fresh connection (the
+// plain path) or on one the manager's pool prepared (internal/fastpath/initconns, the
+// latency wing): only the pinned agent, over TLS 1.3 with a client certificate, reaches the data plane;
 // the agent refuses a sandbox presenting another key; a replayed ClientHello or a stray
 // handshake record gets nothing; a second InitializeTLS is refused.
 func TestKeyPinningOnBothPaths(t *testing.T) {
 	for _, path := range []struct {
-		name string
-		fast fastpath.Switches
+		name     string
+		prepared bool
 	}{
-		{"plain", fastpath.Switches{}},
-		{"fast", fastpath.All()},
+		{"plain", false},
+		{"prepared", true},
 	} {
 		t.Run(path.name, func(t *testing.T) {
-			initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute, FastPath: path.fast})
+			initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute})
 			dataPath := dataAddr[len("unix://"):]
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			var conns initconns.Conns // prepared before the fuse blows, as the manager's is
-			conns.Prepare(initAddr)
-			defer conns.Forget(initAddr)
-			if err := conns.Ping(ctx, initAddr); err != nil {
-				t.Fatal(err)
+			initialize := sfuse.Initialize
+			if path.prepared {
+				var conns initconns.Conns // prepared before the fuse blows, as the manager's is
+				conns.Prepare(initAddr)
+				defer conns.Forget(initAddr)
+				if err := conns.Ping(ctx, initAddr); err != nil {
+					t.Fatal(err)
+				}
+				initialize = conns.Initialize
 			}
 			key, _ := client.NewKey()
 			cert, err := tlspin.Certificate(key.Signer())
@@ -331,7 +335,7 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			pin := &tlspin.Pin{}
 			cfg := tlspin.ClientConfigPin(func() (tls.Certificate, error) { return cert, nil }, pin)
 			hello := tlspintest.ClientHello(t, cfg)
-			res, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
+			res, err := initialize(ctx, initAddr, sfuse.Request{AgentKey: key.PublicKey()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -371,9 +375,10 @@ func TestKeyPinningOnBothPaths(t *testing.T) {
 			}
 			other, _ := client.NewKey()
 			t.Run("replayed ClientHello", func(t *testing.T) {
-				// On a prepared connection (a new one finds no socket): the fuse is blown.
-				_, err := conns.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()})
-				if c := status.Code(errors.Unwrap(err)); c != codes.FailedPrecondition && c != codes.Unavailable {
+				// On the prepared connection, if any (a new one finds no socket): the fuse is
+				// blown.
+				_, err := initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()})
+				if c := status.Code(errors.Unwrap(err)); err == nil || c != codes.FailedPrecondition && c != codes.Unavailable {
 					t.Fatalf("a second InitializeTLS: %v, want FailedPrecondition or Unavailable", err)
 				}
 				if _, err := sfuse.Initialize(ctx, initAddr, sfuse.Request{AgentKey: other.PublicKey()}); err == nil {

@@ -113,16 +113,8 @@ func TestInitializeTLSRejectsMalformedKeysWithoutBlowingFuse(t *testing.T) {
 	}
 }
 
-// Run with the sandbox's accelerators on (-fast-path=all, the default) and off (the plain
-// path).
 func TestInitializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T) {
-	for _, fast := range []string{"all", "none"} {
-		t.Run("fast-path="+fast, func(t *testing.T) { initializeTLSSecondCallRefusedAndPinUnchanged(t, fast) })
-	}
-}
-
-func initializeTLSSecondCallRefusedAndPinUnchanged(t *testing.T, fast string) {
-	sb := sandboxtest.Start(t, sandboxtest.Options{ServerArgs: []string{"-fast-path=" + fast}})
+	sb := sandboxtest.Start(t, sandboxtest.Options{})
 	ctx := testenv.Context(t, 2*time.Minute)
 	first, second := sandboxtest.NewKey(t), sandboxtest.NewKey(t)
 

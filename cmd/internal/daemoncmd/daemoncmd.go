@@ -73,7 +73,7 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	daemon.AuthFlags(f, &c.Auth)
 	fast := fastpath.All()
 	c.FastPath = &fast
-	f.Var(fastFlag{&fast}, "fast-path", fastpath.FlagHelp+"; none of them is part of the trust path (runsc allocator; keep-awake also needs --keep-sandboxes-awake; kube allocator: none, the sandbox pods run the plain path)")
+	f.Var(fastFlag{&fast}, "fast-path", fastpath.FlagHelp+"; none is part of the trust path (runsc allocator: keep-awake also needs --keep-sandboxes-awake; kube allocator: none)")
 }
 
 // LimitFlags registers the sandbox limit flags (runsc allocator) on f, filling l with
