@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from typing import Tuple
 
-from .errors import BadAddressError
+from .errors import BadAddressError, UnavailableError
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,35 @@ def _clean(p: str) -> str:
     import posixpath
 
     return posixpath.normpath(p) if p != "/" else p
+
+
+def refuse_link(path: str, what: str) -> None:
+    """Raises UnavailableError if ``path`` is a symbolic link. A missing socket is left to the
+    first call to report."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise UnavailableError(f"{what} {path} is a symbolic link: fusebox dials a socket only by its own name")
+
+
+def pin_socket(path: str, what: str) -> Tuple[str, int]:
+    """Opens the unix socket at ``path`` without following a link (O_PATH, O_NOFOLLOW) and
+    returns a grpcio target naming that very socket (/proc/self/fd/N) with the descriptor,
+    which must stay open as long as the channel dials (close it when the channel is gone): a
+    link put at ``path`` later, or before, is never followed. Linux only."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise UnavailableError(f"{what} {path}: {e.strerror}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as e:
+        os.close(fd)
+        raise UnavailableError(f"{what} {path}: {e.strerror}") from e
+    if not stat.S_ISSOCK(mode):
+        os.close(fd)
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a unix socket"
+        raise UnavailableError(f"{what} {path} is {kind}: fusebox dials a socket only by its own name")
+    return f"unix:///proc/self/fd/{fd}", fd

@@ -9,6 +9,7 @@ import posixpath
 import secrets
 import stat as stat_mod
 import threading
+import weakref
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -76,6 +77,10 @@ class ManagerConnection:
         self.options: List[Tuple[str, Any]] = []
         self.tcp = addr.network == "tcp"
         if not self.tcp:
+            # A link at the manager's socket name is refused. The channel dials by name (it
+            # must reach a restarted manager's new socket), so this is checked when the
+            # Manager is made, not at each reconnection as the data channels' pinning does.
+            _address.refuse_link(addr.address, "manager socket")
             return
         ca = os.fspath(_setting(ca_file, ENV_CA_FILE))  # type: ignore[arg-type]
         token = os.fspath(_setting(token_file, ENV_TOKEN_FILE))  # type: ignore[arg-type]
@@ -212,6 +217,27 @@ def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_b
     key_pem, cert_pem = key._credentials()
     creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=cert_pem)
     return addr.grpc_target, creds, channel_options(batch_bytes)
+
+
+def data_channel(make, resp: manager_pb2.AllocateResponse, key: AgentKey, batch_bytes: int):
+    """The data channel to an allocation's sandbox, made by ``make(target, credentials,
+    options)`` (grpc.secure_channel or grpc.aio.secure_channel). A unix socket is dialed by
+    the descriptor of the socket found at its name, never through a link (_address.pin_socket);
+    the descriptor is closed when the channel object is gone."""
+    target, creds, options = data_channel_args(resp, key, batch_bytes)
+    fd = None
+    addr = _address.parse(resp.endpoint, "sandbox endpoint")
+    if addr.network == "unix":
+        target, fd = _address.pin_socket(addr.address, "sandbox endpoint")
+    try:
+        channel = make(target, creds, options=options)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    if fd is not None:
+        weakref.finalize(channel, os.close, fd)
+    return channel
 
 
 def renew_every(ttl: Optional[float], expires: datetime.datetime) -> float:

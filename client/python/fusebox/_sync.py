@@ -323,8 +323,7 @@ class Sandbox:
                  batch_bytes: int, concurrency: int) -> "Sandbox":
         """The Sandbox of an allocation's answer, on a data channel made now."""
         sb = cls.__new__(cls)
-        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
-        channel = grpc.secure_channel(target, creds, options=options)
+        channel = _core.data_channel(grpc.secure_channel, resp, key, batch_bytes)
         _core.start_connecting(channel)
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency

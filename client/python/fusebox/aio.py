@@ -185,8 +185,7 @@ class Sandbox:
                  batch_bytes: int, concurrency: int) -> "Sandbox":
         """The Sandbox of an allocation's answer, on a data channel made now."""
         sb = cls.__new__(cls)
-        target, creds, options = _core.data_channel_args(resp, key, batch_bytes)
-        channel = grpc.aio.secure_channel(target, creds, options=options)
+        channel = _core.data_channel(grpc.aio.secure_channel, resp, key, batch_bytes)
         channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency

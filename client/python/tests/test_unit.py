@@ -514,3 +514,34 @@ def test_token_file_read_again_when_changed(tmp_path):
     tf(None, lambda md, err: got.append((md, err)))
     assert got[0] == ((("authorization", "Bearer one"),), None) and got[1] == ((("authorization", "Bearer second"),), None)
     assert got[2][0] == () and isinstance(got[2][1], fusebox.InvalidArgumentError)
+
+
+def test_sockets_are_dialed_without_following_links(tmp_path):
+    import os
+    import socket
+
+    sock = tmp_path / "data.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock))
+    srv.listen(1)
+    link = tmp_path / "link.sock"
+    link.symlink_to(sock)
+    plain = tmp_path / "file"
+    plain.write_text("x")
+    try:
+        target, fd = _address.pin_socket(str(sock), "sandbox endpoint")
+        assert target == f"unix:///proc/self/fd/{fd}"
+        # The pinned name reaches the socket that was found at the name.
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(target[len("unix://"):])
+        c.close()
+        os.close(fd)
+        for p, want in ((link, "symbolic link"), (plain, "not a unix socket"), (tmp_path / "none", "No such file")):
+            with pytest.raises(fusebox.UnavailableError, match=want):
+                _address.pin_socket(str(p), "sandbox endpoint")
+        # The manager's socket: a link is refused when the Manager is made.
+        with pytest.raises(fusebox.UnavailableError, match="symbolic link"):
+            fusebox.Manager("unix://" + str(link))
+        fusebox.Manager("unix://" + str(sock)).close()
+    finally:
+        srv.close()
