@@ -11,8 +11,8 @@
 //   - internal/sfuse: sfuse.go (the manager's side: one InitializeTLS call);
 //   - internal/endpoint: the addresses and the host's dials that follow no link.
 //
-// The core imports nothing of the latency accelerators (internal/fastpath and below; hack/verify.sh
-// checks it with go list -deps -test). What it guarantees:
+// The core imports nothing of the latency accelerators (internal/fastpath and below;
+// hack/verify.sh checks it with go list -deps -test). What it guarantees:
 //
 //   - Before the fuse blows the data listener serves nothing: no byte is read or written on a
 //     connection to it (each is closed as soon as it is accepted).
