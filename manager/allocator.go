@@ -99,6 +99,17 @@ type EgressBinder interface {
 	BindEgress(ctx context.Context, id string, allow []string) error
 }
 
+// EndpointGranter is implemented by allocators that can make a bound unit's data socket
+// usable by the local user who allocated it, when that is not the manager's own user (the
+// runsc allocator for a --listen-group manager). The pinned key still decides who may talk on
+// it; the grant only lets the caller's process reach it.
+type EndpointGranter interface {
+	// GrantEndpoint returns unit id's data address for the caller recorded as owner
+	// ("uid:N"), reachable by that user and the manager's alone, or "" when the unit's own
+	// address serves (the caller is not a local user, or is the manager's user).
+	GrantEndpoint(id, owner string) (string, error)
+}
+
 // EgressChecker is implemented by egress binders that cannot enforce every allowlist (a
 // cluster whose network policies take IP addresses only): the manager asks before it spends
 // a unit on an allocation.

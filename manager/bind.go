@@ -45,11 +45,34 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 	case aerr != nil:
 		return m.failBind(id, "annotate", aerr)
 	}
+	endpoint, err := m.endpoint(u, lease)
+	if err != nil {
+		return m.failBind(id, "init", err)
+	}
 	if _, err := m.ops.Transition(id, Initialising, Bound, func(x *Unit) { x.Lease = lease }); err != nil {
 		return m.failBind(id, "init", err)
 	}
 	m.tally.publishCounts()
-	return m.allocation(u, fused, lease, token), nil
+	a := m.allocation(u, fused, lease, token)
+	a.Endpoint = endpoint
+	return a, nil
+}
+
+// endpoint is the data address the agent is told: the unit's own, or the one the allocator
+// grants a local caller who is not the manager's user (EndpointGranter).
+func (m *Manager) endpoint(u Unit, lease *Lease) (string, error) {
+	g, ok := m.alloc.(EndpointGranter)
+	if !ok {
+		return u.Info.DataAddr, nil
+	}
+	granted, err := g.GrantEndpoint(u.Info.ID, lease.Owner)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("granting the data socket to %s: %w", lease.Owner, err)
+	case granted != "":
+		return granted, nil
+	}
+	return u.Info.DataAddr, nil
 }
 
 // newLease makes the allocation's lease and its token; only the token's hash is kept.

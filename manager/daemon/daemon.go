@@ -216,7 +216,8 @@ func newAllocator(ctx context.Context, c Config, log *slog.Logger) (_ manager.Al
 		}
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
 			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
-			Templates: map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
+			GrantEndpoints: c.Auth.ListenGroup != "",
+			Templates:      map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
 		if err != nil {
 			return nil, nil, nil, err
 		}

@@ -101,6 +101,9 @@ type Options struct {
 	// FastPath, if set, switches the latency accelerators (internal/fastpath): KeepAwake is
 	// KeepAwake's condition too. Nil: all of them, keep-awake as KeepAwake says.
 	FastPath *fastpath.Switches
+	// GrantEndpoints lets local users other than the manager's reach the sandboxes they
+	// allocate (a manager whose socket a group shares, --listen-group): see GrantEndpoint.
+	GrantEndpoints bool
 }
 
 // fastPath is the accelerators in effect.
@@ -188,6 +191,11 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 	for _, d := range []string{"runsc", "sandboxes"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("creating state directory: %w", err)
+		}
+	}
+	if o.GrantEndpoints {
+		if err := grantDirs(dir); err != nil {
+			return nil, err
 		}
 	}
 	etc := filepath.Join(dir, "etc")
@@ -429,6 +437,9 @@ func (a *Allocator) Destroy(ctx context.Context, id string) error {
 	}
 	if err := os.RemoveAll(a.dir(id)); err != nil {
 		errs = append(errs, fmt.Errorf("removing %s: %w", a.dir(id), err))
+	}
+	if err := os.Remove(a.grantPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("removing %s: %w", a.grantPath(id), err))
 	}
 	return errors.Join(errs...)
 }

@@ -214,6 +214,8 @@ type daemonOpts struct {
 	KeepAwake bool
 	// FastPath is daemon.Config.FastPath (nil: every accelerator).
 	FastPath *fastpath.Switches
+	// ListenGroup is daemon.Config.Auth.ListenGroup.
+	ListenGroup string
 }
 
 // manager is an in-process daemon.Run.
@@ -233,7 +235,8 @@ func (e *env) startDaemon(t *testing.T, o daemonOpts) *manager {
 	m := &manager{Log: log, stop: cancel, done: make(chan error, 1)}
 	cfg := daemon.Config{Listen: e.Addr, Allocator: "runsc", StateDir: e.StateDir, Runsc: e.Runsc,
 		SandboxBinary: e.Sandbox, Estimator: "fixed", PoolSize: o.PoolSize, LeaseTTL: o.LeaseTTL, PoolPing: o.PoolPing,
-		KeepSandboxesAwake: o.KeepAwake, FastPath: o.FastPath, Ready: func(addr string) { ready <- addr }}
+		KeepSandboxesAwake: o.KeepAwake, FastPath: o.FastPath, Auth: daemon.AuthConfig{ListenGroup: o.ListenGroup},
+		Ready: func(addr string) { ready <- addr }}
 	go func() {
 		m.done <- daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}()
