@@ -53,9 +53,7 @@ func (m *Manager) bind(ctx context.Context, u Unit, req AllocateRequest, allow e
 		return m.failBind(id, "init", err)
 	}
 	m.tally.publishCounts()
-	a := m.allocation(u, fused, lease, token)
-	a.Endpoint = endpoint
-	return a, nil
+	return m.allocation(u, endpoint, fused, lease, token), nil
 }
 
 // endpoint is the data address the agent is told: the unit's own, or the one the allocator
@@ -66,13 +64,13 @@ func (m *Manager) endpoint(u Unit, lease *Lease) (string, error) {
 		return u.Info.DataAddr, nil
 	}
 	granted, err := g.GrantEndpoint(u.Info.ID, lease.Owner)
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", fmt.Errorf("granting the data socket to %s: %w", lease.Owner, err)
-	case granted != "":
-		return granted, nil
 	}
-	return u.Info.DataAddr, nil
+	if granted == "" {
+		return u.Info.DataAddr, nil
+	}
+	return granted, nil
 }
 
 // newLease makes the allocation's lease and its token; only the token's hash is kept.
@@ -159,12 +157,11 @@ func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow e
 	return fused, err
 }
 
-// allocation is the answer to the agent: the bound unit, the sandbox's identity and the
-// lease.
-func (m *Manager) allocation(u Unit, fused sfuse.Result, lease *Lease, token string) Allocation {
-	a := Allocation{ID: u.Info.ID, Endpoint: u.Info.DataAddr, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
+// allocation is the answer to the agent: the bound unit at endpoint, the sandbox's identity
+// and the lease.
+func (m *Manager) allocation(u Unit, endpoint string, fused sfuse.Result, lease *Lease, token string) Allocation {
+	return Allocation{ID: u.Info.ID, Endpoint: endpoint, SandboxKey: fused.SandboxKey, LeaseExpires: lease.Expires,
 		LeaseToken: token, SandboxCertificate: fused.SandboxCertificate}
-	return a
 }
 
 // lostClaim ends an allocation whose claim failed: the unit is forgotten, not destroyed (see

@@ -171,7 +171,7 @@ func (s *Service) List(ctx context.Context, _ *managerv1.ListRequest) (*managerv
 	}
 	var out managerv1.ListResponse
 	for _, u := range s.M.List() {
-		if !id.Operator && (u.Lease == nil || u.Lease.Owner != id.Owner) {
+		if !id.Operator && !owns(id, u) {
 			continue
 		}
 		sb := &managerv1.Sandbox{SandboxId: u.Info.ID, State: protoStates[u.State], Template: u.Info.Template,
@@ -188,6 +188,9 @@ func (s *Service) List(ctx context.Context, _ *managerv1.ListRequest) (*managerv
 	return &out, nil
 }
 
+// owns reports whether unit u is bound to caller id.
+func owns(id auth.Identity, u Unit) bool { return u.Lease != nil && u.Lease.Owner == id.Owner }
+
 // PoolStatus answers an operator with the pool's status. Any other caller learns only the
 // states of its own sandboxes and the allocator's name: the pool's size, demand and counters
 // tell of other tenants' work.
@@ -200,7 +203,7 @@ func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest
 	if !id.Operator {
 		units := map[string]int32{}
 		for _, u := range s.M.List() {
-			if u.Lease != nil && u.Lease.Owner == id.Owner {
+			if owns(id, u) {
 				units[u.State.String()]++
 			}
 		}
