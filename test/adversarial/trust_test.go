@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
@@ -132,7 +132,7 @@ func trustAttacks(t *testing.T, s *suite) {
 		return err
 	}
 	g.attack("TLS without a client certificate", "TLS 1.3 to the data socket, no certificate, then Exec", func(t *testing.T) verdict {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, VerifyPeerCertificate: pinned(l.SandboxKey), NextProtos: []string{"h2"}}
+		cfg := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, VerifyPeerCertificate: tlspintest.PinServer(l.SandboxKey), NextProtos: []string{"h2"}}
 		return marked(l, "marker-no-cert", rawExec(credentials.NewTLS(cfg), "marker-no-cert"))
 	})
 	g.attack("a self-signed certificate of another key", "TLS 1.3 with a certificate of a fresh key, then Exec", func(t *testing.T) verdict {
@@ -145,7 +145,7 @@ func trustAttacks(t *testing.T, s *suite) {
 			t.Fatal(err)
 		}
 		cfg := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true,
-			VerifyPeerCertificate: pinned(l.SandboxKey), NextProtos: []string{"h2"}}
+			VerifyPeerCertificate: tlspintest.PinServer(l.SandboxKey), NextProtos: []string{"h2"}}
 		return marked(l, "marker-self-signed", rawExec(credentials.NewTLS(cfg), "marker-self-signed"))
 	})
 	g.attack("plaintext gRPC", "gRPC without TLS to the data socket, then Exec", func(t *testing.T) verdict {
@@ -178,23 +178,6 @@ func touch(ctx context.Context, c *client.Sandbox, marker string) error {
 		return fmt.Errorf("the command ran but failed: exit %d, %q", res.ExitCode, res.Stderr)
 	}
 	return err
-}
-
-// pinned checks, for a hand-built TLS client, that the server presents exactly sandboxKey.
-func pinned(sandboxKey []byte) func([][]byte, [][]*x509.Certificate) error {
-	return func(raw [][]byte, _ [][]*x509.Certificate) error {
-		if len(raw) == 0 {
-			return errors.New("no server certificate")
-		}
-		cert, err := x509.ParseCertificate(raw[0])
-		if err != nil {
-			return err
-		}
-		if !bytes.Equal(cert.RawSubjectPublicKeyInfo, sandboxKey) {
-			return errors.New("server key is not the pinned one")
-		}
-		return nil
-	}
 }
 
 // sendRaw writes payload to the unix socket at path and returns what the server sends back

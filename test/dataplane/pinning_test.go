@@ -1,11 +1,9 @@
 package dataplane
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -22,27 +20,11 @@ import (
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
+	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
-
-// pinServer checks, as a hand-built TLS client, that the server presents exactly sandboxKey.
-func pinServer(sandboxKey []byte) func([][]byte, [][]*x509.Certificate) error {
-	return func(raw [][]byte, _ [][]*x509.Certificate) error {
-		if len(raw) == 0 {
-			return errors.New("no server certificate")
-		}
-		cert, err := x509.ParseCertificate(raw[0])
-		if err != nil {
-			return err
-		}
-		if !bytes.Equal(cert.RawSubjectPublicKeyInfo, sandboxKey) {
-			return errors.New("server key is not the pinned one")
-		}
-		return nil
-	}
-}
 
 // rawExecMarker issues an Exec creating /workspace/<marker> over conn and returns the error
 // of the stream's first message.
@@ -203,7 +185,7 @@ func TestDataPlaneRejectsUnpinnedClients(t *testing.T) {
 			cfg := &tls.Config{
 				MinVersion:            tls.VersionTLS13,
 				InsecureSkipVerify:    true, // the pin below is the check
-				VerifyPeerCertificate: pinServer(sandboxKey),
+				VerifyPeerCertificate: tlspintest.PinServer(sandboxKey),
 				NextProtos:            []string{"h2"},
 			}
 			return rawExecMarker(ctx, grpcConn(t, credentials.NewTLS(cfg)), marker)
@@ -213,7 +195,7 @@ func TestDataPlaneRejectsUnpinnedClients(t *testing.T) {
 				MaxVersion:            tls.VersionTLS12,
 				Certificates:          []tls.Certificate{agentCert},
 				InsecureSkipVerify:    true,
-				VerifyPeerCertificate: pinServer(sandboxKey),
+				VerifyPeerCertificate: tlspintest.PinServer(sandboxKey),
 				NextProtos:            []string{"h2"},
 			}
 			return rawExecMarker(ctx, grpcConn(t, credentials.NewTLS(cfg)), marker)

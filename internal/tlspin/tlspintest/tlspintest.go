@@ -1,12 +1,15 @@
 // Package tlspintest holds the table of clients that tests of a pinned data plane run: the
 // pinned agent, which must be served, and the clients that must be refused; and a real
-// ClientHello, for tests of requests that carry one.
+// ClientHello, for tests of requests that carry one; and a pin for hand-built TLS clients.
 package tlspintest
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -79,4 +82,22 @@ func ClientHello(t testing.TB, cfg *tls.Config) []byte {
 		t.Fatalf("first record %x...: not a ClientHello", record[:6])
 	}
 	return record
+}
+
+// PinServer is a tls.Config.VerifyPeerCertificate for a hand-built TLS client: it accepts
+// only a server whose certificate carries exactly sandboxKey (DER SubjectPublicKeyInfo).
+func PinServer(sandboxKey []byte) func([][]byte, [][]*x509.Certificate) error {
+	return func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("no server certificate")
+		}
+		cert, err := x509.ParseCertificate(raw[0])
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(cert.RawSubjectPublicKeyInfo, sandboxKey) {
+			return errors.New("server key is not the pinned one")
+		}
+		return nil
+	}
 }
