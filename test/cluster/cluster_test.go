@@ -83,6 +83,21 @@ func selectors() kubealloc.PolicySelectors {
 	}
 }
 
+// allocate allocates a sandbox from m for a fresh agent key, failing the test with the node's
+// logs if it cannot.
+func allocate(t *testing.T, ctx context.Context, n *nodetest.Node, m *manager.Manager) (manager.Allocation, *client.Key) {
+	t.Helper()
+	key, err := client.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
+	if err != nil {
+		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
+	}
+	return al, key
+}
+
 // newManager returns a started manager on the kube allocator, its pods in a fresh namespace
 // on the real node, with a pool of one.
 func newManager(t *testing.T, n *nodetest.Node) (*manager.Manager, *kubealloc.Allocator, string) {
@@ -124,14 +139,7 @@ func TestAllocateExecOnARealNode(t *testing.T) {
 	m, a, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
-	if err != nil {
-		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
-	}
+	al, key := allocate(t, ctx, n, m)
 	if !strings.HasPrefix(al.Endpoint, "tcp://"+nodetest.Net+".") {
 		t.Fatalf("endpoint %q is not a pod address on the test bridge", al.Endpoint)
 	}

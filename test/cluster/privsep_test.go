@@ -45,14 +45,7 @@ func TestCommandsCannotKillTheServerOnARealNode(t *testing.T) {
 	m, _, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
-	if err != nil {
-		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
-	}
+	al, key := allocate(t, ctx, n, m)
 	sb, err := client.Dial(al.Endpoint, al.SandboxKey, key)
 	if err != nil {
 		t.Fatal(err)
@@ -101,14 +94,7 @@ func TestDeadServerIsFailedOnARealNode(t *testing.T) {
 	m, _, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
-	if err != nil {
-		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
-	}
+	al, _ := allocate(t, ctx, n, m)
 	pod, err := n.Env.Client.CoreV1().Pods(ns).Get(ctx, al.ID, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
