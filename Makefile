@@ -105,7 +105,7 @@ unit: ## Run the tests that need neither root nor gVisor
 
 # The tests run the binaries make build made ($FUSEBOX_BIN) rather than each building its own,
 # and find the Debian userlands cached: hack/userlands builds them beside the toolchains.
-test: deps runsc shim verify prepare build ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
+test: deps prepare verify build ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
 	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-python
 	$(MAKE) test-kube
@@ -125,6 +125,8 @@ prepare: ## Build the toolchains the tests need and, beside them, the cached Deb
 	$(MAKE) -j2 toolchains userlands
 
 toolchains: # one after another: each compile uses every CPU
+	$(MAKE) --no-print-directory runsc
+	$(MAKE) --no-print-directory shim
 	$(MAKE) --no-print-directory k8s-bins
 	$(MAKE) --no-print-directory node-bins
 	$(MAKE) --no-print-directory tools
@@ -133,7 +135,7 @@ userlands: ## Build the Debian userlands of the release images and the tests int
 	@echo "make: the Debian userlands of the images and tests, cached in $(FUSEBOX_CACHE) (mmdebstrap, once)"
 	FUSEBOX_CACHE=$(FUSEBOX_CACHE) go run ./hack/userlands
 
-k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl and kwok into the cache when absent
+k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager and kwok into the cache when absent
 	@if [ -x $(K8S_BIN)/etcd ] && [ -x $(K8S_BIN)/kube-apiserver ] && [ -x $(K8S_BIN)/kube-controller-manager ] && \
 		[ -x $(K8S_BIN)/kwok ] && [ -f $(K8S_BIN)/kwok-stages.yaml ]; then \
 		echo "kubernetes test binaries present in $(K8S_BIN)"; \
