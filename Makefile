@@ -80,8 +80,13 @@ $(SHIM):
 	@mv $(SHIM_DIR).tmp/shim $(SHIM_DIR).tmp/containerd-shim-runsc-v1
 	@rm -rf $(SHIM_DIR) && mv $(SHIM_DIR).tmp $(SHIM_DIR)
 
-images: runsc shim build ## Build the manager, sandbox and gVisor installer images into bin/images (userland cached in FUSEBOX_CACHE)
-	$(BIN)/fusebox image build --out $(IMAGES) --runsc $(RUNSC) --shim $(SHIM) --manager-package $(MANAGER_PKG) --cache $(FUSEBOX_CACHE)
+# What the build printed goes to $(IMAGES)/built.txt too: the tests that take the release
+# images read it (test/imagetest, FUSEBOX_IMAGES) rather than building their own.
+images: runsc shim build ## Build the manager, sandbox and gVisor installer images (layouts and archives) into bin/images (userland cached in FUSEBOX_CACHE)
+	@mkdir -p $(IMAGES)
+	set -o pipefail; $(BIN)/fusebox image build --tar --out $(abspath $(IMAGES)) --runsc $(RUNSC) --shim $(SHIM) \
+		--manager-package $(MANAGER_PKG) --cache $(FUSEBOX_CACHE) | tee $(IMAGES)/built.txt.tmp
+	@mv $(IMAGES)/built.txt.tmp $(IMAGES)/built.txt
 
 build: ## Build fusebox, fusebox-manager, fusebox-sandbox, fusebox-bench and fusebox-floor (static) into bin/
 	@mkdir -p $(BIN)
@@ -105,12 +110,11 @@ unit: ## Run the tests that need neither root nor gVisor
 
 # The tests run the binaries make build made ($FUSEBOX_BIN) rather than each building its own,
 # and find the Debian userlands cached: hack/userlands builds them beside the toolchains.
-test: deps prepare verify build ## Verify, then run every test, gVisor, Kubernetes and real-node tests included, and build every image (root)
-	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
+test: deps prepare verify build images ## Verify, build every image, then run every test, gVisor, Kubernetes and real-node tests included (root)
+	FUSEBOX_BIN=$(abspath $(BIN))/fusebox FUSEBOX_IMAGES=$(abspath $(IMAGES)) $(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
 	$(MAKE) test-python
 	$(MAKE) test-kube
-	$(MAKE) test-cluster
-	$(MAKE) images
+	$(MAKE) test-cluster FUSEBOX_IMAGES=$(abspath $(IMAGES))
 
 # pytest fails on no tests collected (exit 5) as on a failure, and the end-to-end tests fail
 # rather than skip without runsc or root (FUSEBOX_SKIP_RUNSC=1 skips them explicitly).
@@ -155,7 +159,8 @@ test-kube: k8s-bins ## Run the kube allocator's tests against a real API server 
 # test/clusterup runs fusebox up onto a real node with the images bin/fusebox image build
 # makes (the userland cached in FUSEBOX_CACHE) and the Pulumi tools.
 test-cluster: runsc shim k8s-bins node-bins tools build ## Run the tests on a real node: kubelet, containerd and the gVisor shim, bridge CNI, kube-router, and fusebox up onto one (root)
-	FUSEBOX_K8S_BIN=$(K8S_BIN) FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(GOTEST) -race -count=1 -p 1 -timeout 40m ./test/cluster/... ./test/clusterup/...
+	FUSEBOX_K8S_BIN=$(K8S_BIN) FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(if $(FUSEBOX_IMAGES),FUSEBOX_IMAGES=$(FUSEBOX_IMAGES)) \
+		$(GOTEST) -race -count=1 -p 1 -timeout 40m ./test/cluster/... ./test/clusterup/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json

@@ -118,12 +118,21 @@ func FuseboxCLI(dir string) (string, error) {
 	return cli, nil
 }
 
-// Release runs `fusebox image build --tar` once per test binary, with the fusebox CLI of
-// $FUSEBOX_BIN or one built from this module, and returns what it printed, by image name
-// (the release images: manager, sandbox, gVisor installer).
+// BuiltFile is the file in $FUSEBOX_IMAGES that holds what `fusebox image build --tar` printed
+// when it built the images there (make images writes it).
+const BuiltFile = "built.txt"
+
+// Release returns the release images (manager, sandbox, gVisor installer) by name, as `fusebox
+// image build --tar` printed them. With $FUSEBOX_IMAGES set (make test builds the images once
+// before the tests that take them) they are the ones built there, read-only to the tests;
+// otherwise it runs the build once per test binary, with the fusebox CLI of $FUSEBOX_BIN or
+// one built from this module.
 func Release(t testing.TB) map[string]Built {
 	t.Helper()
 	NeedImageBuild(t)
+	if dir := os.Getenv("FUSEBOX_IMAGES"); dir != "" {
+		return prebuilt(t, dir)
+	}
 	buildOnce.Do(func() {
 		if buildOut, buildErr = os.MkdirTemp("", "fusebox-imagebuild-"); buildErr != nil {
 			return
@@ -149,4 +158,26 @@ func Release(t testing.TB) map[string]Built {
 		t.Fatal(buildErr)
 	}
 	return built
+}
+
+// prebuilt reads the images make images built into dir.
+func prebuilt(t testing.TB, dir string) map[string]Built {
+	t.Helper()
+	out, err := os.ReadFile(filepath.Join(dir, BuiltFile))
+	if err != nil {
+		t.Fatalf("FUSEBOX_IMAGES=%s: %v (make images writes it)", dir, err)
+	}
+	m, err := ParseBuilt(string(out))
+	if err == nil && len(m) != len(image.Names) {
+		err = fmt.Errorf("%d images, want %v", len(m), image.Names)
+	}
+	for _, b := range m {
+		if err == nil && (!filepath.IsAbs(b.Dir) || b.Tar == "") {
+			err = fmt.Errorf("image %s: want an absolute layout path and an archive (fusebox image build --tar --out ABSDIR)", b.Name)
+		}
+	}
+	if err != nil {
+		t.Fatalf("FUSEBOX_IMAGES=%s: %s: %v", dir, BuiltFile, err)
+	}
+	return m
 }
