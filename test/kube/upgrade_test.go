@@ -3,7 +3,10 @@ package kube
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // The sandbox image before and after an upgrade (a CVE fix).
@@ -245,5 +250,71 @@ func TestUpgradeReplacesWarmPodsKeepsBound(t *testing.T) {
 	}
 	if err := newM.Release(ctx, held.ID, held.LeaseToken); err != nil {
 		t.Errorf("releasing the old-image sandbox through the upgraded replica: %v", err)
+	}
+}
+
+// claimBeforeDelete is a transport that, before it sends the first DELETE of pod name, claims
+// that pod out of band (as a replica still running the old template would), so that the
+// allocator's cached view of it is stale when its delete reaches the API server.
+type claimBeforeDelete struct {
+	rt   http.RoundTripper
+	ns   string
+	name string
+	once sync.Once
+	err  error
+}
+
+func (c *claimBeforeDelete) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodDelete && strings.HasSuffix(r.URL.Path, "/namespaces/"+c.ns+"/pods/"+c.name) {
+		c.once.Do(func() {
+			_, c.err = env.Client.CoreV1().Pods(c.ns).Patch(r.Context(), c.name, types.MergePatchType,
+				[]byte(`{"metadata":{"annotations":{"`+kubealloc.AnnotationState+`":"`+kubealloc.StateClaimed+`","`+
+					kubealloc.AnnotationClaimedBy+`":"replica-old"}}}`), metav1.PatchOptions{})
+		})
+	}
+	return c.rt.RoundTrip(r)
+}
+
+// TestDrainOutdatedSparesAPodClaimedMeanwhile: a warm pod of the old template that an old
+// replica claims after the upgraded replica's cache saw it warm is not deleted: the delete
+// carries the cached resourceVersion as a precondition, and the API server refuses it.
+func TestDrainOutdatedSparesAPodClaimedMeanwhile(t *testing.T) {
+	ns := env.Namespace(t)
+	old := newAllocatorWith(t, ns, "replica-old", nil, withImage(oldImage))
+	ctx := testenv.Context(t, 2*time.Minute)
+	ids := createPool(t, old, "race", 1)
+	hook := &claimBeforeDelete{ns: ns, name: ids[0]}
+	upgraded := newAllocatorWith(t, ns, "replica-new", nil, func(o *kubealloc.Options) {
+		withImage(newImage)(o)
+		cfg := rest.CopyConfig(env.Config)
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { hook.rt = rt; return hook })
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Client = cs
+	})
+	waitFor(t, func() bool { l, _ := upgraded.List(ctx); return len(l) == 1 })
+	got, err := upgraded.DrainOutdated(ctx, time.Now().Add(time.Minute))
+	if hook.err != nil {
+		t.Fatalf("claiming the pod out of band: %v", hook.err)
+	}
+	if err != nil || len(got) != 0 {
+		t.Errorf("DrainOutdated = %v, %v; want nothing drained and no error (a Conflict is passed over)", got, err)
+	}
+	p, err := env.Client.CoreV1().Pods(ns).Get(ctx, ids[0], metav1.GetOptions{})
+	if err != nil || p.DeletionTimestamp != nil {
+		t.Fatalf("the pod claimed meanwhile was deleted: %v", err)
+	}
+	if p.Annotations[kubealloc.AnnotationState] != kubealloc.StateClaimed {
+		t.Errorf("pod state %q, want claimed", p.Annotations[kubealloc.AnnotationState])
+	}
+	// Once its cache shows the claim, the upgraded replica leaves the pod alone.
+	waitFor(t, func() bool {
+		l, _ := upgraded.List(ctx)
+		return len(l) == 1 && l[0].Annotations[manager.AnnotationState] == "claimed"
+	})
+	if got, err := upgraded.DrainOutdated(ctx, time.Now().Add(time.Minute)); err != nil || len(got) != 0 {
+		t.Errorf("DrainOutdated of a claimed pod = %v, %v", got, err)
 	}
 }
