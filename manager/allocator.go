@@ -75,6 +75,12 @@ type Capabilities struct {
 	// from the allocations and sandboxes beside it. The manager then lets a pool that still
 	// holds a ready unit wait DefaultRefillDelay before it refills (see refillDue).
 	CreatesOnHost bool
+	// Versions: a shared pool's templates can change between manager replicas (a new
+	// template rolls them, one at a time), and the allocator tells the units made from
+	// another version of a template from its own: it never counts, claims or picks them, and
+	// drains the ready ones on the leader's request (it implements OutdatedDrainer). Only
+	// with SharedPool.
+	Versions bool
 	// WarmUp is how long a unit takes, after it turns ready, to serve at full speed (zero:
 	// at once). It counts in the provisioning latency the estimator sizes the pool by, so
 	// that at a steady demand the unit an allocation takes (the oldest ready one) has warmed
@@ -194,6 +200,20 @@ type OneWriteClaimer interface {
 	// succeeds. ErrUnitTaken when the unit changed or is gone; any other error leaves it
 	// unknown whether the write landed (if it did, the unit's lease expires unrenewed).
 	ClaimBound(ctx context.Context, u UnitInfo, annotations map[string]string) error
+}
+
+// OutdatedDrainer is implemented by SharedPool allocators whose units carry the version of
+// their template (Capabilities.Versions). The leader calls it on every pass, so that after an
+// upgrade (a manager started with a new sandbox image: a CVE fix) no warm unit of the old
+// template stays in the pool, and the pool refills with the new one; bound units live out
+// their leases.
+type OutdatedDrainer interface {
+	// DrainOutdated destroys the ready units made from another version of their template
+	// than this replica's, created before before, each only while it is still ready (a
+	// replica still running that version may take it meanwhile: it is then left to its
+	// lease). It never touches a claimed or bound unit. It returns the ids destroyed; an
+	// error for units it could not destroy (a later call tries again).
+	DrainOutdated(ctx context.Context, before time.Time) ([]string, error)
 }
 
 // ExitWatcher is implemented by allocators that learn when a unit ends on its own (its

@@ -96,8 +96,13 @@ type exitingShared struct{ *memalloc.Shared }
 
 func (exitingShared) WatchExits(func(id, reason string)) {}
 
-// New refuses an allocator that declares a feature it does not implement, or exits with a
-// shared pool.
+// draining is an allocator that implements OutdatedDrainer.
+type draining struct{ *memalloc.Allocator }
+
+func (draining) DrainOutdated(context.Context, time.Time) ([]string, error) { return nil, nil }
+
+// New refuses an allocator that declares a feature it does not implement, exits with a
+// shared pool, or template versions without one.
 func TestNewRefusesADeclarationWithoutItsInterface(t *testing.T) {
 	for name, alloc := range map[string]manager.Allocator{
 		"egress without EgressBinder": withoutEgress{memalloc.New()},
@@ -110,6 +115,16 @@ func TestNewRefusesADeclarationWithoutItsInterface(t *testing.T) {
 			s := memalloc.NewShared()
 			s.Caps = &manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, Exits: true}
 			return exitingShared{s}
+		}(),
+		"versions without OutdatedDrainer": func() manager.Allocator {
+			s := memalloc.NewShared()
+			s.Caps = &manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, Versions: true}
+			return s
+		}(),
+		"versions without a shared pool": func() manager.Allocator {
+			a := memalloc.New()
+			a.Caps = &manager.Capabilities{Egress: true, Adoption: true, Versions: true}
+			return draining{a}
 		}(),
 		"shared pool without adoption": func() manager.Allocator {
 			s := memalloc.NewShared()

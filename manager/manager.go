@@ -95,6 +95,7 @@ type Manager struct {
 	binder    EgressBinder
 	annotator Annotator
 	claimer   OneWriteClaimer // a shared pool's, unless Options.SeparateClaim
+	drainer   OutdatedDrainer // Capabilities.Versions'
 
 	tally     *tally
 	creations *creations
@@ -139,7 +140,7 @@ func New(o Options) (*Manager, error) {
 	deps := poolDeps{o: o, alloc: m.alloc, annotator: m.annotator, ops: ops, log: m.log, tally: m.tally,
 		creations: m.creations, bg: m.bg, host: m}
 	if m.caps.SharedPool {
-		sp := newSharedPool(deps)
+		sp := newSharedPool(deps, m.drainer)
 		m.pool, m.claimer = sp, sp.claimer
 	} else {
 		m.pool = newWarmPool(deps, m.caps)
@@ -221,6 +222,14 @@ func (m *Manager) useCapabilities() error {
 		}
 		if !c.Adoption {
 			return fmt.Errorf("manager: allocator %q declares a shared pool without adoption (a shared pool's leases live in its units' annotations)", m.alloc.Name())
+		}
+	}
+	if c.Versions {
+		if m.drainer, ok = m.alloc.(OutdatedDrainer); !ok {
+			return missing("versions", "OutdatedDrainer")
+		}
+		if !c.SharedPool {
+			return fmt.Errorf("manager: allocator %q declares template versions without a shared pool (only a shared pool outlives a manager's template)", m.alloc.Name())
 		}
 	}
 	m.caps = c

@@ -108,7 +108,7 @@ func TestSharedPoolFollowerLeavesSizingToTheLeader(t *testing.T) {
 	d := testDeps(t, a, h, func(o *Options) { o.IsLeader = func() bool { return false } })
 	expired := leaseAnnotations(&Lease{Expires: d.o.Clock.Now().Add(-time.Second), TTL: time.Minute})
 	a.put(UnitInfo{ID: "old", Template: DefaultTemplate, Annotations: expired})
-	var p pool = newSharedPool(d)
+	var p pool = newSharedPool(d, nil)
 	p.reconcile(context.Background())
 	d.bg.wg.Wait()
 	if targets, follows, _ := h.seen(); len(targets) != 0 || follows != 1 {
@@ -127,7 +127,7 @@ func TestSharedPoolLeaderExpiresAndSizes(t *testing.T) {
 	now := d.o.Clock.Now()
 	a.put(UnitInfo{ID: "expired", Template: DefaultTemplate, Annotations: leaseAnnotations(&Lease{Expires: now.Add(-time.Second), TTL: time.Minute})})
 	a.put(UnitInfo{ID: "live", Template: DefaultTemplate, Annotations: leaseAnnotations(&Lease{Expires: now.Add(time.Minute), TTL: time.Minute})})
-	var p pool = newSharedPool(d)
+	var p pool = newSharedPool(d, nil)
 	p.reconcile(context.Background())
 	d.bg.wg.Wait()
 	if got := a.recorded("Destroy"); !slices.Equal(got, []string{"Destroy expired"}) {
@@ -148,7 +148,7 @@ func TestSharedPoolTakeClaimsOrPicks(t *testing.T) {
 		a := newRecAlloc(Capabilities{Adoption: true, SharedPool: true})
 		d := testDeps(t, a, &recHost{}, func(o *Options) { o.SeparateClaim = separate })
 		a.put(UnitInfo{ID: "r1", Template: DefaultTemplate, Annotations: map[string]string{annState: "ready"}})
-		var p pool = newSharedPool(d)
+		var p pool = newSharedPool(d, nil)
 		u, err := p.take(context.Background(), DefaultTemplate)
 		if err != nil {
 			t.Fatal(err)
@@ -163,5 +163,45 @@ func TestSharedPoolTakeClaimsOrPicks(t *testing.T) {
 		if got, _ := d.ops.Get("r1"); got.State != Initialising {
 			t.Errorf("the taken unit is %s here, want initialising", got.State)
 		}
+	}
+}
+
+// recDrainer records the cut-offs DrainOutdated is called with.
+type recDrainer struct{ before []time.Time }
+
+func (r *recDrainer) DrainOutdated(_ context.Context, before time.Time) ([]string, error) {
+	r.before = append(r.before, before)
+	return nil, nil
+}
+
+// A shared pool's leader drains the warm units of another template version on every pass:
+// those made before it led (by an earlier leader) at once, and later ones once older than
+// ClaimGrace; a follower drains nothing, and leadership regained starts afresh.
+func TestSharedPoolLeaderDrainsOutdated(t *testing.T) {
+	a, h := newRecAlloc(Capabilities{Adoption: true, SharedPool: true}), &recHost{}
+	leading := true
+	d := testDeps(t, a, h, func(o *Options) {
+		o.IsLeader = func() bool { return leading }
+		o.ClaimGrace = time.Minute
+	})
+	clk := d.o.Clock.(interface{ Step(time.Duration) })
+	dr := &recDrainer{}
+	p := newSharedPool(d, dr)
+	ctx := context.Background()
+	start := d.o.Clock.Now()
+	p.reconcile(ctx) // leads from start
+	clk.Step(30 * time.Second)
+	p.reconcile(ctx) // still within ClaimGrace of start: the cut-off stays at start
+	clk.Step(2 * time.Minute)
+	p.reconcile(ctx) // past ClaimGrace: the cut-off follows now - ClaimGrace
+	leading = false
+	p.reconcile(ctx) // a follower drains nothing
+	clk.Step(time.Second)
+	leading = true
+	p.reconcile(ctx) // leads again: from now
+	d.bg.wg.Wait()
+	want := []time.Time{start, start, start.Add(150 * time.Second).Add(-time.Minute), start.Add(151 * time.Second)}
+	if !slices.EqualFunc(dr.before, want, time.Time.Equal) {
+		t.Errorf("DrainOutdated cut-offs %v, want %v", dr.before, want)
 	}
 }

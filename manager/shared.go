@@ -22,13 +22,19 @@ type sharedPool struct {
 	// reconcile, one pass at a time.
 	prepared map[string]string
 	leftAt   map[string]time.Time
+	// drainer is the allocator's (Capabilities.Versions), or nil; leaderSince is when this
+	// replica's current run of leader passes began (zero while it follows). Both are touched
+	// only by reconcile.
+	drainer     OutdatedDrainer
+	leaderSince time.Time
 }
 
 var _ pool = (*sharedPool)(nil)
 
-// newSharedPool makes the pool of a SharedPool allocator (checked by New).
-func newSharedPool(d poolDeps) *sharedPool {
-	p := &sharedPool{poolDeps: d, shared: d.alloc.(SharedPool)}
+// newSharedPool makes the pool of a SharedPool allocator (checked by New); drainer is its
+// OutdatedDrainer when it declares Capabilities.Versions.
+func newSharedPool(d poolDeps, drainer OutdatedDrainer) *sharedPool {
+	p := &sharedPool{poolDeps: d, shared: d.alloc.(SharedPool), drainer: drainer}
 	if c, ok := d.alloc.(OneWriteClaimer); ok && !d.o.SeparateClaim {
 		p.claimer = c
 	}
@@ -176,10 +182,15 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 	}
 	p.prepareInits(units)
 	if !p.leader() {
+		p.leaderSince = time.Time{}
 		p.host.following()
 		return
 	}
+	if p.leaderSince.IsZero() {
+		p.leaderSince = now
+	}
 	bound := p.expire(ctx, now, units)
+	p.drainOutdated(ctx, now)
 	inFlight := p.creations.count() // before Counts, as in warmPool.reconcile
 	ready, creating := p.shared.Counts(p.o.PoolTemplate)
 	creating = max(creating, inFlight)
@@ -200,6 +211,34 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 			}
 			p.bg.do(func() { p.destroyShared(context.WithoutCancel(ctx), info.ID) })
 		}
+	}
+}
+
+// drainOutdated destroys the ready units of another version of their template (an upgrade's
+// old image) that are older than this replica's leadership, or older than ClaimGrace: the
+// former were made by an earlier leader, which no longer fills the pool; the latter are the
+// spares of a replica still running the old version (its allocations' own creations) once
+// they have waited that long. A unit made since by a replica still running another version is
+// left to it for a while: while a new version rolls out, an old leader does not drain the new
+// replicas' units as they make them, nor a new leader the old replicas'.
+func (p *sharedPool) drainOutdated(ctx context.Context, now time.Time) {
+	if p.drainer == nil {
+		return
+	}
+	before := p.leaderSince
+	if grace := now.Add(-p.o.ClaimGrace); grace.After(before) {
+		before = grace
+	}
+	ids, err := p.drainer.DrainOutdated(ctx, before)
+	for range ids {
+		p.tally.destroyed()
+	}
+	if len(ids) > 0 {
+		p.log.Info("drained warm units of an earlier template", "ids", ids)
+	}
+	if err != nil {
+		p.tally.failure("destroy")
+		p.log.Error("draining warm units of an earlier template", "err", err)
 	}
 }
 

@@ -13,8 +13,9 @@ import (
 )
 
 // deploymentSpec is the manager's Deployment: Replicas pods, rolled one at a time with none
-// unavailable, each labelled labels.
-func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentSpecArgs {
+// unavailable, each labelled labels and annotated annotations (the checksums of the ConfigMaps
+// it reads: a change of one rolls the pods).
+func (a *ManagerArgs) deploymentSpec(labels, annotations pulumi.StringMap) appsv1.DeploymentSpecArgs {
 	return appsv1.DeploymentSpecArgs{
 		Replicas: pulumi.Int(a.Replicas),
 		Selector: metav1.LabelSelectorArgs{MatchLabels: selectorLabels()},
@@ -25,7 +26,7 @@ func (a *ManagerArgs) deploymentSpec(labels pulumi.StringMap) appsv1.DeploymentS
 			},
 		},
 		Template: corev1.PodTemplateSpecArgs{
-			Metadata: metav1.ObjectMetaArgs{Labels: labels},
+			Metadata: metav1.ObjectMetaArgs{Labels: labels, Annotations: annotations},
 			Spec:     a.podSpec(),
 		},
 	}

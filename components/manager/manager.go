@@ -189,7 +189,7 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 	if err != nil {
 		return nil, err
 	}
-	if err := k.deployment(append(append(configs, rbac...), a.After...)); err != nil {
+	if err := k.deployment(rendered.configChecksums(), append(append(configs, rbac...), a.After...)); err != nil {
 		return nil, err
 	}
 	svc, err := k.service()
@@ -284,14 +284,14 @@ func (k *children) serviceAccount() (*corev1.ServiceAccount, error) {
 func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
 	policyCM, err := corev1.NewConfigMap(k.ctx, k.name+"-policy", &corev1.ConfigMapArgs{
 		Metadata: k.meta(PolicyCMName, k.a.Namespace),
-		Data:     pulumi.StringMap{PolicyKey: pulumi.String(r.policy)},
+		Data:     pulumi.ToStringMap(r.policyData()),
 	}, k.parent)
 	if err != nil {
 		return nil, k.errorf("authorisation policy", err)
 	}
 	cm, err := corev1.NewConfigMap(k.ctx, k.name+"-sandbox-template", &corev1.ConfigMapArgs{
 		Metadata: k.meta(TemplateCMName, k.a.Namespace),
-		Data:     pulumi.StringMap{SandboxTemplateKey: pulumi.String(r.template)},
+		Data:     pulumi.ToStringMap(r.templateData()),
 	}, k.parent)
 	if err != nil {
 		return nil, k.errorf("sandbox template", err)
@@ -299,11 +299,12 @@ func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
 	return []pulumi.Resource{cm, policyCM}, nil
 }
 
-// deployment registers the manager's Deployment, after deps.
-func (k *children) deployment(deps []pulumi.Resource) error {
+// deployment registers the manager's Deployment, its pod template annotated with
+// podAnnotations, after deps.
+func (k *children) deployment(podAnnotations pulumi.StringMap, deps []pulumi.Resource) error {
 	if _, err := appsv1.NewDeployment(k.ctx, k.name+"-deployment", &appsv1.DeploymentArgs{
 		Metadata: k.meta(ObjectName, k.a.Namespace),
-		Spec:     k.a.deploymentSpec(k.labels),
+		Spec:     k.a.deploymentSpec(k.labels, podAnnotations),
 	}, k.parent, pulumi.DependsOn(deps)); err != nil {
 		return k.errorf("deployment", err)
 	}

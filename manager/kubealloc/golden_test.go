@@ -82,6 +82,8 @@ func TestTemplateFromPodGolden(t *testing.T) {
 		{"legacy state label", "team: ml", "team: ml\n    fusebox.dev/state: bound"},
 		{"other app", "app.kubernetes.io/name: fusebox-sandbox", "app.kubernetes.io/name: something-else"},
 		{"allocator's annotation", "example.com/owner: ml-platform", "kube.fusebox.dev/claimed-by: me"},
+		{"template hash label", "team: ml", "team: ml\n    fusebox.dev/template-hash: abc"},
+		{"do-not-disrupt on warm pods", "example.com/owner: ml-platform", "karpenter.sh/do-not-disrupt: \"true\""},
 		{"no image", "image: registry.example.com/fusebox/sandbox@sha256:0123", "image: \"\""},
 	} {
 		y := strings.Replace(templateYAML, c.from, c.to, 1)

@@ -24,7 +24,13 @@
 //
 // Pods are built from a Template per template name; ParseTemplate reads the one the manager
 // component renders into its ConfigMap and refuses any that contradicts the security
-// settings BuildPod enforces.
+// settings BuildPod enforces. Each pod carries its template's TemplateHash: a replica counts,
+// claims and picks only the pods of its own template version, and DrainOutdated deletes the
+// warm pods of another (an upgrade's old image), each only while it is still warm.
+//
+// A bound pod carries Karpenter's do-not-disrupt annotation (AnnotationDoNotDisrupt), set in
+// the write that binds it; warm pods do not, so that Karpenter may still consolidate or
+// replace a node holding only warm pods.
 //
 // Several manager replicas share the pods. The pod's state annotation carries the unit's
 // state (ready -> claimed -> bound, or ready -> bound); Claim moves ready -> claimed with an
@@ -143,6 +149,10 @@ type Allocator struct {
 
 	conflicts atomic.Uint64
 
+	// hashes maps each template name to its TemplateHash: only pods of that hash are this
+	// replica's to count, claim and pick.
+	hashes map[string]string
+
 	mu      sync.Mutex // guards waiters, written and changed
 	waiters map[string]*waiter
 	// changed holds, per template, the channel Changed handed out; notify closes it when a
@@ -165,9 +175,26 @@ type waiter struct {
 	deleted atomic.Bool
 }
 
-const indexTemplateState = "template-state"
+// The informer's indexes: pods by template, template hash and state, and by state alone.
+const (
+	indexTemplateState = "template-state"
+	indexState         = "state"
+)
 
-func templateStateKey(template, state string) string { return template + "/" + state }
+func templateStateKey(template, hash, state string) string {
+	return template + "/" + hash + "/" + state
+}
+
+// podKey is pod p's indexTemplateState key (a pod made before template hashes has hash "").
+func podKey(p *corev1.Pod) string {
+	return templateStateKey(p.Labels[LabelTemplate], p.Labels[LabelTemplateHash], podState(p))
+}
+
+// poolKey is the indexTemplateState key of the pods of template, as this replica makes
+// them, in state.
+func (a *Allocator) poolKey(template, state string) string {
+	return templateStateKey(template, a.hashes[template], state)
+}
 
 // New checks o and sets up the informer; Start runs it.
 func New(o Options) (*Allocator, error) {
@@ -215,20 +242,30 @@ func New(o Options) (*Allocator, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Allocator{o: o, retry: newRetrier(o.Backoff), waiters: map[string]*waiter{}, written: map[string]string{},
-		changed: map[string]chan struct{}{}}
+		changed: map[string]chan struct{}{}, hashes: map[string]string{}}
+	for name, t := range o.Templates {
+		a.hashes[name] = TemplateHash(a.podSpec("", name, t))
+	}
 	a.factory = informers.NewSharedInformerFactoryWithOptions(o.Client, 0,
 		informers.WithNamespace(o.Namespace),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 			lo.LabelSelector = labels.Set{LabelApp: AppName}.String()
 		}))
 	inf := a.factory.Core().V1().Pods()
-	if err := inf.Informer().AddIndexers(cache.Indexers{indexTemplateState: func(obj any) ([]string, error) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
+	if err := inf.Informer().AddIndexers(cache.Indexers{
+		indexTemplateState: func(obj any) ([]string, error) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				return []string{podKey(p)}, nil
+			}
 			return nil, nil
-		}
-		return []string{templateStateKey(p.Labels[LabelTemplate], podState(p))}, nil
-	}}); err != nil {
+		},
+		indexState: func(obj any) ([]string, error) {
+			if p, ok := obj.(*corev1.Pod); ok {
+				return []string{podState(p)}, nil
+			}
+			return nil, nil
+		},
+	}); err != nil {
 		return nil, err
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -276,8 +313,8 @@ func (a *Allocator) notify(obj any, deleted bool) {
 	}
 	// The informer updates its cache before it calls the handlers, so a Claim woken by this
 	// close finds the pod.
-	if !deleted && podState(p) == StateReady && podReady(p) {
-		if ch := a.changed[p.Labels[LabelTemplate]]; ch != nil {
+	if tmpl := p.Labels[LabelTemplate]; !deleted && podKey(p) == a.poolKey(tmpl, StateReady) && podReady(p) {
+		if ch := a.changed[tmpl]; ch != nil {
 			close(ch)
 			delete(a.changed, p.Labels[LabelTemplate])
 		}
@@ -319,14 +356,16 @@ func (a *Allocator) Name() string { return "kube" }
 const gVisorWarmUp = time.Second
 
 // Capabilities: egress through per-sandbox network policies, leases in pod annotations, a
-// warm pool shared by every manager replica, and gVisor's warm-up. Its creations run on the
+// warm pool shared by every manager replica, pools keyed by template version (TemplateHash,
+// DrainOutdated), and gVisor's warm-up. Its creations run on the
 // cluster's nodes, not the manager's host.
 func (a *Allocator) Capabilities() manager.Capabilities {
-	return manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, WarmUp: gVisorWarmUp}
+	return manager.Capabilities{Egress: true, Adoption: true, SharedPool: true, Versions: true, WarmUp: gVisorWarmUp}
 }
 
-// Changed returns a channel closed when the informer next sees a Ready pod of template in
-// state ready (an add or an update; it may already have been claimed by then). It reads
+// Changed returns a channel closed when the informer next sees a Ready pod of template, of
+// this replica's TemplateHash, in state ready (an add or an update; it may already have been
+// claimed by then). It reads
 // nothing from the API server.
 func (a *Allocator) Changed(template string) <-chan struct{} {
 	a.mu.Lock()
@@ -370,11 +409,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (manager.Un
 		a.mu.Unlock()
 	}()
 
-	pod := BuildPod(PodSpec{
-		ID: id, Namespace: a.o.Namespace, TemplateName: template, Template: t,
-		RuntimeClassName: a.o.RuntimeClassName, Pool: *a.o.Pool, NodeName: a.o.NodeName,
-		ImagePullSecrets: a.o.ImagePullSecrets,
-	})
+	pod := BuildPod(a.podSpec(id, template, t))
 	created, err := a.createPod(ctx, pod)
 	if err != nil {
 		return manager.UnitInfo{}, fmt.Errorf("%w: creating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
@@ -427,6 +462,15 @@ func (a *Allocator) createPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 		return nil, fmt.Errorf("%w (made by someone else: its create nonce differs)", err)
 	}
 	return got, nil
+}
+
+// podSpec is BuildPod's input for pod id of template t under the allocator's options.
+func (a *Allocator) podSpec(id, template string, t Template) PodSpec {
+	return PodSpec{
+		ID: id, Namespace: a.o.Namespace, TemplateName: template, Template: t,
+		RuntimeClassName: a.o.RuntimeClassName, Pool: *a.o.Pool, NodeName: a.o.NodeName,
+		ImagePullSecrets: a.o.ImagePullSecrets,
+	}
 }
 
 func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid types.UID) (manager.UnitInfo, error) {
@@ -501,7 +545,7 @@ func (a *Allocator) unitInfo(p *corev1.Pod) (manager.UnitInfo, error) {
 func managerAnnotations(in map[string]string) map[string]string {
 	var out map[string]string
 	for k, v := range in {
-		if strings.HasPrefix(k, internalAnnotationPrefix) {
+		if allocatorAnnotation(k) {
 			continue
 		}
 		if out == nil {
@@ -585,11 +629,11 @@ func (a *Allocator) Lookup(ctx context.Context, id string) (manager.UnitInfo, er
 	return a.unitInfo(p)
 }
 
-// Counts returns, from the informer's cache, how many pods of template are ready to claim
-// (state ready, pod Ready) and how many are on their way (state ready, not Ready yet, not
-// ended).
+// Counts returns, from the informer's cache, how many pods of template, as this replica makes
+// them (its TemplateHash), are ready to claim (state ready, pod Ready) and how many are on
+// their way (state ready, not Ready yet, not ended).
 func (a *Allocator) Counts(template string) (ready, creating int) {
-	objs, _ := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	objs, _ := a.index.ByIndex(indexTemplateState, a.poolKey(template, StateReady))
 	for _, o := range objs {
 		p := o.(*corev1.Pod)
 		switch {
@@ -670,8 +714,10 @@ func (a *Allocator) Claim(ctx context.Context, template string) (manager.UnitInf
 	return manager.UnitInfo{}, fmt.Errorf("%w (template %q)", ErrNoReady, template)
 }
 
-// readyPods returns the cached pods of template in state ready, in random order so that
-// replicas rarely race for the same pod (Claim and Pick take the first that will do).
+// readyPods returns the cached pods of template in state ready, of this replica's
+// TemplateHash (a pod of another version of the template is never handed out here), in
+// random order so that replicas rarely race for the same pod (Claim and Pick take the first
+// that will do).
 func (a *Allocator) readyPods(template string) ([]any, error) {
 	if err := a.ready(); err != nil {
 		return nil, err
@@ -679,7 +725,7 @@ func (a *Allocator) readyPods(template string) ([]any, error) {
 	if _, ok := a.o.Templates[template]; !ok {
 		return nil, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
 	}
-	objs, err := a.index.ByIndex(indexTemplateState, templateStateKey(template, StateReady))
+	objs, err := a.index.ByIndex(indexTemplateState, a.poolKey(template, StateReady))
 	if err != nil {
 		return nil, fmt.Errorf("reading ready pods of template %q from the informer's cache: %w", template, err)
 	}
@@ -859,16 +905,25 @@ func (a *Allocator) annotate(ctx context.Context, p *corev1.Pod, annotations map
 	return guarded, err
 }
 
+// allocatorAnnotation reports whether annotation key is the allocator's own, never the
+// manager's to write: its prefix, and Karpenter's do-not-disrupt on bound pods.
+func allocatorAnnotation(key string) bool {
+	return strings.HasPrefix(key, internalAnnotationPrefix) || key == AnnotationDoNotDisrupt
+}
+
 // boundAnnotations is a merge patch's annotations for a bound pod: the manager's (the
-// allocator's own prefix is not the manager's to write) and state bound.
+// allocator's own are not the manager's to write), state bound, and Karpenter's
+// do-not-disrupt, so that no voluntary disruption (consolidation, drift) evicts a sandbox an
+// agent holds.
 func boundAnnotations(annotations map[string]string) map[string]any {
 	ann := map[string]any{}
 	for k, v := range annotations {
-		if !strings.HasPrefix(k, internalAnnotationPrefix) {
+		if !allocatorAnnotation(k) {
 			ann[k] = v
 		}
 	}
 	ann[AnnotationState] = StateBound
+	ann[AnnotationDoNotDisrupt] = "true"
 	return ann
 }
 

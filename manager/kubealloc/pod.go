@@ -1,6 +1,9 @@
 package kubealloc
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -20,6 +23,10 @@ const (
 	AppName        = "fusebox-sandbox"
 	LabelTemplate  = "fusebox.dev/template"
 	LabelSandboxID = "fusebox.dev/sandbox-id"
+	// LabelTemplateHash is TemplateHash of the pod's template as it was when the pod was
+	// made: a pool is the ready pods of one template name and hash, so that a replica started
+	// with a changed template (a new image: a CVE fix) never hands out a pod of the old one.
+	LabelTemplateHash = "fusebox.dev/template-hash"
 
 	// The values of AnnotationState.
 	StateReady   = "ready"   // warm: claimable once the pod is Ready
@@ -42,6 +49,15 @@ const (
 	// created (in an attempt whose response was lost) from one of the same name made by
 	// someone else.
 	AnnotationCreateNonce = internalAnnotationPrefix + "create-nonce"
+
+	// AnnotationDoNotDisrupt, "true" on a bound pod only, stops Karpenter from disrupting its
+	// node voluntarily (consolidation, drift) while an agent holds the sandbox; warm pods do
+	// not carry it, so that a node holding only warm pods can still be consolidated or
+	// replaced. Karpenter's "Well-Known Annotations" reference: on a pod, it blocks
+	// consolidation of the pod's node, and drift unless the NodeClaim sets a
+	// terminationGracePeriod; it does not block expiration, repair, or forceful termination
+	// once the terminationGracePeriod elapses.
+	AnnotationDoNotDisrupt = "karpenter.sh/do-not-disrupt"
 )
 
 // ContainerName is the sandbox container's name: the sandbox server's.
@@ -145,6 +161,28 @@ type PodSpec struct {
 // therefore means "init endpoint accepts connections"). Pods are single-use: restartPolicy
 // Never.
 func BuildPod(s PodSpec) *corev1.Pod {
+	p := buildPod(s)
+	p.Labels[LabelTemplateHash] = TemplateHash(s)
+	return p
+}
+
+// TemplateHash is a hash of everything BuildPod puts into a pod of s but its id: the
+// template's image, resources, server args, placement, labels and annotations, and the
+// allocator's own settings (runtime class, node pool, pull secrets) and pod spec. Pods of
+// equal hashes are interchangeable; a manager started with a template of another hash drains
+// the warm pods of the old one (DrainOutdated). It is 16 hex digits of a SHA-256.
+func TemplateHash(s PodSpec) string {
+	s.ID = ""
+	b, err := json.Marshal(buildPod(s))
+	if err != nil {
+		panic(fmt.Sprintf("kubealloc: encoding a pod: %v", err)) // a corev1.Pod always encodes
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// buildPod is BuildPod without the template hash.
+func buildPod(s PodSpec) *corev1.Pod {
 	t := s.Template.withDefaults()
 	pool := s.Pool
 	if t.Pool != nil {
@@ -214,12 +252,14 @@ func (s PodSpec) labels() map[string]string {
 	return labels
 }
 
-// annotations are the template's annotations with the pod's state: ready (warm).
+// annotations are the template's annotations with the pod's state: ready (warm). A warm pod
+// never carries AnnotationDoNotDisrupt (only a bound one does; TemplateFromPod refuses it).
 func (s PodSpec) annotations() map[string]string {
 	annotations := maps.Clone(s.Template.Annotations)
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
+	delete(annotations, AnnotationDoNotDisrupt)
 	annotations[AnnotationState] = StateReady
 	return annotations
 }

@@ -202,13 +202,16 @@ func checkMetadata(p *corev1.Pod) (field, why string) {
 		switch {
 		case k == LabelApp && v != AppName:
 			return "metadata.labels", fmt.Sprintf("%s=%s; sandbox pods are %s=%s (the informers and policies select them by it)", k, v, LabelApp, AppName)
-		case k == LabelTemplate || k == legacyLabelState || k == LabelSandboxID:
+		case k == LabelTemplate || k == legacyLabelState || k == LabelSandboxID || k == LabelTemplateHash:
 			return "metadata.labels", fmt.Sprintf("%s is set by the allocator", k)
 		}
 	}
 	for k := range p.Annotations {
-		if strings.HasPrefix(k, internalAnnotationPrefix) {
+		switch {
+		case strings.HasPrefix(k, internalAnnotationPrefix):
 			return "metadata.annotations", fmt.Sprintf("%s is set by the allocator", k)
+		case k == AnnotationDoNotDisrupt:
+			return "metadata.annotations", fmt.Sprintf("%s is set by the allocator on bound pods only (warm pods stay disruptable)", k)
 		}
 	}
 	return "", ""
