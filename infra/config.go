@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
@@ -152,20 +150,20 @@ type AKSConfig struct {
 	Tags         map[string]string `json:"tags"`
 }
 
-// GVisorConfig says which gVisor release nodes install and where they get it (a mirror for
-// in-VPC installs).
+// GVisorConfig says which gVisor release nodes install and where they get it: on eks the
+// userData downloads a release (from a mirror for in-VPC installs); on aks the node installer
+// installs the runsc and shim its image carries, checked against the digests recorded in the
+// image at build, so aks takes neither a release nor a download URL.
 type GVisorConfig struct {
 	// BinaryBaseURL serves <arch>/runsc; with Version it is the releases root (default
 	// gVisor's bucket) and the binaries come from <binaryBaseURL>/<version>/<arch>/runsc.
-	// Environment-specific: promotion leaves it alone.
+	// Environment-specific: promotion leaves it alone. eks only.
 	BinaryBaseURL string `json:"binaryBaseURL"`
-	// Version is the gVisor release (e.g. "20250120"). Release-defining: promoted.
+	// Version is the gVisor release (e.g. "20250120"). Release-defining: promoted. eks only.
 	Version string `json:"version"`
-	// InstallerImage runs the node installer on AKS (by digest). Required on aks.
+	// InstallerImage is the gvisor-installer image of `fusebox image build` (by digest), which
+	// runs the node installer. Required on eks and aks; on aks it also carries runsc.
 	InstallerImage string `json:"installerImage"`
-	// SHA256 are the expected digests of runsc and containerd-shim-runsc-v1 per architecture
-	// (x86_64, aarch64), checked by the AKS node installer. Required on aks.
-	SHA256 map[string]gvisor.BinarySHA256 `json:"sha256"`
 }
 
 // baseURL is where nodes download <arch>/runsc from.
@@ -415,8 +413,8 @@ func (c *Config) checkSizes(fail failFunc) error {
 }
 
 // checkGVisor checks where nodes get gVisor from and, per cloud, what installs it: on eks a
-// pinned AMI and the verify-only installer's image; on aks the installer's image and the
-// digests it checks the downloads against.
+// pinned AMI and the verify-only installer's image; on aks the installer's image alone, which
+// carries runsc (a release or download URL there would be ignored, so it is refused).
 func (c *Config) checkGVisor(fail failFunc, release string) error {
 	if c.GVisor.BinaryBaseURL != "" && !strings.HasPrefix(c.GVisor.BinaryBaseURL, "http") {
 		return fail("gvisor.binaryBaseURL", fmt.Errorf("%q: want an http(s) URL", c.GVisor.BinaryBaseURL))
@@ -434,37 +432,20 @@ func (c *Config) checkGVisor(fail failFunc, release string) error {
 		}
 	}
 	if c.Cloud == components.AKS {
-		// AKS nodes install gVisor with the node-installer DaemonSet, which needs an image and
-		// the digests to check the downloads against.
+		// AKS nodes install the runsc and shim of the node installer's image, checked against
+		// the digests `fusebox image build` recorded in it: nothing is downloaded.
 		if c.GVisor.InstallerImage == "" {
-			return fail("gvisor.installerImage", fmt.Errorf("required on aks (the node installer's image, by digest): %s", release))
+			return fail("gvisor.installerImage", fmt.Errorf("required on aks (the node installer's image, by digest, which carries runsc): %s", release))
 		}
-		if len(c.GVisor.SHA256) == 0 {
-			return fail("gvisor.sha256", errors.New("required on aks (SHA-256 of runsc and containerd-shim-runsc-v1 per architecture)"))
+		for _, k := range []struct{ key, v string }{{"gvisor.binaryBaseURL", c.GVisor.BinaryBaseURL}, {"gvisor.version", c.GVisor.Version}} {
+			if k.v != "" {
+				return fail(k.key, errors.New("not used on aks: the node installer installs the runsc and containerd-shim-runsc-v1 of its image (gvisor.installerImage); remove it"))
+			}
 		}
-	}
-	if err := c.checkGVisorDigests(fail); err != nil {
-		return err
 	}
 	if c.GVisor.InstallerImage != "" {
 		if err := components.ValidateImage(c.GVisor.InstallerImage); err != nil {
 			return fail("gvisor.installerImage", err)
-		}
-	}
-	return nil
-}
-
-// checkGVisorDigests refuses an unknown architecture or a malformed digest.
-func (c *Config) checkGVisorDigests(fail failFunc) error {
-	for _, arch := range slices.Sorted(maps.Keys(c.GVisor.SHA256)) {
-		if arch != "x86_64" && arch != "aarch64" {
-			return fail("gvisor.sha256."+arch, errors.New("want architecture x86_64 or aarch64"))
-		}
-		sums := c.GVisor.SHA256[arch]
-		for _, b := range []struct{ key, sum string }{{"runsc", sums.Runsc}, {"containerd-shim-runsc-v1", sums.Shim}} {
-			if !gvisor.ValidSHA256(b.sum) {
-				return fail("gvisor.sha256."+arch+"."+b.key, fmt.Errorf("%q: want 64 lowercase hex digits", b.sum))
-			}
 		}
 	}
 	return nil

@@ -2,7 +2,6 @@ package infra
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components/mocktest"
@@ -46,10 +45,8 @@ func goldenCases(t *testing.T) map[string]struct {
 		c["fusebox:inVPC"] = "true"
 		c["fusebox:privateHosts"] = `["127.0.0.1", "registry.example.com", "*.example.com"]`
 	})
-	add("aks-dev-pull-secrets-arm", "aks-dev", func(c map[string]string) {
+	add("aks-dev-pull-secrets", "aks-dev", func(c map[string]string) {
 		c["fusebox:imagePullSecrets"] = `["regcred"]`
-		c["fusebox:gvisor"] = strings.Replace(c["fusebox:gvisor"], `"sha256":{`,
-			`"sha256":{"aarch64":{"runsc":"`+strings.Repeat("c", 64)+`","containerd-shim-runsc-v1":"`+strings.Repeat("d", 64)+`"},`, 1)
 		c["fusebox:networkPolicy"] = "kubernetes"
 	})
 	add("gke-dev-cidrs", "gke-dev", func(c map[string]string) {

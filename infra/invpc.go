@@ -18,7 +18,7 @@ type keyError struct {
 
 // Hosts returns every host the program renders into an object, by the configuration key it
 // comes from: image registries (images.*, gvisor.installerImage, cilium.images.*), the gVisor
-// download base (gvisor.binaryBaseURL, whose default is gVisor's public bucket), the Cilium
+// download base on eks (gvisor.binaryBaseURL, whose default is gVisor's public bucket), the Cilium
 // chart repository, and the public registries the Cilium chart's own images name when it is
 // installed without cilium.images.
 func (c *Config) Hosts() map[string][]string {
@@ -26,8 +26,10 @@ func (c *Config) Hosts() map[string][]string {
 	add := func(key, host string) { hosts[key] = append(hosts[key], host) }
 	add("images.manager", imageHost(c.Images.Manager))
 	add("images.sandbox", imageHost(c.Images.Sandbox))
-	if c.Cloud == components.EKS || c.Cloud == components.AKS {
+	if c.Cloud == components.EKS {
 		add("gvisor.binaryBaseURL", urlHost(c.GVisor.baseURL()))
+	}
+	if c.Cloud == components.EKS || c.Cloud == components.AKS {
 		if c.GVisor.InstallerImage != "" {
 			add("gvisor.installerImage", imageHost(c.GVisor.InstallerImage))
 		}

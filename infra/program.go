@@ -91,12 +91,7 @@ func gvisorArgs(c *Config) *gvisor.GVisorArgs {
 	a := &gvisor.GVisorArgs{Cloud: c.Cloud, ScheduleOnSandboxNodes: c.Cloud == components.EKS || c.Cloud == components.AKS}
 	switch c.Cloud {
 	case components.AKS:
-		a.NodeInstaller = &gvisor.NodeInstallerArgs{
-			Image:            c.GVisor.InstallerImage,
-			BinaryBaseURL:    c.GVisor.baseURL(),
-			SHA256:           c.GVisor.SHA256,
-			ImagePullSecrets: c.ImagePullSecrets,
-		}
+		a.NodeInstaller = &gvisor.NodeInstallerArgs{Image: c.GVisor.InstallerImage, ImagePullSecrets: c.ImagePullSecrets}
 	case components.EKS:
 		a.NodeInstaller = &gvisor.NodeInstallerArgs{
 			Image: c.GVisor.InstallerImage, VerifyOnly: true, ImagePullSecrets: c.ImagePullSecrets,

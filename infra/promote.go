@@ -12,7 +12,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/fusebox-dev/fusebox/components"
-	"github.com/fusebox-dev/fusebox/components/gvisor"
 )
 
 // Promotion copies the release-defining values of one stack file to another (CI promotion,
@@ -22,7 +21,7 @@ import (
 //   - every value under fusebox:images (manager, sandbox, any other image), by digest;
 //   - every other fusebox: value whose key ends in "image" (e.g. gvisor.installerImage), by
 //     digest;
-//   - fusebox:gvisor.version and every digest under fusebox:gvisor.sha256.
+//   - fusebox:gvisor.version (eks; on aks the installer image carries runsc).
 //
 // Environment-specific (never touched): everything else — cloud, namespaces, pool sizes, the
 // manager's replicas and resources, node pool settings, Cilium, egress, and
@@ -37,7 +36,6 @@ type valueKind int
 const (
 	kindImage   valueKind = iota // repository@sha256:<64 hex>
 	kindVersion                  // a gVisor release such as 20250120
-	kindSHA256                   // 64 lowercase hex digits
 )
 
 // releaseKey is a release-defining key of the stack configuration.
@@ -54,8 +52,7 @@ type releaseKey struct {
 var releaseKeys = []releaseKey{
 	{path: []string{"fusebox:images"}, subtree: true, kind: kindImage},
 	{path: []string{"fusebox:gvisor", "installerImage"}, kind: kindImage, clouds: []components.Cloud{components.EKS, components.AKS}},
-	{path: []string{"fusebox:gvisor", "version"}, kind: kindVersion, clouds: []components.Cloud{components.EKS, components.AKS}},
-	{path: []string{"fusebox:gvisor", "sha256"}, subtree: true, kind: kindSHA256, clouds: []components.Cloud{components.EKS, components.AKS}},
+	{path: []string{"fusebox:gvisor", "version"}, kind: kindVersion, clouds: []components.Cloud{components.EKS}},
 }
 
 // classify returns the release key that path falls under, or false for an
@@ -90,10 +87,6 @@ func (k releaseKey) check(v string) error {
 	case kindVersion:
 		if !gvisorVersion.MatchString(v) {
 			return fmt.Errorf("%q is not a pinned gVisor release such as \"20250120\"", v)
-		}
-	case kindSHA256:
-		if !gvisor.ValidSHA256(v) {
-			return fmt.Errorf("%q: want a SHA-256 digest (64 lowercase hex digits)", v)
 		}
 	}
 	return nil

@@ -35,15 +35,15 @@ never replaced by the dev registry: mirror the digests there first, and check wi
 which asks the target's registry for every promoted digest before anything is written.
 
 Promoted: every image under fusebox:images and any other fusebox: key ending in "image"
-(e.g. gvisor.installerImage), all pinned by digest; fusebox:gvisor.version; the digests under
-fusebox:gvisor.sha256. Everything else is environment-specific and left alone: cloud,
+(e.g. gvisor.installerImage, which carries runsc on aks), all pinned by digest;
+fusebox:gvisor.version (eks). Everything else is environment-specific and left alone: cloud,
 namespaces, pool sizes, manager settings, node pool settings, Cilium, egress, and
 gvisor.binaryBaseURL (the environment's mirror).
 
 The target file is edited as a YAML node tree: its comments and key order stay. Refused, with
-the key and the file named: a source image without a digest (or an unpinned gVisor release, a
-malformed checksum); a key present in one stack but missing in the other; stacks of different
-clouds, unless every promoted key is used on both clouds (images are cloud-neutral).
+the key and the file named: a source image without a digest (or an unpinned gVisor release); a
+key present in one stack but missing in the other; stacks of different clouds, unless every
+promoted key is used on both clouds (images are cloud-neutral).
 With --dry-run nothing is written. Review and commit the change like any other.`,
 		Example: "  fusebox promote --from eks-dev --to eks-prod --dry-run\n  fusebox promote --from eks-dev --to eks-prod --verify --ca-file prod-ca.pem",
 		Args:    cobra.NoArgs,

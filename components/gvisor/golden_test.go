@@ -12,13 +12,12 @@ import (
 // TestGVisorGolden: what NewGVisor registers, and its outputs, per cloud and installer
 // setting, are what testdata/<case>.json holds.
 func TestGVisorGolden(t *testing.T) {
-	armAndNS := testInstaller()
-	armAndNS.Namespace = "fusebox-nodes"
-	armAndNS.ImagePullSecrets = []string{"regcred", "other"}
-	armAndNS.SHA256["aarch64"] = BinarySHA256{Runsc: testShimSum, Shim: testRunscSum}
+	nsAndPull := testInstaller()
+	nsAndPull.Namespace = "fusebox-nodes"
+	nsAndPull.ImagePullSecrets = []string{"regcred", "other"}
 	for name, args := range map[string]*GVisorArgs{
 		"aks":             {Cloud: components.AKS, ScheduleOnSandboxNodes: true, NodeInstaller: testInstaller()},
-		"aks-arm-ns-pull": {Cloud: components.AKS, ScheduleOnSandboxNodes: true, NodeInstaller: armAndNS},
+		"aks-ns-pull":     {Cloud: components.AKS, ScheduleOnSandboxNodes: true, NodeInstaller: nsAndPull},
 		"eks":             {Cloud: components.EKS, ScheduleOnSandboxNodes: true, NodeInstaller: &NodeInstallerArgs{Image: testInstallerImage, VerifyOnly: true}},
 		"eks-unscheduled": {Cloud: components.EKS, NodeInstaller: &NodeInstallerArgs{Image: testInstallerImage, VerifyOnly: true, ImagePullSecrets: []string{"regcred"}}},
 		"gke":             {Cloud: components.GKE},

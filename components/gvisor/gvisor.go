@@ -7,8 +7,9 @@
 // to the karpenter component), and the node installer runs in verify-only mode: it removes the
 // node's startup taint once runsc is registered with containerd. On AKS, whose AKSNodeClass takes no userData, it creates the
 // RuntimeClass and a node-installer DaemonSet in kube-system that runs only on the sandbox pool
-// (node-installer.sh: verified download, containerd runtime entry, containerd restart, removal
-// of the node's startup taint, node label fusebox.dev/gvisor=ready). The startup taint
+// (node-installer.sh: runsc and its shim from the installer image, checked against the digests
+// recorded at image build, containerd runtime entry, containerd restart, removal of the node's
+// startup taint, node label fusebox.dev/gvisor=ready). The startup taint
 // (karpenter.StartupTaintKey, set by the AKS NodePool on new nodes) keeps sandbox pods off a
 // node until the installer has removed it, and stays where the install fails. On local
 // clusters it creates the RuntimeClass and expects runsc on the nodes already.
@@ -26,6 +27,16 @@ import (
 
 // Type is the component's type token.
 const Type = "fusebox:components:GVisor"
+
+// The RuntimeClass's overhead.podFixed, from gVisor measured with the pinned runsc
+// (hack/gvisor-overhead.sh; docs/performance.md, "gVisor's pod overhead"): an idle pod of a
+// pause container and one container costs its sentry and two gofers at most 89,420 KiB of
+// resident memory in ten runs, rounded up to 88 MiB, and no measurable CPU while idle (no
+// clock tick in 30 s, under 0.34 millicores), rounded up to Kubernetes's smallest unit.
+const (
+	OverheadMemory = "88Mi"
+	OverheadCPU    = "1m"
+)
 
 // Sources of the RuntimeClass, reported in the RuntimeClassSource output.
 const (
@@ -62,8 +73,7 @@ type GVisor struct {
 // NewGVisor registers the component and, except on GKE, the RuntimeClass, and on AKS and EKS
 // the node installer.
 func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulumi.ResourceOption) (*GVisor, error) {
-	base, err := checkArgs(name, args)
-	if err != nil {
+	if err := checkArgs(name, args); err != nil {
 		return nil, err
 	}
 	c := &GVisor{}
@@ -76,7 +86,7 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 	}
 	installer := ""
 	if args.NodeInstaller != nil {
-		if _, err := newNodeInstaller(ctx, name, args.NodeInstaller, base, c); err != nil {
+		if _, err := newNodeInstaller(ctx, name, args.NodeInstaller, c); err != nil {
 			return nil, fmt.Errorf("gvisor %s: %w", name, err)
 		}
 		installer = args.NodeInstaller.namespace() + "/" + InstallerName
@@ -95,28 +105,27 @@ func NewGVisor(ctx *pulumi.Context, name string, args *GVisorArgs, opts ...pulum
 	return c, nil
 }
 
-// checkArgs refuses a node installer where the cloud needs another (or none), and returns
-// the base URL an installing one downloads from.
-func checkArgs(name string, args *GVisorArgs) (base string, err error) {
+// checkArgs refuses a node installer where the cloud needs another (or none).
+func checkArgs(name string, args *GVisorArgs) error {
 	if args == nil {
-		return "", fmt.Errorf("gvisor %s: args are required", name)
+		return fmt.Errorf("gvisor %s: args are required", name)
 	}
 	if _, err := components.ParseCloud(string(args.Cloud)); err != nil {
-		return "", fmt.Errorf("gvisor %s: %w", name, err)
+		return fmt.Errorf("gvisor %s: %w", name, err)
 	}
 	switch {
 	case args.Cloud == components.AKS && (args.NodeInstaller == nil || args.NodeInstaller.VerifyOnly):
-		return "", fmt.Errorf("gvisor %s: %w: an installing one is required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
+		return fmt.Errorf("gvisor %s: %w: an installing one is required on aks (AKSNodeClass has no userData)", name, ErrBadInstaller)
 	case args.Cloud == components.EKS && (args.NodeInstaller == nil || !args.NodeInstaller.VerifyOnly):
-		return "", fmt.Errorf("gvisor %s: %w: a verify-only one is required on eks (it removes the startup taint once the userData's runsc is registered)", name, ErrBadInstaller)
+		return fmt.Errorf("gvisor %s: %w: a verify-only one is required on eks (it removes the startup taint once the userData's runsc is registered)", name, ErrBadInstaller)
 	case args.Cloud != components.AKS && args.Cloud != components.EKS && args.NodeInstaller != nil:
-		return "", fmt.Errorf("gvisor %s: %w: only used on aks and eks, not on %s", name, ErrBadInstaller, args.Cloud)
+		return fmt.Errorf("gvisor %s: %w: only used on aks and eks, not on %s", name, ErrBadInstaller, args.Cloud)
 	case args.NodeInstaller != nil:
-		if base, err = args.NodeInstaller.validate(); err != nil {
-			return "", fmt.Errorf("gvisor %s: %w", name, err)
+		if err := args.NodeInstaller.validate(); err != nil {
+			return fmt.Errorf("gvisor %s: %w", name, err)
 		}
 	}
-	return base, nil
+	return nil
 }
 
 // runtimeClass registers the "gvisor" RuntimeClass, except on GKE, and returns who provides
@@ -133,6 +142,12 @@ func runtimeClass(ctx *pulumi.Context, name string, args *GVisorArgs, parent pul
 			Labels: pulumi.StringMap{"app.kubernetes.io/part-of": pulumi.String("fusebox")},
 		},
 		Handler: pulumi.String(components.RuntimeHandler),
+		// What the sandbox costs beyond its containers: the scheduler adds it to each
+		// sandbox pod's requests, and the kubelet to its pod cgroup's limit.
+		Overhead: nodev1.OverheadArgs{PodFixed: pulumi.StringMap{
+			"cpu":    pulumi.String(OverheadCPU),
+			"memory": pulumi.String(OverheadMemory),
+		}},
 	}
 	if args.ScheduleOnSandboxNodes {
 		rc.Scheduling = sandboxNodeScheduling()

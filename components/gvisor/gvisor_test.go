@@ -142,6 +142,11 @@ func TestGVisorPerCloud(t *testing.T) {
 			if rc.Name != "fb-runtimeclass" || mocktest.Str(p, "metadata", "name") != "gvisor" || mocktest.Str(p, "handler") != "runsc" {
 				t.Errorf("RuntimeClass %s: %v", rc.Name, p)
 			}
+			// The measured cost of the sentry and gofers (docs/performance.md), which the
+			// scheduler adds to every sandbox pod.
+			if mocktest.Str(p, "overhead", "podFixed", "memory") != "88Mi" || mocktest.Str(p, "overhead", "podFixed", "cpu") != "1m" {
+				t.Errorf("RuntimeClass overhead %v: want podFixed memory 88Mi, cpu 1m", mocktest.Dig(p, "overhead"))
+			}
 			sel := mocktest.Str(p, "scheduling", "nodeSelector", components.SandboxPoolLabelKey)
 			tol := mocktest.Dig(p, "scheduling", "tolerations", 0)
 			if tc.schedule {

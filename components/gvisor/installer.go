@@ -4,14 +4,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"maps"
 	"net/url"
-	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
+	admissionregistrationv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/admissionregistration/v1"
 	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	metav1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/meta/v1"
@@ -20,10 +18,12 @@ import (
 )
 
 // InstallerScript is the node installer the DaemonSet runs with bash (see node-installer.sh).
-// On AKS (MODE=install): download and verify runsc and its shim, register the runtime with
-// containerd (config version 2 or 3; a drop-in where the config imports a conf.d directory;
-// systemd-cgroup where the kubelet uses the systemd cgroup driver), restart containerd through
-// nsenter. On EKS (MODE=verify), where the userData installed it: check that runsc and its
+// On AKS (MODE=install): install runsc and its shim from the installer image's /opt/gvisor,
+// each checked against the SHA-256 that `fusebox image build` recorded in the image
+// (/opt/gvisor/SHA256SUMS), register the runtime with containerd (config version 2: appended
+// to config.toml, as containerd 1.7 lets an import replace the whole CRI section; version 3: a
+// drop-in where the config imports a conf.d directory; systemd-cgroup where the kubelet uses
+// the systemd cgroup driver), restart containerd through nsenter. On EKS (MODE=verify), where the userData installed it: check that runsc and its
 // shim are there and registered in containerd's running configuration. Then, on both: remove
 // the node's startup taint (karpenter.StartupTaintKey), label the node, and wait. A failed
 // step leaves the taint, so no sandbox pod is scheduled on a node without a working runsc.
@@ -50,34 +50,19 @@ const (
 	readyFile = "/tmp/fusebox-gvisor-ready"
 )
 
-// Architectures as gVisor's release layout names them (<base>/<arch>/runsc), with the
-// kubernetes.io/arch value of nodes of that architecture.
-var archs = map[string]string{"x86_64": "amd64", "aarch64": "arm64"}
-
-// BinarySHA256 are the expected SHA-256 digests (64 lowercase hex digits) of one
-// architecture's binaries.
-type BinarySHA256 struct {
-	Runsc string `pulumi:"runsc" json:"runsc"`
-	Shim  string `pulumi:"shim" json:"containerd-shim-runsc-v1"`
-}
-
 // NodeInstallerArgs configure the node-installer DaemonSet used on AKS.
 type NodeInstallerArgs struct {
-	// Image runs the script: it needs bash, curl, coreutils (sha256sum, install) and nsenter
-	// (util-linux). By digest. Required.
+	// Image is the gvisor-installer image of `fusebox image build`, by digest. Required. It
+	// runs the script (bash, curl, coreutils, nsenter) and carries the runsc and
+	// containerd-shim-runsc-v1 that an installing installer puts on the node, with their
+	// SHA-256 recorded at build: the image's digest pins the binaries, so no checksum is
+	// configured and nothing is downloaded.
 	Image string `pulumi:"image"`
-	// BinaryBaseURL serves <arch>/runsc and <arch>/containerd-shim-runsc-v1 (gVisor's
-	// release layout; an in-VPC mirror of it). Required.
-	BinaryBaseURL string `pulumi:"binaryBaseURL"`
-	// SHA256 holds the expected digests per architecture ("x86_64", "aarch64"). The DaemonSet
-	// runs only on nodes of the architectures listed. Required.
-	SHA256 map[string]BinarySHA256 `pulumi:"sha256"`
 	// Namespace is where the DaemonSet runs (default kube-system).
 	Namespace string `pulumi:"namespace"`
-	// VerifyOnly (EKS, whose userData installs gVisor before the kubelet starts) downloads
+	// VerifyOnly (EKS, whose userData installs gVisor before the kubelet starts) installs
 	// nothing: the installer checks that runsc and its shim are on the node and registered in
-	// containerd's running configuration, then removes the startup taint. BinaryBaseURL and
-	// SHA256 are then not used (and refused).
+	// containerd's running configuration, then removes the startup taint.
 	VerifyOnly bool `pulumi:"verifyOnly"`
 	// ImagePullSecrets name Secrets in Namespace for pulling Image from a private registry.
 	ImagePullSecrets []string `pulumi:"imagePullSecrets"`
@@ -85,12 +70,6 @@ type NodeInstallerArgs struct {
 
 // ErrBadInstaller is wrapped by NewGVisor's errors for unusable NodeInstallerArgs.
 var ErrBadInstaller = errors.New("bad gVisor node installer settings")
-
-var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-// ValidSHA256 reports whether s is a SHA-256 digest as the installer checks it: 64 lowercase
-// hex digits.
-func ValidSHA256(s string) bool { return sha256Hex.MatchString(s) }
 
 // validateBaseURL accepts an absolute http(s) URL without quote, space or shell characters
 // (it is quoted into shell scripts) and returns it without a trailing slash.
@@ -110,35 +89,12 @@ func validateBaseURL(raw string) (string, error) {
 	return base, nil
 }
 
-// validate checks a and returns the base URL to use.
-func (a *NodeInstallerArgs) validate() (string, error) {
+// validate checks a.
+func (a *NodeInstallerArgs) validate() error {
 	if err := components.ValidateImage(a.Image); err != nil {
-		return "", fmt.Errorf("%w: image: %w", ErrBadInstaller, err)
+		return fmt.Errorf("%w: image: %w", ErrBadInstaller, err)
 	}
-	if a.VerifyOnly {
-		if a.BinaryBaseURL != "" || len(a.SHA256) > 0 {
-			return "", fmt.Errorf("%w: a verify-only installer downloads nothing (no binaryBaseURL or sha256)", ErrBadInstaller)
-		}
-		return "", nil
-	}
-	base, err := validateBaseURL(a.BinaryBaseURL)
-	if err != nil {
-		return "", err
-	}
-	if len(a.SHA256) == 0 {
-		return "", fmt.Errorf("%w: no SHA-256 digests of runsc and containerd-shim-runsc-v1", ErrBadInstaller)
-	}
-	for arch, sums := range a.SHA256 {
-		if _, ok := archs[arch]; !ok {
-			return "", fmt.Errorf("%w: sha256: architecture %q: want x86_64 or aarch64", ErrBadInstaller, arch)
-		}
-		for bin, sum := range map[string]string{"runsc": sums.Runsc, "containerd-shim-runsc-v1": sums.Shim} {
-			if !sha256Hex.MatchString(sum) {
-				return "", fmt.Errorf("%w: sha256.%s.%s %q: want 64 lowercase hex digits", ErrBadInstaller, arch, bin, sum)
-			}
-		}
-	}
-	return base, nil
+	return nil
 }
 
 // newNodeInstaller creates the installer's ServiceAccount, its cluster role (get and patch
@@ -146,8 +102,12 @@ func (a *NodeInstallerArgs) validate() (string, error) {
 // and the DaemonSet. The DaemonSet runs only on sandbox nodes (the pool's label, the sandbox
 // taint tolerated) of the architectures with configured digests, and tolerates the startup
 // taint that the Karpenter NodePool puts on new sandbox nodes on AKS, which it removes.
-func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, base string, parent pulumi.Resource) (*appsv1.DaemonSet, error) {
+func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, parent pulumi.Resource) (*appsv1.DaemonSet, error) {
 	sa, binding, err := installerRBAC(ctx, name, a, parent)
+	if err != nil {
+		return nil, err
+	}
+	ownNode, err := ownNodePolicy(ctx, name, a, parent)
 	if err != nil {
 		return nil, err
 	}
@@ -160,10 +120,10 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, ba
 			UpdateStrategy: appsv1.DaemonSetUpdateStrategyArgs{Type: pulumi.String("RollingUpdate")},
 			Template: corev1.PodTemplateSpecArgs{
 				Metadata: metav1.ObjectMetaArgs{Labels: installerLabels()},
-				Spec:     a.podSpec(sa.Metadata.Name().Elem(), base),
+				Spec:     a.podSpec(sa.Metadata.Name().Elem()),
 			},
 		},
-	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding}))
+	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding, ownNode}))
 	if err != nil {
 		return nil, fmt.Errorf("installer DaemonSet: %w", err)
 	}
@@ -196,6 +156,13 @@ func (a *NodeInstallerArgs) meta(namespaced bool) metav1.ObjectMetaArgs {
 
 // installerRBAC registers the installer's ServiceAccount, and the cluster role that lets it
 // get and patch nodes bound to it.
+//
+// RBAC cannot say "the node this pod runs on": resourceNames are fixed in the role, and one
+// ClusterRole serves every pod of the DaemonSet, so the role grants get and patch on all
+// nodes, and ownNodePolicy narrows the patch to what the installer does on its own node.
+// Reads (get) pass no admission, so they stay cluster-wide: a node's spec and labels, which
+// every service account with node read access (many system components) sees too. No list,
+// watch, update, delete, and not nodes/status.
 func installerRBAC(ctx *pulumi.Context, name string, a *NodeInstallerArgs, parent pulumi.Resource) (*corev1.ServiceAccount, *rbacv1.ClusterRoleBinding, error) {
 	sa, err := corev1.NewServiceAccount(ctx, name+"-installer-sa", &corev1.ServiceAccountArgs{
 		Metadata: a.meta(true),
@@ -233,9 +200,110 @@ func installerRBAC(ctx *pulumi.Context, name string, a *NodeInstallerArgs, paren
 	return sa, binding, nil
 }
 
+// nodeNameExtra is the user-info extra in which the API server puts the name of the node that
+// a pod-bound service-account token's pod runs on (Kubernetes 1.30 and later,
+// ServiceAccountTokenPodNodeInfo; k8s.io/apiserver/pkg/authentication/serviceaccount
+// NodeNameKey).
+const nodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// ownNodeValidations are the CEL rules with which the API server admits a change of a node by
+// the installer (what NodeRestriction does for kubelets): the node is the one its pod runs on
+// (the name the API server put in its token's user info), no taint is added or changed and
+// only the startup taint is removed, no label is changed or removed but the ready label set
+// to ReadyLabelValue, and nothing else of the node's spec or metadata changes.
+func ownNodeValidations() []struct{ name, expr, msg string } {
+	same := func(obj, field string) string {
+		return fmt.Sprintf("(has(object.%[1]s.%[2]s) == has(oldObject.%[1]s.%[2]s) && (!has(object.%[1]s.%[2]s) || object.%[1]s.%[2]s == oldObject.%[1]s.%[2]s))", obj, field)
+	}
+	var unchanged []string
+	for _, f := range []string{"podCIDR", "podCIDRs", "providerID", "unschedulable", "configSource", "externalID"} {
+		unchanged = append(unchanged, same("spec", f))
+	}
+	for _, f := range []string{"annotations", "finalizers", "ownerReferences"} {
+		unchanged = append(unchanged, same("metadata", f))
+	}
+	return []struct{ name, expr, msg string }{
+		{
+			"own-node",
+			fmt.Sprintf("has(request.userInfo.extra) && '%[1]s' in request.userInfo.extra && request.userInfo.extra['%[1]s'] == [object.metadata.name]", nodeNameExtra),
+			"the gVisor node installer may change only the node its pod runs on",
+		},
+		{
+			"only-startup-taint-removed",
+			"(!has(object.spec.taints) || object.spec.taints.all(t, has(oldObject.spec.taints) && t in oldObject.spec.taints)) && " +
+				"(!has(oldObject.spec.taints) || oldObject.spec.taints.all(t, (has(object.spec.taints) && t in object.spec.taints) || " +
+				fmt.Sprintf("(t.key == '%s' && t.effect == '%s')))", karpenter.StartupTaintKey, karpenter.StartupTaintEffect),
+			fmt.Sprintf("the gVisor node installer may only remove the taint %s:%s", karpenter.StartupTaintKey, karpenter.StartupTaintEffect),
+		},
+		{
+			"only-ready-label",
+			fmt.Sprintf("(!has(object.metadata.labels) || object.metadata.labels.all(k, k == '%[1]s' ? object.metadata.labels[k] == '%[2]s' : "+
+				"(has(oldObject.metadata.labels) && k in oldObject.metadata.labels && oldObject.metadata.labels[k] == object.metadata.labels[k]))) && "+
+				"(!has(oldObject.metadata.labels) || oldObject.metadata.labels.all(k, has(object.metadata.labels) && k in object.metadata.labels))", ReadyLabelKey, ReadyLabelValue),
+			fmt.Sprintf("the gVisor node installer may only set the label %s=%s", ReadyLabelKey, ReadyLabelValue),
+		},
+		{
+			"nothing-else",
+			strings.Join(unchanged, " && "),
+			"the gVisor node installer may change only the node's startup taint and ready label",
+		},
+	}
+}
+
+// ownNodePolicy registers the ValidatingAdmissionPolicy (and its binding) that holds the
+// installer's node patches to ownNodeValidations: RBAC grants patch on every node, this policy
+// admits only the installer's own work on its own node. It applies to the installer's service
+// account alone (a match condition on the request's user name) and fails closed: a change the
+// API server cannot evaluate is refused, which leaves the startup taint in place.
+func ownNodePolicy(ctx *pulumi.Context, name string, a *NodeInstallerArgs, parent pulumi.Resource) (pulumi.Resource, error) {
+	policyName := InstallerName + "-own-node"
+	var vs admissionregistrationv1.ValidationArray
+	for _, v := range ownNodeValidations() {
+		vs = append(vs, admissionregistrationv1.ValidationArgs{
+			Expression: pulumi.String(v.expr), Message: pulumi.String(v.msg), Reason: pulumi.String("Forbidden"),
+		})
+	}
+	match := admissionregistrationv1.MatchResourcesArgs{
+		ResourceRules: admissionregistrationv1.NamedRuleWithOperationsArray{admissionregistrationv1.NamedRuleWithOperationsArgs{
+			ApiGroups:   pulumi.StringArray{pulumi.String("")},
+			ApiVersions: pulumi.StringArray{pulumi.String("v1")},
+			Operations:  pulumi.StringArray{pulumi.String("UPDATE")},
+			Resources:   pulumi.StringArray{pulumi.String("nodes")},
+		}},
+	}
+	meta := metav1.ObjectMetaArgs{Name: pulumi.String(policyName), Labels: installerLabels()}
+	policy, err := admissionregistrationv1.NewValidatingAdmissionPolicy(ctx, name+"-installer-policy", &admissionregistrationv1.ValidatingAdmissionPolicyArgs{
+		Metadata: meta,
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpecArgs{
+			FailurePolicy:    pulumi.String("Fail"),
+			MatchConstraints: match,
+			MatchConditions: admissionregistrationv1.MatchConditionArray{admissionregistrationv1.MatchConditionArgs{
+				Name:       pulumi.String("installer"),
+				Expression: pulumi.String(fmt.Sprintf("request.userInfo.username == 'system:serviceaccount:%s:%s'", a.namespace(), InstallerName)),
+			}},
+			Validations: vs,
+		},
+	}, pulumi.Parent(parent))
+	if err != nil {
+		return nil, fmt.Errorf("installer ValidatingAdmissionPolicy: %w", err)
+	}
+	binding, err := admissionregistrationv1.NewValidatingAdmissionPolicyBinding(ctx, name+"-installer-policy-binding", &admissionregistrationv1.ValidatingAdmissionPolicyBindingArgs{
+		Metadata: meta,
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpecArgs{
+			PolicyName:        pulumi.String(policyName),
+			ValidationActions: pulumi.StringArray{pulumi.String("Deny")},
+			MatchResources:    match,
+		},
+	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{policy}))
+	if err != nil {
+		return nil, fmt.Errorf("installer ValidatingAdmissionPolicyBinding: %w", err)
+	}
+	return binding, nil
+}
+
 // podSpec is the installer's pod: privileged, in the host PID namespace, with the host's
 // root mounted, on the sandbox nodes of its architectures.
-func (a *NodeInstallerArgs) podSpec(serviceAccount pulumi.StringOutput, base string) corev1.PodSpecArgs {
+func (a *NodeInstallerArgs) podSpec(serviceAccount pulumi.StringOutput) corev1.PodSpecArgs {
 	return corev1.PodSpecArgs{
 		ServiceAccountName: serviceAccount,
 		ImagePullSecrets:   a.pullSecrets(),
@@ -269,7 +337,7 @@ func (a *NodeInstallerArgs) podSpec(serviceAccount pulumi.StringOutput, base str
 				Effect:   pulumi.String(karpenter.StartupTaintEffect),
 			},
 		},
-		Containers: corev1.ContainerArray{a.container(base)},
+		Containers: corev1.ContainerArray{a.container()},
 		Volumes: corev1.VolumeArray{corev1.VolumeArgs{
 			Name:     pulumi.String("host-root"),
 			HostPath: corev1.HostPathVolumeSourceArgs{Path: pulumi.String("/"), Type: pulumi.String("Directory")},
@@ -279,13 +347,13 @@ func (a *NodeInstallerArgs) podSpec(serviceAccount pulumi.StringOutput, base str
 
 // container runs InstallerScript with bash, privileged, ready once the script has written
 // readyFile.
-func (a *NodeInstallerArgs) container(base string) corev1.ContainerArgs {
+func (a *NodeInstallerArgs) container() corev1.ContainerArgs {
 	privileged := true
 	return corev1.ContainerArgs{
 		Name:    pulumi.String("install"),
 		Image:   pulumi.String(a.Image),
 		Command: pulumi.StringArray{pulumi.String("/bin/bash"), pulumi.String("-c"), pulumi.String(InstallerScript)},
-		Env:     a.env(base),
+		Env:     a.env(),
 		SecurityContext: corev1.SecurityContextArgs{
 			Privileged: pulumi.BoolPtr(privileged),
 		},
@@ -305,16 +373,15 @@ func (a *NodeInstallerArgs) container(base string) corev1.ContainerArgs {
 	}
 }
 
-// env is the script's environment (see node-installer.sh): its mode, where it downloads
-// from, its paths and names, the node it runs on, and the expected digests per architecture.
-func (a *NodeInstallerArgs) env(base string) corev1.EnvVarArray {
+// env is the script's environment (see node-installer.sh): its mode, its paths and names,
+// and the node it runs on.
+func (a *NodeInstallerArgs) env() corev1.EnvVarArray {
 	mode := "install"
 	if a.VerifyOnly {
 		mode = "verify"
 	}
-	env := corev1.EnvVarArray{
+	return corev1.EnvVarArray{
 		corev1.EnvVarArgs{Name: pulumi.String("MODE"), Value: pulumi.String(mode)},
-		corev1.EnvVarArgs{Name: pulumi.String("BINARY_BASE_URL"), Value: pulumi.String(base)},
 		corev1.EnvVarArgs{Name: pulumi.String("HOST_ROOT"), Value: pulumi.String(hostRoot)},
 		corev1.EnvVarArgs{Name: pulumi.String("READY_FILE"), Value: pulumi.String(readyFile)},
 		corev1.EnvVarArgs{Name: pulumi.String("READY_LABEL"), Value: pulumi.String(ReadyLabelKey)},
@@ -323,27 +390,15 @@ func (a *NodeInstallerArgs) env(base string) corev1.EnvVarArray {
 			FieldRef: corev1.ObjectFieldSelectorArgs{FieldPath: pulumi.String("spec.nodeName")},
 		}},
 	}
-	for _, arch := range slices.Sorted(maps.Keys(a.SHA256)) {
-		up := strings.ToUpper(arch)
-		env = append(env,
-			corev1.EnvVarArgs{Name: pulumi.String("SHA256_RUNSC_" + up), Value: pulumi.String(a.SHA256[arch].Runsc)},
-			corev1.EnvVarArgs{Name: pulumi.String("SHA256_SHIM_" + up), Value: pulumi.String(a.SHA256[arch].Shim)},
-		)
-	}
-	return env
 }
 
-// nodeArchs are the kubernetes.io/arch values of the nodes the installer runs on: those with
-// digests, or every one a verify-only installer checks.
+// nodeArchs are the kubernetes.io/arch values of the nodes the installer runs on: the
+// architectures gVisor supports. An installer image of another architecture than a node's
+// (`fusebox image build` builds for its machine's) does not start there, so that node keeps
+// its startup taint and gets no sandbox: the node pool's kubernetes.io/arch requirement
+// should name the image's architecture.
 func (a *NodeInstallerArgs) nodeArchs() pulumi.StringArray {
-	if a.VerifyOnly {
-		return pulumi.StringArray{pulumi.String("amd64"), pulumi.String("arm64")}
-	}
-	var out pulumi.StringArray
-	for _, arch := range slices.Sorted(maps.Keys(a.SHA256)) {
-		out = append(out, pulumi.String(archs[arch]))
-	}
-	return out
+	return pulumi.StringArray{pulumi.String("amd64"), pulumi.String("arm64")}
 }
 
 func (a *NodeInstallerArgs) pullSecrets() corev1.LocalObjectReferenceArray {

@@ -19,9 +19,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
-	"github.com/BurntSushi/toml"
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
@@ -35,16 +35,10 @@ const (
 	clusterRoleBindingType = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"
 
 	testInstallerImage = "registry.example.com/fusebox/node-installer@sha256:3b4c0f5e8a9d2e1f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8e9f"
-	testRunscSum       = "9f2a6c1e4b7d0a3f6e9c2b5d8a1f4e7c0b3d6a9f2e5c8b1d4a7f0e3c6b9d2a5f"
-	testShimSum        = "1e4b7d0a3f6e9c2b5d8a1f4e7c0b3d6a9f2e5c8b1d4a7f0e3c6b9d2a5f8c1e4b"
 )
 
 func testInstaller() *NodeInstallerArgs {
-	return &NodeInstallerArgs{
-		Image:         testInstallerImage,
-		BinaryBaseURL: "https://mirror.example.com/gvisor/releases/release/20250120/",
-		SHA256:        map[string]BinarySHA256{"x86_64": {Runsc: testRunscSum, Shim: testShimSum}},
-	}
+	return &NodeInstallerArgs{Image: testInstallerImage}
 }
 
 func TestNodeInstallerOnAKS(t *testing.T) {
@@ -75,8 +69,9 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 		t.Errorf("tolerations %v: want the sandbox taint's and the startup taint's only", mocktest.Dig(spec, "tolerations"))
 	}
 	arch := mocktest.Dig(spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms", 0, "matchExpressions", 0)
-	if mocktest.Str(arch, "key") != "kubernetes.io/arch" || mocktest.Str(arch, "values", 0) != "amd64" || mocktest.Dig(arch, "values", 1) != nil {
-		t.Errorf("architecture affinity %v: want amd64 only (the digests configured)", arch)
+	if mocktest.Str(arch, "key") != "kubernetes.io/arch" || mocktest.Str(arch, "values", 0) != "amd64" ||
+		mocktest.Str(arch, "values", 1) != "arm64" || mocktest.Dig(arch, "values", 2) != nil {
+		t.Errorf("architecture affinity %v: want gVisor's architectures, amd64 and arm64", arch)
 	}
 	if hp, _ := mocktest.Dig(spec, "hostPID").(bool); !hp {
 		t.Error("no hostPID: nsenter cannot reach the host's containerd")
@@ -102,15 +97,19 @@ func TestNodeInstallerOnAKS(t *testing.T) {
 		env[mocktest.Str(e, "name")] = e
 	}
 	for name, want := range map[string]string{
-		"BINARY_BASE_URL":     "https://mirror.example.com/gvisor/releases/release/20250120",
-		"SHA256_RUNSC_X86_64": testRunscSum,
-		"SHA256_SHIM_X86_64":  testShimSum,
-		"HOST_ROOT":           hostRoot,
-		"READY_LABEL":         ReadyLabelKey,
-		"STARTUP_TAINT":       karpenter.StartupTaintKey,
+		"MODE":          "install",
+		"HOST_ROOT":     hostRoot,
+		"READY_LABEL":   ReadyLabelKey,
+		"STARTUP_TAINT": karpenter.StartupTaintKey,
 	} {
 		if got := mocktest.Str(env[name], "value"); got != want {
 			t.Errorf("env %s = %q, want %q", name, got, want)
+		}
+	}
+	// The binaries come from the image, pinned by its digest: no download, no digests.
+	for name := range env {
+		if strings.HasPrefix(name, "SHA256_") || name == "BINARY_BASE_URL" || name == "IMAGE_BIN_DIR" {
+			t.Errorf("env %s: the installer takes its binaries and their digests from its image", name)
 		}
 	}
 	if mocktest.Str(env["NODE_NAME"], "valueFrom", "fieldRef", "fieldPath") != "spec.nodeName" {
@@ -157,10 +156,7 @@ func TestNodeInstallerPerCloud(t *testing.T) {
 	}
 	// EKS: only a verify-only installer (the userData installs); it downloads nothing and
 	// carries the pull secrets.
-	for name, ni := range map[string]*NodeInstallerArgs{
-		"none": nil, "installing": testInstaller(),
-		"verify with downloads": {Image: testInstaller().Image, VerifyOnly: true, BinaryBaseURL: "https://m.example.com/g"},
-	} {
+	for name, ni := range map[string]*NodeInstallerArgs{"none": nil, "installing": testInstaller()} {
 		_, err := mocktest.Run(func(ctx *pulumi.Context) error {
 			_, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: components.EKS, NodeInstaller: ni})
 			return err
@@ -179,7 +175,7 @@ func TestNodeInstallerPerCloud(t *testing.T) {
 	for _, e := range mocktest.Dig(pod, "containers", 0, "env").([]any) {
 		env[mocktest.Str(e, "name")] = mocktest.Str(e, "value")
 	}
-	if env["MODE"] != "verify" || env["BINARY_BASE_URL"] != "" || mocktest.Str(pod, "imagePullSecrets", 0, "name") != "regcred" {
+	if env["MODE"] != "verify" || mocktest.Str(pod, "imagePullSecrets", 0, "name") != "regcred" {
 		t.Errorf("EKS installer env %v, pull secrets %v", env, mocktest.Dig(pod, "imagePullSecrets"))
 	}
 }
@@ -189,14 +185,10 @@ func TestNodeInstallerRefusesBadSettings(t *testing.T) {
 		mut  func(*NodeInstallerArgs)
 		want error
 	}{
-		"none":           {nil, ErrBadInstaller},
-		"image by tag":   {func(a *NodeInstallerArgs) { a.Image = "registry.example.com/installer:v1" }, components.ErrImageNotPinned},
-		"no digests":     {func(a *NodeInstallerArgs) { a.SHA256 = nil }, ErrBadInstaller},
-		"short digest":   {func(a *NodeInstallerArgs) { a.SHA256["x86_64"] = BinarySHA256{Runsc: "abc", Shim: testShimSum} }, ErrBadInstaller},
-		"no shim digest": {func(a *NodeInstallerArgs) { a.SHA256["x86_64"] = BinarySHA256{Runsc: testRunscSum} }, ErrBadInstaller},
-		"unknown arch":   {func(a *NodeInstallerArgs) { a.SHA256["riscv64"] = a.SHA256["x86_64"] }, ErrBadInstaller},
-		"shell in URL":   {func(a *NodeInstallerArgs) { a.BinaryBaseURL = "https://m.example.com/$(id)" }, ErrBadBinaryURL},
-		"empty URL":      {func(a *NodeInstallerArgs) { a.BinaryBaseURL = "" }, ErrBadBinaryURL},
+		"none":         {nil, ErrBadInstaller},
+		"image by tag": {func(a *NodeInstallerArgs) { a.Image = "registry.example.com/installer:v1" }, components.ErrImageNotPinned},
+		"no image":     {func(a *NodeInstallerArgs) { a.Image = "" }, ErrBadInstaller},
+		"verify-only":  {func(a *NodeInstallerArgs) { a.VerifyOnly = true }, ErrBadInstaller},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := &GVisorArgs{Cloud: components.AKS}
@@ -218,41 +210,6 @@ func TestNodeInstallerRefusesBadSettings(t *testing.T) {
 	}
 }
 
-// AKS-like containerd configurations (config version 2, as AKS Ubuntu and AzureLinux nodes
-// write it), with and without an imports directory, and a version 3 one.
-const (
-	aksConfigV2 = `version = 2
-oom_score = -999
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "mcr.microsoft.com/oss/kubernetes/pause:3.6"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-      BinaryName = "/usr/bin/runc"
-      SystemdCgroup = true
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "/etc/containerd/certs.d"
-[metrics]
-  address = "0.0.0.0:10257"`
-	aksConfigV2Imports = `version = 2
-imports = ["/etc/containerd/conf.d/*.toml"]
-oom_score = -999
-[plugins."io.containerd.grpc.v1.cri"]
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-`
-	configV3 = `version = 3
-[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-`
-	configV2WithRunsc = aksConfigV2 + `
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
-  runtime_type = "io.containerd.runsc.v1"
-`
-)
-
 // writeScript writes the embedded installer to a file for bash.
 func writeScript(t *testing.T) string {
 	t.Helper()
@@ -264,89 +221,6 @@ func writeScript(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// runtimeType returns runtime_type of the runsc runtime in a parsed containerd config.
-func runtimeType(cfg map[string]any, plugin string) string {
-	v := any(cfg)
-	for _, k := range []string{"plugins", plugin, "containerd", "runtimes", "runsc", "runtime_type"} {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return ""
-		}
-		v = m[k]
-	}
-	s, _ := v.(string)
-	return s
-}
-
-func TestInstallerConfiguresContainerd(t *testing.T) {
-	script := writeScript(t)
-	const v2, v3 = "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"
-	for _, tc := range []struct {
-		name, config string
-		plugin       string // where the runsc runtime must end up
-		dropin       bool   // in /etc/containerd/conf.d/fusebox-runsc.toml, config.toml untouched
-		firstRun     string
-	}{
-		{"aks v2 appended", aksConfigV2, v2, false, "changed"},
-		{"aks v2 conf.d drop-in", aksConfigV2Imports, v2, true, "changed"},
-		{"v3 appended", configV3, v3, false, "changed"},
-		{"runsc present", configV2WithRunsc, v2, false, "unchanged"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			root := t.TempDir()
-			cfgPath := filepath.Join(root, "etc", "containerd", "config.toml")
-			dropin := filepath.Join(root, "etc", "containerd", "conf.d", "fusebox-runsc.toml")
-			if err := os.MkdirAll(filepath.Dir(cfgPath), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(cfgPath, []byte(tc.config), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			// Twice: the second run must find everything in place and change nothing.
-			for i, want := range []string{tc.firstRun, "unchanged"} {
-				cmd := exec.Command("bash", "-c", `source "$1" && configure_containerd`, "bash", script)
-				cmd.Env = append(os.Environ(), "FUSEBOX_INSTALLER_LIB=1", "HOST_ROOT="+root)
-				out, err := cmd.Output()
-				if err != nil {
-					t.Fatalf("run %d: %v: %s", i+1, err, out)
-				}
-				if got := strings.TrimSpace(string(out)); got != want {
-					t.Errorf("run %d printed %q, want %q", i+1, got, want)
-				}
-			}
-
-			main, _ := os.ReadFile(cfgPath)
-			extra, dropErr := os.ReadFile(dropin)
-			if tc.dropin != (dropErr == nil) {
-				t.Fatalf("drop-in exists %v, want %v", dropErr == nil, tc.dropin)
-			}
-			if tc.dropin && string(main) != tc.config {
-				t.Errorf("config.toml changed although it imports conf.d:\n%s", main)
-			}
-			if n := strings.Count(string(main)+string(extra), "containerd.runtimes.runsc]"); n != 1 {
-				t.Errorf("%d runsc runtime tables, want 1:\n%s\n---\n%s", n, main, extra)
-			}
-			// What containerd reads must be valid TOML with the runtime where it looks.
-			parsed := map[string]any{}
-			if _, err := toml.Decode(string(main), &parsed); err != nil {
-				t.Fatalf("config.toml is no longer TOML: %v\n%s", err, main)
-			}
-			if tc.dropin {
-				parsed = map[string]any{}
-				if _, err := toml.Decode(string(extra), &parsed); err != nil {
-					t.Fatalf("drop-in is not TOML: %v\n%s", err, extra)
-				}
-				if v, _ := parsed["version"].(int64); v != 2 {
-					t.Errorf("drop-in version %v, want 2", parsed["version"])
-				}
-			}
-			if got := runtimeType(parsed, tc.plugin); got != "io.containerd.runsc.v1" {
-				t.Errorf("runsc runtime_type under %s = %q\n%s%s", tc.plugin, got, main, extra)
-			}
-		})
-	}
 }
 
 // fakeNodeAPI is the part of the API server the installer uses: GET and PATCH of one node,
@@ -513,9 +387,10 @@ func testNode() map[string]any {
 	return node
 }
 
-// TestInstallerMain runs the whole script with stand-ins for uname, nsenter, sleep and curl
-// (serving the release from a directory and passing requests to the API server on to the real
-// curl, for a fakeNodeAPI), and checks when it removes the startup taint and labels the node.
+// TestInstallerMain runs the whole script with stand-ins for nsenter, sleep and curl (passing
+// requests to the API server on to the real curl, for a fakeNodeAPI, and logging any other),
+// with the image's binaries and their recorded digests in a directory, and checks what it
+// installs and when it removes the startup taint and labels the node.
 func TestInstallerMain(t *testing.T) {
 	script := writeScript(t)
 	realCurl, err := exec.LookPath("curl")
@@ -528,37 +403,28 @@ func TestInstallerMain(t *testing.T) {
 	srvURL, _ := url.Parse(srv.URL)
 
 	dir := t.TempDir()
-	root, release, stubs, sa := filepath.Join(dir, "host"), filepath.Join(dir, "release"), filepath.Join(dir, "bin"), filepath.Join(dir, "sa")
+	root, imageBin, stubs, sa := filepath.Join(dir, "host"), filepath.Join(dir, "opt-gvisor"), filepath.Join(dir, "bin"), filepath.Join(dir, "sa")
 	log := filepath.Join(dir, "calls.log")
-	const base = "https://mirror.example.com/gvisor/20250120"
+	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 	files := map[string]string{
-		filepath.Join(root, "etc/containerd/config.toml"):         aksConfigV2,
-		filepath.Join(release, "x86_64/runsc"):                    "runsc binary\n",
-		filepath.Join(release, "x86_64/containerd-shim-runsc-v1"): "shim binary\n",
-		filepath.Join(sa, "token"):                                "tok",
-		filepath.Join(sa, "ca.crt"):                               string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})),
-		filepath.Join(stubs, "uname"):                             "#!/bin/bash\necho x86_64\n",
-		filepath.Join(stubs, "sleep"):                             "#!/bin/bash\nexit 0\n",
-		filepath.Join(stubs, "nsenter"):                           "#!/bin/bash\necho \"nsenter $*\" >>\"$FAKE_LOG\"\n",
+		filepath.Join(root, "etc/containerd/config.toml"):   aksConfigV2,
+		filepath.Join(imageBin, "runsc"):                    "runsc binary\n",
+		filepath.Join(imageBin, "containerd-shim-runsc-v1"): "shim binary\n",
+		filepath.Join(imageBin, "SHA256SUMS"):               sum("runsc binary\n") + "  runsc\n" + sum("shim binary\n") + "  containerd-shim-runsc-v1\n",
+		filepath.Join(sa, "token"):                          "tok",
+		filepath.Join(sa, "ca.crt"):                         string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})),
+		filepath.Join(stubs, "sleep"):                       "#!/bin/bash\nexit 0\n",
+		filepath.Join(stubs, "nsenter"):                     "#!/bin/bash\necho \"nsenter $*\" >>\"$FAKE_LOG\"\n",
 		filepath.Join(stubs, "curl"): `#!/bin/bash
-args=("$@") out= url= method=GET
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    -o) out=$2; shift 2 ;;
-    -X) method=$2; shift 2 ;;
-    -H | --cacert | --retry | --data) shift 2 ;;
-    -*) shift ;;
-    *) url=$1; shift ;;
-  esac
-done
-echo "curl $method $url" >>"$FAKE_LOG"
-[[ $url == "$FAKE_BASE"/* ]] || exec "$REAL_CURL" "${args[@]}"
-src="$FAKE_RELEASE/${url#"$FAKE_BASE"/}"
-[[ -f $src ]] || exit 22
-cp "$src" "$out"
+url=
+for a in "$@"; do [[ $a == http* ]] && url=$a; done
+echo "curl $url" >>"$FAKE_LOG"
+[[ $url == "$FAKE_API"/* ]] || exit 7
+exec "$REAL_CURL" "$@"
 `,
 	}
-	for p, content := range files {
+	write := func(p, content string) {
+		t.Helper()
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -566,9 +432,11 @@ cp "$src" "$out"
 			t.Fatal(err)
 		}
 	}
-	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+	for p, content := range files {
+		write(p, content)
+	}
 	// run runs the script and returns the stand-ins' calls and the API requests it made.
-	run := func(runscSum string) (calls string, requests []string, err error) {
+	run := func() (calls string, requests []string, err error) {
 		os.Remove(log)
 		api.mu.Lock()
 		api.requests = nil
@@ -576,11 +444,10 @@ cp "$src" "$out"
 		cmd := exec.Command("bash", script)
 		cmd.Env = append(os.Environ(),
 			"PATH="+stubs+":"+os.Getenv("PATH"), "REAL_CURL="+realCurl, "NO_PROXY=*", "no_proxy=*",
-			"FAKE_LOG="+log, "FAKE_RELEASE="+release, "FAKE_BASE="+base,
-			"BINARY_BASE_URL="+base, "NODE_NAME=node-1", "HOST_ROOT="+root, "SA_DIR="+sa,
+			"FAKE_LOG="+log, "FAKE_API="+srv.URL, "IMAGE_BIN_DIR="+imageBin,
+			"NODE_NAME=node-1", "HOST_ROOT="+root, "SA_DIR="+sa,
 			"READY_FILE="+filepath.Join(dir, "ready"), "READY_LABEL="+ReadyLabelKey, "STARTUP_TAINT="+karpenter.StartupTaintKey,
-			"KUBERNETES_SERVICE_HOST="+srvURL.Hostname(), "KUBERNETES_SERVICE_PORT="+srvURL.Port(),
-			"SHA256_RUNSC_X86_64="+runscSum, "SHA256_SHIM_X86_64="+sum("shim binary\n"))
+			"KUBERNETES_SERVICE_HOST="+srvURL.Hostname(), "KUBERNETES_SERVICE_PORT="+srvURL.Port())
 		out, err := cmd.CombinedOutput()
 		b, _ := os.ReadFile(log)
 		t.Logf("output:\n%s", out)
@@ -605,20 +472,31 @@ cp "$src" "$out"
 	)
 	restart := "nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd"
 
-	// A binary that does not match its configured digest: nothing installed, no restart, and
-	// the node keeps its startup taint and gets no label.
-	calls, reqs, err := run(sum("another runsc\n"))
-	if err == nil {
-		t.Fatal("the script accepted a runsc with the wrong SHA-256")
-	}
-	if _, err := os.Stat(filepath.Join(root, "usr/local/bin/runsc")); err == nil {
-		t.Error("runsc installed despite the wrong SHA-256")
-	}
-	if strings.Contains(calls, "nsenter") || len(reqs) != 0 {
-		t.Errorf("restart or API requests after a failed verification:\n%s\n%s", calls, strings.Join(reqs, "\n"))
-	}
-	if ts := taints(); !slices.ContainsFunc(ts, func(v any) bool { return reflect.DeepEqual(v, startupTaint) }) {
-		t.Errorf("startup taint gone after a failed install: %v", ts)
+	// A shim in the image that is not the one whose digest the image build recorded (the
+	// runsc is): nothing installed, not even the good runsc, no restart, and the node keeps
+	// its startup taint and gets no label. Then a SHA256SUMS without the shim's line.
+	for _, tamper := range []struct{ name, content string }{
+		{"containerd-shim-runsc-v1", "another shim\n"},
+		{"SHA256SUMS", sum("runsc binary\n") + "  runsc\n"},
+	} {
+		good := files[filepath.Join(imageBin, tamper.name)]
+		write(filepath.Join(imageBin, tamper.name), tamper.content)
+		calls, reqs, err := run()
+		if err == nil {
+			t.Fatalf("the script installed from an image whose %s was changed", tamper.name)
+		}
+		for _, bin := range []string{"runsc", "containerd-shim-runsc-v1"} {
+			if _, err := os.Stat(filepath.Join(root, "usr/local/bin", bin)); err == nil {
+				t.Errorf("%s installed although the image's %s was changed", bin, tamper.name)
+			}
+		}
+		if strings.Contains(calls, "nsenter") || len(reqs) != 0 {
+			t.Errorf("restart or API requests after a failed verification:\n%s\n%s", calls, strings.Join(reqs, "\n"))
+		}
+		if ts := taints(); !slices.ContainsFunc(ts, func(v any) bool { return reflect.DeepEqual(v, startupTaint) }) {
+			t.Errorf("startup taint gone after a failed install: %v", ts)
+		}
+		write(filepath.Join(imageBin, tamper.name), good)
 	}
 
 	// The install. Between the installer's read of the node and its patch, the cloud provider
@@ -630,7 +508,7 @@ cp "$src" "$out"
 		spec["taints"] = spec["taints"].([]any)[1:]
 	}
 	api.mu.Unlock()
-	calls, reqs, err = run(sum("runsc binary\n"))
+	calls, reqs, err := run()
 	if err != nil {
 		t.Fatalf("install: %v\n%s", err, calls)
 	}
@@ -649,7 +527,7 @@ cp "$src" "$out"
 	if strings.Count(calls, restart) != 1 {
 		t.Errorf("want one containerd restart:\n%s", calls)
 	}
-	if i, j := strings.Index(calls, restart), strings.Index(calls, "curl GET "+srv.URL); i < 0 || j < 0 || i > j {
+	if i, j := strings.Index(calls, restart), strings.Index(calls, "curl "+srv.URL); i < 0 || j < 0 || i > j {
 		t.Errorf("node untainted or labelled before containerd was restarted:\n%s", calls)
 	}
 	// Only the startup taint removed; the others, with all their fields, left.
@@ -672,14 +550,27 @@ cp "$src" "$out"
 		t.Errorf("config:\n%s", cfg)
 	}
 
-	// A restarted pod: everything is in place, so no download, no restart and no taint to
-	// remove; label again.
-	calls, reqs, err = run(sum("runsc binary\n"))
+	// Nothing but the API server was asked for anything: no download.
+	if strings.Contains(calls, "curl ") && strings.Count(calls, "curl ") != strings.Count(calls, "curl "+srv.URL+"/") {
+		t.Errorf("requests to other than the API server:\n%s", calls)
+	}
+
+	// A restarted pod: everything is in place, so no copy (the installed files keep their
+	// inodes), no restart and no taint to remove; label again.
+	inode := func(bin string) uint64 {
+		fi, err := os.Stat(filepath.Join(root, "usr/local/bin", bin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	runscIno, shimIno := inode("runsc"), inode("containerd-shim-runsc-v1")
+	calls, reqs, err = run()
 	if err != nil {
 		t.Fatalf("second run: %v", err)
 	}
-	if strings.Contains(calls, "curl GET "+base) || strings.Contains(calls, "nsenter") {
-		t.Errorf("second run downloaded or restarted:\n%s", calls)
+	if strings.Contains(calls, "nsenter") || inode("runsc") != runscIno || inode("containerd-shim-runsc-v1") != shimIno {
+		t.Errorf("second run installed or restarted:\n%s", calls)
 	}
 	if want := []string{get, label}; !slices.Equal(reqs, want) {
 		t.Errorf("second run's API requests:\n%s\nwant:\n%s", strings.Join(reqs, "\n"), strings.Join(want, "\n"))

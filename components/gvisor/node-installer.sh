@@ -1,29 +1,31 @@
 #!/bin/bash
 # fusebox gVisor node installer, run by the fusebox-gvisor-installer DaemonSet on AKS sandbox
 # nodes (AKSNodeClass has no userData). It installs runsc and containerd-shim-runsc-v1 on the
-# host, registers the runsc runtime with containerd, restarts containerd if anything changed,
-# removes the Karpenter startup taint fusebox.dev/gvisor-not-ready:NoSchedule from the node
-# (it keeps sandbox pods off the node until now), labels the node fusebox.dev/gvisor=ready and
-# then waits (a DaemonSet pod must keep running). When a step fails (a download whose SHA-256
-# does not match, containerd not coming back) the script exits before touching the node, so the
-# taint stays and no sandbox pod is scheduled there. Every step is idempotent: a restarted pod
+# host from its own image (/opt/gvisor, put there by `fusebox image build` with their SHA-256
+# in /opt/gvisor/SHA256SUMS), registers the runsc runtime with containerd, restarts containerd
+# if anything changed, removes the Karpenter startup taint fusebox.dev/gvisor-not-ready:
+# NoSchedule from the node (it keeps sandbox pods off the node until now), labels the node
+# fusebox.dev/gvisor=ready and then waits (a DaemonSet pod must keep running). Nothing is
+# downloaded. When a step fails (a binary whose SHA-256 is not the one recorded at image
+# build, containerd not coming back) the script exits before touching the node, so the taint
+# stays and no sandbox pod is scheduled there. Every step is idempotent: a restarted pod
 # re-checks and changes nothing that is in place.
 #
 # With MODE=verify (EKS, where the EC2NodeClass userData installed gVisor before the kubelet
-# started) nothing is downloaded or changed on the host: the script checks that runsc and the
-# shim are installed and that containerd's running configuration has the runsc runtime, and
-# only then removes the taint and labels the node.
+# started) nothing is changed on the host: the script checks that runsc and the shim are
+# installed and that containerd's running configuration has the runsc runtime, and only then
+# removes the taint and labels the node.
 #
 # Environment (set by the DaemonSet):
 #   MODE                install (default) or verify
-#   BINARY_BASE_URL     <base>/<arch>/runsc and <base>/<arch>/containerd-shim-runsc-v1
-#   SHA256_RUNSC_<ARCH>, SHA256_SHIM_<ARCH>   expected SHA-256 of each binary (ARCH X86_64 or AARCH64)
 #   NODE_NAME           the node to untaint and label (downward API)
 #   STARTUP_TAINT       key of the startup taint to remove (effect NoSchedule)
 #   HOST_ROOT           where the host's root is mounted (default /host)
+#   IMAGE_BIN_DIR       the image's binaries and their SHA256SUMS (default /opt/gvisor)
 set -euo pipefail
 
 HOST_ROOT="${HOST_ROOT:-/host}"
+IMAGE_BIN_DIR="${IMAGE_BIN_DIR:-/opt/gvisor}"
 SA_DIR="${SA_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}"
 READY_FILE="${READY_FILE:-/tmp/fusebox-gvisor-ready}"
 READY_LABEL="${READY_LABEL:-fusebox.dev/gvisor}"
@@ -95,10 +97,18 @@ runsc_config() {
 }
 
 # configure_containerd adds the runsc runtime to the host's containerd config and prints
-# "changed" or "unchanged". With an imports directory it writes a drop-in there; otherwise it
-# appends the runtime table to config.toml once.
+# "changed" or "unchanged", keeping every setting the node has.
+#
+# A version 2 config (AKS's, read by containerd 1.7 or 2.x) gets the runtime table appended to
+# config.toml itself, even where it imports a drop-in directory: containerd 1.7 merges an
+# imported file by replacing each plugin's whole section with the import's (mergeConfig in
+# services/server/config/config.go; containerd issues #5837 and #7982), so a drop-in holding the
+# runsc runtime would replace the node's whole CRI plugin section: its runc runtime, sandbox
+# image and registry settings. A drop-in that an earlier installer wrote there is removed. A
+# version 3 config (containerd 2.x, which merges imports key by key) with an imports directory
+# gets a drop-in; without one, the table is appended.
 configure_containerd() {
-  local config="$HOST_ROOT/etc/containerd/config.toml" table version body dir dropin want
+  local config="$HOST_ROOT/etc/containerd/config.toml" table version body dir="" dropin want changed=unchanged
   if [[ ! -f $config ]]; then
     log "no containerd config at $config"
     return 1
@@ -107,13 +117,19 @@ configure_containerd() {
   version=2
   [[ $table == *'"io.containerd.cri.v1.runtime"'* ]] && version=3
   body="$(printf '[%s]\n  runtime_type = "%s"\n[%s.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n  ConfigPath = "/etc/containerd/runsc.toml"' "$table" "$RUNTIME_TYPE" "$table")"
+  dir="$(imports_dir "$config")" || dir=""
+  if [[ $version == 2 && -n $dir && -f $HOST_ROOT$dir/$DROPIN_NAME ]]; then
+    log "removing $dir/$DROPIN_NAME: containerd 1.7 would let it replace the node's CRI settings"
+    rm -f "$HOST_ROOT$dir/$DROPIN_NAME"
+    changed=changed
+  fi
   if grep -Fq "[$table]" "$config"; then
-    echo unchanged
+    echo "$changed"
     return 0
   fi
-  if dir="$(imports_dir "$config")"; then
+  if [[ $version == 3 && -n $dir ]]; then
     dropin="$HOST_ROOT$dir/$DROPIN_NAME"
-    want="$(printf 'version = %s\n\n# Added by fusebox: the gVisor runtime.\n%s' "$version" "$body")"
+    want="$(printf 'version = 3\n\n# Added by fusebox: the gVisor runtime.\n%s' "$body")"
     if [[ -f $dropin && "$(cat "$dropin")" == "$want" ]]; then
       echo unchanged
       return 0
@@ -128,47 +144,61 @@ configure_containerd() {
   echo changed
 }
 
-# install_binaries downloads, verifies and installs runsc and its shim where they differ from
-# the configured checksums, and prints "changed" or "unchanged".
+# recorded_sum NAME prints the SHA-256 that the image build recorded for NAME in
+# $IMAGE_BIN_DIR/SHA256SUMS (sha256sum's format), and fails unless there is exactly one
+# well-formed line for it.
+recorded_sum() {
+  local sums="$IMAGE_BIN_DIR/SHA256SUMS" lines
+  lines="$(grep -E "^[0-9a-f]{64}  $1\$" "$sums" 2>/dev/null)" || true
+  if [[ -z $lines || $lines == *$'\n'* ]]; then
+    log "$sums has no single SHA-256 of $1: the image was not made by fusebox image build"
+    return 1
+  fi
+  echo "${lines%% *}"
+}
+
+# sha256 PATH prints the file's SHA-256.
+sha256() {
+  local out
+  out="$(sha256sum "$1")" || return 1
+  echo "${out%% *}"
+}
+
+# install_binaries installs the image's runsc and shim on the host where the host's copies
+# differ, and prints "changed" or "unchanged". Both binaries are checked against the digests
+# recorded at image build before either is installed, and each copy again before it replaces
+# the host's, so a tampered or truncated binary is never installed.
 install_binaries() {
-  local arch var want bin dest tmp changed=unchanged
-  case "$(uname -m)" in
-    x86_64) arch=x86_64 ;;
-    aarch64 | arm64) arch=aarch64 ;;
-    *) log "unsupported architecture $(uname -m)"; return 1 ;;
-  esac
-  tmp="$(mktemp -d)"
+  local bin want dest have changed=unchanged
+  local -A sums
   for bin in runsc containerd-shim-runsc-v1; do
-    var="SHA256_RUNSC_${arch^^}"
-    [[ $bin == runsc ]] || var="SHA256_SHIM_${arch^^}"
-    want="${!var:-}"
-    if [[ ! $want =~ ^[0-9a-f]{64}$ ]]; then
-      log "no SHA-256 configured for $arch/$bin ($var)"
-      rm -rf "$tmp"
+    want="$(recorded_sum "$bin")" || return 1
+    have="$(sha256 "$IMAGE_BIN_DIR/$bin")" || return 1
+    if [[ $have != "$want" ]]; then
+      log "$IMAGE_BIN_DIR/$bin has SHA-256 $have, not $want as recorded at image build: not installing it"
       return 1
     fi
+    sums[$bin]=$want
+  done
+  for bin in runsc containerd-shim-runsc-v1; do
+    want="${sums[$bin]}"
     dest="$HOST_ROOT$BIN_DIR/$bin"
-    if [[ -f $dest ]] && [[ "$(sha256sum "$dest" | cut -d' ' -f1)" == "$want" ]]; then
+    if [[ -f $dest ]] && [[ "$(sha256 "$dest")" == "$want" ]]; then
       continue
-    fi
-    log "downloading $BINARY_BASE_URL/$arch/$bin"
-    if ! curl -fsSL --retry 5 -o "$tmp/$bin" "$BINARY_BASE_URL/$arch/$bin"; then
-      log "downloading $arch/$bin failed"
-      rm -rf "$tmp"
-      return 1
-    fi
-    if ! echo "$want  $tmp/$bin" | sha256sum -c --status -; then
-      log "$arch/$bin from $BINARY_BASE_URL does not have the configured SHA-256 $want"
-      rm -rf "$tmp"
-      return 1
     fi
     mkdir -p "$HOST_ROOT$BIN_DIR"
     # Through a temporary file and a rename: a running shim keeps its old inode.
-    install -m 0755 "$tmp/$bin" "$dest.fusebox-new"
+    install -m 0755 "$IMAGE_BIN_DIR/$bin" "$dest.fusebox-new"
+    have="$(sha256 "$dest.fusebox-new")" || return 1
+    if [[ $have != "$want" ]]; then
+      rm -f "$dest.fusebox-new"
+      log "the copy of $bin on the host has SHA-256 $have, not $want: not installing it"
+      return 1
+    fi
     mv -f "$dest.fusebox-new" "$dest"
+    log "installed $BIN_DIR/$bin (SHA-256 $want)"
     changed=changed
   done
-  rm -rf "$tmp"
   echo "$changed"
 }
 
@@ -180,7 +210,8 @@ restart_containerd() {
 }
 
 # node_api METHOD [CONTENT-TYPE DATA] sends a request about this node to the API server with
-# the pod's service account (its cluster role: get and patch nodes) and prints the response.
+# the pod's service account (its cluster role: get and patch nodes; an admission policy admits
+# only this node's startup taint removed and ready label set) and prints the response.
 node_api() {
   local api="https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT}"
   local args=(-fsS --retry 5 --cacert "$SA_DIR/ca.crt" -H "Authorization: Bearer $(cat "$SA_DIR/token")")
@@ -272,7 +303,6 @@ main() {
   if [[ ${MODE:-install} == verify ]]; then
     verify_installed
   else
-    : "${BINARY_BASE_URL:?}"
     bins="$(install_binaries)"
     rcfg="$(runsc_config)"
     cfg="$(configure_containerd)"

@@ -397,6 +397,17 @@ func buildSandbox(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	return img, sb, nil
 }
 
+// InstallerSumsPath is where the gvisor-installer image records the SHA-256 of the runsc
+// and containerd-shim-runsc-v1 it carries (in /opt/gvisor beside them), in sha256sum's
+// format: the node installer installs a binary only if it has that digest.
+const InstallerSumsPath = "opt/gvisor/SHA256SUMS"
+
+// InstallerSums is the content of InstallerSumsPath: one "<sha256>  <name>" line per binary,
+// as `sha256sum -c` reads it in /opt/gvisor.
+func InstallerSums(runscSum, shimSum string) []byte {
+	return []byte(runscSum + "  runsc\n" + shimSum + "  containerd-shim-runsc-v1\n")
+}
+
 func buildInstaller(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	scriptPath := filepath.Join(o.ModuleDir, "components", "gvisor", "node-installer.sh")
 	script, err := os.ReadFile(scriptPath)
@@ -415,19 +426,22 @@ func buildInstaller(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The binaries are read once: the bytes hashed into SHA256SUMS are the bytes in the layer.
+	runscData, err := os.ReadFile(runsc.path)
+	if err != nil {
+		return nil, nil, err
+	}
+	shimData, err := os.ReadFile(shim.path)
+	if err != nil {
+		return nil, nil, err
+	}
+	runscSum, shimSum := sha256Hex(runscData), sha256Hex(shimData)
 	top, err := filesLayer([]file{
 		{name: "usr/local/bin/fusebox-gvisor-installer", mode: 0o755, data: script},
-		{name: "opt/gvisor/runsc", mode: 0o755, src: runsc.path},
-		{name: "opt/gvisor/containerd-shim-runsc-v1", mode: 0o755, src: shim.path},
+		{name: "opt/gvisor/runsc", mode: 0o755, data: runscData},
+		{name: "opt/gvisor/containerd-shim-runsc-v1", mode: 0o755, data: shimData},
+		{name: InstallerSumsPath, mode: 0o444, data: InstallerSums(runscSum, shimSum)},
 	}, o.Epoch)
-	if err != nil {
-		return nil, nil, err
-	}
-	runscSum, err := fileSHA256(runsc.path)
-	if err != nil {
-		return nil, nil, err
-	}
-	shimSum, err := fileSHA256(shim.path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -448,6 +462,7 @@ func buildInstaller(o BuildOptions, work string) (v1.Image, *sbom, error) {
 	sb.addFile("/usr/local/bin/fusebox-gvisor-installer", script)
 	sb.addGoBinary("/opt/gvisor/runsc", runsc)
 	sb.addGoBinary("/opt/gvisor/containerd-shim-runsc-v1", shim)
+	sb.addFile("/"+InstallerSumsPath, InstallerSums(runscSum, shimSum))
 	if err := sb.addDpkgStatus(rfs.dpkgStatus, debianVersion(o.Suite)); err != nil {
 		return nil, nil, err
 	}

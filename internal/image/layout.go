@@ -161,17 +161,10 @@ func tarDir(dir, dst string, epoch time.Time) error {
 	return os.Rename(tmp.Name(), dst)
 }
 
-func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+// sha256Hex is the SHA-256 of data in lowercase hex.
+func sha256Hex(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // ErrNotLayout is wrapped when a directory is not an image layout that Build wrote.

@@ -217,9 +217,16 @@ func templatePod(m *mocktest.Mocks) (*unstructured.Unstructured, error) {
 			tmplMaps, text = append(tmplMaps, cm.Name), t
 		}
 	}
-	bindings := m.ByType("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+	// The sandbox pods' binding selects their namespace; on eks and aks the gVisor node
+	// installer's (on nodes) is there too.
+	var bindings []mocktest.Resource
+	for _, b := range m.ByType("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding") {
+		if mocktest.Dig(b.Props(), "spec", "matchResources", "namespaceSelector") != nil {
+			bindings = append(bindings, b)
+		}
+	}
 	if len(tmplMaps) != 1 || len(bindings) != 1 {
-		return nil, fmt.Errorf("want one ConfigMap with the sandbox template and one admission policy binding, got %v and %d", tmplMaps, len(bindings))
+		return nil, fmt.Errorf("want one ConfigMap with the sandbox template and one sandbox admission policy binding, got %v and %d", tmplMaps, len(bindings))
 	}
 	ns := mocktest.Str(bindings[0].Props(), "spec", "matchResources", "namespaceSelector", "matchLabels", "kubernetes.io/metadata.name")
 	if ns == "" {

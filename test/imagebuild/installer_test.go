@@ -120,14 +120,6 @@ func (a *nodeAPI) serve(r *http.Request, body []byte) int {
 	return http.StatusMethodNotAllowed
 }
 
-// unameArch is `uname -m` of this machine, as the installer names architectures.
-func unameArch() string {
-	if goarch == "arm64" {
-		return "aarch64"
-	}
-	return "x86_64"
-}
-
 // chrootCmd runs argv inside root with exactly env.
 func chrootCmd(ctx context.Context, root string, env []string, argv ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -138,14 +130,16 @@ func chrootCmd(ctx context.Context, root string, env []string, argv ...string) *
 }
 
 // TestNodeInstallerImage unpacks the gvisor-installer image that fusebox image build made
-// and checks that it holds the node installer script and the pinned runsc and shim (the
-// digests its labels name), that the binaries and every tool the script calls run from the
-// image's own userland, and then runs its entrypoint there, as the AKS DaemonSet does: it
-// downloads runsc and the shim (served on loopback from the image's own copies) into a node
-// root, checks their SHA-256, registers the runtime with containerd, restarts containerd
-// (nsenter is the only stand-in: the real one would restart this machine's containerd),
-// removes the startup taint and labels the node through the API server (on loopback, TLS, the
-// service account's token), and waits until it is stopped.
+// and checks that it holds the node installer script and the pinned runsc and shim, with their
+// SHA-256 recorded in /opt/gvisor/SHA256SUMS (and its labels), that the binaries and every tool
+// the script calls run from the image's own userland, and then runs its entrypoint there, as
+// the AKS DaemonSet does. With one byte of the image's runsc changed it installs nothing,
+// restarts nothing and leaves the node's taint. With the image as built it installs the
+// image's own runsc and shim into a node root (nothing is downloaded: the test serves nothing
+// but the API server), registers the runtime with containerd, restarts containerd (nsenter is
+// the only stand-in: the real one would restart this machine's containerd), removes the
+// startup taint and labels the node through the API server (on loopback, TLS, the service
+// account's token), and waits until it is stopped.
 func TestNodeInstallerImage(t *testing.T) {
 	b := buildImages(t)[image.GVisorInstaller]
 	img, err := image.Load(b.Dir)
@@ -183,6 +177,11 @@ func TestNodeInstallerImage(t *testing.T) {
 		if got := fileSHA256(t, filepath.Join(root, "opt/gvisor", bin)); got != labels[label] {
 			t.Errorf("/opt/gvisor/%s has SHA-256 %s, its label says %s", bin, got, labels[label])
 		}
+	}
+	// The digests the installer checks, recorded at build.
+	wantSums := labels["dev.fusebox.gvisor.runsc.sha256"] + "  runsc\n" + labels["dev.fusebox.gvisor.shim.sha256"] + "  containerd-shim-runsc-v1\n"
+	if got, err := os.ReadFile(filepath.Join(root, "opt/gvisor/SHA256SUMS")); err != nil || string(got) != wantSums {
+		t.Errorf("/opt/gvisor/SHA256SUMS: %q %v, want %q", got, err, wantSums)
 	}
 
 	imageEnv := slices.Clone(cf.Config.Env)
@@ -224,21 +223,6 @@ func TestNodeInstallerImage(t *testing.T) {
 	apiSrv := httptest.NewTLSServer(api)
 	defer apiSrv.Close()
 	files["fusebox-test/sa/ca.crt"] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: apiSrv.Certificate().Raw}))
-	// The release server: gVisor's layout, <base>/<arch>/<binary>, from the image's copies.
-	var mu sync.Mutex
-	var downloads []string
-	release := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		downloads = append(downloads, r.URL.Path)
-		mu.Unlock()
-		bin, ok := strings.CutPrefix(r.URL.Path, "/gvisor/"+unameArch()+"/")
-		if !ok || (bin != "runsc" && bin != "containerd-shim-runsc-v1") {
-			http.NotFound(w, r)
-			return
-		}
-		http.ServeFile(w, r, filepath.Join(root, "opt/gvisor", bin))
-	}))
-	defer release.Close()
 	for rel, content := range files {
 		p := filepath.Join(root, rel)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -252,13 +236,9 @@ func TestNodeInstallerImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	apiURL, _ := url.Parse(apiSrv.URL)
-	arch := strings.ToUpper(unameArch())
 	env := []string{
 		"PATH=" + testDir + "/bin:" + strings.TrimPrefix(envValue(imageEnv, "PATH"), "PATH="),
 		"LANG=C.UTF-8",
-		"BINARY_BASE_URL=" + release.URL + "/gvisor",
-		"SHA256_RUNSC_" + arch + "=" + labels["dev.fusebox.gvisor.runsc.sha256"],
-		"SHA256_SHIM_" + arch + "=" + labels["dev.fusebox.gvisor.shim.sha256"],
 		"NODE_NAME=" + nodeName,
 		"HOST_ROOT=/host",
 		"SA_DIR=" + testDir + "/sa",
@@ -268,6 +248,39 @@ func TestNodeInstallerImage(t *testing.T) {
 		"KUBERNETES_SERVICE_HOST=" + apiURL.Hostname(),
 		"KUBERNETES_SERVICE_PORT=" + apiURL.Port(),
 	}
+	// A runsc changed in the image (one byte appended): refused before anything changes.
+	runsc := filepath.Join(root, "opt/gvisor/runsc")
+	good, err := os.ReadFile(runsc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(runsc, append(slices.Clone(good), 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	refused, err := chrootCmd(ctx, root, env, cf.Config.Entrypoint...).CombinedOutput()
+	if err == nil {
+		t.Fatalf("the installer accepted a changed runsc:\n%s", refused)
+	}
+	if !strings.Contains(string(refused), "/opt/gvisor/runsc has SHA-256") {
+		t.Errorf("the refusal does not name the changed binary:\n%s", refused)
+	}
+	for _, bin := range []string{"runsc", "containerd-shim-runsc-v1"} {
+		if _, err := os.Stat(filepath.Join(root, "host/usr/local/bin", bin)); err == nil {
+			t.Errorf("%s installed from an image with a changed runsc", bin)
+		}
+	}
+	if calls, _ := os.ReadFile(filepath.Join(root, "fusebox-test/calls.log")); len(calls) != 0 {
+		t.Errorf("nsenter called after the refusal:\n%s", calls)
+	}
+	api.mu.Lock()
+	if len(api.requests) != 0 || len(api.taints) != 2 {
+		t.Errorf("API requests %q, taints %v after the refusal", api.requests, api.taints)
+	}
+	api.mu.Unlock()
+	if err := os.WriteFile(runsc, good, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
 	cmd := chrootCmd(ctx, root, env, cf.Config.Entrypoint...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -308,11 +321,6 @@ func TestNodeInstallerImage(t *testing.T) {
 			t.Errorf("installed %s has SHA-256 %s, want %s", bin, got, labels[label])
 		}
 	}
-	mu.Lock()
-	if want := []string{"/gvisor/" + unameArch() + "/runsc", "/gvisor/" + unameArch() + "/containerd-shim-runsc-v1"}; !slices.Equal(downloads, want) {
-		t.Errorf("downloads %q, want %q", downloads, want)
-	}
-	mu.Unlock()
 	cfg, _ := os.ReadFile(filepath.Join(root, "host/etc/containerd/config.toml"))
 	if !strings.Contains(string(cfg), "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runsc]\n  runtime_type = \"io.containerd.runsc.v1\"") {
 		t.Errorf("containerd config without the runsc runtime:\n%s", cfg)
