@@ -29,6 +29,11 @@ export FUSEBOX_PULUMI_TOOLS := $(PULUMI_TOOLS)
 # plugins, kube-router), built from the Go module proxy by hack/node/build-bins.sh.
 NODE_BIN ?= $(FUSEBOX_CACHE)/node-containerd-v2.4.2-k8s-$(K8S_VERSION)
 export FUSEBOX_NODE_BIN := $(NODE_BIN)
+# containerd 1.7 (the containerd of AKS's config-version-2 nodes), built by
+# hack/node/build-containerd17.sh: components/gvisor's tests load the node installer's config
+# with it.
+CONTAINERD17_DIR ?= $(FUSEBOX_CACHE)/containerd-v1.7.35
+export FUSEBOX_CONTAINERD17 := $(CONTAINERD17_DIR)/containerd
 # Packages of the main test run: test/kube and test/cluster run only through test-kube and
 # test-cluster.
 MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|clusterup)(/|$$)')
@@ -44,7 +49,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins test-kube tools test-python bench-python node-bins test-cluster
+.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 test-kube tools test-python bench-python node-bins test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -133,6 +138,7 @@ toolchains: # one after another: each compile uses every CPU
 	$(MAKE) --no-print-directory shim
 	$(MAKE) --no-print-directory k8s-bins
 	$(MAKE) --no-print-directory node-bins
+	$(MAKE) --no-print-directory containerd17
 	$(MAKE) --no-print-directory tools
 
 userlands: ## Build the Debian userlands of the release images and the tests into the cache when absent (root)
@@ -145,6 +151,9 @@ k8s-bins: ## Build etcd, kube-apiserver, kube-controller-manager and kwok into t
 		echo "kubernetes test binaries present in $(K8S_BIN)"; \
 	else echo "make: building the Kubernetes test binaries into $(K8S_BIN) (once; tens of CPU-minutes cold)"; \
 		./hack/k8s/build-bins.sh $(K8S_BIN); fi
+
+containerd17: ## Build containerd 1.7 (the installer tests' second containerd) into the cache when absent
+	./hack/node/build-containerd17.sh $(CONTAINERD17_DIR)
 
 node-bins: ## Build containerd, the gVisor shim, kubelet, kube-scheduler, kube-proxy, CNI plugins and kube-router into the cache when absent
 	./hack/node/build-bins.sh $(NODE_BIN)

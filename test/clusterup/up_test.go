@@ -6,8 +6,10 @@
 // fill the warm pool with gVisor sandbox pods; an agent authenticated with a ServiceAccount
 // token allocates through the manager's Service and works in its sandbox over the direct
 // data plane; the stack's NetworkPolicy, enforced by kube-router, keeps other pods off the
-// sandbox and the sandbox off the manager, the node and other sandboxes; `fusebox destroy`
-// leaves nothing behind.
+// sandbox and the sandbox off the manager, the node and other sandboxes; a second `up` (a new
+// sandbox image, a changed fusebox:access) rolls the manager onto the new access rule and
+// replaces the warm pods while a bound sandbox keeps serving; `fusebox destroy` leaves nothing
+// behind.
 package clusterup
 
 import (
@@ -73,9 +75,10 @@ type deployment struct {
 	before               map[string]bool // the API server's objects before up
 	managerNS, sandboxNS string
 	release              infra.ReleaseImages
-	svc                  *corev1.Service // the manager's
-	addr                 string          // tcp://<the Service's address>:<port>
-	ca                   []byte          // the manager's CA, as it publishes it
+	built                map[string]imagetest.Built // the release images, by name
+	svc                  *corev1.Service            // the manager's
+	addr                 string                     // tcp://<the Service's address>:<port>
+	ca                   []byte                     // the manager's CA, as it publishes it
 	agent                client.AllocateOptions
 	dir                  string // the token files, the CA, Pulumi's state
 	destroyed            bool
@@ -112,7 +115,7 @@ func up(tb testing.TB) *deployment {
 func deployUp(tools string, built map[string]imagetest.Built) (*deployment, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	d := &deployment{release: infra.ReleaseImages{}, progress: &bytes.Buffer{}}
+	d := &deployment{release: infra.ReleaseImages{}, built: built, progress: &bytes.Buffer{}}
 	var err error
 	if d.dir, err = os.MkdirTemp("", "clusterup-"); err != nil {
 		return nil, err
@@ -159,7 +162,7 @@ func deployUp(tools string, built map[string]imagetest.Built) (*deployment, erro
 			return nil, err
 		}
 	}
-	stack, err := stackFile(d.release)
+	stack, err := stackFile(d.release, "")
 	if err != nil {
 		return nil, err
 	}
@@ -357,6 +360,9 @@ func TestUpOnARealNode(t *testing.T) {
 	if len(targets) < 5 {
 		t.Errorf("no second sandbox to probe: the pool holds %v", warm)
 	}
+
+	// A second up, an upgrade, while the agent keeps its sandbox.
+	upgrade(ctx, t, d, a)
 	if err := a.Close(); err != nil {
 		t.Fatalf("releasing the sandbox: %v", err)
 	}
@@ -390,8 +396,9 @@ func TestUpOnARealNode(t *testing.T) {
 }
 
 // stackFile is stacks/Pulumi.local.yaml with release written in as `fusebox release` writes
-// it, the sandboxes sized for this 2-CPU node, and this host as an agent (dataClientCIDRs).
-func stackFile(release infra.ReleaseImages) ([]byte, error) {
+// it, the sandboxes sized for this 2-CPU node, this host as an agent (dataClientCIDRs), and
+// extra (YAML lines under config:, indented two spaces) at the end of its config.
+func stackFile(release infra.ReleaseImages, extra string) ([]byte, error) {
 	b, err := os.ReadFile(filepath.Join(testenv.ModuleRoot(), "stacks", "Pulumi.local.yaml"))
 	if err != nil {
 		return nil, err
@@ -407,7 +414,13 @@ func stackFile(release infra.ReleaseImages) ([]byte, error) {
 		local = strings.Replace(local, r[0], r[1], 1)
 	}
 	out, _, err := infra.ReleaseStackFile([]byte(local), "stacks/Pulumi.local.yaml", registry, release)
-	return out, err
+	if err != nil || extra == "" {
+		return out, err
+	}
+	if !strings.HasPrefix(string(out), "config:\n") && !strings.Contains(string(out), "\nconfig:\n") {
+		return nil, errors.New("stacks/Pulumi.local.yaml has no config: to extend")
+	}
+	return append(out, extra...), nil
 }
 
 // token is a token of ServiceAccount ns/name for audience aud, from TokenRequest (what the
