@@ -8,6 +8,7 @@ tool (
 )
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/prometheus/client_golang v1.25.0
@@ -24,7 +25,6 @@ require (
 )
 
 require (
-	github.com/BurntSushi/toml v1.6.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/ProtonMail/go-crypto v1.5.2 // indirect
 	github.com/aead/chacha20 v0.0.0-20180709150244-8b13a72661da // indirect

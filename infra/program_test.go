@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
@@ -152,8 +153,10 @@ func TestStacks(t *testing.T) {
 			if w.nodeClass == ec2Type {
 				p := m.One(t, ec2Type).Props()
 				ud := mocktest.Str(p, "spec", "userData")
-				for _, f := range []string{`plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`, `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`,
-					"containerd --version", "systemd-cgroup", "base='" + w.userDataURL + "'"} {
+				// The runtime is registered through nodeadm's NodeConfig (components/gvisor's
+				// TestEKSUserDataNodeadm runs nodeadm's code on it).
+				for _, f := range []string{"Content-Type: " + gvisor.NodeConfigContentType, "kind: NodeConfig",
+					`plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`, "systemd-cgroup", "base='" + w.userDataURL + "'"} {
 					if !strings.Contains(ud, f) {
 						t.Errorf("userData lacks %q", f)
 					}
