@@ -283,7 +283,7 @@ func TestBadConfig(t *testing.T) {
 		"gke flavour":     {func(c map[string]string) { c["fusebox:networkPolicy"] = "gke" }, "fusebox:networkPolicy"},
 		"unknown flavour": {func(c map[string]string) { c["fusebox:networkPolicy"] = "calico" }, "fusebox:networkPolicy"},
 		"latest AMI": {func(c map[string]string) {
-			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251110`, `al2023@latest`, 1)
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251112`, `al2023@latest`, 1)
 		}, "fusebox:nodePool.ec2.amiAlias"},
 		"no installer":      {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
 		"bad pull secret":   {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},

@@ -21,7 +21,7 @@ func eksArgs() *KarpenterArgs {
 		Cloud: components.EKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
 		EC2: &EC2Args{
 			Role:                      "KarpenterNodeRole-x",
-			AMIAlias:                  "al2023@v20251110",
+			AMIAlias:                  "al2023@v20251112",
 			SubnetSelectorTags:        map[string]string{"karpenter.sh/discovery": "x"},
 			SecurityGroupSelectorTags: map[string]string{"karpenter.sh/discovery": "x"},
 			UserData:                  "MIME-Version: 1.0\n...io.containerd.cri.v1.runtime...",
@@ -116,7 +116,7 @@ func TestEKS(t *testing.T) {
 	if ud := mocktest.Str(p, "spec", "userData"); !strings.Contains(ud, "io.containerd.cri.v1.runtime") {
 		t.Errorf("userData %q", ud)
 	}
-	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@v20251110" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
+	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@v20251112" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
 		t.Errorf("spec %v", mocktest.Dig(p, "spec"))
 	}
 	if hop := mocktest.Dig(p, "spec", "metadataOptions", "httpPutResponseHopLimit"); hop != 1.0 ||
@@ -186,7 +186,7 @@ func TestRefusesIncompleteSettings(t *testing.T) {
 
 func TestEKSRefusesUnpinnedAMI(t *testing.T) {
 	for name, tc := range map[string]struct{ alias, id string }{
-		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251110", "ami-0123456789abcdef0"},
+		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251112", "ami-0123456789abcdef0"},
 		"not al2023": {"bottlerocket@v1.2.3", ""}, "bad id": {"", "ami-xyz"},
 	} {
 		t.Run(name, func(t *testing.T) {
