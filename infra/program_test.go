@@ -285,6 +285,12 @@ func TestBadConfig(t *testing.T) {
 		"latest AMI": {func(c map[string]string) {
 			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251112`, `al2023@latest`, 1)
 		}, "fusebox:nodePool.ec2.amiAlias"},
+		"drift budget": {func(c map[string]string) {
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `"driftBudget":"1"`, `"driftBudget":"all"`, 1)
+		}, "fusebox:nodePool.driftBudget"},
+		"disruption budget": {func(c map[string]string) {
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `"disruptionBudget":"20%"`, `"disruptionBudget":"150%"`, 1)
+		}, "fusebox:nodePool.disruptionBudget"},
 		"no installer":      {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
 		"bad pull secret":   {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},
 		"access, no caller": {func(c map[string]string) { c["fusebox:access"] = `[{"egress":["10.0.0.1:443"]}]` }, "fusebox:access[0]"},
