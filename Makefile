@@ -158,6 +158,13 @@ containerd17: ## Build containerd 1.7 (the installer tests' second containerd) i
 node-bins: ## Build containerd, the gVisor shim, kubelet, kube-scheduler, kube-proxy, CNI plugins and kube-router into the cache when absent
 	./hack/node/build-bins.sh $(NODE_BIN)
 
+# nodeadm's containerd config checker (hack/nodeadm: nodeadm's own code from the Go module
+# proxy), for components/gvisor's EKS userData test (FUSEBOX_NODEADM_BIN).
+NODEADM_BIN ?= $(FUSEBOX_CACHE)/nodeadm-v0.0.0-20260213141146-147b13ea3f4a
+export FUSEBOX_NODEADM_BIN := $(NODEADM_BIN)
+nodeadm-check: ## Build nodeadm's containerd config checker into the cache when absent
+	./hack/nodeadm/build.sh $(NODEADM_BIN)
+
 tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent
 	./hack/pulumi/build-tools.sh $(PULUMI_TOOLS)
 	./hack/pulumi/setup-tools.sh $(PULUMI_TOOLS)

@@ -125,6 +125,7 @@ type NodePoolConfig struct {
 	Requirements     []karpenter.Requirement `json:"requirements"`
 	ConsolidateAfter string                  `json:"consolidateAfter"`
 	DisruptionBudget string                  `json:"disruptionBudget"`
+	DriftBudget      string                  `json:"driftBudget"`
 	ExpireAfter      string                  `json:"expireAfter"`
 	EC2              *EC2Config              `json:"ec2"`
 	AKS              *AKSConfig              `json:"aks"`
@@ -408,6 +409,13 @@ func (c *Config) checkSizes(fail failFunc) error {
 	}
 	if c.Cloud == components.EKS && c.NodePool.EC2 == nil {
 		return fail("nodePool.ec2", errors.New("required on eks"))
+	}
+	for _, b := range []struct{ key, v string }{{"nodePool.disruptionBudget", c.NodePool.DisruptionBudget}, {"nodePool.driftBudget", c.NodePool.DriftBudget}} {
+		if b.v != "" {
+			if err := karpenter.ValidateBudget(b.v); err != nil {
+				return fail(b.key, err)
+			}
+		}
 	}
 	return nil
 }

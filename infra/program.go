@@ -204,6 +204,7 @@ func karpenterArgs(c *Config) (*karpenter.KarpenterArgs, error) {
 		Requirements:     n.Requirements,
 		ConsolidateAfter: n.ConsolidateAfter,
 		DisruptionBudget: n.DisruptionBudget,
+		DriftBudget:      n.DriftBudget,
 		ExpireAfter:      n.ExpireAfter,
 		GKENodePool:      n.GKENodePool,
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
@@ -148,8 +149,10 @@ func TestStacks(t *testing.T) {
 			if w.nodeClass == ec2Type {
 				p := m.One(t, ec2Type).Props()
 				ud := mocktest.Str(p, "spec", "userData")
-				for _, f := range []string{`plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc`, `plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`,
-					"containerd --version", "systemd-cgroup", "base='" + w.userDataURL + "'"} {
+				// The runtime is registered through nodeadm's NodeConfig (components/gvisor's
+				// TestEKSUserDataNodeadm runs nodeadm's code on it).
+				for _, f := range []string{"Content-Type: " + gvisor.NodeConfigContentType, "kind: NodeConfig",
+					`plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc`, "systemd-cgroup", "base='" + w.userDataURL + "'"} {
 					if !strings.Contains(ud, f) {
 						t.Errorf("userData lacks %q", f)
 					}
@@ -285,8 +288,14 @@ func TestBadConfig(t *testing.T) {
 		"gke flavour":     {func(c map[string]string) { c["fusebox:networkPolicy"] = "gke" }, "fusebox:networkPolicy"},
 		"unknown flavour": {func(c map[string]string) { c["fusebox:networkPolicy"] = "calico" }, "fusebox:networkPolicy"},
 		"latest AMI": {func(c map[string]string) {
-			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251110`, `al2023@latest`, 1)
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `al2023@v20251112`, `al2023@latest`, 1)
 		}, "fusebox:nodePool.ec2.amiAlias"},
+		"drift budget": {func(c map[string]string) {
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `"driftBudget":"1"`, `"driftBudget":"all"`, 1)
+		}, "fusebox:nodePool.driftBudget"},
+		"disruption budget": {func(c map[string]string) {
+			c["fusebox:nodePool"] = strings.Replace(c["fusebox:nodePool"], `"disruptionBudget":"20%"`, `"disruptionBudget":"150%"`, 1)
+		}, "fusebox:nodePool.disruptionBudget"},
 		"no installer":      {func(c map[string]string) { c["fusebox:gvisor"] = `{"version":"20250120"}` }, "fusebox:gvisor.installerImage"},
 		"bad pull secret":   {func(c map[string]string) { c["fusebox:imagePullSecrets"] = `["Reg_Cred"]` }, "fusebox:imagePullSecrets"},
 		"access, no caller": {func(c map[string]string) { c["fusebox:access"] = `[{"egress":["10.0.0.1:443"]}]` }, "fusebox:access[0]"},

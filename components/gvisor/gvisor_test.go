@@ -9,9 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/BurntSushi/toml"
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	"sigs.k8s.io/yaml"
 )
 
 const runtimeClassType = "kubernetes:node.k8s.io/v1:RuntimeClass"
@@ -47,8 +49,29 @@ func TestEKSUserData(t *testing.T) {
 		ct, _, _ := mime.ParseMediaType(p.Header.Get("Content-Type"))
 		parts[ct] = string(b)
 	}
-	if len(parts) != 1 {
-		t.Fatalf("want 1 part (the script: the runtime's table depends on containerd's version), got %d: %v", len(parts), parts)
+	if len(parts) != 2 {
+		t.Fatalf("want 2 parts (nodeadm's NodeConfig, the install script), got %d: %v", len(parts), parts)
+	}
+
+	// The runtime is registered through nodeadm's NodeConfig (TestEKSUserDataNodeadm runs
+	// nodeadm's own code on it); here, the part as nodeadm's YAML decoder reads it.
+	var nc struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Spec       struct {
+			Containerd struct {
+				Config string `json:"config"`
+			} `json:"containerd"`
+		} `json:"spec"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(parts[NodeConfigContentType]), &nc); err != nil {
+		t.Fatalf("NodeConfig part: %v\n%s", err, parts[NodeConfigContentType])
+	}
+	if nc.APIVersion != "node.eks.aws/v1alpha1" || nc.Kind != "NodeConfig" {
+		t.Errorf("NodeConfig part is %s %s", nc.APIVersion, nc.Kind)
+	}
+	if nc.Spec.Containerd.Config != ContainerdRunscConfig() {
+		t.Errorf("spec.containerd.config:\n%s\nwant:\n%s", nc.Spec.Containerd.Config, ContainerdRunscConfig())
 	}
 
 	sh := parts["text/x-shellscript"]
@@ -60,20 +83,36 @@ func TestEKSUserData(t *testing.T) {
 		"runsc containerd-shim-runsc-v1",
 		"sha512sum -c",
 		`install -m 0755 "$tmp/$bin" "/usr/local/bin/$bin"`,
-		// The config version of the node's containerd: 3 for 2.x, 2 for 1.x.
-		"containerd --version",
-		`1) version=2; table='plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc'`,
-		`2|3) version=3; table='plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc'`,
-		"/etc/containerd/config.d/fusebox-runsc.toml",
-		`runtime_type = "io.containerd.runsc.v1"`,
-		`ConfigPath = "/etc/containerd/runsc.toml"`,
 		// runsc with the kubelet's systemd cgroup driver (gVisor issue 10371).
+		"cat >'" + RunscConfigPath + "' <<RUNSC",
 		"[runsc_config]",
 		`systemd-cgroup = "$cgroup"`,
 	} {
 		if !strings.Contains(sh, want) {
 			t.Errorf("script part lacks %q:\n%s", want, sh)
 		}
+	}
+	// nodeadm's containerd config imports nothing: a drop-in would never be read.
+	if strings.Contains(sh, "config.d") || strings.Contains(sh, "runtime_type") {
+		t.Errorf("script still registers the runtime in a drop-in:\n%s", sh)
+	}
+}
+
+func TestContainerdRunscConfig(t *testing.T) {
+	var c map[string]any
+	if _, err := toml.Decode(ContainerdRunscConfig(), &c); err != nil {
+		t.Fatalf("%v\n%s", err, ContainerdRunscConfig())
+	}
+	// Version 2: containerd 1.x reads it, and nodeadm migrates it on containerd 2.x; version 3
+	// fails nodeadm on containerd 1.x (nodeadm/internal/containerd/config.go,
+	// getConfigTemplateVersion).
+	if c["version"] != int64(2) {
+		t.Errorf("version %v, want 2", c["version"])
+	}
+	r := c["plugins"].(map[string]any)["io.containerd.grpc.v1.cri"].(map[string]any)["containerd"].(map[string]any)["runtimes"].(map[string]any)["runsc"].(map[string]any)
+	opts := r["options"].(map[string]any)
+	if r["runtime_type"] != "io.containerd.runsc.v1" || opts["TypeUrl"] != "io.containerd.runsc.v1.options" || opts["ConfigPath"] != RunscConfigPath {
+		t.Errorf("runsc runtime %v", r)
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package karpenter provides the Karpenter component: a karpenter.sh/v1 NodePool for sandbox
-// pods only (a taint that only sandbox pods tolerate, a label they select, CPU/memory limits and
-// a disruption budget) and the cloud's node class: an EC2NodeClass on EKS (with the gVisor
+// pods only (a taint that only sandbox pods tolerate, a label they select, CPU/memory limits,
+// removal of empty nodes only and disruption budgets that replace drifted nodes a few at a
+// time) and the cloud's node class: an EC2NodeClass on EKS (with the gVisor
 // install as userData) or an AKSNodeClass on AKS.
 //
 // The NodePool also gives new nodes the startup taint StartupTaintKey, which keeps sandbox pods
@@ -68,10 +69,13 @@ type KarpenterArgs struct {
 	MemoryLimit string `pulumi:"memoryLimit"`
 	// Requirements constrain instance types, zones, capacity type, architecture.
 	Requirements []Requirement `pulumi:"requirements"`
-	// ConsolidateAfter is how long a node stays empty or underused before consolidation
-	// (default "5m"); DisruptionBudget caps nodes disrupted at once (default "10%").
+	// ConsolidateAfter is how long a node stays empty before Karpenter removes it (default
+	// "5m"); DisruptionBudget caps nodes disrupted at once for any reason (default "10%");
+	// DriftBudget caps drifted nodes replaced at once (default "1"). Each budget is a count or
+	// a percentage of the pool's nodes.
 	ConsolidateAfter string `pulumi:"consolidateAfter"`
 	DisruptionBudget string `pulumi:"disruptionBudget"`
+	DriftBudget      string `pulumi:"driftBudget"`
 	// ExpireAfter bounds a node's lifetime (default "720h").
 	ExpireAfter string `pulumi:"expireAfter"`
 	// EC2 is required on EKS.
@@ -188,6 +192,13 @@ func (a *KarpenterArgs) validate() error {
 	case a.CPULimit == "" || a.MemoryLimit == "":
 		return fmt.Errorf("%w: cpuLimit and memoryLimit (the sandbox pool must be bounded)", ErrMissingSetting)
 	}
+	for _, b := range []struct{ name, v string }{{"disruptionBudget", a.DisruptionBudget}, {"driftBudget", a.DriftBudget}} {
+		if b.v != "" {
+			if err := ValidateBudget(b.v); err != nil {
+				return fmt.Errorf("%s: %w", b.name, err)
+			}
+		}
+	}
 	if a.Cloud == components.EKS {
 		switch {
 		case a.EC2 == nil:
@@ -202,6 +213,21 @@ func (a *KarpenterArgs) validate() error {
 		if err := ValidateAMI(a.EC2.AMIAlias, a.EC2.AMIID); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// ErrBadBudget is returned for a disruption budget Karpenter would refuse.
+var ErrBadBudget = errors.New("bad disruption budget")
+
+// budgetNodes is the pattern of a budget's nodes in Karpenter's NodePool CRD (karpenter.sh/v1
+// Budget.Nodes): a count or a percentage up to 100%.
+var budgetNodes = regexp.MustCompile(`^((100|[0-9]{1,2})%|[0-9]+)$`)
+
+// ValidateBudget checks a disruption budget's nodes: a count ("1") or a percentage ("10%").
+func ValidateBudget(nodes string) error {
+	if !budgetNodes.MatchString(nodes) {
+		return fmt.Errorf("%w: %q: want a count of nodes (\"1\") or a percentage (\"10%%\")", ErrBadBudget, nodes)
 	}
 	return nil
 }
@@ -307,12 +333,38 @@ func (a *KarpenterArgs) nodePoolSpec() NodePoolSpec {
 				ExpireAfter:   orDefault(a.ExpireAfter, "720h"),
 			},
 		},
-		Disruption: Disruption{
-			ConsolidationPolicy: "WhenEmptyOrUnderutilized",
-			ConsolidateAfter:    orDefault(a.ConsolidateAfter, "5m"),
-			Budgets:             []Budget{{Nodes: orDefault(a.DisruptionBudget, "10%")}},
+		Disruption: a.disruption(),
+		Limits:     map[string]string{"cpu": a.CPULimit, "memory": a.MemoryLimit},
+	}
+}
+
+// ConsolidationPolicy is the sandbox pool's: Karpenter removes only empty nodes.
+// WhenEmptyOrUnderutilized would evict sandboxes to pack nodes, and a sandbox is a live
+// session, not a replica: bound sandboxes carry karpenter.sh/do-not-disrupt (the manager sets
+// it), which blocks consolidation of their node, and warm ones would be churned for nothing.
+const ConsolidationPolicy = "WhenEmpty"
+
+// DriftedReason is Karpenter's disruption reason for drifted nodes (karpenter.sh/v1
+// DisruptionReason "Drifted").
+const DriftedReason = "Drifted"
+
+// disruption is the pool's disruption block. Promoting gvisor.version changes the
+// EC2NodeClass's userData and promoting the AMI its amiSelectorTerms: every sandbox node
+// drifts at once. The Drifted budget replaces them a few at a time (default one), so warm
+// sandboxes are drained and refilled gradually; a node with bound sandboxes is not replaced
+// until they end, because their do-not-disrupt blocks drift as long as the NodeClaim sets no
+// terminationGracePeriod (this pool sets none; Karpenter's annotation reference:
+// karpenter.sh/do-not-disrupt "blocks drift unless the NodeClaim sets a
+// terminationGracePeriod"). The most restrictive budget applies, and a budget without reasons
+// applies to every reason (Karpenter's NodePool disruption budgets).
+func (a *KarpenterArgs) disruption() Disruption {
+	return Disruption{
+		ConsolidationPolicy: ConsolidationPolicy,
+		ConsolidateAfter:    orDefault(a.ConsolidateAfter, "5m"),
+		Budgets: []Budget{
+			{Nodes: orDefault(a.DisruptionBudget, "10%")},
+			{Nodes: orDefault(a.DriftBudget, "1"), Reasons: []string{DriftedReason}},
 		},
-		Limits: map[string]string{"cpu": a.CPULimit, "memory": a.MemoryLimit},
 	}
 }
 

@@ -21,7 +21,7 @@ func eksArgs() *KarpenterArgs {
 		Cloud: components.EKS, Name: "fusebox-sandbox", CPULimit: "64", MemoryLimit: "256Gi",
 		EC2: &EC2Args{
 			Role:                      "KarpenterNodeRole-x",
-			AMIAlias:                  "al2023@v20251110",
+			AMIAlias:                  "al2023@v20251112",
 			SubnetSelectorTags:        map[string]string{"karpenter.sh/discovery": "x"},
 			SecurityGroupSelectorTags: map[string]string{"karpenter.sh/discovery": "x"},
 			UserData:                  "MIME-Version: 1.0\n...io.containerd.cri.v1.runtime...",
@@ -90,12 +90,70 @@ func checkNodePool(t *testing.T, m *mocktest.Mocks, group, kind string) {
 	if mocktest.Str(p, "spec", "limits", "cpu") != "64" || mocktest.Str(p, "spec", "limits", "memory") != "256Gi" {
 		t.Errorf("limits %v", mocktest.Dig(p, "spec", "limits"))
 	}
-	if mocktest.Str(p, "spec", "disruption", "budgets", 0, "nodes") != "10%" ||
-		mocktest.Str(p, "spec", "disruption", "consolidationPolicy") != "WhenEmptyOrUnderutilized" {
-		t.Errorf("disruption %v", mocktest.Dig(p, "spec", "disruption"))
-	}
+	checkDisruption(t, p, "10%", "1")
 	if reqs, _ := mocktest.Dig(tmpl, "spec", "requirements").([]any); len(reqs) == 0 {
 		t.Errorf("no requirements")
+	}
+}
+
+// checkDisruption: sandbox nodes are removed only when empty, never packed (consolidation
+// would evict live sandboxes), and drift replaces at most drift nodes at once, so a
+// gvisor.version or AMI promotion does not drain the pool wholesale. Karpenter applies the
+// most restrictive budget, a budget without reasons to every reason
+// (karpenter.sh/v1 NodePool spec.disruption; docs: concepts/disruption, "NodePool Disruption
+// Budgets"). No terminationGracePeriod: with one, Karpenter drifts nodes whose pods carry
+// karpenter.sh/do-not-disrupt once it elapses (docs: reference/annotations).
+func checkDisruption(t *testing.T, nodePool any, all, drift string) {
+	t.Helper()
+	d := mocktest.Dig(nodePool, "spec", "disruption")
+	if mocktest.Str(d, "consolidationPolicy") != "WhenEmpty" || mocktest.Str(d, "consolidateAfter") == "" {
+		t.Errorf("consolidation %v, want WhenEmpty", d)
+	}
+	budgets, _ := mocktest.Dig(d, "budgets").([]any)
+	if len(budgets) != 2 || mocktest.Str(budgets[0], "nodes") != all || mocktest.Dig(budgets[0], "reasons") != nil ||
+		mocktest.Str(budgets[1], "nodes") != drift || mocktest.Str(budgets[1], "reasons", 0) != "Drifted" ||
+		len(mocktest.Dig(budgets[1], "reasons").([]any)) != 1 {
+		t.Errorf("budgets %v, want {nodes: %s} and {nodes: %s, reasons: [Drifted]}", budgets, all, drift)
+	}
+	if tgp := mocktest.Dig(nodePool, "spec", "template", "spec", "terminationGracePeriod"); tgp != nil {
+		t.Errorf("terminationGracePeriod %v: Karpenter would then drift nodes with bound sandboxes", tgp)
+	}
+}
+
+func TestDisruptionSettings(t *testing.T) {
+	a := eksArgs()
+	a.DisruptionBudget, a.DriftBudget, a.ConsolidateAfter = "20%", "2", "10m"
+	m, _ := run(t, a)
+	p := m.One(t, nodePoolType).Props()
+	checkDisruption(t, p, "20%", "2")
+	if got := mocktest.Str(p, "spec", "disruption", "consolidateAfter"); got != "10m" {
+		t.Errorf("consolidateAfter %q", got)
+	}
+}
+
+func TestRefusesBadBudgets(t *testing.T) {
+	for name, mut := range map[string]func(*KarpenterArgs){
+		"percent over 100": func(a *KarpenterArgs) { a.DisruptionBudget = "120%" },
+		"not a count":      func(a *KarpenterArgs) { a.DriftBudget = "one" },
+		"negative":         func(a *KarpenterArgs) { a.DriftBudget = "-1" },
+		"fraction percent": func(a *KarpenterArgs) { a.DisruptionBudget = "2.5%" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := eksArgs()
+			mut(a)
+			_, err := mocktest.Run(func(ctx *pulumi.Context) error {
+				_, err := NewKarpenter(ctx, "fb", a)
+				return err
+			})
+			if !errors.Is(err, ErrBadBudget) {
+				t.Fatalf("want ErrBadBudget, got %v", err)
+			}
+		})
+	}
+	for _, ok := range []string{"0", "1", "10%", "100%", "0%"} {
+		if err := ValidateBudget(ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
 	}
 }
 
@@ -116,7 +174,7 @@ func TestEKS(t *testing.T) {
 	if ud := mocktest.Str(p, "spec", "userData"); !strings.Contains(ud, "io.containerd.cri.v1.runtime") {
 		t.Errorf("userData %q", ud)
 	}
-	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@v20251110" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
+	if mocktest.Str(p, "spec", "amiSelectorTerms", 0, "alias") != "al2023@v20251112" || mocktest.Str(p, "spec", "role") != "KarpenterNodeRole-x" {
 		t.Errorf("spec %v", mocktest.Dig(p, "spec"))
 	}
 	if hop := mocktest.Dig(p, "spec", "metadataOptions", "httpPutResponseHopLimit"); hop != 1.0 ||
@@ -186,7 +244,7 @@ func TestRefusesIncompleteSettings(t *testing.T) {
 
 func TestEKSRefusesUnpinnedAMI(t *testing.T) {
 	for name, tc := range map[string]struct{ alias, id string }{
-		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251110", "ami-0123456789abcdef0"},
+		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251112", "ami-0123456789abcdef0"},
 		"not al2023": {"bottlerocket@v1.2.3", ""}, "bad id": {"", "ami-xyz"},
 	} {
 		t.Run(name, func(t *testing.T) {

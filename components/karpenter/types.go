@@ -63,9 +63,11 @@ type Disruption struct {
 	Budgets             []Budget `json:"budgets,omitempty"`
 }
 
-// Budget caps the nodes disrupted at once ("10%" or a count).
+// Budget caps the nodes disrupted at once ("10%" or a count), for Reasons only when set
+// (Empty, Drifted, Underutilized), else for every reason.
 type Budget struct {
-	Nodes string `json:"nodes"`
+	Nodes   string   `json:"nodes"`
+	Reasons []string `json:"reasons,omitempty"`
 }
 
 // EC2NodeClassSpec is the spec of a karpenter.k8s.aws/v1 EC2NodeClass.

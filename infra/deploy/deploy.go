@@ -138,6 +138,7 @@ func (o Options) preflight(ctx context.Context, stackFile string) error {
 		return err
 	}
 	cl := o.Cluster
+	var version func(context.Context) (string, error)
 	if cl == nil {
 		cs, err := kubeClient(o.Env["KUBECONFIG"])
 		if err != nil {
@@ -145,9 +146,15 @@ func (o Options) preflight(ctx context.Context, stackFile string) error {
 		}
 		fc := preflight.FromClients(cs)
 		cl = &fc
+		version = serverVersion(cs)
 	}
 	if err := preflight.Check(ctx, c.Preflight(o.Stack), *cl); err != nil {
 		return fmt.Errorf("up of %s: %w", o.Stack, err)
+	}
+	if version != nil {
+		if err := preflight.CheckAMI(ctx, c.AMIPreflight(o.Stack), version, nil, o.progress()); err != nil {
+			return fmt.Errorf("up of %s: %w", o.Stack, err)
+		}
 	}
 	return nil
 }
