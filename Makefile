@@ -49,7 +49,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 test-kube tools test-python bench-python node-bins test-cluster
+.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 nodeadm-check test-kube tools test-python bench-python node-bins test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -139,6 +139,7 @@ toolchains: # one after another: each compile uses every CPU
 	$(MAKE) --no-print-directory k8s-bins
 	$(MAKE) --no-print-directory node-bins
 	$(MAKE) --no-print-directory containerd17
+	$(MAKE) --no-print-directory nodeadm-check
 	$(MAKE) --no-print-directory tools
 
 userlands: ## Build the Debian userlands of the release images and the tests into the cache when absent (root)
