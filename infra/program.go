@@ -22,15 +22,13 @@ import (
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
-// Program installs fusebox as the stack's configuration says and exports:
-// managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, gvisorNodeInstaller, nodePool,
-// nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicy, networkPolicies, admissionPolicy.
+// Program installs fusebox as the stack's configuration says, after preflight has checked
+// the cluster of the Kubernetes provider's kubeconfig (NewProgram with KubeconfigCluster),
+// and exports: managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource,
+// gvisorNodeInstaller, nodePool, nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicy,
+// networkPolicies, admissionPolicy.
 func Program(ctx *pulumi.Context) error {
-	c, err := LoadConfig(ctx)
-	if err != nil {
-		return err
-	}
-	return Install(ctx, c)
+	return NewProgram(KubeconfigCluster)(ctx)
 }
 
 // Install composes the components for a loaded configuration: the namespaces, gVisor, the
@@ -129,6 +127,7 @@ func sandboxNetwork(c *Config) sandboxnet.Network {
 		AgentCIDRs:       c.Egress.DataClientCIDRs,
 		InitPort:         components.InitPort,
 		DataPort:         components.DataPort,
+		DNS:              c.ClusterDNS,
 	}
 }
 
