@@ -3,6 +3,7 @@ package infra
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -161,8 +162,37 @@ func TestClusterDNSConfig(t *testing.T) {
 	if c.ClusterDNS != sandboxnet.GKECloudDNS || c.Preflight("gke-dev").ClusterDNS != sandboxnet.GKECloudDNS || sandboxNetwork(c).DNS != sandboxnet.GKECloudDNS {
 		t.Errorf("cluster DNS %q, preflight %q, network %q", c.ClusterDNS, c.Preflight("gke-dev").ClusterDNS, sandboxNetwork(c).DNS)
 	}
-	delete(cfg, "fusebox:clusterDNS")
-	if c, err := loadConfig(fileConfig(cfg), "gke-dev"); err != nil || c.ClusterDNS != sandboxnet.KubeDNS {
-		t.Errorf("default: %v, %v", c.ClusterDNS, err)
+	m, err := runStack("gke-dev", cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if args := managerArgv(m); !slices.Contains(args, "--cluster-dns=gke-clouddns") {
+		t.Errorf("manager args %v lack --cluster-dns=gke-clouddns", args)
+	}
+	cfg["fusebox:clusterDNS"] = "kube-dns"
+	if c, err := loadConfig(fileConfig(cfg), "gke-dev"); err != nil || c.ClusterDNS != sandboxnet.KubeDNS {
+		t.Errorf("kube-dns: %v, %v", c.ClusterDNS, err)
+	}
+	if m, err = runStack("gke-dev", cfg); err != nil {
+		t.Fatal(err)
+	}
+	if args := managerArgv(m); slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--cluster-dns") }) {
+		t.Errorf("kube-dns, the manager's default, passed: %v", args)
+	}
+}
+
+// managerArgv is the manager container's arguments.
+func managerArgv(m *mocktest.Mocks) []string {
+	var out []string
+	for _, d := range m.ByType(deploymentType) {
+		if !strings.HasSuffix(d.Parent, "::"+manager.Type+"::fusebox") {
+			continue
+		}
+		args, _ := mocktest.Dig(d.Props(), "spec", "template", "spec", "containers", 0, "args").([]any)
+		for _, a := range args {
+			s, _ := a.(string)
+			out = append(out, s)
+		}
+	}
+	return out
 }

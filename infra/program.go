@@ -151,6 +151,7 @@ func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *ma
 			Placement: placement,
 		},
 		NetworkPolicy:        string(c.NetworkPolicy),
+		ClusterDNS:           managerClusterDNS(c),
 		AgentNamespaces:      c.Egress.DataClientNamespaces,
 		AgentCIDRs:           c.Egress.DataClientCIDRs,
 		AgentLabels:          agentLabels(c),
@@ -262,4 +263,12 @@ func accessRules(rules []AccessRule) []manager.AccessRule {
 			Templates: r.Templates, Egress: r.Egress})
 	}
 	return out
+}
+
+// managerClusterDNS is the manager's --cluster-dns: empty for kube-dns, its default.
+func managerClusterDNS(c *Config) string {
+	if c.ClusterDNS == sandboxnet.KubeDNS {
+		return ""
+	}
+	return string(c.ClusterDNS)
 }
