@@ -138,6 +138,12 @@ func TestManagerRollout(t *testing.T) {
 	if err := preflight.Check(context.Background(), s, cl); err != nil {
 		t.Errorf("eks-prod on 3 nodes with a node autoscaler: %v", err)
 	}
+	// skipAwait (test control planes that run no manager pod): up does not wait for the
+	// rollout, so preflight counts no node.
+	c.Manager.SkipAwait = true
+	if r := c.Preflight("eks-prod").Manager; r != (preflight.Rollout{}) {
+		t.Errorf("skipAwait: rollout %+v checked", r)
+	}
 }
 
 // fmtNum reads a rendered integer (JSON numbers decode as float64).

@@ -289,6 +289,11 @@ func (c *Config) Preflight(stack string) preflight.Stack {
 		},
 		ClusterDNS: c.ClusterDNS,
 	}
+	if c.Manager.SkipAwait {
+		// up does not wait for the manager's rollout (test control planes that run no
+		// manager pod): no node count to check.
+		s.Manager = preflight.Rollout{}
+	}
 	if c.Cloud == components.EKS || c.Cloud == components.AKS {
 		s.InstallerNamespace = gvisor.DefaultInstallerNamespace
 	}
