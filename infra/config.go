@@ -67,6 +67,11 @@ type Config struct {
 	// ImagePullSecrets (optional) name Secrets that must exist in the manager and sandbox
 	// namespaces (and kube-system, for the node installer) before `fusebox up`.
 	ImagePullSecrets []string `json:"-"`
+	// ClusterDNS (optional, default kube-dns) is where the cluster's pods send DNS queries,
+	// and so where a sandbox allowed names may send them (port 53 only): kube-dns,
+	// nodelocaldns (NodeLocal DNSCache), gke-clouddns (GKE Cloud DNS, gke only) or
+	// aks-localdns (AKS LocalDNS, aks only). Preflight checks it against the cluster.
+	ClusterDNS sandboxnet.ClusterDNS `json:"-"`
 }
 
 // AccessRule is one rule of the manager API's authorisation policy (fusebox:access): the
@@ -102,6 +107,9 @@ type ManagerConfig struct {
 	Memory               string `json:"memory"`
 	// SkipAwait: do not wait for the manager to become ready (test control planes only).
 	SkipAwait bool `json:"skipAwait"`
+	// NodesAutoscaled: a node autoscaler adds nodes for the manager's pending pods, so
+	// preflight does not count the nodes a rollout needs.
+	NodesAutoscaled bool `json:"nodesAutoscaled"`
 }
 
 // PoolConfig sizes the warm pool and each sandbox.
@@ -263,12 +271,27 @@ func LoadStackFile(path, stack string) (*Config, error) {
 	return loadConfig(cfg, stack)
 }
 
+// managerMaxSurge is how many pods the manager's rollout starts before it stops an old one
+// (components/manager's deploymentSpec: maxSurge 1, maxUnavailable 0; TestManagerRollout
+// checks the rendered Deployment against it).
+const managerMaxSurge = 1
+
 // Preflight is what preflight.Check needs to know of this configuration.
 func (c *Config) Preflight(stack string) preflight.Stack {
 	s := preflight.Stack{
 		Name: stack, Cloud: c.Cloud, Flavour: c.NetworkPolicy, CiliumInstall: c.Cilium.Install,
 		ManagerNamespace: c.Namespaces.Manager, SandboxNamespace: c.Namespaces.Sandbox,
 		CreateNamespaces: c.Namespaces.CreateNamespaces(), ImagePullSecrets: c.ImagePullSecrets,
+		Manager: preflight.Rollout{
+			Replicas: c.managerReplicas(), RequiredAntiAffinity: c.Manager.RequiredAntiAffinity,
+			MaxSurge: managerMaxSurge, NodesAutoscaled: c.Manager.NodesAutoscaled,
+		},
+		ClusterDNS: c.ClusterDNS,
+	}
+	if c.Manager.SkipAwait {
+		// up does not wait for the manager's rollout (test control planes that run no
+		// manager pod): no node count to check.
+		s.Manager = preflight.Rollout{}
 	}
 	if c.Cloud == components.EKS || c.Cloud == components.AKS {
 		s.InstallerNamespace = gvisor.DefaultInstallerNamespace
@@ -407,6 +430,15 @@ func (c *Config) checkSizes(fail failFunc) error {
 	if c.Cilium.Install && c.Cilium.Chart.Path == "" && (c.Cilium.Chart.Repo == "" || c.Cilium.Chart.Version == "") {
 		return fail("cilium.chart", errors.New("install needs path, or repo and a pinned version"))
 	}
+	if c.Cilium.Install && c.Cilium.Chart.Version != "" {
+		v, err := preflight.ParseVersion(c.Cilium.Chart.Version)
+		if err != nil {
+			return fail("cilium.chart.version", err)
+		}
+		if v.Less(preflight.MinCiliumVersion) {
+			return fail("cilium.chart.version", fmt.Errorf("%s: fusebox needs Cilium %s or later (enableDefaultDeny in CiliumNetworkPolicy, which an older CRD prunes from the default deny)", c.Cilium.Chart.Version, preflight.MinCiliumVersion))
+		}
+	}
 	if c.Cloud == components.EKS && c.NodePool.EC2 == nil {
 		return fail("nodePool.ec2", errors.New("required on eks"))
 	}
@@ -494,6 +526,9 @@ func (c *Config) loadPolicy(cfg configReader, fail failFunc) error {
 	case c.Cloud != components.GKE && c.NetworkPolicy == sandboxnet.GKE:
 		return fail("networkPolicy", fmt.Errorf("gke on %s: FQDNNetworkPolicy exists on GKE only", c.Cloud))
 	}
+	if err := c.loadClusterDNS(cfg, fail); err != nil {
+		return err
+	}
 	if v, err := cfg.Try("inVPC"); err == nil {
 		switch v {
 		case "true":
@@ -530,5 +565,39 @@ func (c *Config) loadPolicy(cfg configReader, fail failFunc) error {
 			return fail("imagePullSecrets", fmt.Errorf("%q: %s", s, strings.Join(errs, "; ")))
 		}
 	}
+	return nil
+}
+
+// managerReplicas is the manager's replica count (the component's default 2 when unset).
+func (c *Config) managerReplicas() int {
+	if c.Manager.Replicas == 0 {
+		return 2
+	}
+	return c.Manager.Replicas
+}
+
+// loadClusterDNS reads where the cluster's pods send DNS queries (default kube-dns) and
+// refuses a setup the stack's cloud or network policy flavour cannot have.
+func (c *Config) loadClusterDNS(cfg configReader, fail failFunc) error {
+	v, _ := cfg.Try("clusterDNS")
+	d, err := sandboxnet.ParseClusterDNS(v)
+	if err != nil {
+		return fail("clusterDNS", err)
+	}
+	switch {
+	case d == sandboxnet.GKECloudDNS && c.Cloud != components.GKE:
+		return fail("clusterDNS", fmt.Errorf("%s on %s: GKE Cloud DNS exists on gke only", d, c.Cloud))
+	case d == sandboxnet.AKSLocalDNS && c.Cloud != components.AKS:
+		return fail("clusterDNS", fmt.Errorf("%s on %s: AKS LocalDNS exists on aks only", d, c.Cloud))
+	}
+	if err := sandboxnet.CheckClusterDNS(c.NetworkPolicy, d); err != nil {
+		return fail("clusterDNS", err)
+	}
+	if d == sandboxnet.NodeLocalDNS && c.NetworkPolicy == sandboxnet.Cilium && c.Cilium.Install {
+		// Under Cilium the cache must be reached through a Local Redirect Policy, which the
+		// Cilium this stack installs does not enable.
+		return fail("clusterDNS", errors.New("nodelocaldns with cilium.install: true: NodeLocal DNSCache under Cilium needs Cilium's Local Redirect Policy, which the Cilium fusebox installs does not enable; install Cilium yourself with it (cilium.install: false), or use kube-dns"))
+	}
+	c.ClusterDNS = d
 	return nil
 }

@@ -22,15 +22,13 @@ import (
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 )
 
-// Program installs fusebox as the stack's configuration says and exports:
-// managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource, gvisorNodeInstaller, nodePool,
-// nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicy, networkPolicies, admissionPolicy.
+// Program installs fusebox as the stack's configuration says, after preflight has checked
+// the cluster of the Kubernetes provider's kubeconfig (NewProgram with KubeconfigCluster),
+// and exports: managerEndpoint, cloud, namespaces, runtimeClass, runtimeClassSource,
+// gvisorNodeInstaller, nodePool, nodeClassKind, gkeNodePool, ciliumInstalled, networkPolicy,
+// networkPolicies, admissionPolicy.
 func Program(ctx *pulumi.Context) error {
-	c, err := LoadConfig(ctx)
-	if err != nil {
-		return err
-	}
-	return Install(ctx, c)
+	return NewProgram(KubeconfigCluster)(ctx)
 }
 
 // Install composes the components for a loaded configuration: the namespaces, gVisor, the
@@ -124,6 +122,7 @@ func sandboxNetwork(c *Config) sandboxnet.Network {
 		AgentCIDRs:       c.Egress.DataClientCIDRs,
 		InitPort:         components.InitPort,
 		DataPort:         components.DataPort,
+		DNS:              c.ClusterDNS,
 	}
 }
 
@@ -147,6 +146,7 @@ func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *ma
 			Placement: placement,
 		},
 		NetworkPolicy:        string(c.NetworkPolicy),
+		ClusterDNS:           managerClusterDNS(c),
 		AgentNamespaces:      c.Egress.DataClientNamespaces,
 		AgentCIDRs:           c.Egress.DataClientCIDRs,
 		AgentLabels:          agentLabels(c),
@@ -259,4 +259,12 @@ func accessRules(rules []AccessRule) []manager.AccessRule {
 			Templates: r.Templates, Egress: r.Egress})
 	}
 	return out
+}
+
+// managerClusterDNS is the manager's --cluster-dns: empty for kube-dns, its default.
+func managerClusterDNS(c *Config) string {
+	if c.ClusterDNS == sandboxnet.KubeDNS {
+		return ""
+	}
+	return string(c.ClusterDNS)
 }

@@ -303,6 +303,16 @@ func TestBadConfig(t *testing.T) {
 		"access, bad ceiling": {func(c map[string]string) {
 			c["fusebox:access"] = `[{"namespaces":["agents"],"egress":["no port"]}]`
 		}, "egress"},
+		"cilium before enableDefaultDeny": {func(c map[string]string) {
+			c["fusebox:cilium"] = `{"install":true,"chart":{"repo":"https://helm.cilium.io","name":"cilium","version":"1.15.7"}}`
+		}, "fusebox:cilium.chart.version"},
+		"unknown cluster DNS": {func(c map[string]string) { c["fusebox:clusterDNS"] = "coredns" }, "fusebox:clusterDNS"},
+		"cloud DNS on eks":    {func(c map[string]string) { c["fusebox:clusterDNS"] = "gke-clouddns" }, "fusebox:clusterDNS"},
+		"AKS LocalDNS on eks": {func(c map[string]string) { c["fusebox:clusterDNS"] = "aks-localdns" }, "fusebox:clusterDNS"},
+		"node-local, installed cilium": {func(c map[string]string) {
+			c["fusebox:clusterDNS"] = "nodelocaldns"
+			c["fusebox:cilium"] = `{"install":true,"chart":{"repo":"https://helm.cilium.io","name":"cilium","version":"1.16.5"}}`
+		}, "fusebox:clusterDNS"},
 		"in VPC, no hosts": {func(c map[string]string) { c["fusebox:inVPC"] = "true" }, "fusebox:privateHosts"},
 		"in VPC, public gVisor": {func(c map[string]string) {
 			c["fusebox:inVPC"] = "true"

@@ -71,14 +71,18 @@ provider (make tools), not the Go language host. State goes to $PULUMI_BACKEND_U
 ~/.fusebox/pulumi-state; the cluster is the one in $KUBECONFIG (or --kubeconfig).
 
 Preview needs no cluster: with an unreachable or missing kubeconfig the Kubernetes provider
-skips its cluster checks and shows what would be created. up --render-dir DIR writes the
-objects as YAML manifests under DIR instead (the provider's renderYamlToDirectory mode).
+skips its cluster checks and shows what would be created, and preflight is skipped with a
+warning. up --render-dir DIR writes the objects as YAML manifests under DIR instead (the
+provider's renderYamlToDirectory mode).
 
-Before it changes anything, up checks the cluster (infra/preflight) and refuses, naming the
-setting: gVisor missing (GKE Sandbox's RuntimeClass on gke), no FQDN support for the network
-policy flavour (GKE FQDNNetworkPolicy; Cilium's DNS proxy, off in AWS-CNI chaining mode and on
-AKS without Advanced Container Networking Services), Cilium's socketLB.hostNamespaceOnly not
-set, an image pull secret that does not exist. See docs/network-policy.md.`,
+Before it changes anything, the program checks the cluster (infra/preflight; the same check
+refuses a direct pulumi up) and refuses, naming the setting: gVisor missing (GKE Sandbox's
+RuntimeClass on gke), no FQDN support for the network policy flavour (GKE FQDNNetworkPolicy;
+Cilium's DNS proxy, off in AWS-CNI chaining mode and on AKS without Advanced Container
+Networking Services), a Cilium older than 1.16, Cilium's socketLB.hostNamespaceOnly not set,
+an image pull secret that does not exist, no node labelled fusebox.dev/pool=sandbox on local,
+too few nodes for the manager's rollout, a DNS setup other than fusebox:clusterDNS. A preview
+of a reachable cluster refuses the same. See docs/deploy.md and docs/network-policy.md.`,
 		Example: "  fusebox " + string(op) + " --stack eks-dev",
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },

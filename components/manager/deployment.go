@@ -148,7 +148,7 @@ func (a *ManagerArgs) flags() pulumi.StringArray {
 	}
 }
 
-// listArgs are the manager's list-valued flags that are set.
+// listArgs are the manager's list-valued flags that are set, and --cluster-dns when set.
 func (a *ManagerArgs) listArgs() pulumi.StringArray {
 	var out pulumi.StringArray
 	for _, f := range []struct {
@@ -158,6 +158,9 @@ func (a *ManagerArgs) listArgs() pulumi.StringArray {
 		if len(f.vals) > 0 {
 			out = append(out, pulumi.String(f.flag+"="+strings.Join(f.vals, ",")))
 		}
+	}
+	if a.ClusterDNS != "" {
+		out = append(out, pulumi.String("--cluster-dns="+a.ClusterDNS))
 	}
 	return out
 }

@@ -88,6 +88,9 @@ type ManagerArgs struct {
 	// NetworkPolicy is the cluster's policy flavour (sandboxnet: cilium, gke or kubernetes;
 	// default cilium): which per-sandbox policies the manager writes.
 	NetworkPolicy string `pulumi:"networkPolicy"`
+	// ClusterDNS is where the cluster's pods send DNS queries (sandboxnet.ClusterDNS; empty:
+	// kube-dns, the manager's default): the peer of each bound sandbox's DNS rule.
+	ClusterDNS string `pulumi:"clusterDNS"`
 	// AgentNamespaces are where the agents run: their pods labelled AgentLabels (default
 	// fusebox.dev/agent=true) reach their bound sandboxes' data port. AgentCIDRs reach it from
 	// outside the cluster. At least one of the two is required.
@@ -405,6 +408,9 @@ func (a *ManagerArgs) defaults() error {
 	a.TokenAudience = or(a.TokenAudience, DefaultTokenAudience)
 	a.NetworkPolicy = or(a.NetworkPolicy, string(sandboxnet.Cilium))
 	if _, err := sandboxnet.ParseFlavour(a.NetworkPolicy); err != nil {
+		return err
+	}
+	if err := sandboxnet.CheckClusterDNS(sandboxnet.Flavour(a.NetworkPolicy), sandboxnet.ClusterDNS(a.ClusterDNS)); err != nil {
 		return err
 	}
 	if len(a.AgentNamespaces) == 0 && len(a.AgentCIDRs) == 0 {

@@ -414,3 +414,26 @@ func TestPolicyFlavourReachesTheManager(t *testing.T) {
 		t.Error("unknown flavour accepted")
 	}
 }
+
+// TestClusterDNSReachesTheManager: the cluster's DNS setup is the manager's --cluster-dns
+// (none for the default, kube-dns), and a setup the flavour cannot express is refused.
+func TestClusterDNSReachesTheManager(t *testing.T) {
+	a := args()
+	a.NetworkPolicy, a.ClusterDNS = "gke", "gke-clouddns"
+	m, _ := run(t, a)
+	argv := strs(mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec", "containers", 0, "args"))
+	if !slices.Contains(argv, "--cluster-dns=gke-clouddns") {
+		t.Errorf("args %v lack --cluster-dns=gke-clouddns", argv)
+	}
+	m, _ = run(t, args())
+	for _, arg := range strs(mocktest.Dig(m.One(t, deployType).Props(), "spec", "template", "spec", "containers", 0, "args")) {
+		if strings.HasPrefix(arg, "--cluster-dns") {
+			t.Errorf("default setup passes %s", arg)
+		}
+	}
+	a = args()
+	a.NetworkPolicy, a.ClusterDNS = "cilium", "aks-localdns"
+	if _, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewManager(ctx, "fb", a); return err }); err == nil {
+		t.Error("AKS LocalDNS under Cilium accepted")
+	}
+}

@@ -20,12 +20,11 @@ import (
 	"github.com/pulumi/pulumi/sdk/v3/go/auto/optpreview"
 	"github.com/pulumi/pulumi/sdk/v3/go/auto/optup"
 	"github.com/pulumi/pulumi/sdk/v3/go/common/workspace"
+	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/preflight"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // CLIVersion is the Pulumi CLI fusebox pins (make tools builds it).
@@ -62,8 +61,9 @@ type Options struct {
 	// (a temporary backend, whatever Backend says), so the stack's real state never records
 	// objects that were only rendered. Stacks that install Cilium with Helm cannot be rendered.
 	RenderDir string
-	// Cluster is read by Up's preflight checks (preflight.Check) before anything changes;
-	// nil reads the cluster of $KUBECONFIG (Env's, else the process's).
+	// Cluster is read by preflight (preflight.Check) before anything changes: by Up before
+	// it starts the CLI, and by the program in every run (infra.NewProgram); nil reads the
+	// cluster of $KUBECONFIG (Env's, else the process's).
 	Cluster *preflight.Cluster
 }
 
@@ -137,26 +137,34 @@ func (o Options) preflight(ctx context.Context, stackFile string) error {
 	if err != nil {
 		return err
 	}
-	cl := o.Cluster
-	var version func(context.Context) (string, error)
-	if cl == nil {
-		cs, err := kubeClient(o.Env["KUBECONFIG"])
-		if err != nil {
-			return fmt.Errorf("preflight of %s: %w", o.Stack, err)
-		}
-		fc := preflight.FromClients(cs)
-		cl = &fc
-		version = serverVersion(cs)
+	cl, err := o.cluster(nil)
+	if err != nil {
+		return fmt.Errorf("preflight of %s: %w", o.Stack, err)
 	}
-	if err := preflight.Check(ctx, c.Preflight(o.Stack), *cl); err != nil {
+	if err := preflight.Check(ctx, c.Preflight(o.Stack), cl); err != nil {
 		return fmt.Errorf("up of %s: %w", o.Stack, err)
 	}
-	if version != nil {
-		if err := preflight.CheckAMI(ctx, c.AMIPreflight(o.Stack), version, nil, o.progress()); err != nil {
+	if cl.ServerVersion != nil {
+		if err := preflight.CheckAMI(ctx, c.AMIPreflight(o.Stack), cl.ServerVersion, nil, o.progress()); err != nil {
 			return fmt.Errorf("up of %s: %w", o.Stack, err)
 		}
 	}
 	return nil
+}
+
+// cluster is the cluster preflight reads, here and inside the program (infra.NewProgram):
+// o.Cluster, else the cluster of $KUBECONFIG (Env's, else the process's). The inline program
+// runs in this process, whose environment is not the CLI's Env, so it is given the same
+// cluster rather than reading its own.
+func (o Options) cluster(*pulumi.Context) (preflight.Cluster, error) {
+	if o.Cluster != nil {
+		return *o.Cluster, nil
+	}
+	cs, err := infra.KubeClient(o.Env["KUBECONFIG"], "")
+	if err != nil {
+		return preflight.Cluster{}, err
+	}
+	return preflight.FromClients(cs), nil
 }
 
 // backend is the state backend URL: a throwaway one when rendering (cleanup removes it),
@@ -219,7 +227,7 @@ func (o Options) selectStack(ctx context.Context, stackFile string, proj workspa
 	if err := os.WriteFile(filepath.Join(work, "Pulumi."+o.Stack+".yaml"), cfg, 0o600); err != nil {
 		return auto.Stack{}, err
 	}
-	stack, err := auto.UpsertStackInlineSource(ctx, o.Stack, proj.Name.String(), infra.Program,
+	stack, err := auto.UpsertStackInlineSource(ctx, o.Stack, proj.Name.String(), infra.NewProgram(o.cluster),
 		auto.Project(proj), auto.WorkDir(work), auto.Pulumi(cmd), auto.EnvVars(env))
 	if err != nil {
 		return auto.Stack{}, fmt.Errorf("selecting stack %s: %w", o.Stack, err)
@@ -284,20 +292,6 @@ func summary(m *map[string]int) map[string]int {
 		out[k] = v
 	}
 	return out
-}
-
-// kubeClient is a client of the cluster of kubeconfig (a path list as in $KUBECONFIG; empty:
-// the process's $KUBECONFIG, else ~/.kube/config), in its current context.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if kubeconfig != "" {
-		rules.Precedence = filepath.SplitList(kubeconfig)
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("loading the kubeconfig of the target cluster: %w", err)
-	}
-	return kubernetes.NewForConfig(cfg)
 }
 
 // fileBackendDir returns the directory of a file:// backend URL ("file:///abs", "file://~/dir",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -18,6 +19,13 @@ func FromClients(cs kubernetes.Interface) Cluster {
 		return err
 	}
 	return Cluster{
+		ServerVersion: func(context.Context) (string, error) {
+			v, err := cs.Discovery().ServerVersion()
+			if err != nil {
+				return "", err
+			}
+			return v.GitVersion, nil
+		},
 		ConfigMap: func(ctx context.Context, ns, name string) (map[string]string, error) {
 			cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -61,5 +69,48 @@ func FromClients(cs kubernetes.Interface) Cluster {
 			}
 			return string(s.Type), nil
 		},
+		Nodes: func(ctx context.Context, selector string) ([]Node, error) {
+			var out []Node
+			opts := metav1.ListOptions{LabelSelector: selector, Limit: 500}
+			for {
+				list, err := cs.CoreV1().Nodes().List(ctx, opts)
+				if err != nil {
+					return nil, err
+				}
+				for i := range list.Items {
+					out = append(out, node(&list.Items[i]))
+				}
+				if opts.Continue = list.Continue; opts.Continue == "" {
+					return out, nil
+				}
+			}
+		},
+		DaemonSet: func(ctx context.Context, ns, name string) (DaemonSet, error) {
+			ds, err := cs.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return DaemonSet{}, notFound(err)
+			}
+			spec := ds.Spec.Template.Spec
+			out := DaemonSet{HostNetwork: spec.HostNetwork}
+			for _, c := range spec.Containers {
+				out.Images = append(out.Images, c.Image)
+				out.Args = append(append(out.Args, c.Command...), c.Args...)
+			}
+			return out, nil
+		},
 	}
+}
+
+// node is what the checks read of n.
+func node(n *corev1.Node) Node {
+	out := Node{Name: n.Name, Unschedulable: n.Spec.Unschedulable}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	for _, t := range n.Spec.Taints {
+		out.Taints = append(out.Taints, Taint(t.Key, t.Value, string(t.Effect)))
+	}
+	return out
 }

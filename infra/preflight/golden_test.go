@@ -47,7 +47,7 @@ func TestCheckGolden(t *testing.T) {
 			s.CiliumInstall = true
 			return s
 		}(), cluster(nil, ns("fusebox-system"), ns("fusebox-sandboxes"), ns("kube-system"))},
-		"eks, good": {stack(components.EKS, sandboxnet.Cilium), cluster(ciliumAPI, ciliumConfig(goodCilium))},
+		"eks, good": {stack(components.EKS, sandboxnet.Cilium), cluster(ciliumAPI, ciliumConfig(goodCilium), ciliumAgent("v1.16.5"))},
 	}
 	out := map[string]string{}
 	for name, tc := range cases {

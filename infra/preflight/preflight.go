@@ -1,6 +1,8 @@
-// Package preflight checks a cluster before `fusebox up` changes anything in it: that it can
-// run what the stack asks for (gVisor, the network policy flavour and its FQDN support,
-// Cilium's socket load balancing kept out of gVisor pods) and that what the stack expects to
+// Package preflight checks a cluster before `fusebox up` (and the Pulumi program run by
+// `pulumi up`) changes anything in it: that it can run what the stack asks for (gVisor, the
+// network policy flavour and its FQDN support, a Cilium recent enough for the policies,
+// Cilium's socket load balancing kept out of gVisor pods, the DNS setup the policies allow,
+// nodes for the sandboxes and for the manager's rollouts) and that what the stack expects to
 // exist does (image pull secrets, namespaces made beforehand). Every refusal names the setting
 // and what to do. The cluster is read through Cluster, a set of func fields, so the checks are
 // unit-tested without one; FromClients builds it from client-go clients.
@@ -35,6 +37,14 @@ type Cluster struct {
 	Namespace func(ctx context.Context, name string) (bool, error)
 	// SecretType returns the type of Secret namespace/name.
 	SecretType func(ctx context.Context, namespace, name string) (string, error)
+	// Nodes returns the nodes matching labelSelector (empty: every node).
+	Nodes func(ctx context.Context, labelSelector string) ([]Node, error)
+	// DaemonSet returns DaemonSet namespace/name.
+	DaemonSet func(ctx context.Context, namespace, name string) (DaemonSet, error)
+	// ServerVersion returns the API server's Kubernetes version (its git version,
+	// "v1.34.2-eks-..."), which the AMI check (CheckAMI) resolves the node image alias for.
+	// Nil skips that check.
+	ServerVersion func(ctx context.Context) (string, error)
 }
 
 // Stack is what the checks need to know of a stack.
@@ -51,6 +61,12 @@ type Stack struct {
 	// InstallerNamespace when it is set (the gVisor node installer's).
 	ImagePullSecrets   []string
 	InstallerNamespace string
+	// Manager is the manager Deployment's shape, for the rollout check (zero Replicas: not
+	// checked).
+	Manager Rollout
+	// ClusterDNS is the DNS setup the sandboxes' DNS rules are rendered for (empty:
+	// kube-dns).
+	ClusterDNS sandboxnet.ClusterDNS
 }
 
 // Cilium's agent configuration (the cilium-config ConfigMap the chart writes).
@@ -65,6 +81,7 @@ func Check(ctx context.Context, s Stack, c Cluster) error {
 	var problems []string
 	for _, check := range []func(context.Context, Stack, Cluster) ([]string, error){
 		gvisorProblems, flavourProblems, namespaceProblems,
+		sandboxNodeProblems, rolloutProblems, ciliumVersionProblems, dnsProblems,
 	} {
 		p, err := check(ctx, s, c)
 		if err != nil {

@@ -58,7 +58,7 @@ func TestCheck(t *testing.T) {
 		cluster Cluster
 		want    []string // substrings of the refusal; none: accepted
 	}{
-		"eks with a good cilium": {stack(components.EKS, sandboxnet.Cilium), cluster(ciliumAPI, ciliumConfig(goodCilium)), nil},
+		"eks with a good cilium": {stack(components.EKS, sandboxnet.Cilium), cluster(ciliumAPI, ciliumConfig(goodCilium), ciliumAgent("v1.16.5")), nil},
 		"eks without cilium": {stack(components.EKS, sandboxnet.Cilium), cluster(nil),
 			[]string{"runs no Cilium", "fusebox:cilium.install", "stacks/Pulumi.eks-dev.yaml"}},
 		"eks with aws-cni chaining": {stack(components.EKS, sandboxnet.Cilium), cluster(ciliumAPI, ciliumConfig(map[string]string{"cni-chaining-mode": "aws-cni", "enable-l7-proxy": "true"})),
@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 			[]string{"lacks gVisor", "--sandbox type=gvisor"}},
 		"gke without fqdn policies": {stack(components.GKE, sandboxnet.GKE), cluster(nil, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "gvisor"}),
 			[]string{"lacks FQDN support", "--enable-fqdn-network-policy"}},
-		"local": {stack(components.Local, sandboxnet.Kubernetes), cluster(nil), nil},
+		"local": {stack(components.Local, sandboxnet.Kubernetes), cluster(nil, sandboxNode("node-1")), nil},
 		"pull secret missing": {func() Stack {
 			s := stack(components.Local, sandboxnet.Kubernetes)
 			s.ImagePullSecrets, s.CreateNamespaces = []string{"regcred"}, false
@@ -90,7 +90,7 @@ func TestCheck(t *testing.T) {
 			s := stack(components.Local, sandboxnet.Kubernetes)
 			s.ImagePullSecrets, s.CreateNamespaces = []string{"regcred"}, false
 			return s
-		}(), cluster(nil, ns("fusebox-system"), ns("fusebox-sandboxes"), secret("fusebox-system", "regcred", corev1.SecretTypeDockerConfigJson), secret("fusebox-sandboxes", "regcred", corev1.SecretTypeDockerConfigJson)), nil},
+		}(), cluster(nil, ns("fusebox-system"), ns("fusebox-sandboxes"), secret("fusebox-system", "regcred", corev1.SecretTypeDockerConfigJson), secret("fusebox-sandboxes", "regcred", corev1.SecretTypeDockerConfigJson), sandboxNode("node-1")), nil},
 		"pull secrets, namespaces not there yet": {func() Stack {
 			s := stack(components.Local, sandboxnet.Kubernetes)
 			s.ImagePullSecrets = []string{"regcred"}

@@ -89,6 +89,9 @@ type KubeConfig struct {
 	AgentCIDRs      []string
 	// NetworkPolicy is the cluster's policy flavour: cilium (default), gke or kubernetes.
 	NetworkPolicy string
+	// ClusterDNS is where the cluster's pods send DNS queries (sandboxnet.ClusterDNS:
+	// kube-dns, the default, nodelocaldns, gke-clouddns or aks-localdns).
+	ClusterDNS string
 	// ImagePullSecrets are given to every sandbox pod.
 	ImagePullSecrets []string
 	LeaderElect      bool

@@ -60,6 +60,13 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 			return nil, nil, fmt.Errorf("--network-policy: %w", err)
 		}
 	}
+	dns, err := sandboxnet.ParseClusterDNS(k.ClusterDNS)
+	if err == nil {
+		err = sandboxnet.CheckClusterDNS(flavour, dns)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("--cluster-dns: %w", err)
+	}
 	managerNS := k.ManagerNamespace
 	if managerNS == "" {
 		return nil, nil, errors.New("--allocator kube needs --manager-namespace (the manager's pods are admitted to the init port in it)")
@@ -89,7 +96,7 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.
 		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: tmpl},
 		Flavour:   flavour, ImagePullSecrets: k.ImagePullSecrets,
 		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, AgentNamespaces: k.AgentNamespaces, AgentCIDRs: k.AgentCIDRs,
-			Manager: k.ManagerSelector, ManagerNamespace: managerNS}, NodeName: k.NodeName,
+			Manager: k.ManagerSelector, ManagerNamespace: managerNS, ClusterDNS: dns}, NodeName: k.NodeName,
 		Logger: log})
 	if err != nil {
 		return nil, nil, err

@@ -54,6 +54,25 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 	}
 }
 
+// TestSandboxPoliciesClusterDNS: the DNS rule of a bound sandbox allowed names goes where
+// PolicySelectors.ClusterDNS says the cluster's pods send their queries.
+func TestSandboxPoliciesClusterDNS(t *testing.T) {
+	sel := testSelectors
+	sel.ClusterDNS = sandboxnet.GKECloudDNS
+	us, err := SandboxPolicies(sandboxnet.GKE, "ns", "sb-1", []string{"a.example.com:443"}, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := fmt.Sprint(us[0].Object["spec"].(map[string]any)["egress"].([]any)[0])
+	if !strings.Contains(to, "169.254.169.254/32") || strings.Contains(to, "kube-dns") {
+		t.Errorf("DNS rule %s, want the GKE metadata server's port 53 only", to)
+	}
+	sel.ClusterDNS = sandboxnet.AKSLocalDNS
+	if _, err := SandboxPolicies(sandboxnet.Cilium, "ns", "sb-1", []string{"a.example.com:443"}, sel); !errors.Is(err, sandboxnet.ErrInvalid) {
+		t.Errorf("AKS LocalDNS under Cilium: %v, want a refusal", err)
+	}
+}
+
 func TestSandboxPolicies(t *testing.T) {
 	allow := []string{"a.example.com:443", "*.pypi.org:443", "10.0.0.1:5432", "[2001:db8::1]:443", "a.example.com:443", "b.example.com:80"}
 	for _, tc := range []struct {

@@ -63,6 +63,9 @@ type PolicySelectors struct {
 	// init port (sFuse).
 	Manager          map[string]string
 	ManagerNamespace string
+	// ClusterDNS is where the cluster's pods send DNS queries (empty: kube-dns): the peer of
+	// the DNS rule of a sandbox whose allowlist names hosts.
+	ClusterDNS sandboxnet.ClusterDNS
 }
 
 func (s PolicySelectors) network(sandboxNamespace string) sandboxnet.Network {
@@ -70,7 +73,7 @@ func (s PolicySelectors) network(sandboxNamespace string) sandboxnet.Network {
 		SandboxNamespace: sandboxNamespace, ManagerNamespace: s.ManagerNamespace,
 		ManagerLabels: maps.Clone(s.Manager), AgentLabels: maps.Clone(s.Agents),
 		AgentNamespaces: s.AgentNamespaces, AgentCIDRs: s.AgentCIDRs,
-		InitPort: int(InitPort), DataPort: int(DataPort),
+		InitPort: int(InitPort), DataPort: int(DataPort), DNS: s.ClusterDNS,
 	}
 }
 

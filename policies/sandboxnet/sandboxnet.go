@@ -151,6 +151,9 @@ type Network struct {
 	AgentCIDRs      []string
 	// InitPort and DataPort are the sandbox server's listeners (1-65535).
 	InitPort, DataPort int
+	// DNS is where the cluster's pods send DNS queries (empty: KubeDNS): the peer of the
+	// DNS rule of a sandbox whose allowlist names hosts.
+	DNS ClusterDNS
 }
 
 // Validate checks n.
@@ -166,6 +169,9 @@ func (n Network) Validate() error {
 		return fmt.Errorf("%w: agent namespaces (or agent CIDRs) are required: without them no agent can reach its sandbox", ErrInvalid)
 	case n.InitPort <= 0 || n.InitPort > 65535 || n.DataPort <= 0 || n.DataPort > 65535 || n.InitPort == n.DataPort:
 		return fmt.Errorf("%w: init and data ports must be two different ports in 1-65535", ErrInvalid)
+	}
+	if _, err := ParseClusterDNS(string(n.DNS)); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	for _, ns := range n.AgentNamespaces {
 		if ns == "" {
@@ -201,6 +207,9 @@ func NamespacePolicies(f Flavour, n Network) ([]Object, error) {
 	}
 	if err := n.Validate(); err != nil {
 		return nil, err
+	}
+	if err := CheckClusterDNS(f, n.DNS); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	dd, err := DefaultDeny(f)
 	if err != nil {
@@ -299,10 +308,11 @@ func DefaultDeny(f Flavour) (Object, error) {
 // (ErrFQDNUnsupported).
 //
 // Cilium: one CiliumNetworkPolicy: egress per port to the names (toFQDNs) and addresses
-// (toCIDR), a DNS rule to kube-dns that lets exactly the allowlisted names be looked up (none
-// when no name is allowed), and egressDeny of the PrivateCIDRs except the allowlisted addresses
-// in them. GKE: a NetworkPolicy (DNS to kube-dns when names are allowed; the addresses) and,
-// when names are allowed, an FQDNNetworkPolicy with them. Kubernetes: the NetworkPolicy.
+// (toCIDR), a DNS rule to the cluster's DNS (Network.DNS) that lets exactly the allowlisted
+// names be looked up (none when no name is allowed), and egressDeny of the PrivateCIDRs except
+// the allowlisted addresses in them. GKE: a NetworkPolicy (DNS to the cluster's DNS when names
+// are allowed; the addresses) and, when names are allowed, an FQDNNetworkPolicy with them.
+// Kubernetes: the NetworkPolicy. A DNS setup f cannot express is refused (CheckClusterDNS).
 func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object, error) {
 	if _, err := ParseFlavour(string(f)); err != nil {
 		return nil, err
@@ -313,6 +323,9 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 	if id == "" {
 		return nil, fmt.Errorf("%w: empty sandbox id", ErrInvalid)
 	}
+	if err := CheckClusterDNS(f, n.DNS); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	groups, err := allowedGroups(f, allow)
 	if err != nil {
 		return nil, err
@@ -321,6 +334,7 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 		return nil, nil
 	}
 	p := sandboxPolicy{
+		dns:    n.dnsSetup(),
 		id:     id,
 		name:   SandboxPolicyName(id),
 		labels: map[string]string{LabelPartOf: "fusebox", LabelApp: AppName, LabelSandboxID: id},
@@ -335,6 +349,7 @@ func SandboxPolicies(f Flavour, n Network, id string, allow []string) ([]Object,
 
 // sandboxPolicy is one sandbox's allowlist, grouped by port, to render as its policies.
 type sandboxPolicy struct {
+	dns      ClusterDNS
 	id, name string
 	labels   map[string]string
 	self     Selector // the sandbox's pod
@@ -381,7 +396,8 @@ func (p sandboxPolicy) cilium() Object {
 	return Object{APIVersion: CiliumAPIVersion, Kind: CiliumKind, Name: p.name, Labels: p.labels, Spec: spec}
 }
 
-// ciliumDNS lets the sandbox ask kube-dns for exactly the allowlisted names.
+// ciliumDNS lets the sandbox ask the cluster's DNS (ciliumDNSPeers) for exactly the
+// allowlisted names.
 func (p sandboxPolicy) ciliumDNS() CiliumEgress {
 	var lookups []FQDNSelector
 	for _, g := range p.groups {
@@ -392,7 +408,7 @@ func (p sandboxPolicy) ciliumDNS() CiliumEgress {
 		}
 	}
 	return CiliumEgress{
-		ToEndpoints: []Selector{ciliumKubeDNS()},
+		ToEndpoints: ciliumDNSPeers(p.dns),
 		ToPorts: []CiliumPortRule{{
 			Ports: []PortProtocol{{Port: "53", Protocol: "UDP"}, {Port: "53", Protocol: "TCP"}},
 			Rules: &L7Rules{DNS: lookups},
@@ -419,17 +435,16 @@ func privateExcept(ips []netip.Addr) []CIDRRule {
 	return deny
 }
 
-// networkPolicies are the sandbox's NetworkPolicy (kube-dns when it names hosts, the
-// addresses on their ports) and, for names (GKE), its FQDNNetworkPolicy.
+// networkPolicies are the sandbox's NetworkPolicy (the cluster's DNS, npDNSPeers, when it
+// names hosts; the addresses on their ports) and, for names (GKE), its FQDNNetworkPolicy.
 func (p sandboxPolicy) networkPolicies() []Object {
 	np := &NetworkPolicySpec{PodSelector: p.self, PolicyTypes: []string{"Egress"}}
 	if p.hasNames() {
+		// One rule: any of the DNS peers, on port 53 only (a node-local resolver's address
+		// may be the metadata server's, whose other ports stay denied).
 		np.Egress = append(np.Egress, NetworkPolicyEgress{
-			To: []NetworkPolicyPeer{{
-				NamespaceSelector: &Selector{MatchLabels: map[string]string{namespaceNameLabel: "kube-system"}},
-				PodSelector:       &Selector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
-			}},
-			Ports: []NetworkPolicyPort{{Protocol: "UDP", Port: 53}, {Protocol: "TCP", Port: 53}},
+			To:    npDNSPeers(p.dns),
+			Ports: []NetworkPolicyPort{{Protocol: "UDP", Port: DNSPort}, {Protocol: "TCP", Port: DNSPort}},
 		})
 	}
 	var fqdn *FQDNSpec

@@ -13,11 +13,15 @@ import (
 	"time"
 
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
+	"github.com/fusebox-dev/fusebox/infra/preflight"
 	"github.com/fusebox-dev/fusebox/test/stacktest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
@@ -73,6 +77,26 @@ func TestPreviewRefusesAnUnreleasedStack(t *testing.T) {
 		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": "/nonexistent"}})
 	if err == nil || !strings.Contains(err.Error(), "fusebox release --registry HOST[:PORT]/PATH --stack eks-dev") {
 		t.Fatalf("preview of an unreleased stack = %v, want an error saying to run fusebox release", err)
+	}
+}
+
+// TestPreviewRunsPreflight: the program the Pulumi CLI runs checks the cluster itself
+// (infra.NewProgram), so what preflight refuses fails a preview, and so the preview that
+// starts every `pulumi up`, before anything changes: here the local stack on a cluster
+// without a node labelled fusebox.dev/pool=sandbox. The cluster is client-go's fake API
+// server, handed to the inline program as deploy hands it the real one.
+func TestPreviewRunsPreflight(t *testing.T) {
+	tl := tools(t)
+	repo := stacktest.Repo(t, testenv.ModuleRoot())
+	unlabelled := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	cl := preflight.FromClients(fake.NewClientset(unlabelled))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, err := deploy.Run(ctx, deploy.Preview, deploy.Options{Stack: "local", RepoDir: repo, Tools: tl,
+		Backend: "file://" + t.TempDir(), Env: map[string]string{"KUBECONFIG": "/nonexistent"}, Cluster: &cl})
+	if err == nil || !strings.Contains(err.Error(), "preflight refused the stack") || !strings.Contains(err.Error(), "kubectl label node NODE fusebox.dev/pool=sandbox") {
+		t.Fatalf("preview on a cluster preflight refuses = %v, want the refusal naming the node label", err)
 	}
 }
 

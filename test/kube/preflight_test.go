@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -45,8 +46,15 @@ func TestPreflightAgainstAPIServer(t *testing.T) {
 		}
 	}
 
+	// The kwok node carries fusebox.dev/pool=sandbox (kubetest.NodeName), as local needs.
 	t.Run("plain NetworkPolicy, namespaces exist", func(t *testing.T) {
 		check(t, stack(components.Local, sandboxnet.Kubernetes))
+	})
+	// The kwok node is tainted like the sandbox pool: the manager cannot run there.
+	t.Run("manager rollout without a node", func(t *testing.T) {
+		s := stack(components.Local, sandboxnet.Kubernetes)
+		s.Manager = preflight.Rollout{Replicas: 2, MaxSurge: 1}
+		check(t, s, "the manager needs a node it can run on", "the cluster has 0 (none)")
 	})
 	t.Run("gke: not GKE Sandbox's RuntimeClass, no FQDNNetworkPolicy", func(t *testing.T) {
 		check(t, stack(components.GKE, sandboxnet.GKE), `handler "runsc"`, "FQDNNetworkPolicy (networking.gke.io/v1alpha1) is not served", "--enable-fqdn-network-policy")
@@ -77,9 +85,46 @@ func TestPreflightAgainstAPIServer(t *testing.T) {
 	if _, err := env.Client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Cilium's version is its agent DaemonSet's image tag.
+	t.Run("cilium without its agent", func(t *testing.T) {
+		check(t, stack(components.EKS, sandboxnet.Cilium), "DaemonSet kube-system/cilium not found")
+	})
+	agent := daemonSet(preflight.CiliumAgentNamespace, preflight.CiliumAgentName, true, nil, "quay.io/cilium/cilium:v1.15.19")
+	agent, err := env.Client.AppsV1().DaemonSets(agent.Namespace).Create(ctx, agent, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		env.Client.AppsV1().DaemonSets(agent.Namespace).Delete(context.Background(), agent.Name, metav1.DeleteOptions{})
+	})
+	t.Run("cilium before enableDefaultDeny", func(t *testing.T) {
+		check(t, stack(components.EKS, sandboxnet.Cilium), "Cilium 1.15.19 is too old", "1.16.0 or later")
+	})
+	agent.Spec.Template.Spec.Containers[0].Image = "quay.io/cilium/cilium:v1.16.5"
+	if _, err := env.Client.AppsV1().DaemonSets(agent.Namespace).Update(ctx, agent, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	t.Run("cilium in ENI mode, socket LB in the host namespace", func(t *testing.T) {
 		check(t, stack(components.EKS, sandboxnet.Cilium))
 	})
+
+	// NodeLocal DNSCache is a DaemonSet: with it, the sandboxes' DNS rules must be rendered for
+	// it (fusebox:clusterDNS: nodelocaldns).
+	cache := daemonSet(preflight.NodeLocalDNSNamespace, preflight.NodeLocalDNSName, true, []string{"-localip", "169.254.20.10,10.96.0.10"}, "registry.k8s.io/dns/k8s-dns-node-cache:1.23.1")
+	if _, err := env.Client.AppsV1().DaemonSets(cache.Namespace).Create(ctx, cache, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("node-local DNS cache, kube-dns set", func(t *testing.T) {
+		check(t, stack(components.EKS, sandboxnet.Cilium), "runs NodeLocal DNSCache", "fusebox:clusterDNS: nodelocaldns")
+	})
+	t.Run("node-local DNS cache in the host network, under Cilium", func(t *testing.T) {
+		s := stack(components.EKS, sandboxnet.Cilium)
+		s.ClusterDNS = sandboxnet.NodeLocalDNS
+		check(t, s, "runs in the host network", "Local Redirect Policy")
+	})
+	if err := env.Client.AppsV1().DaemonSets(cache.Namespace).Delete(ctx, cache.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Image pull secrets: each must exist, as a docker config, in both namespaces.
 	t.Run("registry secret that does not exist", func(t *testing.T) {
@@ -109,4 +154,19 @@ func TestPreflightAgainstAPIServer(t *testing.T) {
 	t.Run("registry secrets in both namespaces", func(t *testing.T) {
 		check(t, stack(components.Local, sandboxnet.Kubernetes, "regcred"))
 	})
+}
+
+// daemonSet is DaemonSet namespace/name running image with args.
+func daemonSet(namespace, name string, hostNetwork bool, args []string, image string) *appsv1.DaemonSet {
+	labels := map[string]string{"app": name}
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{HostNetwork: hostNetwork, Containers: []corev1.Container{{Name: "c", Image: image, Args: args}}},
+			},
+		},
+	}
 }
