@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -510,5 +511,49 @@ func TestLocalStackNeedsNoNodePool(t *testing.T) {
 	}
 	if c, _ := components.ParseCloud(cfg["fusebox:cloud"]); c != components.Local {
 		t.Errorf("local stack cloud %q", cfg["fusebox:cloud"])
+	}
+}
+
+// TestDestroyRemovesSandboxesBeforePolicies: Pulumi destroys in reverse dependency order, so
+// the manager's Deployment, which waits for every object that confines the sandboxes (the
+// sandbox namespace's network policies, the admission policy and its binding, the runtime),
+// is destroyed before any of them; and it carries the finalizer its managers remove only once
+// every sandbox pod is gone (test/kube TestDeletingTheManagerRemovesEverySandboxFirst), so
+// no sandbox outlives a policy. Also with namespaces the stack does not create, where no
+// namespace deletion would remove the sandboxes.
+func TestDestroyRemovesSandboxesBeforePolicies(t *testing.T) {
+	for _, stack := range []string{"eks-dev", "gke-dev", "aks-dev", "local"} {
+		for _, create := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/create=%v", stack, create), func(t *testing.T) {
+				cfg := stackConfig(t, stack)
+				if !create {
+					cfg["fusebox:namespaces"] = `{"manager":"fusebox","sandbox":"fusebox-sandboxes","create":false}`
+				}
+				m, err := runStack(stack, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := len(m.ByType("kubernetes:core/v1:Namespace")); (n == 2) != create {
+					t.Fatalf("%d namespaces with create %v", n, create)
+				}
+				d := m.One(t, deploymentType)
+				if f := mocktest.Dig(d.Props(), "metadata", "finalizers", 0); f != manager.RemovalFinalizer {
+					t.Errorf("manager Deployment finalizers %v", mocktest.Dig(d.Props(), "metadata", "finalizers"))
+				}
+				confining := 0
+				for _, r := range m.All() {
+					switch r.Type {
+					case cnpType, npType, vapType, vapBindingType, runtimeClassType, daemonSetType:
+						confining++
+						if !slices.ContainsFunc(d.Deps, func(urn string) bool { return strings.HasSuffix(urn, "$"+r.Type+"::"+r.Name) }) {
+							t.Errorf("the manager Deployment is not destroyed before %s %s", r.Type, r.Name)
+						}
+					}
+				}
+				if confining < 5 {
+					t.Errorf("only %d policies, admission objects and runtime found", confining)
+				}
+			})
+		}
 	}
 }

@@ -132,6 +132,9 @@ func (a *ManagerArgs) flags() pulumi.StringArray {
 		pulumi.String("--network-policy=" + a.NetworkPolicy),
 		pulumi.String("--state-dir=" + StateDir),
 		pulumi.String("--leader-elect=true"),
+		// Once its own Deployment is being deleted, the manager removes every sandbox pod
+		// and then the Deployment's RemovalFinalizer (see children.deployment).
+		pulumi.String("--deployment=" + ObjectName),
 		pulumi.Sprintf("--estimator=%s", a.Estimator),
 		pulumi.Sprintf("--pool-size=%d", a.PoolSize),
 		pulumi.Sprintf("--pool-max=%d", a.PoolMax),

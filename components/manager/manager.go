@@ -149,6 +149,7 @@ const (
 	sandboxRoleName  = "fusebox-manager-sandboxes"
 	electionRoleName = "fusebox-manager-leader-election"
 	tlsRoleName      = "fusebox-manager-tls"
+	removalRoleName  = "fusebox-manager-removal"
 	caReaderRoleName = "fusebox-manager-ca-reader"
 	// TokenReviewRoleName is the one cluster-wide role: checking agents' tokens.
 	TokenReviewRoleName = "fusebox-manager-tokenreview"
@@ -299,10 +300,31 @@ func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
 	return []pulumi.Resource{cm, policyCM}, nil
 }
 
+// RemovalFinalizer keeps the manager's Deployment, once deleted, until its managers have
+// removed every sandbox pod (manager/kubealloc.RemovalFinalizer, which the manager removes).
+const RemovalFinalizer = "fusebox.dev/sandboxes"
+
 // deployment registers the manager's Deployment, after deps.
+//
+// Destroying it removes every sandbox before anything it waits for (the sandbox namespace's
+// policies, the runtime, the manager's RBAC): Pulumi deletes the Deployment first and waits
+// for it to be gone; its RemovalFinalizer keeps it, and its background deletion keeps its
+// ReplicaSet and running managers, until the managers have stopped their pools and deleted
+// every sandbox pod (--deployment). (Pulumi's default foreground deletion would stop the
+// managers first and never see the finalizer removed.) Without a cluster that can run the
+// manager (SkipAwait) nobody would remove the finalizer: it is left off.
 func (k *children) deployment(deps []pulumi.Resource) error {
+	meta := k.meta(ObjectName, k.a.Namespace)
+	ann := pulumi.StringMap{"pulumi.com/deletionPropagationPolicy": pulumi.String("background")}
+	for key, v := range k.annotations {
+		ann[key] = v
+	}
+	meta.Annotations = ann
+	if !k.a.SkipAwait {
+		meta.Finalizers = pulumi.StringArray{pulumi.String(RemovalFinalizer)}
+	}
 	if _, err := appsv1.NewDeployment(k.ctx, k.name+"-deployment", &appsv1.DeploymentArgs{
-		Metadata: k.meta(ObjectName, k.a.Namespace),
+		Metadata: meta,
 		Spec:     k.a.deploymentSpec(k.labels),
 	}, k.parent, pulumi.DependsOn(deps)); err != nil {
 		return k.errorf("deployment", err)

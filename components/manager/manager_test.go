@@ -9,7 +9,9 @@ import (
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	corev1p "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -94,13 +96,15 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	collect(clusterRoleType, crs[0])
 	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 	want := map[rule][]string{
-		{"sbx", sandboxRoleName, "", "pods", ""}:                               all,
-		{"sbx", sandboxRoleName, "cilium.io", "ciliumnetworkpolicies", ""}:     all,
-		{"mgr", electionRoleName, "coordination.k8s.io", "leases", ""}:         {"get", "create", "update"},
-		{"mgr", tlsRoleName, "", "secrets", TLSSecretName}:                     {"get", "list", "watch"},
-		{"mgr", tlsRoleName, "", "secrets", ""}:                                {"create"},
-		{"mgr", tlsRoleName, "", "configmaps", CAConfigMapName}:                {"get", "update"},
-		{"mgr", tlsRoleName, "", "configmaps", ""}:                             {"create"},
+		{"sbx", sandboxRoleName, "", "pods", ""}:                           all,
+		{"sbx", sandboxRoleName, "cilium.io", "ciliumnetworkpolicies", ""}: all,
+		{"mgr", electionRoleName, "coordination.k8s.io", "leases", ""}:     {"get", "create", "update"},
+		{"mgr", tlsRoleName, "", "secrets", TLSSecretName}:                 {"get", "list", "watch"},
+		{"mgr", tlsRoleName, "", "secrets", ""}:                            {"create"},
+		{"mgr", tlsRoleName, "", "configmaps", CAConfigMapName}:            {"get", "update"},
+		{"mgr", tlsRoleName, "", "configmaps", ""}:                         {"create"},
+		// Its own Deployment: watched for its deletion, its RemovalFinalizer removed.
+		{"mgr", removalRoleName, "apps", "deployments", ObjectName}:            {"get", "list", "watch", "update"},
 		{"", TokenReviewRoleName, "authentication.k8s.io", "tokenreviews", ""}: {"create"},
 		// Any authenticated user may get the CA ConfigMap, nothing else.
 		{"mgr", caReaderRoleName, "", "configmaps", CAConfigMapName}: {"get"},
@@ -398,7 +402,7 @@ func TestPolicyFlavourReachesTheManager(t *testing.T) {
 				rules, _ := mocktest.Dig(r.Props(), "rules").([]any)
 				for _, ru := range rules {
 					g, res := strs(mocktest.Dig(ru, "apiGroups")), strs(mocktest.Dig(ru, "resources"))
-					if g[0] != "" && g[0] != "coordination.k8s.io" {
+					if g[0] != "" && g[0] != "coordination.k8s.io" && g[0] != "apps" {
 						kinds = append(kinds, g[0]+"/"+res[0])
 					}
 				}
@@ -412,5 +416,52 @@ func TestPolicyFlavourReachesTheManager(t *testing.T) {
 	a.NetworkPolicy = "calico"
 	if _, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewManager(ctx, "fb", a); return err }); err == nil {
 		t.Error("unknown flavour accepted")
+	}
+}
+
+// TestDeploymentIsRemovedAfterItsSandboxes: the Deployment carries the finalizer the manager
+// removes once every sandbox pod is gone (kubealloc's), is deleted in the background so that
+// its managers keep running until then, and its managers watch it (--deployment); it waits for
+// (so is destroyed before) what After names and the manager's RBAC. Without a cluster that
+// runs the manager (SkipAwait), the finalizer is left off.
+func TestDeploymentIsRemovedAfterItsSandboxes(t *testing.T) {
+	if RemovalFinalizer != kubealloc.RemovalFinalizer {
+		t.Fatalf("finalizer %q, the manager removes %q", RemovalFinalizer, kubealloc.RemovalFinalizer)
+	}
+	for _, skip := range []bool{false, true} {
+		a := args()
+		a.SkipAwait = skip
+		var policy pulumi.Resource
+		m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+			var err error
+			policy, err = corev1p.NewConfigMap(ctx, "sandbox-policy", &corev1p.ConfigMapArgs{})
+			if err != nil {
+				return err
+			}
+			a.After = []pulumi.Resource{policy}
+			_, err = NewManager(ctx, "fb", a)
+			return err
+		})
+		d := m.One(t, deployType)
+		p := d.Props()
+		fin := strs(mocktest.Dig(p, "metadata", "finalizers"))
+		if want := []string{RemovalFinalizer}; !skip && !slices.Equal(fin, want) || skip && len(fin) != 0 {
+			t.Errorf("skipAwait %v: finalizers %v", skip, fin)
+		}
+		if v := mocktest.Str(p, "metadata", "annotations", "pulumi.com/deletionPropagationPolicy"); v != "background" {
+			t.Errorf("deletion propagation %q, want background", v)
+		}
+		if !slices.Contains(strs(mocktest.Dig(p, "spec", "template", "spec", "containers", 0, "args")), "--deployment="+ObjectName) {
+			t.Errorf("the manager does not watch its Deployment: %v", mocktest.Dig(p, "spec", "template", "spec", "containers", 0, "args"))
+		}
+		deps := map[string]bool{}
+		for _, dep := range d.Deps {
+			deps[dep[strings.LastIndex(dep, "::")+2:]] = true
+		}
+		for _, want := range []string{"sandbox-policy", "fb-removal-role-binding", "fb-sandbox-role-binding", "fb-tokenreview-binding"} {
+			if !deps[want] {
+				t.Errorf("the Deployment does not wait for %s: %v", want, d.Deps)
+			}
+		}
 	}
 }

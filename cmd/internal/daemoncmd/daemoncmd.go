@@ -173,6 +173,7 @@ templates they may use and their egress ceiling. A plaintext caller is told to u
 	f.StringSliceVar(&c.Kube.AgentCIDRs, "agent-cidrs", nil, "CIDRs outside the cluster that may reach a bound sandbox's data port")
 	f.StringVar(&c.Kube.NetworkPolicy, "network-policy", "cilium", "network policy flavour of the cluster: cilium, gke (NetworkPolicy + FQDNNetworkPolicy) or kubernetes (NetworkPolicy; allowlists take IP addresses only)")
 	f.StringSliceVar(&c.Kube.ImagePullSecrets, "image-pull-secrets", nil, "Secrets in the sandbox namespace for pulling the sandbox image")
+	f.StringVar(&c.Kube.Deployment, "deployment", "", "the manager's own Deployment in --manager-namespace: once it is being deleted, remove every sandbox pod, then its finalizer "+kubealloc.RemovalFinalizer)
 	f.BoolVar(&c.Kube.LeaderElect, "leader-elect", true, "elect one replica to size the pool and expire leases")
 	f.BoolVar(&c.Kube.SeparateClaim, "separate-claim", false, "claim each sandbox pod with an API write of its own before binding it (default: the lease's write claims it, one write fewer per allocation)")
 	f.Float32Var(&c.Kube.QPS, "kube-api-qps", kubealloc.DefaultQPS, "API requests per second this replica may make (client-go's default of 5 would throttle allocations)")
