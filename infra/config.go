@@ -104,6 +104,10 @@ type ManagerConfig struct {
 	Memory               string `json:"memory"`
 	// SkipAwait: do not wait for the manager to become ready (test control planes only).
 	SkipAwait bool `json:"skipAwait"`
+	// TLSSecret, TokenAudience and ExternalNames secure the API: see checkManagerAPI.
+	TLSSecret     string   `json:"tlsSecret"`
+	TokenAudience string   `json:"tokenAudience"`
+	ExternalNames []string `json:"externalNames"`
 }
 
 // PoolConfig sizes the warm pool and each sandbox.
@@ -303,6 +307,9 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.checkSizes(fail); err != nil {
+		return nil, err
+	}
+	if err := c.Manager.checkAPI(fail); err != nil {
 		return nil, err
 	}
 	if err := c.checkGVisor(fail, release); err != nil {

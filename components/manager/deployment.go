@@ -142,12 +142,20 @@ func (a *ManagerArgs) flags() pulumi.StringArray {
 		// checked for the audience, the authorisation policy.
 		pulumi.String("--tls-secret=" + a.tlsSecret()),
 		pulumi.Sprintf("--tls-secret-create=%t", a.TLSSecret == ""),
-		pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local", ObjectName, ObjectName, a.Namespace,
-			ObjectName, a.Namespace, ObjectName, a.Namespace),
+		pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local%s", ObjectName, ObjectName, a.Namespace,
+			ObjectName, a.Namespace, ObjectName, a.Namespace, externalNames(a.ExternalNames)),
 		pulumi.String("--ca-configmap=" + CAConfigMapName),
 		pulumi.String("--token-audience=" + a.TokenAudience),
 		pulumi.String("--auth-policy=" + policyMountPath + "/" + PolicyKey),
 	}
+}
+
+// externalNames are names, after the Service's in-cluster ones in --tls-dns-names.
+func externalNames(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return "," + strings.Join(names, ",")
 }
 
 // listArgs are the manager's list-valued flags that are set.

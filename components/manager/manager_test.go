@@ -223,7 +223,8 @@ func TestDeployment(t *testing.T) {
 		t.Errorf("args %v", mocktest.Dig(c, "args"))
 	}
 
-	svc := m.One(t, "kubernetes:core/v1:Service").Props()
+	svcs := services(t, m)
+	svc := svcs[ObjectName]
 	if mocktest.Str(svc, "spec", "ports", 0, "name") != "grpc" || mocktest.Str(svc, "spec", "selector", "app.kubernetes.io/name") != components.ManagerAppLabel {
 		t.Errorf("service %v", svc)
 	}
@@ -287,6 +288,9 @@ func TestRefusesBadArgs(t *testing.T) {
 		"tag and digest": {func(a *ManagerArgs) { a.Image = "registry.example.com/fusebox/manager:v1@sha256:" + digest }, components.ErrImageNotPinned},
 		"one replica":    {func(a *ManagerArgs) { a.Replicas = 1 }, ErrTooFewReplicas},
 		"no sandbox ns":  {func(a *ManagerArgs) { a.SandboxNamespace = nil }, ErrNoNamespace},
+		"external names with own certificate": {func(a *ManagerArgs) {
+			a.TLSSecret, a.ExternalNames = "mine", []string{"manager.example.com"}
+		}, ErrExternalNamesWithTLSSecret},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := args()
@@ -462,6 +466,40 @@ func TestDeploymentIsRemovedAfterItsSandboxes(t *testing.T) {
 			if !deps[want] {
 				t.Errorf("the Deployment does not wait for %s: %v", want, d.Deps)
 			}
+		}
+	}
+}
+
+// services are the component's Services by name.
+func services(t *testing.T, m *mocktest.Mocks) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for _, r := range m.ByType("kubernetes:core/v1:Service") {
+		out[mocktest.Str(r.Props(), "metadata", "name")] = r.Props()
+	}
+	return out
+}
+
+// TestMetricsAreNeverPublic: the API Service, a LoadBalancer or not, carries the gRPC port
+// only; the plaintext, unauthenticated metrics port has a ClusterIP Service of its own.
+func TestMetricsAreNeverPublic(t *testing.T) {
+	for _, typ := range []string{"ClusterIP", "LoadBalancer"} {
+		a := args()
+		a.ServiceType, a.MetricsPort = typ, 9100
+		m, _ := run(t, a)
+		svcs := services(t, m)
+		if len(svcs) != 2 {
+			t.Fatalf("%s: services %v, want %s and %s", typ, svcs, ObjectName, MetricsServiceName)
+		}
+		api, metrics := svcs[ObjectName], svcs[MetricsServiceName]
+		ports, _ := mocktest.Dig(api, "spec", "ports").([]any)
+		if mocktest.Str(api, "spec", "type") != typ || len(ports) != 1 || mocktest.Str(ports[0], "name") != "grpc" {
+			t.Errorf("%s: API service %v: want the gRPC port only", typ, mocktest.Dig(api, "spec"))
+		}
+		ports, _ = mocktest.Dig(metrics, "spec", "ports").([]any)
+		if mocktest.Str(metrics, "spec", "type") != "ClusterIP" || len(ports) != 1 || mocktest.Dig(ports[0], "port") != 9100.0 ||
+			mocktest.Str(ports[0], "targetPort") != "metrics" || mocktest.Str(metrics, "spec", "selector", "app.kubernetes.io/name") != components.ManagerAppLabel {
+			t.Errorf("%s: metrics service %v: want ClusterIP with the metrics port only", typ, mocktest.Dig(metrics, "spec"))
 		}
 	}
 }
