@@ -314,6 +314,18 @@ func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
 	return []pulumi.Resource{cm, policyCM}, nil
 }
 
+// Timeouts of the objects Pulumi waits for, sized for a first `up` (docs/deploy.md). The
+// Deployment is ready once every replica's warm pool has held a ready sandbox: on a new
+// cluster that covers a sandbox node's launch (Karpenter: a few minutes, more when capacity is
+// retried), gVisor's install on it, the manager and sandbox image pulls and the pods' start.
+// A rollout (one surge replica at a time, none unavailable) may need a new node per replica.
+// Deleting it waits for every sandbox pod to be gone (RemovalFinalizer). A LoadBalancer
+// Service waits for the cloud's load balancer.
+var (
+	DeploymentTimeouts   = pulumi.CustomTimeouts{Create: "20m", Update: "30m", Delete: "15m"}
+	LoadBalancerTimeouts = pulumi.CustomTimeouts{Create: "15m", Update: "15m"}
+)
+
 // RemovalFinalizer keeps the manager's Deployment, once deleted, until its managers have
 // removed every sandbox pod (manager/kubealloc.RemovalFinalizer, which the manager removes).
 const RemovalFinalizer = "fusebox.dev/sandboxes"
@@ -340,7 +352,7 @@ func (k *children) deployment(deps []pulumi.Resource) error {
 	if _, err := appsv1.NewDeployment(k.ctx, k.name+"-deployment", &appsv1.DeploymentArgs{
 		Metadata: meta,
 		Spec:     k.a.deploymentSpec(k.labels),
-	}, k.parent, pulumi.DependsOn(deps)); err != nil {
+	}, k.parent, pulumi.DependsOn(deps), pulumi.Timeouts(&DeploymentTimeouts)); err != nil {
 		return k.errorf("deployment", err)
 	}
 	return nil
@@ -350,6 +362,10 @@ func (k *children) deployment(deps []pulumi.Resource) error {
 // ServiceType says. The metrics port is plaintext and unauthenticated, so it is never on that
 // Service, which a LoadBalancer would make public: metricsService is its own, ClusterIP.
 func (k *children) service() (*corev1.Service, error) {
+	opts := []pulumi.ResourceOption{k.parent}
+	if k.a.ServiceType == "LoadBalancer" {
+		opts = append(opts, pulumi.Timeouts(&LoadBalancerTimeouts))
+	}
 	svc, err := corev1.NewService(k.ctx, k.name+"-service", &corev1.ServiceArgs{
 		Metadata: k.meta(ObjectName, k.a.Namespace),
 		Spec: corev1.ServiceSpecArgs{
@@ -359,7 +375,7 @@ func (k *children) service() (*corev1.Service, error) {
 				corev1.ServicePortArgs{Name: pulumi.String("grpc"), Port: pulumi.Int(k.a.GRPCPort), TargetPort: pulumi.String("grpc"), AppProtocol: pulumi.String("grpc")},
 			},
 		},
-	}, k.parent)
+	}, opts...)
 	if err != nil {
 		return nil, k.errorf("service", err)
 	}

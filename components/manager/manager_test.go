@@ -503,3 +503,24 @@ func TestMetricsAreNeverPublic(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeouts: Pulumi waits for the Deployment (a first `up`: a node's launch, gVisor's
+// install, the image pulls and a warm pool; a rollout; a removal of every sandbox) and a
+// LoadBalancer Service for the customTimeouts docs/deploy.md states, not the provider's 10
+// minutes.
+func TestTimeouts(t *testing.T) {
+	for _, typ := range []string{"ClusterIP", "LoadBalancer"} {
+		a := args()
+		a.ServiceType = typ
+		m, _ := run(t, a)
+		if got := m.One(t, deployType).Timeouts; got == nil || *got != (mocktest.Timeouts{Create: "20m", Update: "30m", Delete: "15m"}) {
+			t.Errorf("Deployment customTimeouts %+v", got)
+		}
+		for _, s := range m.ByType("kubernetes:core/v1:Service") {
+			lb := mocktest.Str(s.Props(), "spec", "type") == "LoadBalancer"
+			if want := (mocktest.Timeouts{Create: "15m", Update: "15m"}); lb && (s.Timeouts == nil || *s.Timeouts != want) || !lb && s.Timeouts != nil {
+				t.Errorf("%s Service %s customTimeouts %+v", mocktest.Str(s.Props(), "spec", "type"), s.Name, s.Timeouts)
+			}
+		}
+	}
+}
