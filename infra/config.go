@@ -110,6 +110,10 @@ type ManagerConfig struct {
 	// NodesAutoscaled: a node autoscaler adds nodes for the manager's pending pods, so
 	// preflight does not count the nodes a rollout needs.
 	NodesAutoscaled bool `json:"nodesAutoscaled"`
+	// TLSSecret, TokenAudience and ExternalNames secure the API: see checkManagerAPI.
+	TLSSecret     string   `json:"tlsSecret"`
+	TokenAudience string   `json:"tokenAudience"`
+	ExternalNames []string `json:"externalNames"`
 }
 
 // PoolConfig sizes the warm pool and each sandbox.
@@ -325,6 +329,9 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 		return nil, err
 	}
 	if err := c.checkSizes(fail); err != nil {
+		return nil, err
+	}
+	if err := c.Manager.checkAPI(fail); err != nil {
 		return nil, err
 	}
 	if err := c.checkGVisor(fail, release); err != nil {

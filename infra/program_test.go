@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -277,6 +278,15 @@ func TestBadConfig(t *testing.T) {
 		"not an object":   {func(c map[string]string) { c["fusebox:cilium"] = "yes" }, "fusebox:cilium"},
 		"no node pool":    {func(c map[string]string) { delete(c, "fusebox:nodePool") }, "fusebox:nodePool"},
 		"one replica":     {func(c map[string]string) { c["fusebox:manager"] = `{"replicas":1}` }, "fusebox:manager.replicas"},
+		"tls secret name": {func(c map[string]string) { c["fusebox:manager"] = `{"tlsSecret":"My_Cert"}` }, "fusebox:manager.tlsSecret"},
+		"token audience":  {func(c map[string]string) { c["fusebox:manager"] = `{"tokenAudience":"fusebox manager"}` }, "fusebox:manager.tokenAudience"},
+		"external name": {func(c map[string]string) {
+			c["fusebox:manager"] = `{"serviceType":"LoadBalancer","externalNames":["manager.example.com","https://manager.example.com"]}`
+		}, "fusebox:manager.externalNames[1]"},
+		"external IP with zone": {func(c map[string]string) { c["fusebox:manager"] = `{"externalNames":["fe80::1%eth0"]}` }, "fusebox:manager.externalNames[0]"},
+		"external names, own certificate": {func(c map[string]string) {
+			c["fusebox:manager"] = `{"tlsSecret":"manager-cert","externalNames":["manager.example.com"]}`
+		}, "fusebox:manager.externalNames"},
 		"unpinned chart": {func(c map[string]string) {
 			c["fusebox:cilium"] = `{"install":true,"chart":{"repo":"https://helm.cilium.io"}}`
 		}, "fusebox:cilium.chart"},
@@ -535,4 +545,96 @@ func TestLocalStackNeedsNoNodePool(t *testing.T) {
 	if c, _ := components.ParseCloud(cfg["fusebox:cloud"]); c != components.Local {
 		t.Errorf("local stack cloud %q", cfg["fusebox:cloud"])
 	}
+}
+
+// TestDestroyRemovesSandboxesBeforePolicies: Pulumi destroys in reverse dependency order, so
+// the manager's Deployment, which waits for every object that confines the sandboxes (the
+// sandbox namespace's network policies, the admission policy and its binding, the runtime),
+// is destroyed before any of them; and it carries the finalizer its managers remove only once
+// every sandbox pod is gone (test/kube TestDeletingTheManagerRemovesEverySandboxFirst), so
+// no sandbox outlives a policy. Also with namespaces the stack does not create, where no
+// namespace deletion would remove the sandboxes.
+func TestDestroyRemovesSandboxesBeforePolicies(t *testing.T) {
+	for _, stack := range []string{"eks-dev", "gke-dev", "aks-dev", "local"} {
+		for _, create := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/create=%v", stack, create), func(t *testing.T) {
+				cfg := stackConfig(t, stack)
+				if !create {
+					cfg["fusebox:namespaces"] = `{"manager":"fusebox","sandbox":"fusebox-sandboxes","create":false}`
+				}
+				m, err := runStack(stack, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := len(m.ByType("kubernetes:core/v1:Namespace")); (n == 2) != create {
+					t.Fatalf("%d namespaces with create %v", n, create)
+				}
+				d := m.One(t, deploymentType)
+				if f := mocktest.Dig(d.Props(), "metadata", "finalizers", 0); f != manager.RemovalFinalizer {
+					t.Errorf("manager Deployment finalizers %v", mocktest.Dig(d.Props(), "metadata", "finalizers"))
+				}
+				confining := 0
+				for _, r := range m.All() {
+					switch r.Type {
+					case cnpType, npType, vapType, vapBindingType, runtimeClassType, daemonSetType:
+						confining++
+						if !slices.ContainsFunc(d.Deps, func(urn string) bool { return strings.HasSuffix(urn, "$"+r.Type+"::"+r.Name) }) {
+							t.Errorf("the manager Deployment is not destroyed before %s %s", r.Type, r.Name)
+						}
+					}
+				}
+				if confining < 5 {
+					t.Errorf("only %d policies, admission objects and runtime found", confining)
+				}
+			})
+		}
+	}
+}
+
+// TestManagerAPIKeys: the stack's manager.tlsSecret (a cert-manager Secret), tokenAudience and
+// externalNames reach the manager: its flags, the RBAC of the Secret it reads, the audience
+// it exports, and the names its own certificate covers.
+func TestManagerAPIKeys(t *testing.T) {
+	flags := func(t *testing.T, manager string) (*mocktest.Mocks, []string) {
+		t.Helper()
+		cfg := stackConfig(t, "eks-dev")
+		cfg["fusebox:manager"] = manager
+		m, err := runStack("eks-dev", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var argv []string
+		for _, a := range mocktest.Dig(m.One(t, deploymentType).Props(), "spec", "template", "spec", "containers", 0, "args").([]any) {
+			argv = append(argv, a.(string))
+		}
+		return m, argv
+	}
+	has := func(t *testing.T, argv []string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !slices.Contains(argv, w) {
+				t.Errorf("manager args %v lack %s", argv, w)
+			}
+		}
+	}
+	t.Run("cert-manager", func(t *testing.T) {
+		m, argv := flags(t, `{"tlsSecret":"manager-cert","tokenAudience":"agents.example.com"}`)
+		has(t, argv, "--tls-secret=manager-cert", "--tls-secret-create=false", "--token-audience=agents.example.com")
+		found := false
+		for _, r := range m.ByType("kubernetes:rbac.authorization.k8s.io/v1:Role") {
+			for _, ru := range mocktest.Dig(r.Props(), "rules").([]any) {
+				if fmt.Sprint(mocktest.Dig(ru, "resources")) == "[secrets]" && fmt.Sprint(mocktest.Dig(ru, "resourceNames")) == "[manager-cert]" {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Error("the manager may not read its Secret manager-cert")
+		}
+	})
+	t.Run("external names", func(t *testing.T) {
+		_, argv := flags(t, `{"serviceType":"LoadBalancer","externalNames":["manager.example.com","203.0.113.7"]}`)
+		has(t, argv, "--tls-secret=fusebox-manager-tls", "--tls-secret-create=true", "--token-audience=fusebox-manager",
+			"--tls-dns-names=fusebox-manager,fusebox-manager.fusebox-system,fusebox-manager.fusebox-system.svc,fusebox-manager.fusebox-system.svc.cluster.local,manager.example.com,203.0.113.7")
+	})
 }

@@ -92,6 +92,10 @@ type Cilium struct {
 	Release pulumi.Resource `pulumi:"-"`
 }
 
+// ReleaseTimeoutSeconds bounds Helm's wait for the Cilium release (docs/deploy.md): its agents
+// roll out on every node, each pulling its images.
+const ReleaseTimeoutSeconds = 900
+
 // ErrNoChart is returned when Install is set without a usable chart source.
 var ErrNoChart = errors.New("cilium chart source: set path, or repo with a pinned version")
 
@@ -163,6 +167,9 @@ func newRelease(ctx *pulumi.Context, name string, args *CiliumArgs, v HelmValues
 		Name:      pulumi.String("cilium"),
 		Namespace: pulumi.String(ns),
 		Values:    pulumi.ToMap(values),
+		// Helm waits for every Cilium agent (one per node) and the operator: ReleaseTimeout,
+		// not Helm's 5 minutes (a Helm release takes no customTimeouts).
+		Timeout: pulumi.Int(ReleaseTimeoutSeconds),
 	}
 	if args.Chart.Path != "" {
 		ra.Chart = pulumi.String(args.Chart.Path)

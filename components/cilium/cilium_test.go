@@ -89,3 +89,12 @@ func TestRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseWaitsLongEnough: Helm waits for Cilium's agents on every node for
+// ReleaseTimeoutSeconds, not its default 300 s (a Helm release takes no customTimeouts).
+func TestReleaseWaitsLongEnough(t *testing.T) {
+	m := run(t, &CiliumArgs{Install: true, Chart: ChartSource{Path: "./cilium"}})
+	if got := mocktest.Dig(m.One(t, releaseType).Props(), "timeout"); got != float64(ReleaseTimeoutSeconds) || ReleaseTimeoutSeconds < 600 {
+		t.Errorf("release timeout %v, want %d (at least 600)", got, ReleaseTimeoutSeconds)
+	}
+}

@@ -97,6 +97,12 @@ func (a *NodeInstallerArgs) validate() error {
 	return nil
 }
 
+// InstallerTimeouts bound Pulumi's wait for the installer DaemonSet (docs/deploy.md). On a
+// first `up` it waits for the installer on the sandbox nodes that exist (none yet on a new
+// cluster: ready at once); an update rolls it one node at a time, each pulling the image,
+// installing or checking runsc and restarting containerd.
+var InstallerTimeouts = pulumi.CustomTimeouts{Create: "15m", Update: "30m", Delete: "10m"}
+
 // newNodeInstaller creates the installer's ServiceAccount, its cluster role (get and patch
 // nodes: it reads the node it runs on, removes its startup taint and labels it) and binding,
 // and the DaemonSet. The DaemonSet runs only on sandbox nodes (the pool's label, the sandbox
@@ -123,7 +129,7 @@ func newNodeInstaller(ctx *pulumi.Context, name string, a *NodeInstallerArgs, pa
 				Spec:     a.podSpec(sa.Metadata.Name().Elem()),
 			},
 		},
-	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding, ownNode}))
+	}, pulumi.Parent(parent), pulumi.DependsOn([]pulumi.Resource{binding, ownNode}), pulumi.Timeouts(&InstallerTimeouts))
 	if err != nil {
 		return nil, fmt.Errorf("installer DaemonSet: %w", err)
 	}

@@ -670,3 +670,16 @@ func TestVerifyAndSystemdCgroup(t *testing.T) {
 		}
 	}
 }
+
+// TestInstallerTimeouts: Pulumi waits for the installer DaemonSet for InstallerTimeouts, sized
+// for an update that rolls it node by node (docs/deploy.md), not the provider's 10 minutes.
+func TestInstallerTimeouts(t *testing.T) {
+	m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+		_, err := NewGVisor(ctx, "fb", &GVisorArgs{Cloud: components.AKS, ScheduleOnSandboxNodes: true, NodeInstaller: testInstaller()})
+		return err
+	})
+	got := m.One(t, daemonSetType).Timeouts
+	if got == nil || *got != (mocktest.Timeouts{Create: "15m", Update: "30m", Delete: "10m"}) {
+		t.Errorf("installer DaemonSet customTimeouts %+v", got)
+	}
+}

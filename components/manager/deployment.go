@@ -133,6 +133,9 @@ func (a *ManagerArgs) flags() pulumi.StringArray {
 		pulumi.String("--network-policy=" + a.NetworkPolicy),
 		pulumi.String("--state-dir=" + StateDir),
 		pulumi.String("--leader-elect=true"),
+		// Once its own Deployment is being deleted, the manager removes every sandbox pod
+		// and then the Deployment's RemovalFinalizer (see children.deployment).
+		pulumi.String("--deployment=" + ObjectName),
 		pulumi.Sprintf("--estimator=%s", a.Estimator),
 		pulumi.Sprintf("--pool-size=%d", a.PoolSize),
 		pulumi.Sprintf("--pool-max=%d", a.PoolMax),
@@ -140,12 +143,20 @@ func (a *ManagerArgs) flags() pulumi.StringArray {
 		// checked for the audience, the authorisation policy.
 		pulumi.String("--tls-secret=" + a.tlsSecret()),
 		pulumi.Sprintf("--tls-secret-create=%t", a.TLSSecret == ""),
-		pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local", ObjectName, ObjectName, a.Namespace,
-			ObjectName, a.Namespace, ObjectName, a.Namespace),
+		pulumi.Sprintf("--tls-dns-names=%s,%s.%s,%s.%s.svc,%s.%s.svc.cluster.local%s", ObjectName, ObjectName, a.Namespace,
+			ObjectName, a.Namespace, ObjectName, a.Namespace, externalNames(a.ExternalNames)),
 		pulumi.String("--ca-configmap=" + CAConfigMapName),
 		pulumi.String("--token-audience=" + a.TokenAudience),
 		pulumi.String("--auth-policy=" + policyMountPath + "/" + PolicyKey),
 	}
+}
+
+// externalNames are names, after the Service's in-cluster ones in --tls-dns-names.
+func externalNames(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return "," + strings.Join(names, ",")
 }
 
 // listArgs are the manager's list-valued flags that are set, and --cluster-dns when set.

@@ -3,13 +3,14 @@
 // RBAC, the sandbox pod template and the authorisation policy as ConfigMaps, TLS from a
 // Secret the manager creates (or the user's) with its CA published for agents, TokenReview for
 // agents' projected tokens, a Deployment of at least two replicas with
-// anti-affinity, gRPC health probes and a restricted security context, a Service and a
-// PodDisruptionBudget). Images are referenced by digest only.
+// anti-affinity, gRPC health probes and a restricted security context, a Service for the API,
+// a ClusterIP Service for the metrics and a PodDisruptionBudget). Images are referenced by digest only.
 package manager
 
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/manager/auth"
@@ -65,7 +66,8 @@ type ManagerArgs struct {
 	// GRPCPort and MetricsPort default to 9090 and 9464.
 	GRPCPort    int `pulumi:"grpcPort"`
 	MetricsPort int `pulumi:"metricsPort"`
-	// ServiceType is ClusterIP (default) or LoadBalancer.
+	// ServiceType is the API Service's type: ClusterIP (default) or LoadBalancer. The metrics
+	// have a ClusterIP Service of their own (MetricsServiceName) either way.
 	ServiceType string `pulumi:"serviceType"`
 	// CPU and Memory are the manager container's requests (memory is also its limit).
 	CPU    string `pulumi:"cpu"`
@@ -80,6 +82,10 @@ type ManagerArgs struct {
 	// tls.key, ca.crt: cert-manager compatible). Empty: the manager creates TLSSecretName with
 	// a self-signed CA at its first start (no key is in the Pulumi state) and publishes the CA.
 	TLSSecret string `pulumi:"tlsSecret"`
+	// ExternalNames are DNS names and IP addresses agents outside the cluster reach the manager
+	// by (a LoadBalancer's): the certificate the manager makes covers them beside the
+	// Service's in-cluster names. Not with TLSSecret, whose names are the user's.
+	ExternalNames []string `pulumi:"externalNames"`
 	// Access is the authorisation policy: who may allocate, which templates, which egress
 	// ceiling (see manager/auth.PolicyFile). Empty: no agent may allocate.
 	Access []AccessRule `pulumi:"access"`
@@ -136,7 +142,10 @@ type Manager struct {
 var (
 	ErrTooFewReplicas = errors.New("manager needs at least 2 replicas")
 	ErrNoNamespace    = errors.New("manager and sandbox namespaces are required")
-	ErrNoAgents       = errors.New("agent namespaces (or agent CIDRs) are required: without them no agent can reach its sandbox")
+	// ErrExternalNamesWithTLSSecret: the user's certificate (TLSSecret) has the names the user
+	// gave it.
+	ErrExternalNamesWithTLSSecret = errors.New("external names are for the certificate the manager makes: with a TLS Secret of your own, put them in its certificate")
+	ErrNoAgents                   = errors.New("agent namespaces (or agent CIDRs) are required: without them no agent can reach its sandbox")
 )
 
 // The label agents' pods carry unless AgentLabels says otherwise.
@@ -147,12 +156,15 @@ const (
 
 // Names of the Kubernetes objects (fixed, so the manager and operators can find them).
 const (
-	ObjectName       = "fusebox-manager"
-	TemplateCMName   = "fusebox-sandbox-template"
-	sandboxRoleName  = "fusebox-manager-sandboxes"
-	electionRoleName = "fusebox-manager-leader-election"
-	tlsRoleName      = "fusebox-manager-tls"
-	caReaderRoleName = "fusebox-manager-ca-reader"
+	ObjectName = "fusebox-manager"
+	// MetricsServiceName is the ClusterIP Service of the manager's metrics port.
+	MetricsServiceName = "fusebox-manager-metrics"
+	TemplateCMName     = "fusebox-sandbox-template"
+	sandboxRoleName    = "fusebox-manager-sandboxes"
+	electionRoleName   = "fusebox-manager-leader-election"
+	tlsRoleName        = "fusebox-manager-tls"
+	removalRoleName    = "fusebox-manager-removal"
+	caReaderRoleName   = "fusebox-manager-ca-reader"
 	// TokenReviewRoleName is the one cluster-wide role: checking agents' tokens.
 	TokenReviewRoleName = "fusebox-manager-tokenreview"
 	// TLSSecretName is the TLS Secret the manager creates when the user provides none.
@@ -197,6 +209,9 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 	}
 	svc, err := k.service()
 	if err != nil {
+		return nil, err
+	}
+	if err := k.metricsService(); err != nil {
 		return nil, err
 	}
 	if err := k.disruptionBudget(); err != nil {
@@ -302,19 +317,59 @@ func (k *children) configMaps(r renderedArgs) ([]pulumi.Resource, error) {
 	return []pulumi.Resource{cm, policyCM}, nil
 }
 
+// Timeouts of the objects Pulumi waits for, sized for a first `up` (docs/deploy.md). The
+// Deployment is ready once every replica's warm pool has held a ready sandbox: on a new
+// cluster that covers a sandbox node's launch (Karpenter: a few minutes, more when capacity is
+// retried), gVisor's install on it, the manager and sandbox image pulls and the pods' start.
+// A rollout (one surge replica at a time, none unavailable) may need a new node per replica.
+// Deleting it waits for every sandbox pod to be gone (RemovalFinalizer). A LoadBalancer
+// Service waits for the cloud's load balancer.
+var (
+	DeploymentTimeouts   = pulumi.CustomTimeouts{Create: "20m", Update: "30m", Delete: "15m"}
+	LoadBalancerTimeouts = pulumi.CustomTimeouts{Create: "15m", Update: "15m"}
+)
+
+// RemovalFinalizer keeps the manager's Deployment, once deleted, until its managers have
+// removed every sandbox pod (manager/kubealloc.RemovalFinalizer, which the manager removes).
+const RemovalFinalizer = "fusebox.dev/sandboxes"
+
 // deployment registers the manager's Deployment, its pod template annotated with
 // podAnnotations, after deps.
+//
+// Destroying it removes every sandbox before anything it waits for (the sandbox namespace's
+// policies, the runtime, the manager's RBAC): Pulumi deletes the Deployment first and waits
+// for it to be gone; its RemovalFinalizer keeps it, and its background deletion keeps its
+// ReplicaSet and running managers, until the managers have stopped their pools and deleted
+// every sandbox pod (--deployment). (Pulumi's default foreground deletion would stop the
+// managers first and never see the finalizer removed.) Without a cluster that can run the
+// manager (SkipAwait) nobody would remove the finalizer: it is left off.
 func (k *children) deployment(podAnnotations pulumi.StringMap, deps []pulumi.Resource) error {
+	meta := k.meta(ObjectName, k.a.Namespace)
+	ann := pulumi.StringMap{"pulumi.com/deletionPropagationPolicy": pulumi.String("background")}
+	for key, v := range k.annotations {
+		ann[key] = v
+	}
+	meta.Annotations = ann
+	if !k.a.SkipAwait {
+		meta.Finalizers = pulumi.StringArray{pulumi.String(RemovalFinalizer)}
+	}
 	if _, err := appsv1.NewDeployment(k.ctx, k.name+"-deployment", &appsv1.DeploymentArgs{
-		Metadata: k.meta(ObjectName, k.a.Namespace),
+		Metadata: meta,
 		Spec:     k.a.deploymentSpec(k.labels, podAnnotations),
-	}, k.parent, pulumi.DependsOn(deps)); err != nil {
+	}, k.parent, pulumi.DependsOn(deps), pulumi.Timeouts(&DeploymentTimeouts)); err != nil {
 		return k.errorf("deployment", err)
 	}
 	return nil
 }
 
+// service registers the manager's Service: the gRPC API only (TLS, agents' tokens), as
+// ServiceType says. The metrics port is plaintext and unauthenticated, so it is never on that
+// Service, which a LoadBalancer would make public: metricsService is its own, ClusterIP.
 func (k *children) service() (*corev1.Service, error) {
+	opts := []pulumi.ResourceOption{k.parent}
+	if k.a.ServiceType == "LoadBalancer" {
+		opts = append(opts, pulumi.Timeouts(&LoadBalancerTimeouts))
+	}
 	svc, err := corev1.NewService(k.ctx, k.name+"-service", &corev1.ServiceArgs{
 		Metadata: k.meta(ObjectName, k.a.Namespace),
 		Spec: corev1.ServiceSpecArgs{
@@ -322,14 +377,31 @@ func (k *children) service() (*corev1.Service, error) {
 			Selector: selectorLabels(),
 			Ports: corev1.ServicePortArray{
 				corev1.ServicePortArgs{Name: pulumi.String("grpc"), Port: pulumi.Int(k.a.GRPCPort), TargetPort: pulumi.String("grpc"), AppProtocol: pulumi.String("grpc")},
-				corev1.ServicePortArgs{Name: pulumi.String("metrics"), Port: pulumi.Int(k.a.MetricsPort), TargetPort: pulumi.String("metrics")},
 			},
 		},
-	}, k.parent)
+	}, opts...)
 	if err != nil {
 		return nil, k.errorf("service", err)
 	}
 	return svc, nil
+}
+
+// metricsService registers MetricsServiceName: the Prometheus metrics port, inside the
+// cluster only (ClusterIP, whatever ServiceType is).
+func (k *children) metricsService() error {
+	if _, err := corev1.NewService(k.ctx, k.name+"-metrics-service", &corev1.ServiceArgs{
+		Metadata: k.meta(MetricsServiceName, k.a.Namespace),
+		Spec: corev1.ServiceSpecArgs{
+			Type:     pulumi.String("ClusterIP"),
+			Selector: selectorLabels(),
+			Ports: corev1.ServicePortArray{
+				corev1.ServicePortArgs{Name: pulumi.String("metrics"), Port: pulumi.Int(k.a.MetricsPort), TargetPort: pulumi.String("metrics")},
+			},
+		},
+	}, k.parent); err != nil {
+		return k.errorf("metrics service", err)
+	}
+	return nil
 }
 
 func (k *children) disruptionBudget() error {
@@ -406,6 +478,14 @@ func (a *ManagerArgs) defaults() error {
 	a.CPU = or(a.CPU, "250m")
 	a.Memory = or(a.Memory, "256Mi")
 	a.TokenAudience = or(a.TokenAudience, DefaultTokenAudience)
+	if len(a.ExternalNames) > 0 && a.TLSSecret != "" {
+		return ErrExternalNamesWithTLSSecret
+	}
+	for _, n := range a.ExternalNames {
+		if n == "" || strings.ContainsAny(n, ", \t\n") {
+			return fmt.Errorf("external name %q: a DNS name or an IP address", n)
+		}
+	}
 	a.NetworkPolicy = or(a.NetworkPolicy, string(sandboxnet.Cilium))
 	if _, err := sandboxnet.ParseFlavour(a.NetworkPolicy); err != nil {
 		return err

@@ -9,7 +9,9 @@ import (
 	"github.com/fusebox-dev/fusebox/components"
 	"github.com/fusebox-dev/fusebox/components/mocktest"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	corev1p "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -94,13 +96,15 @@ func TestRBACIsLeastPrivilege(t *testing.T) {
 	collect(clusterRoleType, crs[0])
 	all := []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 	want := map[rule][]string{
-		{"sbx", sandboxRoleName, "", "pods", ""}:                               all,
-		{"sbx", sandboxRoleName, "cilium.io", "ciliumnetworkpolicies", ""}:     all,
-		{"mgr", electionRoleName, "coordination.k8s.io", "leases", ""}:         {"get", "create", "update"},
-		{"mgr", tlsRoleName, "", "secrets", TLSSecretName}:                     {"get", "list", "watch"},
-		{"mgr", tlsRoleName, "", "secrets", ""}:                                {"create"},
-		{"mgr", tlsRoleName, "", "configmaps", CAConfigMapName}:                {"get", "update"},
-		{"mgr", tlsRoleName, "", "configmaps", ""}:                             {"create"},
+		{"sbx", sandboxRoleName, "", "pods", ""}:                           all,
+		{"sbx", sandboxRoleName, "cilium.io", "ciliumnetworkpolicies", ""}: all,
+		{"mgr", electionRoleName, "coordination.k8s.io", "leases", ""}:     {"get", "create", "update"},
+		{"mgr", tlsRoleName, "", "secrets", TLSSecretName}:                 {"get", "list", "watch"},
+		{"mgr", tlsRoleName, "", "secrets", ""}:                            {"create"},
+		{"mgr", tlsRoleName, "", "configmaps", CAConfigMapName}:            {"get", "update"},
+		{"mgr", tlsRoleName, "", "configmaps", ""}:                         {"create"},
+		// Its own Deployment: watched for its deletion, its RemovalFinalizer removed.
+		{"mgr", removalRoleName, "apps", "deployments", ObjectName}:            {"get", "list", "watch", "update"},
 		{"", TokenReviewRoleName, "authentication.k8s.io", "tokenreviews", ""}: {"create"},
 		// Any authenticated user may get the CA ConfigMap, nothing else.
 		{"mgr", caReaderRoleName, "", "configmaps", CAConfigMapName}: {"get"},
@@ -219,7 +223,8 @@ func TestDeployment(t *testing.T) {
 		t.Errorf("args %v", mocktest.Dig(c, "args"))
 	}
 
-	svc := m.One(t, "kubernetes:core/v1:Service").Props()
+	svcs := services(t, m)
+	svc := svcs[ObjectName]
 	if mocktest.Str(svc, "spec", "ports", 0, "name") != "grpc" || mocktest.Str(svc, "spec", "selector", "app.kubernetes.io/name") != components.ManagerAppLabel {
 		t.Errorf("service %v", svc)
 	}
@@ -283,6 +288,9 @@ func TestRefusesBadArgs(t *testing.T) {
 		"tag and digest": {func(a *ManagerArgs) { a.Image = "registry.example.com/fusebox/manager:v1@sha256:" + digest }, components.ErrImageNotPinned},
 		"one replica":    {func(a *ManagerArgs) { a.Replicas = 1 }, ErrTooFewReplicas},
 		"no sandbox ns":  {func(a *ManagerArgs) { a.SandboxNamespace = nil }, ErrNoNamespace},
+		"external names with own certificate": {func(a *ManagerArgs) {
+			a.TLSSecret, a.ExternalNames = "mine", []string{"manager.example.com"}
+		}, ErrExternalNamesWithTLSSecret},
 	} {
 		t.Run(name, func(t *testing.T) {
 			a := args()
@@ -398,7 +406,7 @@ func TestPolicyFlavourReachesTheManager(t *testing.T) {
 				rules, _ := mocktest.Dig(r.Props(), "rules").([]any)
 				for _, ru := range rules {
 					g, res := strs(mocktest.Dig(ru, "apiGroups")), strs(mocktest.Dig(ru, "resources"))
-					if g[0] != "" && g[0] != "coordination.k8s.io" {
+					if g[0] != "" && g[0] != "coordination.k8s.io" && g[0] != "apps" {
 						kinds = append(kinds, g[0]+"/"+res[0])
 					}
 				}
@@ -435,5 +443,107 @@ func TestClusterDNSReachesTheManager(t *testing.T) {
 	a.NetworkPolicy, a.ClusterDNS = "cilium", "aks-localdns"
 	if _, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewManager(ctx, "fb", a); return err }); err == nil {
 		t.Error("AKS LocalDNS under Cilium accepted")
+	}
+}
+
+// TestDeploymentIsRemovedAfterItsSandboxes: the Deployment carries the finalizer the manager
+// removes once every sandbox pod is gone (kubealloc's), is deleted in the background so that
+// its managers keep running until then, and its managers watch it (--deployment); it waits for
+// (so is destroyed before) what After names and the manager's RBAC. Without a cluster that
+// runs the manager (SkipAwait), the finalizer is left off.
+func TestDeploymentIsRemovedAfterItsSandboxes(t *testing.T) {
+	if RemovalFinalizer != kubealloc.RemovalFinalizer {
+		t.Fatalf("finalizer %q, the manager removes %q", RemovalFinalizer, kubealloc.RemovalFinalizer)
+	}
+	for _, skip := range []bool{false, true} {
+		a := args()
+		a.SkipAwait = skip
+		var policy pulumi.Resource
+		m := mocktest.MustRun(t, func(ctx *pulumi.Context) error {
+			var err error
+			policy, err = corev1p.NewConfigMap(ctx, "sandbox-policy", &corev1p.ConfigMapArgs{})
+			if err != nil {
+				return err
+			}
+			a.After = []pulumi.Resource{policy}
+			_, err = NewManager(ctx, "fb", a)
+			return err
+		})
+		d := m.One(t, deployType)
+		p := d.Props()
+		fin := strs(mocktest.Dig(p, "metadata", "finalizers"))
+		if want := []string{RemovalFinalizer}; !skip && !slices.Equal(fin, want) || skip && len(fin) != 0 {
+			t.Errorf("skipAwait %v: finalizers %v", skip, fin)
+		}
+		if v := mocktest.Str(p, "metadata", "annotations", "pulumi.com/deletionPropagationPolicy"); v != "background" {
+			t.Errorf("deletion propagation %q, want background", v)
+		}
+		if !slices.Contains(strs(mocktest.Dig(p, "spec", "template", "spec", "containers", 0, "args")), "--deployment="+ObjectName) {
+			t.Errorf("the manager does not watch its Deployment: %v", mocktest.Dig(p, "spec", "template", "spec", "containers", 0, "args"))
+		}
+		deps := map[string]bool{}
+		for _, dep := range d.Deps {
+			deps[dep[strings.LastIndex(dep, "::")+2:]] = true
+		}
+		for _, want := range []string{"sandbox-policy", "fb-removal-role-binding", "fb-sandbox-role-binding", "fb-tokenreview-binding"} {
+			if !deps[want] {
+				t.Errorf("the Deployment does not wait for %s: %v", want, d.Deps)
+			}
+		}
+	}
+}
+
+// services are the component's Services by name.
+func services(t *testing.T, m *mocktest.Mocks) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for _, r := range m.ByType("kubernetes:core/v1:Service") {
+		out[mocktest.Str(r.Props(), "metadata", "name")] = r.Props()
+	}
+	return out
+}
+
+// TestMetricsAreNeverPublic: the API Service, a LoadBalancer or not, carries the gRPC port
+// only; the plaintext, unauthenticated metrics port has a ClusterIP Service of its own.
+func TestMetricsAreNeverPublic(t *testing.T) {
+	for _, typ := range []string{"ClusterIP", "LoadBalancer"} {
+		a := args()
+		a.ServiceType, a.MetricsPort = typ, 9100
+		m, _ := run(t, a)
+		svcs := services(t, m)
+		if len(svcs) != 2 {
+			t.Fatalf("%s: services %v, want %s and %s", typ, svcs, ObjectName, MetricsServiceName)
+		}
+		api, metrics := svcs[ObjectName], svcs[MetricsServiceName]
+		ports, _ := mocktest.Dig(api, "spec", "ports").([]any)
+		if mocktest.Str(api, "spec", "type") != typ || len(ports) != 1 || mocktest.Str(ports[0], "name") != "grpc" {
+			t.Errorf("%s: API service %v: want the gRPC port only", typ, mocktest.Dig(api, "spec"))
+		}
+		ports, _ = mocktest.Dig(metrics, "spec", "ports").([]any)
+		if mocktest.Str(metrics, "spec", "type") != "ClusterIP" || len(ports) != 1 || mocktest.Dig(ports[0], "port") != 9100.0 ||
+			mocktest.Str(ports[0], "targetPort") != "metrics" || mocktest.Str(metrics, "spec", "selector", "app.kubernetes.io/name") != components.ManagerAppLabel {
+			t.Errorf("%s: metrics service %v: want ClusterIP with the metrics port only", typ, mocktest.Dig(metrics, "spec"))
+		}
+	}
+}
+
+// TestTimeouts: Pulumi waits for the Deployment (a first `up`: a node's launch, gVisor's
+// install, the image pulls and a warm pool; a rollout; a removal of every sandbox) and a
+// LoadBalancer Service for the customTimeouts docs/deploy.md states, not the provider's 10
+// minutes.
+func TestTimeouts(t *testing.T) {
+	for _, typ := range []string{"ClusterIP", "LoadBalancer"} {
+		a := args()
+		a.ServiceType = typ
+		m, _ := run(t, a)
+		if got := m.One(t, deployType).Timeouts; got == nil || *got != (mocktest.Timeouts{Create: "20m", Update: "30m", Delete: "15m"}) {
+			t.Errorf("Deployment customTimeouts %+v", got)
+		}
+		for _, s := range m.ByType("kubernetes:core/v1:Service") {
+			lb := mocktest.Str(s.Props(), "spec", "type") == "LoadBalancer"
+			if want := (mocktest.Timeouts{Create: "15m", Update: "15m"}); lb && (s.Timeouts == nil || *s.Timeouts != want) || !lb && s.Timeouts != nil {
+				t.Errorf("%s Service %s customTimeouts %+v", mocktest.Str(s.Props(), "spec", "type"), s.Name, s.Timeouts)
+			}
+		}
 	}
 }

@@ -29,7 +29,8 @@ type namespacedRole struct {
 
 // namespacedRoles are the manager's Roles: namespaced only. Sandbox pods and their
 // per-sandbox network policies in the sandbox namespace; the leader-election Lease, the TLS
-// Secret and the CA ConfigMap in the manager's own namespace.
+// Secret, the CA ConfigMap and its own Deployment (watched for its deletion, whose
+// RemovalFinalizer it removes once the sandboxes are gone) in the manager's own namespace.
 func (a *ManagerArgs) namespacedRoles() []namespacedRole {
 	return []namespacedRole{
 		{"sandbox-role", sandboxRoleName, a.SandboxNamespace, sandboxRules(sandboxnet.Flavour(a.NetworkPolicy))},
@@ -44,6 +45,9 @@ func (a *ManagerArgs) namespacedRoles() []namespacedRole {
 			rule("", "secrets", []string{"create"}),
 			namedRule("", "configmaps", []string{"get", "update"}, CAConfigMapName),
 			rule("", "configmaps", []string{"create"}),
+		}},
+		{"removal-role", removalRoleName, a.Namespace, rbacv1.PolicyRuleArray{
+			namedRule("apps", "deployments", []string{"get", "list", "watch", "update"}, ObjectName),
 		}},
 	}
 }

@@ -10,12 +10,13 @@ import (
 
 // goldenResource is one recorded registration as the golden files hold it.
 type goldenResource struct {
-	Type   string         `json:"type"`
-	Name   string         `json:"name"`
-	Parent string         `json:"parent,omitempty"`
-	Custom bool           `json:"custom"`
-	Deps   []string       `json:"deps,omitempty"`
-	Inputs map[string]any `json:"inputs"`
+	Type     string         `json:"type"`
+	Name     string         `json:"name"`
+	Parent   string         `json:"parent,omitempty"`
+	Custom   bool           `json:"custom"`
+	Deps     []string       `json:"deps,omitempty"`
+	Timeouts *Timeouts      `json:"timeouts,omitempty"`
+	Inputs   map[string]any `json:"inputs"`
 }
 
 // Golden compares every resource m recorded (type token, name, parent URN, dependencies and
@@ -28,7 +29,7 @@ func (m *Mocks) Golden(t testing.TB, path string) {
 	for _, r := range m.All() {
 		deps := slices.Clone(r.Deps)
 		slices.Sort(deps)
-		out = append(out, goldenResource{Type: r.Type, Name: r.Name, Parent: r.Parent, Custom: r.Custom, Deps: deps, Inputs: r.Props()})
+		out = append(out, goldenResource{Type: r.Type, Name: r.Name, Parent: r.Parent, Custom: r.Custom, Deps: deps, Timeouts: r.Timeouts, Inputs: r.Props()})
 	}
 	slices.SortFunc(out, func(a, b goldenResource) int {
 		if c := strings.Compare(a.Type, b.Type); c != 0 {

@@ -22,6 +22,15 @@ type Resource struct {
 	Custom bool
 	Deps   []string // URNs of the resources it depends on
 	Inputs resource.PropertyMap
+	// Timeouts are its customTimeouts (nil: the provider's defaults).
+	Timeouts *Timeouts
+}
+
+// Timeouts are a resource's customTimeouts, as Pulumi durations ("20m").
+type Timeouts struct {
+	Create string `json:"create,omitempty"`
+	Update string `json:"update,omitempty"`
+	Delete string `json:"delete,omitempty"`
 }
 
 // Mocks records every resource registration. Safe for concurrent use.
@@ -38,6 +47,9 @@ func (m *Mocks) NewResource(args pulumi.MockResourceArgs) (string, resource.Prop
 	if args.RegisterRPC != nil {
 		r.Parent = args.RegisterRPC.GetParent()
 		r.Deps = args.RegisterRPC.GetDependencies()
+		if ct := args.RegisterRPC.GetCustomTimeouts(); ct != nil && ct.GetCreate()+ct.GetUpdate()+ct.GetDelete() != "" {
+			r.Timeouts = &Timeouts{Create: ct.GetCreate(), Update: ct.GetUpdate(), Delete: ct.GetDelete()}
+		}
 	}
 	m.mu.Lock()
 	m.resources = append(m.resources, r)

@@ -98,6 +98,11 @@ type KubeConfig struct {
 	// SeparateClaim is manager.Options.SeparateClaim: claim each pod with its own write
 	// before binding it, instead of with the lease's write.
 	SeparateClaim bool
+	// Deployment names the manager's own Deployment in ManagerNamespace: once it is being
+	// deleted, the manager stops its pool, removes every sandbox pod and then its finalizer
+	// (kubealloc.RemovalFinalizer), so that nothing that waits for the Deployment to be gone
+	// sees a sandbox outlive it. Empty: not watched.
+	Deployment string
 	// QPS and Burst limit this replica's API requests (0: kubealloc.DefaultQPS, DefaultBurst).
 	QPS   float32
 	Burst int
@@ -135,7 +140,24 @@ type AuthConfig struct {
 }
 
 // Run serves until ctx ends. Bound sandboxes outlive it; ready ones are destroyed on exit.
+// With the kube allocator and KubeConfig.Deployment, once that Deployment is being deleted it
+// stops serving, removes every sandbox pod and the Deployment's finalizer, and then waits for
+// ctx to end (the garbage collector stops it).
 func Run(ctx context.Context, c Config, log *slog.Logger) error {
+	err := run(ctx, c, log)
+	if errors.Is(err, errRemoved) {
+		// Restarting would only fail (the Deployment is gone): wait to be stopped.
+		log.Info("the sandboxes are removed and the manager's Deployment released: waiting to be stopped")
+		<-ctx.Done()
+		return nil
+	}
+	return err
+}
+
+// errRemoved is run's result once the installation's sandboxes are removed.
+var errRemoved = errors.New("the sandboxes are removed")
+
+func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 	unlock, err := lockStateDir(c.StateDir)
 	if err != nil {
 		return err
@@ -151,16 +173,23 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	alloc, isLeader, shutdown, err := newAllocator(ctx, c, log)
+	alloc, err := newAllocator(ctx, c, log)
 	if err != nil {
 		return err
 	}
-	defer shutdown() // after the manager's Close, deferred below
+	defer alloc.shutdown() // after the manager's Close, deferred below
+	if alloc.removing != nil {
+		select {
+		case <-alloc.removing: // the installation is being removed: no pool
+			return alloc.remove(ctx, log)
+		default:
+		}
+	}
 	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
 	if err != nil {
 		return err
 	}
-	m, err := newManager(c, alloc, est, isLeader, reg, log)
+	m, err := newManager(c, alloc.Allocator, est, alloc.isLeader, reg, log)
 	if err != nil {
 		return err
 	}
@@ -169,7 +198,25 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		return err
 	}
 	defer ln.Close()
-	if err := m.Start(ctx); err != nil {
+	// Serving ends with ctx or, when the installation is being removed, with errRemoving: the
+	// sandboxes are then removed once the manager has closed (deferred first, so run last).
+	sctx, stopServing := context.WithCancelCause(ctx)
+	defer stopServing(nil)
+	if alloc.removing != nil {
+		go func() {
+			select {
+			case <-alloc.removing:
+				stopServing(errRemoving)
+			case <-sctx.Done():
+			}
+		}()
+		defer func() {
+			if err == nil && errors.Is(context.Cause(sctx), errRemoving) {
+				err = alloc.remove(ctx, log)
+			}
+		}()
+	}
+	if err := m.Start(sctx); err != nil {
 		return err
 	}
 	defer func() {
@@ -179,8 +226,11 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 			log.Error("destroying the warm pool on exit", "err", err)
 		}
 	}()
-	return serve(ctx, c, addr, ln, m, api, reg, log)
+	return serve(sctx, c, addr, ln, m, api, reg, log)
 }
+
+// errRemoving ends serving when the manager's Deployment is being deleted; errRemoved follows.
+var errRemoving = errors.New("the manager's Deployment is being deleted")
 
 // lockStateDir creates the state directory and takes its lock, which unlock drops. One
 // manager per state directory: a second one would adopt (destroy) the first one's pool. The
@@ -201,45 +251,51 @@ func lockStateDir(dir string) (unlock func(), err error) {
 	return func() { lock.Close() }, nil
 }
 
-// newAllocator builds the allocator c names. isLeader is the kube allocator's leader
-// election (nil: always); shutdown releases what the allocator holds, after the manager has
-// closed.
-func newAllocator(ctx context.Context, c Config, log *slog.Logger) (_ manager.Allocator, isLeader func() bool, shutdown func(), _ error) {
+// allocator is the allocator c names and what goes with it: isLeader is the kube allocator's
+// leader election (nil: always); shutdown releases what the allocator holds, after the manager
+// has closed; removing (kube with KubeConfig.Deployment) is closed once the installation is
+// being removed, and remove then removes the sandboxes and lets the removal finish.
+type allocator struct {
+	manager.Allocator
+	isLeader func() bool
+	shutdown func()
+	removing <-chan struct{}
+	remove   func(ctx context.Context, log *slog.Logger) error
+}
+
+// newAllocator builds the allocator c names.
+func newAllocator(ctx context.Context, c Config, log *slog.Logger) (allocator, error) {
 	switch c.Allocator {
 	case "kube":
-		a, leader, err := startKube(ctx, c.Kube, log)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return a, leader, a.Shutdown, nil
+		return startKube(ctx, c.Kube, log)
 	case "runsc":
 		tmpl, err := c.Limits.Template()
 		if err != nil {
-			return nil, nil, nil, err
+			return allocator{}, err
 		}
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
 			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
 			GrantEndpoints: c.Auth.ListenGroup != "",
 			Templates:      map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
 		if err != nil {
-			return nil, nil, nil, err
+			return allocator{}, err
 		}
-		return a, nil, func() {
+		return allocator{Allocator: a, shutdown: func() {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			if err := a.Shutdown(sctx); err != nil {
 				log.Warn("releasing runsc's state on exit", "err", err)
 			}
-		}, nil
+		}}, nil
 	case "process":
 		a, err := processalloc.New(processalloc.Options{Insecure: c.Insecure, StateDir: c.StateDir,
 			SandboxBinary: c.SandboxBinary, Logger: log})
 		if err != nil {
-			return nil, nil, nil, err
+			return allocator{}, err
 		}
-		return a, nil, func() {}, nil
+		return allocator{Allocator: a, shutdown: func() {}}, nil
 	}
-	return nil, nil, nil, fmt.Errorf("unknown allocator %q (want runsc, kube or process)", c.Allocator)
+	return allocator{}, fmt.Errorf("unknown allocator %q (want runsc, kube or process)", c.Allocator)
 }
 
 // newManager builds the manager over alloc. What depends on the runtime (the refill delay,

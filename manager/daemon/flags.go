@@ -19,7 +19,7 @@ func AuthFlags(f *pflag.FlagSet, a *AuthConfig) {
 	f.StringVar(&a.TLSKeyFile, "tls-key-file", "", "tcp --listen: PEM key of --tls-cert-file (tls.key)")
 	f.StringVar(&a.TLSSecret, "tls-secret", "", "tcp --listen: serve the certificate of this TLS Secret in --manager-namespace (tls.crt, tls.key, ca.crt; cert-manager compatible), watched for rotation")
 	f.BoolVar(&a.TLSSecretCreate, "tls-secret-create", false, "create --tls-secret when it does not exist: a self-signed CA and a certificate for --tls-dns-names")
-	f.StringSliceVar(&a.TLSDNSNames, "tls-dns-names", nil, "names of the certificate --tls-secret-create makes (the manager Service's DNS names), comma-separated")
+	f.StringSliceVar(&a.TLSDNSNames, "tls-dns-names", nil, "names of the certificate --tls-secret-create makes (the manager Service's DNS names, and those agents outside the cluster use: DNS names or IP addresses), comma-separated; a Secret it made for other names is made again")
 	f.StringVar(&a.CAConfigMap, "ca-configmap", "", "publish --tls-secret's ca.crt for agents in this ConfigMap of --manager-namespace")
 	f.StringVar(&a.TokenAudience, "token-audience", "", "tcp --listen: the audience agents' ServiceAccount tokens must carry (checked by TokenReview)")
 	f.DurationVar(&a.TokenCacheTTL, "token-cache-ttl", auth.DefaultCacheTTL, "how long an accepted token is trusted before it is reviewed again (never past its expiry)")

@@ -39,8 +39,41 @@ func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
 }
 
 // startKube checks the cluster (the sandbox namespace must already deny by default), starts
-// the informer-fed allocator and, with LeaderElect, joins the election for the pool duties.
-func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
+// the informer-fed allocator, with Deployment watches for the installation's removal and,
+// with LeaderElect, joins the election for the pool duties.
+func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (allocator, error) {
+	var out allocator
+	var typed kubernetes.Interface
+	if k.Deployment != "" {
+		// First: a manager of a removed installation starts nothing.
+		var err error
+		if typed, err = kubeClient(k); err != nil {
+			return allocator{}, err
+		}
+		if out.removing, err = kubealloc.WatchRemoval(ctx, typed, k.ManagerNamespace, k.Deployment); err != nil {
+			return allocator{}, fmt.Errorf("refusing to start: %w", err)
+		}
+	}
+	a, leader, err := startKubeAllocator(ctx, k, log)
+	if err != nil {
+		return allocator{}, err
+	}
+	out.Allocator, out.isLeader, out.shutdown = a, leader, a.Shutdown
+	out.remove = func(ctx context.Context, log *slog.Logger) error {
+		log.Info("the manager's Deployment is being deleted: removing every sandbox", "deployment", k.ManagerNamespace+"/"+k.Deployment)
+		if err := a.RemoveSandboxes(ctx); err != nil {
+			return fmt.Errorf("removing the sandboxes: %w", err)
+		}
+		if err := kubealloc.ReleaseRemoval(ctx, typed, k.ManagerNamespace, k.Deployment); err != nil {
+			return err
+		}
+		return errRemoved
+	}
+	return out, nil
+}
+
+// startKubeAllocator is startKube but the removal watch.
+func startKubeAllocator(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
 	if k.SandboxNamespace == "" || k.Identity == "" || (k.SandboxImage == "" && k.SandboxTemplate == "") {
 		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image or --sandbox-template")
 	}

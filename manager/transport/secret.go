@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -37,12 +38,21 @@ const (
 // GeneratedValidity is how long certificates the manager generates are valid.
 const GeneratedValidity = 3 * 365 * 24 * time.Hour
 
-// Generate makes a self-signed CA and a serving certificate for dnsNames signed by it (ECDSA
-// P-256), valid from now for validity, and returns them and the serving key as PEM. The CA's
-// key is discarded: it signs nothing else.
-func Generate(dnsNames []string, now time.Time, validity time.Duration) (caPEM, certPEM, keyPEM []byte, err error) {
-	if len(dnsNames) == 0 {
+// Generate makes a self-signed CA and a serving certificate for names (DNS names, and IP
+// addresses as IP SANs) signed by it (ECDSA P-256), valid from now for validity, and returns
+// them and the serving key as PEM. The CA's key is discarded: it signs nothing else.
+func Generate(names []string, now time.Time, validity time.Duration) (caPEM, certPEM, keyPEM []byte, err error) {
+	if len(names) == 0 {
 		return nil, nil, nil, errors.New("transport: a serving certificate needs at least one DNS name")
+	}
+	var dnsNames []string
+	var ips []net.IP
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dnsNames = append(dnsNames, n)
+		}
 	}
 	serial := func() *big.Int {
 		n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
@@ -64,7 +74,7 @@ func Generate(dnsNames []string, now time.Time, validity time.Duration) (caPEM, 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	leaf := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: dnsNames[0]}, DNSNames: dnsNames,
+	leaf := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: names[0]}, DNSNames: dnsNames, IPAddresses: ips,
 		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(validity), KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
@@ -87,8 +97,10 @@ type SecretOptions struct {
 	// Name is the TLS Secret (tls.crt, tls.key, and ca.crt for agents).
 	Name string
 	// Create makes the Secret when it is absent: a self-signed CA and a serving certificate
-	// for DNSNames (the Service's names). Without Create, a missing Secret is an error (one
-	// that cert-manager or the operator provides).
+	// for DNSNames (the Service's names, and those agents outside the cluster use: DNS names
+	// or IP addresses). A Secret made so for other names (its generatedForAnnotation) is made
+	// again for these. Without Create, a missing Secret is an error (one that cert-manager or
+	// the operator provides).
 	Create   bool
 	DNSNames []string
 	// CAConfigMap, if set, is the ConfigMap in Namespace where the Secret's ca.crt is
@@ -117,22 +129,20 @@ func EnsureSecret(ctx context.Context, o SecretOptions) (*Secret, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	secrets := o.Client.CoreV1().Secrets(o.Namespace)
-	_, err := secrets.Get(ctx, o.Name, metav1.GetOptions{})
+	cur, err := secrets.Get(ctx, o.Name, metav1.GetOptions{})
+	names := strings.Join(o.DNSNames, ",")
 	switch {
 	case apierrors.IsNotFound(err) && !o.Create:
 		return nil, fmt.Errorf("TLS Secret %s/%s does not exist: provide it (tls.crt, tls.key, ca.crt; a cert-manager Certificate with secretName %s) or let the manager create one (--tls-secret-create)",
 			o.Namespace, o.Name, o.Name)
 	case apierrors.IsNotFound(err):
-		caPEM, certPEM, keyPEM, err := Generate(o.DNSNames, time.Now(), GeneratedValidity)
-		if err != nil {
-			return nil, err
-		}
 		s := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace,
-				Labels:      map[string]string{"app.kubernetes.io/part-of": "fusebox"},
-				Annotations: map[string]string{"fusebox.dev/generated-for": strings.Join(o.DNSNames, ",")}},
+				Labels: map[string]string{"app.kubernetes.io/part-of": "fusebox"}},
 			Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCA: caPEM},
+		}
+		if err := generateInto(s, o.DNSNames); err != nil {
+			return nil, err
 		}
 		if _, err := secrets.Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("creating TLS Secret %s/%s: %w", o.Namespace, o.Name, err)
@@ -141,6 +151,20 @@ func EnsureSecret(ctx context.Context, o SecretOptions) (*Secret, error) {
 		}
 	case err != nil:
 		return nil, fmt.Errorf("reading TLS Secret %s/%s: %w", o.Namespace, o.Name, err)
+	case o.Create && cur.Annotations[generatedForAnnotation] != "" && cur.Annotations[generatedForAnnotation] != names:
+		// Made by a manager for other names (a stack that added or changed its external names):
+		// made again, with a new CA that the CA ConfigMap publishes. A concurrent replica's
+		// update wins (Conflict), and this one loads that.
+		s := cur.DeepCopy()
+		if err := generateInto(s, o.DNSNames); err != nil {
+			return nil, err
+		}
+		if _, err := secrets.Update(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("updating TLS Secret %s/%s for %s: %w", o.Namespace, o.Name, names, err)
+		} else if err == nil {
+			o.Logger.Info("made the manager's TLS Secret again for new names", "secret", o.Namespace+"/"+o.Name,
+				"dns_names", o.DNSNames, "was", cur.Annotations[generatedForAnnotation])
+		}
 	}
 	src := &Secret{o: o}
 	f := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithNamespace(o.Namespace),
@@ -179,6 +203,26 @@ func EnsureSecret(ctx context.Context, o SecretOptions) (*Secret, error) {
 		return nil, ctx.Err()
 	}
 	return src, nil
+}
+
+// generatedForAnnotation records, on a Secret the manager made, the names it was made for.
+const generatedForAnnotation = "fusebox.dev/generated-for"
+
+// generateInto gives s a new CA, serving certificate and key for names, and records them.
+func generateInto(s *corev1.Secret, names []string) error {
+	caPEM, certPEM, keyPEM, err := Generate(names, time.Now(), GeneratedValidity)
+	if err != nil {
+		return err
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[generatedForAnnotation] = strings.Join(names, ",")
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	s.Data[KeyCert], s.Data[KeyKey], s.Data[KeyCA] = certPEM, keyPEM, caPEM
+	return nil
 }
 
 // load takes the certificate of s and publishes its CA.

@@ -216,3 +216,84 @@ func TestEnsureSecretWithoutCreateNamesTheSecret(t *testing.T) {
 		t.Fatalf("EnsureSecret = %v", err)
 	}
 }
+
+// verifyFor checks that src's serving certificate, against the CA ConfigMap's CA, is valid for
+// name (a DNS name or an IP address), as an agent's TLS client checks it.
+func verifyFor(t *testing.T, ctx context.Context, cs *fake.Clientset, src *Secret, cm, name string) error {
+	t.Helper()
+	c, _ := src.GetCertificate(nil)
+	leaf, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := cs.CoreV1().ConfigMaps("fusebox").Get(ctx, cm, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = leaf.Verify(x509.VerifyOptions{Roots: pool(t, []byte(ca.Data[KeyCA])), DNSName: name})
+	return err
+}
+
+// TestEnsureSecretCoversExternalNames: the certificate the manager makes covers the names and
+// IP addresses agents outside the cluster use (a LoadBalancer's) beside the Service's; a
+// Secret it made before for other names is made again for the new ones (and its new CA
+// published); a Secret the manager did not make is never replaced.
+func TestEnsureSecretCoversExternalNames(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cs := fake.NewClientset()
+	o := SecretOptions{Client: cs, Namespace: "fusebox", Name: "fusebox-manager-tls", Create: true,
+		DNSNames: []string{"fusebox-manager.fusebox.svc"}, CAConfigMap: "fusebox-manager-ca"}
+	before, err := EnsureSecret(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := verifyFor(t, ctx, cs, before, o.CAConfigMap, "manager.example.com"); err == nil {
+		t.Fatal("a certificate for the in-cluster name only is valid for manager.example.com")
+	}
+	// The stack adds the LoadBalancer's names: the next manager makes the Secret again.
+	o.DNSNames = []string{"fusebox-manager.fusebox.svc", "manager.example.com", "203.0.113.7", "2001:db8::7"}
+	after, err := EnsureSecret(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range o.DNSNames {
+		if err := verifyFor(t, ctx, cs, after, o.CAConfigMap, name); err != nil {
+			t.Errorf("certificate for %v not valid for %s: %v", o.DNSNames, name, err)
+		}
+	}
+	if err := verifyFor(t, ctx, cs, after, o.CAConfigMap, "other.example.com"); err == nil {
+		t.Error("certificate valid for a name it was not made for")
+	}
+	// The replica still serving the old names reloads the new Secret.
+	for i := 0; verifyFor(t, ctx, cs, before, o.CAConfigMap, "manager.example.com") != nil; i++ {
+		if i == 500 {
+			t.Fatal("the Secret made again was not loaded by the running replica")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The user's Secret (no record of the manager making it) is kept as it is.
+	caPEM, certPEM, keyPEM, _ := Generate([]string{"mine.example.com"}, time.Now(), time.Hour)
+	if _, err := cs.CoreV1().Secrets("fusebox").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mine", Namespace: "fusebox"},
+		Type: corev1.SecretTypeTLS, Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCA: caPEM}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o.Name, o.CAConfigMap = "mine", "mine-ca"
+	mine, err := EnsureSecret(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := mine.GetCertificate(nil); !bytes.Equal(c.Certificate[0], mustPair(t, certPEM, keyPEM).Certificate[0]) {
+		t.Error("the user's Secret was replaced")
+	}
+}
+
+func mustPair(t *testing.T, certPEM, keyPEM []byte) tls.Certificate {
+	t.Helper()
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

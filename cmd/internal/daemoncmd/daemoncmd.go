@@ -174,6 +174,7 @@ templates they may use and their egress ceiling. A plaintext caller is told to u
 	f.StringVar(&c.Kube.NetworkPolicy, "network-policy", "cilium", "network policy flavour of the cluster: cilium, gke (NetworkPolicy + FQDNNetworkPolicy) or kubernetes (NetworkPolicy; allowlists take IP addresses only)")
 	f.StringVar(&c.Kube.ClusterDNS, "cluster-dns", "kube-dns", "where the cluster's pods send DNS queries, which a sandbox allowed names may reach on port 53: kube-dns, nodelocaldns (NodeLocal DNSCache), gke-clouddns (GKE Cloud DNS) or aks-localdns (AKS LocalDNS)")
 	f.StringSliceVar(&c.Kube.ImagePullSecrets, "image-pull-secrets", nil, "Secrets in the sandbox namespace for pulling the sandbox image")
+	f.StringVar(&c.Kube.Deployment, "deployment", "", "the manager's own Deployment in --manager-namespace: once it is being deleted, remove every sandbox pod, then its finalizer "+kubealloc.RemovalFinalizer)
 	f.BoolVar(&c.Kube.LeaderElect, "leader-elect", true, "elect one replica to size the pool and expire leases")
 	f.BoolVar(&c.Kube.SeparateClaim, "separate-claim", false, "claim each sandbox pod with an API write of its own before binding it (default: the lease's write claims it, one write fewer per allocation)")
 	f.Float32Var(&c.Kube.QPS, "kube-api-qps", kubealloc.DefaultQPS, "API requests per second this replica may make (client-go's default of 5 would throttle allocations)")

@@ -65,7 +65,7 @@ func TestServiceFlags(t *testing.T) {
 		"--sandbox-template=/etc/fusebox/sandbox-template.yaml",
 		"--agent-selector=fusebox.dev/agent=true", "--manager-selector=app.kubernetes.io/name=fusebox-manager",
 		"--network-policy=cilium", "--cluster-dns=nodelocaldns", "--agent-namespaces=agents,ci", "--agent-cidrs=10.0.0.0/8",
-		"--image-pull-secrets=regcred", "--leader-elect=true", "--estimator=ewma", "--pool-size=2", "--pool-max=32",
+		"--image-pull-secrets=regcred", "--deployment=fusebox-manager", "--leader-elect=true", "--estimator=ewma", "--pool-size=2", "--pool-max=32",
 		"--kubeconfig=/k", "--kube-api-qps=50", "--kube-api-burst=100", "--insecure-process-runtime=false",
 		"--state-dir=/var/lib/fusebox", "--runsc=/r", "--sandbox-binary=/s", "--lease-ttl=10m",
 		"--max-lease-ttl=24h", "--pool-ping=1s", "--keep-sandboxes-awake=true", "-v",
