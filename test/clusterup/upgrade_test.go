@@ -40,7 +40,7 @@ func upgrade(ctx context.Context, t *testing.T, d *deployment, bound *client.All
 		release[k] = v
 	}
 	release[image.Sandbox] = newImage
-	stack, err := stackFile(release, strangerAccess)
+	stack, err := stackFile(release, existingNamespaces+strangerAccess)
 	if err != nil {
 		t.Fatal(err)
 	}
