@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -82,8 +84,12 @@ func secureAPI(ctx context.Context, addr endpoint.Addr, c Config, reg prometheus
 		if a.TLSSecretCreate && len(a.TLSDNSNames) == 0 {
 			return nil, errors.New("--tls-secret-create needs --tls-dns-names (the names agents reach the manager by: its Service's)")
 		}
+		owner, err := deploymentOwner(ctx, cs, c.Kube)
+		if err != nil {
+			return nil, err
+		}
 		src, err = transport.EnsureSecret(ctx, transport.SecretOptions{Client: cs, Namespace: c.Kube.ManagerNamespace, Name: a.TLSSecret,
-			Create: a.TLSSecretCreate, DNSNames: a.TLSDNSNames, CAConfigMap: a.CAConfigMap, Logger: log})
+			Create: a.TLSSecretCreate, DNSNames: a.TLSDNSNames, CAConfigMap: a.CAConfigMap, Owner: owner, Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -104,6 +110,23 @@ func secureAPI(ctx context.Context, addr endpoint.Addr, c Config, reg prometheus
 	return &api{creds: credentials.NewTLS(transport.ServerConfig(src)),
 		authn:  auth.NewAuthenticator(auth.AuthenticatorOptions{Tokens: tokens, Operators: policy.Operators()}),
 		policy: policy, group: -1, describe: "TLS, ServiceAccount tokens with audience " + a.TokenAudience}, nil
+}
+
+// deploymentOwner is the manager's own Deployment (k.Deployment) as the owner of what the
+// manager creates for itself: nil without one, or when it is gone (the allocator then refuses
+// to start: the installation is removed).
+func deploymentOwner(ctx context.Context, cs kubernetes.Interface, k KubeConfig) (*metav1.OwnerReference, error) {
+	if k.Deployment == "" {
+		return nil, nil
+	}
+	d, err := cs.AppsV1().Deployments(k.ManagerNamespace).Get(ctx, k.Deployment, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the manager's Deployment %s/%s (--deployment): %w", k.ManagerNamespace, k.Deployment, err)
+	}
+	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}, nil
 }
 
 // kubeClient is a client for k's kubeconfig, or the in-cluster configuration.

@@ -106,7 +106,19 @@ type SecretOptions struct {
 	// CAConfigMap, if set, is the ConfigMap in Namespace where the Secret's ca.crt is
 	// published for agents (key ca.crt), kept up to date as the Secret changes.
 	CAConfigMap string
-	Logger      *slog.Logger
+	// Owner, if set, owns the Secret and the CA ConfigMap this manager creates (the manager's
+	// Deployment): the garbage collector deletes them with it, also where no namespace
+	// deletion would. A Secret or ConfigMap that exists already is left as it is.
+	Owner  *metav1.OwnerReference
+	Logger *slog.Logger
+}
+
+// owned is o.Owner as an object's owner references.
+func (o SecretOptions) owned() []metav1.OwnerReference {
+	if o.Owner == nil {
+		return nil
+	}
+	return []metav1.OwnerReference{*o.Owner}
 }
 
 // Secret is a Source serving the certificate of a Kubernetes TLS Secret, watched (one object,
@@ -138,7 +150,7 @@ func EnsureSecret(ctx context.Context, o SecretOptions) (*Secret, error) {
 	case apierrors.IsNotFound(err):
 		s := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace,
-				Labels: map[string]string{"app.kubernetes.io/part-of": "fusebox"}},
+				Labels: map[string]string{"app.kubernetes.io/part-of": "fusebox"}, OwnerReferences: o.owned()},
 			Type: corev1.SecretTypeTLS,
 		}
 		if err := generateInto(s, o.DNSNames); err != nil {
@@ -255,7 +267,8 @@ func (src *Secret) publishCA(ctx context.Context, ca []byte) error {
 	cm, err := cms.Get(ctx, src.o.CAConfigMap, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: src.o.CAConfigMap, Namespace: src.o.Namespace,
-			Labels: map[string]string{"app.kubernetes.io/part-of": "fusebox"}}, Data: map[string]string{KeyCA: string(ca)}}
+			Labels: map[string]string{"app.kubernetes.io/part-of": "fusebox"}, OwnerReferences: src.o.owned()},
+			Data: map[string]string{KeyCA: string(ca)}}
 		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("publishing the CA in ConfigMap %s/%s: %w", src.o.Namespace, src.o.CAConfigMap, err)
 		}

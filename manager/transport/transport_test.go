@@ -297,3 +297,40 @@ func mustPair(t *testing.T, certPEM, keyPEM []byte) tls.Certificate {
 	}
 	return c
 }
+
+// TestEnsureSecretOwnedByTheDeployment: with an Owner, the Secret and the CA ConfigMap the
+// manager creates carry it (the garbage collector takes them with the manager's Deployment);
+// a Secret that exists already is not touched.
+func TestEnsureSecretOwnedByTheDeployment(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	owner := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "fusebox-manager", UID: "uid-1"}
+	cs := fake.NewClientset()
+	o := SecretOptions{Client: cs, Namespace: "fusebox", Name: "fusebox-manager-tls", Create: true,
+		DNSNames: []string{"fusebox-manager.fusebox.svc"}, CAConfigMap: "fusebox-manager-ca", Owner: owner}
+	if _, err := EnsureSecret(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cs.CoreV1().Secrets("fusebox").Get(ctx, o.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := cs.CoreV1().ConfigMaps("fusebox").Get(ctx, o.CAConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, refs := range map[string][]metav1.OwnerReference{"Secret": s.OwnerReferences, "CA ConfigMap": cm.OwnerReferences} {
+		if len(refs) != 1 || refs[0] != *owner {
+			t.Errorf("%s owned by %v, want %v", what, refs, *owner)
+		}
+	}
+	// Without an Owner, nothing is owned; a Secret made before keeps its owners.
+	cs2 := fake.NewClientset()
+	o.Client, o.Owner = cs2, nil
+	if _, err := EnsureSecret(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := cs2.CoreV1().Secrets("fusebox").Get(ctx, o.Name, metav1.GetOptions{}); len(s.OwnerReferences) != 0 {
+		t.Errorf("Secret owned by %v without an Owner", s.OwnerReferences)
+	}
+}

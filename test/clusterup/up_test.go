@@ -393,15 +393,11 @@ func TestUpOnARealNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What the managers made for themselves in their namespace (not Pulumi's objects) stays
-	// with namespaces.create: false, where no namespace deletion takes it: the leader
-	// election's Lease, the self-made TLS Secret and the CA ConfigMap. Nothing of it confines
-	// or serves a sandbox; docs/deploy.md names it.
-	managersOwn := map[string]bool{
-		"leases.coordination.k8s.io/" + managerNS + "/fusebox-manager": true,
-		"secrets/" + managerNS + "/" + manager.TLSSecretName:           true,
-		"configmaps/" + managerNS + "/" + manager.CAConfigMapName:      true,
-	}
+	// The leader election's Lease, which the managers made for themselves (client-go's
+	// election sets no owner), stays with namespaces.create: false, where no namespace
+	// deletion takes it; docs/deploy.md names it. Their TLS Secret and CA ConfigMap are
+	// owned by the Deployment, and gone with it.
+	managersOwn := map[string]bool{"leases.coordination.k8s.io/" + managerNS + "/fusebox-manager": true}
 	var left []string
 	for _, k := range kubetest.Diff(after, d.before) {
 		// The cluster's own records of the node and of leader elections are not the stack's.
