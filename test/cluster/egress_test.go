@@ -95,12 +95,16 @@ func TestEgressAllowlistOnARealNode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Allocate with an allowlist: %v\n%s", err, n.Logs())
 	}
+	// Released at the end: the node's CPU holds a few sandboxes, and the tests after this one
+	// allocate on it too.
+	t.Cleanup(func() { m.Release(context.Background(), al.ID, al.LeaseToken) })
 	withEgress, err := client.Dial(al.Endpoint, al.SandboxKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer withEgress.Close()
 	alB, keyB := allocate(t, ctx, n, m)
+	t.Cleanup(func() { m.Release(context.Background(), alB.ID, alB.LeaseToken) })
 	without, err := client.Dial(alB.Endpoint, alB.SandboxKey, keyB)
 	if err != nil {
 		t.Fatal(err)
