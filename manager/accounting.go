@@ -86,6 +86,10 @@ func (t *tally) publishCounts() {
 type creations struct {
 	clock  Clock
 	warmUp time.Duration // Capabilities.WarmUp
+	// onEnd, if set, is called after each creation has left the count: the reconciler's
+	// nudge. A creation's unit may turn ready, and be taken, before the count drops, so a
+	// pass in between sees the pool refilling when it no longer is.
+	onEnd func()
 
 	inFlight   atomic.Int32
 	mu         sync.Mutex // guards failStreak, holdUntil, latencies
@@ -101,7 +105,12 @@ func (c *creations) start(bg *background, create func() bool) <-chan bool {
 	made := make(chan bool, 1)
 	c.inFlight.Add(1)
 	bg.do(func() {
-		made <- func() bool { defer c.inFlight.Add(-1); return create() }()
+		ok := create()
+		c.inFlight.Add(-1)
+		if c.onEnd != nil {
+			c.onEnd()
+		}
+		made <- ok
 	})
 	return made
 }

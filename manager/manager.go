@@ -136,7 +136,7 @@ func New(o Options) (*Manager, error) {
 	if err := m.useCapabilities(); err != nil {
 		return nil, err
 	}
-	m.creations = &creations{clock: o.Clock, warmUp: m.caps.WarmUp}
+	m.creations = &creations{clock: o.Clock, warmUp: m.caps.WarmUp, onEnd: m.nudge}
 	deps := poolDeps{o: o, alloc: m.alloc, annotator: m.annotator, ops: ops, log: m.log, tally: m.tally,
 		creations: m.creations, bg: m.bg, host: m}
 	if m.caps.SharedPool {

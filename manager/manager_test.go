@@ -322,9 +322,13 @@ func TestInitAndEgressFailuresNeverHandOut(t *testing.T) {
 }
 
 func TestAdoptionAfterRestart(t *testing.T) {
-	// The first manager "dies" below: its reconciler must not act on the clock's step.
+	// The first manager "dies" below: its loops stop (its context ends) without a Close, so
+	// that its reconciler does not act on the clock's step.
 	e := newEnv(t, 1, func(o *manager.Options) { o.ReconcileInterval = time.Hour })
-	e.start(t)
+	firstCtx, die := context.WithCancel(context.Background())
+	if err := e.m.Start(firstCtx); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	eventually(t, "ready", func() bool { return e.ready() == 1 })
 	kept, err := e.m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"a.example.com:443"}, LeaseTTL: time.Hour})
@@ -339,6 +343,8 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	// The manager dies without cleaning up (no Close); a new one starts on the same allocator
 	// two minutes later: the long lease is adopted, the expired one and the ready unit are
 	// destroyed.
+	die()
+	time.Sleep(50 * time.Millisecond) // a pass the refill's end nudged finishes before the step
 	e.clock.Step(2 * time.Minute)
 	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
 		Initializer: memalloc.Initializer})
