@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -69,7 +71,16 @@ func upgrade(ctx context.Context, t *testing.T, d *deployment, bound *client.All
 	stranger := d.agent
 	stranger.TokenFile = filepath.Join(t.TempDir(), "stranger-token")
 	writeFile(t, stranger.TokenFile, mustToken(ctx, t, "elsewhere", "stranger", manager.DefaultTokenAudience))
-	a, err := client.Allocate(ctx, d.addr, stranger)
+	// As an agent would, it retries while the Service's address still leads to a replica the
+	// rollout stopped (kube-proxy follows the endpoints a moment later).
+	var a *client.Allocation
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		a, err = client.Allocate(ctx, d.addr, stranger)
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
 	if err != nil {
 		t.Fatalf("the ServiceAccount the second up allows: %v\n%s", err, clusterState(ctx))
 	}
