@@ -14,28 +14,31 @@ import (
 // ProbeScript connects to each host:port argument (3 s a try) and prints "open" or "blocked"
 // for it; it exits 0. A target given as host:port+ is tried for up to 30 s until it connects:
 // a new pod's address reaches the NetworkPolicy agent's sets some seconds after it starts.
+// A target given as host:port- is tried for up to 30 s until it is blocked: a canary the
+// policies deny, put first, shows that they have reached the new pod before the targets
+// after it are judged.
 // It needs python3 (the test sandbox image and the release sandbox image have it).
 const ProbeScript = `
 import socket, sys, time
 for arg in sys.argv[1:]:
-    retry = arg.endswith("+")
-    hp = arg.rstrip("+")
+    until = {"+": "open", "-": "blocked"}.get(arg[-1])
+    hp = arg.rstrip("+-")
     h, p = hp.rsplit(":", 1)
-    deadline = time.time() + (30 if retry else 0)
+    deadline = time.time() + (30 if until else 0)
     while True:
         s = socket.socket()
         s.settimeout(3)
         try:
             s.connect((h, int(p)))
-            print(hp, "open")
-            break
+            got, why = "open", ""
         except Exception as e:
-            if time.time() >= deadline:
-                print(hp, "blocked", type(e).__name__)
-                break
-            time.sleep(0.5)
+            got, why = "blocked", type(e).__name__
         finally:
             s.close()
+        if until in (None, got) or time.time() >= deadline:
+            print(hp, got, why)
+            break
+        time.sleep(0.5)
 `
 
 // ProbeResults reads ProbeScript's output: "open" or "blocked" by target.
