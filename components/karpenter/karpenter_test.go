@@ -132,24 +132,12 @@ func TestDisruptionSettings(t *testing.T) {
 }
 
 func TestRefusesBadBudgets(t *testing.T) {
-	for name, mut := range map[string]func(*KarpenterArgs){
+	refuses(t, ErrBadBudget, map[string]func(*KarpenterArgs){
 		"percent over 100": func(a *KarpenterArgs) { a.DisruptionBudget = "120%" },
 		"not a count":      func(a *KarpenterArgs) { a.DriftBudget = "one" },
 		"negative":         func(a *KarpenterArgs) { a.DriftBudget = "-1" },
 		"fraction percent": func(a *KarpenterArgs) { a.DisruptionBudget = "2.5%" },
-	} {
-		t.Run(name, func(t *testing.T) {
-			a := eksArgs()
-			mut(a)
-			_, err := mocktest.Run(func(ctx *pulumi.Context) error {
-				_, err := NewKarpenter(ctx, "fb", a)
-				return err
-			})
-			if !errors.Is(err, ErrBadBudget) {
-				t.Fatalf("want ErrBadBudget, got %v", err)
-			}
-		})
-	}
+	})
 	for _, ok := range []string{"0", "1", "10%", "100%", "0%"} {
 		if err := ValidateBudget(ok); err != nil {
 			t.Errorf("%s: %v", ok, err)
@@ -221,13 +209,19 @@ func TestGKEAndLocalCreateNothing(t *testing.T) {
 }
 
 func TestRefusesIncompleteSettings(t *testing.T) {
-	for name, mut := range map[string]func(*KarpenterArgs){
+	refuses(t, ErrMissingSetting, map[string]func(*KarpenterArgs){
 		"no limits":   func(a *KarpenterArgs) { a.CPULimit = "" },
 		"no ec2":      func(a *KarpenterArgs) { a.EC2 = nil },
 		"no role":     func(a *KarpenterArgs) { a.EC2.Role = "" },
 		"no userData": func(a *KarpenterArgs) { a.EC2.UserData = "" },
 		"no subnets":  func(a *KarpenterArgs) { a.EC2.SubnetSelectorTags = nil },
-	} {
+	})
+}
+
+// refuses checks that NewKarpenter fails with want on eksArgs changed by each mutation.
+func refuses(t *testing.T, want error, mutations map[string]func(*KarpenterArgs)) {
+	t.Helper()
+	for name, mut := range mutations {
 		t.Run(name, func(t *testing.T) {
 			a := eksArgs()
 			mut(a)
@@ -235,27 +229,21 @@ func TestRefusesIncompleteSettings(t *testing.T) {
 				_, err := NewKarpenter(ctx, "fb", a)
 				return err
 			})
-			if !errors.Is(err, ErrMissingSetting) {
-				t.Fatalf("want ErrMissingSetting, got %v", err)
+			if !errors.Is(err, want) {
+				t.Fatalf("want %v, got %v", want, err)
 			}
 		})
 	}
 }
 
 func TestEKSRefusesUnpinnedAMI(t *testing.T) {
-	for name, tc := range map[string]struct{ alias, id string }{
-		"latest": {"al2023@latest", ""}, "none": {"", ""}, "both": {"al2023@v20251112", "ami-0123456789abcdef0"},
-		"not al2023": {"bottlerocket@v1.2.3", ""}, "bad id": {"", "ami-xyz"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			a := eksArgs()
-			a.EC2.AMIAlias, a.EC2.AMIID = tc.alias, tc.id
-			_, err := mocktest.Run(func(ctx *pulumi.Context) error { _, err := NewKarpenter(ctx, "fb", a); return err })
-			if !errors.Is(err, ErrUnpinnedAMI) {
-				t.Fatalf("want ErrUnpinnedAMI, got %v", err)
-			}
-		})
+	ami := func(alias, id string) func(*KarpenterArgs) {
+		return func(a *KarpenterArgs) { a.EC2.AMIAlias, a.EC2.AMIID = alias, id }
 	}
+	refuses(t, ErrUnpinnedAMI, map[string]func(*KarpenterArgs){
+		"latest": ami("al2023@latest", ""), "none": ami("", ""), "both": ami("al2023@v20251112", "ami-0123456789abcdef0"),
+		"not al2023": ami("bottlerocket@v1.2.3", ""), "bad id": ami("", "ami-xyz"),
+	})
 	a := eksArgs()
 	a.EC2.AMIAlias, a.EC2.AMIID = "", "ami-0123456789abcdef0"
 	m, _ := run(t, a)

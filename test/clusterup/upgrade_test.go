@@ -2,10 +2,7 @@ package clusterup
 
 import (
 	"context"
-	"fmt"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -163,7 +160,7 @@ func newSandboxRelease(ctx context.Context, t *testing.T, d *deployment) string 
 	if err := node.Import(ctx, archive); err != nil {
 		t.Fatal(err)
 	}
-	digest, err := importedDigest(ctx, ref)
+	digest, err := node.ImageDigest(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,19 +172,4 @@ func newSandboxRelease(ctx context.Context, t *testing.T, d *deployment) string 
 		t.Fatal(err)
 	}
 	return pinned
-}
-
-// importedDigest is the digest the node's containerd holds image ref under (ctr images ls).
-func importedDigest(ctx context.Context, ref string) (string, error) {
-	out, err := exec.CommandContext(ctx, filepath.Join(nodetest.BinDir(), "ctr"), "-a",
-		filepath.Join(node.Dir, "containerd", "containerd.sock"), "-n", "k8s.io", "images", "ls", "name=="+ref).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("ctr images ls name==%s: %w\n%s", ref, err, out)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && f[0] == ref && strings.HasPrefix(f[2], "sha256:") {
-			return f[2], nil
-		}
-	}
-	return "", fmt.Errorf("ctr images ls name==%s: no digest in\n%s", ref, out)
 }

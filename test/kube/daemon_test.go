@@ -21,6 +21,33 @@ import (
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
+// waitPoolReady waits up to 90 s for n ready, running sandbox pods in ns, failing t if the
+// manager running beside (its result on done) exits first.
+func waitPoolReady(t *testing.T, ctx context.Context, ns string, n int, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ready := 0
+		for _, p := range sandboxPods(t, ctx, ns) {
+			if p.Annotations[kubealloc.AnnotationState] == kubealloc.StateReady && p.Status.Phase == corev1.PodRunning {
+				ready++
+			}
+		}
+		if ready >= n {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("manager exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not filled: %d ready pods, want %d", ready, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func daemonConfig(t *testing.T, ns string) daemon.Config {
 	return daemon.Config{
 		Listen: "unix://" + filepath.Join(t.TempDir(), "manager.sock"), Allocator: "kube", StateDir: t.TempDir(),
@@ -59,28 +86,7 @@ func TestManagerFillsSharedPool(t *testing.T) {
 	go func() {
 		done <- daemon.Run(runCtx, daemonConfig(t, ns), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		pods, _ := env.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		running := 0
-		for _, p := range pods.Items {
-			if p.Annotations[kubealloc.AnnotationState] == kubealloc.StateReady && p.Status.Phase == "Running" {
-				running++
-			}
-		}
-		if running >= 3 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("manager exited: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool not filled: %d running ready pods", running)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitPoolReady(t, ctx, ns, 3, done)
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("manager exit: %v", err)

@@ -21,12 +21,14 @@ import (
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
-// managerDeployment is the manager's Deployment as components/manager makes it, reduced to
-// what the removal depends on: its name and RemovalFinalizer. This control plane runs no
-// deployment controller, so it gets no pods: the manager runs in the test.
-func managerDeployment(ns string) *appsv1.Deployment {
+// createManagerDeployment creates the manager's Deployment in ns as components/manager makes
+// it, reduced to what the removal depends on: its name and RemovalFinalizer. This control
+// plane runs no deployment controller, so it gets no pods: the manager runs in the test. The
+// finalizer is released when the test ends: no Deployment is left stuck on it.
+func createManagerDeployment(t *testing.T, ctx context.Context, ns string) {
+	t.Helper()
 	labels := map[string]string{"app.kubernetes.io/name": "fusebox-manager"}
-	return &appsv1.Deployment{
+	d := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "fusebox-manager", Namespace: ns, Finalizers: []string{kubealloc.RemovalFinalizer}},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: ptr.To[int32](2),
@@ -37,6 +39,10 @@ func managerDeployment(ns string) *appsv1.Deployment {
 			},
 		},
 	}
+	if _, err := env.Client.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kubealloc.ReleaseRemoval(context.Background(), env.Client, ns, "fusebox-manager") })
 }
 
 // sandboxPods lists the sandbox pods of ns from the API server.
@@ -60,12 +66,7 @@ func TestDeletingTheManagerRemovesEverySandboxFirst(t *testing.T) {
 	ctx := testenv.Context(t, 3*time.Minute)
 	createDefaultDeny(t, ctx, ns)
 	deps := env.Client.AppsV1().Deployments(managerNS)
-	if _, err := deps.Create(ctx, managerDeployment(managerNS), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // never leave a Deployment stuck on its finalizer behind
-		kubealloc.ReleaseRemoval(context.Background(), env.Client, managerNS, "fusebox-manager")
-	})
+	createManagerDeployment(t, ctx, managerNS)
 
 	// A sandbox bound by another replica, with its egress policy.
 	other := newAllocator(t, ns, "replica-b", nil)
@@ -87,27 +88,7 @@ func TestDeletingTheManagerRemovesEverySandboxFirst(t *testing.T) {
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- daemon.Run(runCtx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		ready := 0
-		for _, p := range sandboxPods(t, ctx, ns) {
-			if p.Annotations[kubealloc.AnnotationState] == kubealloc.StateReady && p.Status.Phase == corev1.PodRunning {
-				ready++
-			}
-		}
-		if ready >= 3 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("manager exited: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool not filled: %d ready pods", ready)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitPoolReady(t, ctx, ns, 3, done)
 
 	w, err := deps.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=fusebox-manager"})
 	if err != nil {
@@ -168,10 +149,7 @@ func TestManagerStartingDuringRemovalMakesNoPool(t *testing.T) {
 	ctx := testenv.Context(t, 2*time.Minute)
 	createDefaultDeny(t, ctx, ns)
 	deps := env.Client.AppsV1().Deployments(managerNS)
-	if _, err := deps.Create(ctx, managerDeployment(managerNS), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { kubealloc.ReleaseRemoval(context.Background(), env.Client, managerNS, "fusebox-manager") })
+	createManagerDeployment(t, ctx, managerNS)
 	left := createPool(t, newAllocator(t, ns, "replica-b", nil), "left", 2)
 	if err := deps.Delete(ctx, "fusebox-manager", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
 		t.Fatal(err)

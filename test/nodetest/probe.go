@@ -3,6 +3,7 @@ package nodetest
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -58,18 +59,8 @@ func (n *Node) Probe(ctx context.Context, ns string, labels map[string]string, i
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	c := n.Env.Client.CoreV1()
-	if _, err := c.Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
-		if _, err := c.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			return nil, err
-		}
-	}
-	if n.deployments { // ServiceAccount admission: the namespace's default account must exist
-		if err := n.waitFor(ctx, "ServiceAccount "+ns+"/default", time.Minute, func() bool {
-			_, err := c.ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-			return err == nil
-		}); err != nil {
-			return nil, err
-		}
+	if err := n.namespace(ctx, ns); err != nil {
+		return nil, err
 	}
 	uid := int64(65532)
 	name := fmt.Sprintf("probe-%d", time.Now().UnixNano()%1e9)
@@ -102,9 +93,41 @@ func (n *Node) Probe(ctx context.Context, ns string, labels map[string]string, i
 	return ProbeResults(n.PodLog(ns, name, "probe")), nil
 }
 
+// ImageDigest returns the digest (sha256:...) of image ref as the node's containerd holds it.
+func (n *Node) ImageDigest(ctx context.Context, ref string) (string, error) {
+	out, err := exec.CommandContext(ctx, n.ctr(), "-a", n.sock(), "-n", "k8s.io", "images", "ls", "name=="+ref).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("ctr images ls name==%s: %w\n%s", ref, err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == ref && strings.HasPrefix(f[2], "sha256:") {
+			return f[2], nil
+		}
+	}
+	return "", fmt.Errorf("ctr images ls name==%s: no digest in\n%s", ref, out)
+}
+
 // Tag names image src (as imported) ref too in the node's containerd, e.g. by digest
 // (repository@sha256:...), the way a stack's release names it: the kubelet then finds the
 // image the stack pins without a registry.
 func (n *Node) Tag(ctx context.Context, src, ref string) error {
 	return n.ctrRun(ctx, "images", "tag", "--force", src, ref)
+}
+
+// namespace makes namespace ns if it is missing and, under Options.Deployments (ServiceAccount
+// admission), waits for its default ServiceAccount.
+func (n *Node) namespace(ctx context.Context, ns string) error {
+	c := n.Env.Client.CoreV1()
+	if _, err := c.Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		if _, err := c.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	if !n.deployments {
+		return nil
+	}
+	return n.waitFor(ctx, "ServiceAccount "+ns+"/default", time.Minute, func() bool {
+		_, err := c.ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil
+	})
 }
