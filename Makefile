@@ -34,9 +34,13 @@ export FUSEBOX_NODE_BIN := $(NODE_BIN)
 # with it.
 CONTAINERD17_DIR ?= $(FUSEBOX_CACHE)/containerd-v1.7.35
 export FUSEBOX_CONTAINERD17 := $(CONTAINERD17_DIR)/containerd
-# Packages of the main test run: test/kube and test/cluster run only through test-kube and
-# test-cluster.
-MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|clusterup)(/|$$)')
+# Cilium's agent and CNI plugin, the datapath's sources and the CRDs (hack/cilium/build.sh),
+# for the real-node tests' cilium flavour (test/cilium).
+CILIUM_BIN ?= $(FUSEBOX_CACHE)/cilium-v1.20.2
+export FUSEBOX_CILIUM_BIN := $(CILIUM_BIN)
+# Packages of the main test run: test/kube, test/cluster, test/cilium and test/clusterup run
+# only through test-kube and test-cluster.
+MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|cilium|clusterup)(/|$$)')
 
 BIN      := bin
 # The Python SDK is built and tested with Debian's interpreter and packages, not whatever
@@ -49,7 +53,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 nodeadm-check test-kube tools test-python bench-python node-bins test-cluster
+.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 nodeadm-check test-kube tools test-python bench-python node-bins cilium test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,6 +67,7 @@ deps: deps-run ## Install the Debian packages the build and tests need (root)
 	@command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq docker-registry; }
 	@command -v htpasswd >/dev/null || { apt-get update -qq && apt-get install -y -qq apache2-utils; }
 	@command -v iptables >/dev/null && command -v ipset >/dev/null || { apt-get update -qq && apt-get install -y -qq iptables ipset; }
+	@command -v clang-19 >/dev/null && command -v llc-19 >/dev/null || { apt-get update -qq && apt-get install -y -qq clang-19 llvm-19; }
 	@command -v grpc_python_plugin >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler-grpc; }
 	@$(PYTHON) -c 'import grpc, google.protobuf, cryptography, pytest, pytest_asyncio' 2>/dev/null || { apt-get update -qq && \
 		apt-get install -y -qq python3-grpcio python3-protobuf python3-cryptography python3-pytest python3-pytest-asyncio; }
@@ -140,6 +145,7 @@ toolchains: # one after another: each compile uses every CPU
 	$(MAKE) --no-print-directory node-bins
 	$(MAKE) --no-print-directory containerd17
 	$(MAKE) --no-print-directory nodeadm-check
+	$(MAKE) --no-print-directory cilium
 	$(MAKE) --no-print-directory tools
 
 userlands: ## Build the Debian userlands of the release images and the tests into the cache when absent (root)
@@ -166,6 +172,9 @@ export FUSEBOX_NODEADM_BIN := $(NODEADM_BIN)
 nodeadm-check: ## Build nodeadm's containerd config checker into the cache when absent
 	./hack/nodeadm/build.sh $(NODEADM_BIN)
 
+cilium: ## Build Cilium's agent and CNI plugin (with the datapath's sources and CRDs) into the cache when absent
+	./hack/cilium/build.sh $(CILIUM_BIN)
+
 tools: ## Build the Pulumi CLI and Kubernetes provider into the cache when absent
 	./hack/pulumi/build-tools.sh $(PULUMI_TOOLS)
 	./hack/pulumi/setup-tools.sh $(PULUMI_TOOLS)
@@ -175,9 +184,9 @@ test-kube: k8s-bins ## Run the kube allocator's tests against a real API server 
 
 # test/clusterup runs fusebox up onto a real node with the images bin/fusebox image build
 # makes (the userland cached in FUSEBOX_CACHE) and the Pulumi tools.
-test-cluster: runsc shim k8s-bins node-bins tools build ## Run the tests on a real node: kubelet, containerd and the gVisor shim, bridge CNI, kube-router, and fusebox up onto one (root)
+test-cluster: runsc shim k8s-bins node-bins cilium tools build ## Run the tests on a real node: kubelet, containerd and the gVisor shim; bridge CNI and kube-router, or Cilium; and fusebox up onto one (root)
 	FUSEBOX_K8S_BIN=$(K8S_BIN) FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(if $(FUSEBOX_IMAGES),FUSEBOX_IMAGES=$(FUSEBOX_IMAGES)) \
-		$(GOTEST) -race -count=1 -p 1 -timeout 40m ./test/cluster/... ./test/clusterup/...
+		$(GOTEST) -race -count=1 -p 1 -timeout 40m ./test/cluster/... ./test/cilium/... ./test/clusterup/...
 
 bench: runsc build ## Run the benchmarks under gVisor and print JSON
 	$(BIN)/fusebox-bench dataplane --runsc $(RUNSC) --json

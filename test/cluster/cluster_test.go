@@ -8,127 +8,32 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fusebox-dev/fusebox/client"
-	"github.com/fusebox-dev/fusebox/internal/sfuse"
 	"github.com/fusebox-dev/fusebox/manager"
-	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
+	"github.com/fusebox-dev/fusebox/test/clustertest"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
-	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
-// sandboxImage is the name the test sandbox image is imported under.
-const sandboxImage = "localhost/fusebox-test/sandbox:v1"
+var nodes clustertest.Node
 
-var (
-	node    *nodetest.Node
-	nodeErr error
-	once    sync.Once
-)
+func TestMain(m *testing.M) { os.Exit(nodes.StopAtExit(m.Run())) }
 
-func TestMain(m *testing.M) { os.Exit(nodetest.StopAtExit(node, m.Run())) }
+// realNode starts the node (kube-router) once per test binary.
+func realNode(t *testing.T) *nodetest.Node { return nodes.Get(t, nodetest.Options{}) }
 
-// realNode starts the node once per test binary, with the test sandbox image imported. It
-// skips only when FUSEBOX_SKIP_KUBE=1 and the node's binaries are missing.
-func realNode(t *testing.T) *nodetest.Node {
-	t.Helper()
-	bin := sandboxtest.SandboxBinary(t)
-	once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		dir, err := os.MkdirTemp("", "cluster-test-")
-		if err != nil {
-			nodeErr = err
-			return
-		}
-		defer os.RemoveAll(dir)
-		archive := filepath.Join(dir, "sandbox.tar")
-		if nodeErr = nodetest.WriteSandboxImage(bin, sandboxImage, archive); nodeErr != nil {
-			return
-		}
-		node, nodeErr = nodetest.Start(ctx, nodetest.Options{Images: []string{archive}})
-	})
-	if errors.Is(nodeErr, nodetest.ErrNoBinaries) && os.Getenv("FUSEBOX_SKIP_KUBE") == "1" {
-		t.Skip(nodeErr)
-	}
-	if nodeErr != nil {
-		t.Fatal(nodeErr)
-	}
-	return node
-}
-
-// The agents of these tests are host processes on the node's address (the test itself), and
-// pods in namespace agents labelled fusebox.dev/role=agent; the manager is a host process too.
-func selectors() kubealloc.PolicySelectors {
-	return kubealloc.PolicySelectors{
-		Agents:           map[string]string{"fusebox.dev/role": "agent"},
-		AgentNamespaces:  []string{"agents"},
-		AgentCIDRs:       []string{nodetest.NodeIP + "/32"},
-		Manager:          map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
-		ManagerNamespace: "fusebox",
-	}
-}
-
-// allocate allocates a sandbox from m for a fresh agent key, failing the test with the node's
-// logs if it cannot.
-func allocate(t *testing.T, ctx context.Context, n *nodetest.Node, m *manager.Manager) (manager.Allocation, *client.Key) {
-	t.Helper()
-	key, err := client.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey()})
-	if err != nil {
-		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
-	}
-	return al, key
-}
-
-// newManager returns a started manager on the kube allocator, its pods in a fresh namespace
-// on the real node, with a pool of one.
+// newManager returns a started manager on plain NetworkPolicy, which kube-router enforces.
 func newManager(t *testing.T, n *nodetest.Node) (*manager.Manager, *kubealloc.Allocator, string) {
-	t.Helper()
-	ns := n.Env.Namespace(t)
-	a, err := kubealloc.New(kubealloc.Options{
-		Client: n.Env.Client, Dynamic: n.Env.Dynamic, Namespace: ns, Identity: "replica-a",
-		Templates:    map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(sandboxImage)},
-		Selectors:    selectors(),
-		Flavour:      sandboxnet.Kubernetes, // kube-router enforces plain NetworkPolicy
-		NodeName:     nodetest.NodeName,
-		ReadyTimeout: 3 * time.Minute,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); a.Shutdown() })
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 1}, Clock: manager.RealClock{},
-		Initializer: sfuse.Initialize, ReconcileInterval: 50 * time.Millisecond, AllocateWait: 3 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close(context.Background()) })
-	return m, a, ns
+	return clustertest.NewManager(t, n, sandboxnet.Kubernetes)
 }
 
 // TestAllocateExecOnARealNode: an allocation through the manager gets a real gVisor pod; the
@@ -139,7 +44,7 @@ func TestAllocateExecOnARealNode(t *testing.T) {
 	m, a, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	al, key := allocate(t, ctx, n, m)
+	al, key := clustertest.Allocate(t, ctx, n, m)
 	if !strings.HasPrefix(al.Endpoint, "tcp://"+nodetest.Net+".") {
 		t.Fatalf("endpoint %q is not a pod address on the test bridge", al.Endpoint)
 	}
@@ -196,45 +101,6 @@ func TestAllocateExecOnARealNode(t *testing.T) {
 	}
 }
 
-// applyNamespacePolicies applies the sandbox namespace's policies as the Pulumi program
-// renders them for a plain-NetworkPolicy cluster (policies/sandboxnet).
-func applyNamespacePolicies(t *testing.T, n *nodetest.Node, ns string) {
-	t.Helper()
-	net := sandboxnet.Network{SandboxNamespace: ns, ManagerNamespace: "fusebox",
-		ManagerLabels: map[string]string{"app.kubernetes.io/name": "fusebox-manager"},
-		AgentLabels:   map[string]string{"fusebox.dev/role": "agent"}, AgentNamespaces: []string{"agents"},
-		AgentCIDRs: []string{nodetest.NodeIP + "/32"}, InitPort: int(kubealloc.InitPort), DataPort: int(kubealloc.DataPort)}
-	objs, err := sandboxnet.NamespacePolicies(sandboxnet.Kubernetes, net)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		spec, err := json.Marshal(o.Spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var np networkingv1.NetworkPolicySpec
-		if err := json.Unmarshal(spec, &np); err != nil {
-			t.Fatal(err)
-		}
-		pol := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Labels: o.Labels}, Spec: np}
-		if _, err := n.Env.Client.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), pol, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating NetworkPolicy %s: %v", o.Name, err)
-		}
-	}
-}
-
-// probe runs nodetest.ProbeScript in a pod of namespace ns with labels, from the test
-// sandbox image.
-func probe(t *testing.T, n *nodetest.Node, ns string, labels map[string]string, targets ...string) map[string]string {
-	t.Helper()
-	res, err := n.Probe(context.Background(), ns, labels, sandboxImage, targets...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res
-}
-
 // TestNetworkPolicyOnARealNode: with the sandbox namespace's policies from policies/sandboxnet
 // (plain NetworkPolicy, enforced by kube-router), a pod outside the agents cannot reach a
 // bound sandbox's init or data port while an agent pod reaches its data port, and the
@@ -242,7 +108,7 @@ func probe(t *testing.T, n *nodetest.Node, ns string, labels map[string]string, 
 func TestNetworkPolicyOnARealNode(t *testing.T) {
 	n := realNode(t)
 	m, _, ns := newManager(t, n)
-	applyNamespacePolicies(t, n, ns)
+	clustertest.ApplyNamespacePolicies(t, n, ns, sandboxnet.Kubernetes)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var boxes [2]*client.Sandbox
@@ -267,12 +133,12 @@ func TestNetworkPolicyOnARealNode(t *testing.T) {
 		t.Fatalf("the agent lost its sandbox under the policies: %v", err)
 	}
 	// An agent pod reaches the data port (so the probe can see an open port) but not init.
-	got := probe(t, n, "agents", map[string]string{"fusebox.dev/role": "agent"}, dataA+"+", initA)
+	got := clustertest.Probe(t, n, "agents", map[string]string{"fusebox.dev/role": "agent"}, dataA+"+", initA)
 	if got[dataA] != "open" || got[initA] != "blocked" {
 		t.Fatalf("from an agent pod: %v, want the data port open and init blocked", got)
 	}
 	// Any other pod reaches neither.
-	got = probe(t, n, "elsewhere", map[string]string{"app": "curious"}, dataA, initA)
+	got = clustertest.Probe(t, n, "elsewhere", map[string]string{"app": "curious"}, dataA, initA)
 	if got[dataA] != "blocked" || got[initA] != "blocked" {
 		t.Fatalf("from a pod outside the agents: %v, want both ports blocked", got)
 	}

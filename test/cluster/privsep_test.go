@@ -12,6 +12,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/test/clustertest"
 )
 
 // attackServerScript, run as a sandbox's command, prints the command's user, the user ids of
@@ -45,7 +46,7 @@ func TestCommandsCannotKillTheServerOnARealNode(t *testing.T) {
 	m, _, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	al, key := allocate(t, ctx, n, m)
+	al, key := clustertest.Allocate(t, ctx, n, m)
 	sb, err := client.Dial(al.Endpoint, al.SandboxKey, key)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestDeadServerIsFailedOnARealNode(t *testing.T) {
 	m, _, ns := newManager(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	al, _ := allocate(t, ctx, n, m)
+	al, _ := clustertest.Allocate(t, ctx, n, m)
 	pod, err := n.Env.Client.CoreV1().Pods(ns).Get(ctx, al.ID, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

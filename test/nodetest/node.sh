@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # Start/stop a real Kubernetes node on this machine for integration tests: containerd v2 with
-# the gVisor shim (the pinned runsc, systrap), a kubelet, bridge CNI on a bridge this script
-# creates (a private /24: no forwarding, no NAT, no route off the machine) and kube-router as
-# the NetworkPolicy agent, against a control plane started by test/kubetest/control-plane.sh.
+# the gVisor shim (the pinned runsc, systrap), a kubelet, and one of two pod networks against a
+# control plane started by test/kubetest/control-plane.sh:
+#   - kube-router (POLICY unset): bridge CNI on a bridge this script creates (a private /24: no
+#     forwarding, no NAT, no route off the machine) and kube-router as the NetworkPolicy agent;
+#   - cilium (POLICY=cilium): Cilium's agent and CNI plugin, pods on their own veths with
+#     addresses from POD_CIDR (the Node's podCIDR), routed by this host. The bridge stays, as
+#     the network outside the pods (the node's address, hosts a test adds). Cilium turns on
+#     forwarding; a FORWARD chain of this script's, first in FORWARD, drops whatever would
+#     leave through any interface but the bridge and Cilium's own, so nothing is routed off
+#     the machine. Cilium also sets kernel.unprivileged_bpf_disabled=1, which holds until the
+#     next boot (the kernel allows no way back); the other sysctls it changes are restored.
 #
-# Usage: node.sh start-runtime|start-kubelet|start-kube-router|start-kube-proxy|stop NODE_DIR
+# Usage: node.sh start-runtime|start-kubelet|start-kube-router|start-cilium|start-kube-proxy|stop NODE_DIR
 # env:   NODE_BIN (containerd, ctr, containerd-shim-runsc-v1, kubelet, kube-router, cni/),
 #        RUNSC, CP (the control plane's state directory: kubeconfig, pki/), NODE_NAME,
 #        BRIDGE (interface name), NET (the /24's first three octets, e.g. 10.213.0),
 #        KUBELET_PORT, KUBELET_HEALTHZ_PORT,
 #        SERVICE_CIDR (set: Services are reachable from pods and from this host through
-#        kube-proxy: pods and the host route it to the bridge, never off the machine).
+#        kube-proxy: pods and the host route it to the bridge, never off the machine),
+#        CLUSTER_DNS (set: the kubelet hands pods this nameserver, domain cluster.local),
+#        POLICY=cilium with CILIUM_BIN (cilium-agent, cilium-cni, lib/bpf; hack/cilium) and
+#        POD_CIDR.
 # stop undoes what the start verbs did, including what the kubelet changes on the host
 # (sysctls, iptables chains, cgroups), and kills only processes recorded in NODE_DIR/pids or
 # shims serving NODE_DIR's containerd.
@@ -21,6 +32,8 @@ NODE_NAME=${NODE_NAME:-fusebox-node}; BRIDGE=${BRIDGE:-fbnode0}; NET=${NET:-10.2
 KUBELET_PORT=${KUBELET_PORT:-20250}; KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT:-20248}
 CGROUP=fusebox-node
 SOCK=$N/containerd/containerd.sock
+POLICY=${POLICY:-kube-router}
+FWD_CHAIN=FUSEBOX-NODE-FWD
 
 start_bg() {  # NAME CMD...: start in its own session, log to logs/NAME.log, pid to pids/NAME
   local name=$1; shift
@@ -40,8 +53,13 @@ start-runtime)
   : "${NODE_BIN:?}" "${RUNSC:?}" "${CP:?}"
   mkdir -p "$N"/{pids,logs,state,etc,cni/net.d,cni/ipam,containerd,kubelet,pod-logs,run}
   # What stop restores: the sysctls the kubelet changes, the host directories it creates.
+  # Cilium's: forwarding, the reverse path filter, the reserved ports, the timers.
   [ -f "$N/state/sysctl-before" ] || for k in vm.overcommit_memory vm.panic_on_oom kernel.panic \
-      kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
+      kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes \
+      net.ipv4.ip_forward net.ipv4.conf.all.forwarding net.ipv6.conf.all.forwarding \
+      net.ipv4.conf.all.rp_filter net.ipv4.conf.default.rp_filter net.ipv4.fib_multipath_use_neigh \
+      net.ipv4.ip_local_reserved_ports net.ipv4.ip_early_demux kernel.timer_migration \
+      net.core.fb_tunnels_only_for_init_net; do
     echo "$k=$(sysctl -n $k)"; done >"$N/state/sysctl-before"
   [ -f "$N/state/created-dirs" ] || for d in /var/log/containers /var/log/pods /var/lib/kubelet \
       /var/lib/cni /run/containerd /etc/cni; do [ -e "$d" ] || echo "$d"; done >"$N/state/created-dirs"
@@ -67,12 +85,24 @@ root = "$N/run/runsc"
 [runsc_config]
   platform = "systrap"
 EOF
-  cat >"$N/cni/net.d/10-fusebox-node.conflist" <<EOF
+  cni_bins="\"$NODE_BIN/cni\""
+  if [ "$POLICY" = cilium ]; then
+    : "${CILIUM_BIN:?}"
+    cni_bins="$cni_bins, \"$CILIUM_BIN\""
+    # Written now, served once the agent runs: until then a pod's network setup fails and
+    # the kubelet retries it.
+    cat >"$N/cni/net.d/05-cilium.conflist" <<EOF
+{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni","enable-debug":false,
+ "log-file":"$N/logs/cilium-cni.log"}]}
+EOF
+  else
+    cat >"$N/cni/net.d/10-fusebox-node.conflist" <<EOF
 {"cniVersion":"1.0.0","name":"fusebox-node","plugins":[{"type":"bridge","bridge":"$BRIDGE",
  "isGateway":false,"isDefaultGateway":false,"ipMasq":false,"hairpinMode":true,
  "ipam":{"type":"host-local","dataDir":"$N/cni/ipam",
   "ranges":[[{"subnet":"$NET.0/24","rangeStart":"$NET.10","rangeEnd":"$NET.250"}]]$routes}}]}
 EOF
+  fi
   cat >"$N/etc/containerd.toml" <<EOF
 version = 3
 imports = []
@@ -103,7 +133,7 @@ state = "$N/containerd/state"
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "$N/etc/runsc.toml"
   [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["$NODE_BIN/cni"]
+    bin_dirs = [$cni_bins]
     conf_dir = "$N/cni/net.d"
     max_conf_num = 1
 [plugins."io.containerd.nri.v1.nri"]
@@ -145,6 +175,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 resolvConf: $N/etc/resolv.conf
+${CLUSTER_DNS:+clusterDNS: [$CLUSTER_DNS]}
+${CLUSTER_DNS:+clusterDomain: cluster.local}
 maxPods: 60
 registerNode: true
 nodeStatusReportFrequency: 10s
@@ -163,6 +195,38 @@ start-kube-router)
     --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
     --health-port=0 --metrics-port=0 --service-cluster-ip-range=10.0.0.0/24 -v=1
   ;;
+start-cilium)
+  : "${CILIUM_BIN:?}" "${CP:?}" "${POD_CIDR:?}"
+  mkdir -p "$N/cilium/bin"
+  # The agent compiles its datapath with the clang on PATH (Debian's clang-19).
+  ln -sf "$(command -v clang-19)" "$N/cilium/bin/clang"
+  ln -sf "$(command -v llc-19)" "$N/cilium/bin/llc"
+  # Forwarding goes only to the bridge and to Cilium's devices; the agent appends its own
+  # chains after this one (--prepend-iptables-chains=false).
+  iptables -N "$FWD_CHAIN" 2>/dev/null || iptables -F "$FWD_CHAIN"
+  for o in "$BRIDGE" lxc+ cilium_+; do iptables -A "$FWD_CHAIN" -o "$o" -j RETURN; done
+  iptables -A "$FWD_CHAIN" -j DROP
+  iptables -C FORWARD -j "$FWD_CHAIN" 2>/dev/null || iptables -I FORWARD 1 -j "$FWD_CHAIN"
+  if ! mountpoint -q /sys/fs/bpf; then mount -t bpf bpf /sys/fs/bpf; echo /sys/fs/bpf >"$N/state/mounted-bpffs"; fi
+  # Policy only, the way the stacks run it beside kube-proxy: native routing on this node,
+  # no kube-proxy replacement, socket load balancing off (gVisor's sandboxes would bypass it
+  # anyway: socketLB.hostNamespaceOnly), no masquerading, no Hubble, no health probes, the
+  # DNS proxy on (toFQDNs), the bridge the only device.
+  PATH=$N/cilium/bin:$PATH K8S_NODE_NAME=$NODE_NAME start_bg cilium-agent "$CILIUM_BIN/cilium-agent" \
+    --k8s-kubeconfig-path="$CP/kubeconfig" --k8s-namespace=kube-system --cluster-name=default \
+    --lib-dir="$CILIUM_BIN/lib" --state-dir=/var/run/cilium --bpf-root=/sys/fs/bpf \
+    --cgroup-root=/sys/fs/cgroup/unified \
+    --ipam=kubernetes --k8s-require-ipv4-pod-cidr=true --enable-ipv4=true --enable-ipv6=false \
+    --routing-mode=native --ipv4-native-routing-cidr="$POD_CIDR" --auto-direct-node-routes=false \
+    --devices="$BRIDGE" --enable-host-legacy-routing=true --kube-proxy-replacement=false \
+    --bpf-lb-sock=false --bpf-lb-sock-hostns-only=true \
+    --enable-ipv4-masquerade=false --enable-bpf-masquerade=false \
+    --prepend-iptables-chains=false --identity-allocation-mode=crd \
+    --enable-policy=default --enable-l7-proxy=true --enable-envoy-config=false \
+    --enable-hubble=false --enable-health-checking=false --enable-endpoint-health-checking=false \
+    --agent-health-port=20879 --prometheus-serve-addr= --enable-local-redirect-policy=false \
+    --debug=false
+  ;;
 start-kube-proxy)
   : "${NODE_BIN:?}" "${CP:?}" "${SERVICE_CIDR:?}"
   # iptables mode; only this node's pods count as the cluster (other sources are masqueraded,
@@ -179,6 +243,7 @@ stop)
   set +e +o pipefail
   stop_pid kube-proxy
   stop_pid kube-router
+  stop_pid cilium-agent
   stop_pid kubelet
   stop_pid containerd
   # Shims of this containerd (their command line names its socket), then what runsc left.
@@ -199,6 +264,34 @@ stop)
       for ch in $("$ipt" -t $tb -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$ipt" -t $tb -X "$ch" || true; done
     done; done
   fi
+  # Cilium's: its chains and this script's, its devices, routing rules and tables, pinned maps.
+  if command -v iptables >/dev/null; then
+    for tb in filter nat mangle raw; do
+      iptables -t $tb -S 2>/dev/null | grep -E "^-A .* -j (CILIUM_|$FWD_CHAIN)" | grep -vE "^-A (CILIUM_|$FWD_CHAIN)" |
+        sed 's/^-A/-D/' | while read -r r; do eval iptables -t $tb "$r" || true; done
+      for ch in $(iptables -t $tb -S 2>/dev/null | awk -v c="$FWD_CHAIN" '$1 == "-N" && ($2 ~ /^CILIUM_/ || $2 == c) {print $2}'); do
+        iptables -t $tb -F "$ch" || true; iptables -t $tb -X "$ch" || true; done
+    done
+  fi
+  if [ -d "$N/cilium" ]; then
+    for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E '^(lxc|cilium_)'); do
+      ip link del "$l" 2>/dev/null || true; done
+    for t in 2004 2005; do
+      while ip rule del table $t 2>/dev/null; do :; done
+      ip route flush table $t 2>/dev/null || true
+    done
+    # The agent moves the local table's rule from priority 0 to 100 (its proxy's rules go
+    # before it): put it back.
+    if ! ip rule show priority 0 | grep -q 'lookup local'; then
+      ip rule add from all lookup local priority 0 && ip rule del from all lookup local priority 100 2>/dev/null || true
+    fi
+    rm -rf /sys/fs/bpf/tc/globals /sys/fs/bpf/cilium /var/run/cilium
+  fi
+  # Outside hosts a test left behind (nodetest.StartOutsideHost).
+  while ip rule del table 2213 2>/dev/null; do :; done
+  ip route flush table 2213 2>/dev/null || true
+  for ns in $(ip netns list 2>/dev/null | awk '/^fbout/{print $1}'); do ip netns pids "$ns" | xargs -r kill -9; ip netns delete "$ns"; done
+  if [ -f "$N/state/mounted-bpffs" ]; then umount /sys/fs/bpf 2>/dev/null || true; rm -f "$N/state/mounted-bpffs"; fi
   if command -v ipset >/dev/null; then
     ipset list -n 2>/dev/null | grep '^KUBE-' | while read -r s; do ipset destroy "$s" || true; done
   fi

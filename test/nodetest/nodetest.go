@@ -1,14 +1,17 @@
 // Package nodetest runs a real single-node Kubernetes cluster on this machine for integration
 // tests: the control plane of test/kubetest (etcd, kube-apiserver, kube-controller-manager,
 // without kwok) plus a real node: containerd v2 with the gVisor shim on the pinned runsc, a
-// kubelet, bridge CNI on a bridge the test creates and kube-router enforcing NetworkPolicy.
-// Pods run under gVisor and get addresses on that bridge, which the test host reaches
-// directly; nothing is routed off the machine, pods get an empty resolv.conf, and the API
-// server reaches the kubelet by its InternalIP only (never a DNS lookup).
+// kubelet, bridge CNI on a bridge the test creates and kube-router enforcing NetworkPolicy,
+// or (Options.Cilium) Cilium's agent as the pod network and policy agent instead. Pods run
+// under gVisor and get addresses on that bridge (or from PodCIDR, routed by the host), which
+// the test host reaches directly; nothing is routed off the machine, pods get an empty
+// resolv.conf (or Options.ClusterDNS), and the API server reaches the kubelet by its
+// InternalIP only (never a DNS lookup).
 //
 // The node's binaries come from $FUSEBOX_NODE_BIN (make node-bins), runsc from
-// $FUSEBOX_RUNSC, the control plane's from $FUSEBOX_K8S_BIN. One node runs on a machine at
-// a time (it owns a bridge, a cgroup and the kubelet's ports): Start takes a lock.
+// $FUSEBOX_RUNSC, the control plane's from $FUSEBOX_K8S_BIN, Cilium's from
+// $FUSEBOX_CILIUM_BIN (make cilium). One node runs on a machine at a time (it owns a bridge,
+// a cgroup and the kubelet's ports): Start takes a lock.
 package nodetest
 
 import (
@@ -76,6 +79,8 @@ type Node struct {
 	lock        *os.File
 	deployments bool
 	forwarder   net.Listener
+	cilium      string // Cilium's directory under Options.Cilium
+	clusterDNS  string
 }
 
 // Options change what Start runs.
@@ -95,6 +100,14 @@ type Options struct {
 	// the node only labelled as the sandbox pool, not tainted, so that the manager's pods
 	// schedule onto it too. Controllers is ignored.
 	Deployments bool
+	// Cilium runs Cilium's agent (from CiliumBinDir) as the pod network and NetworkPolicy
+	// agent in place of bridge CNI and kube-router: pods get addresses from PodCIDR on veths
+	// of their own, the bridge stays as the network outside them, and CiliumNetworkPolicy
+	// (with toFQDNs through the agent's DNS proxy) is enforced.
+	Cilium bool
+	// ClusterDNS, when set, is the nameserver the kubelet hands pods (dnsPolicy ClusterFirst,
+	// domain cluster.local), e.g. a DNS server the test runs on the bridge.
+	ClusterDNS string
 }
 
 // The Service range of the control plane (test/kubetest/control-plane.sh) and the node's
@@ -114,14 +127,22 @@ const deploymentControllers = "namespace-controller,garbage-collector-controller
 // Start brings the cluster up: the control plane, containerd (and the images), the kubelet
 // (until the node is Ready, labelled and tainted as the sandbox pool: fusebox.dev/pool=sandbox,
 // fusebox.dev/sandbox=true:NoSchedule), a RuntimeClass gvisor (handler runsc) and
-// kube-router (until its chains exist).
+// kube-router (until its chains exist) or Cilium's agent (until it reports healthy).
 func Start(ctx context.Context, o Options) (_ *Node, err error) {
-	n := &Node{bin: BinDir(), runsc: os.Getenv("FUSEBOX_RUNSC")}
+	n := &Node{bin: BinDir(), runsc: os.Getenv("FUSEBOX_RUNSC"), clusterDNS: o.ClusterDNS}
 	if o.Deployments {
 		o.Scheduler, o.Controllers = true, deploymentControllers
 	}
 	n.deployments = o.Deployments
-	need := []string{"containerd", "ctr", "containerd-shim-runsc-v1", "kubelet", "kube-router", "cni/bridge", "cni/host-local", "cni/loopback"}
+	need := []string{"containerd", "ctr", "containerd-shim-runsc-v1", "kubelet", "cni/loopback"}
+	if o.Cilium {
+		n.cilium = CiliumBinDir()
+		if err := checkCilium(n.cilium); err != nil {
+			return nil, err
+		}
+	} else {
+		need = append(need, "kube-router", "cni/bridge", "cni/host-local")
+	}
 	if o.Scheduler {
 		need = append(need, "kube-scheduler")
 	}
@@ -192,21 +213,30 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	if err := n.waitFor(ctx, "the kubelet's node to be Ready", 2*time.Minute, n.nodeReady(ctx)); err != nil {
 		return nil, err
 	}
-	patch := []byte(`{"metadata":{"labels":{"fusebox.dev/pool":"sandbox"}},` +
-		`"spec":{"taints":[{"key":"fusebox.dev/sandbox","value":"true","effect":"NoSchedule"}]}}`)
-	if o.Deployments {
-		patch = []byte(`{"metadata":{"labels":{"fusebox.dev/pool":"sandbox"}}}`)
+	var spec []string
+	if !o.Deployments {
+		spec = append(spec, `"taints":[{"key":"fusebox.dev/sandbox","value":"true","effect":"NoSchedule"}]`)
 	}
+	if o.Cilium { // the agent's IPAM takes the Node's podCIDR (--ipam=kubernetes)
+		spec = append(spec, fmt.Sprintf(`"podCIDR":%q,"podCIDRs":[%q]`, PodCIDR, PodCIDR))
+	}
+	patch := []byte(`{"metadata":{"labels":{"fusebox.dev/pool":"sandbox"}},"spec":{` + strings.Join(spec, ",") + `}}`)
 	if _, err := n.Env.Client.CoreV1().Nodes().Patch(ctx, NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return nil, fmt.Errorf("labelling node %s: %w", NodeName, err)
 	}
-	if err := n.run(ctx, "start-kube-router"); err != nil {
-		return nil, err
-	}
-	if err := n.waitFor(ctx, "kube-router's chains", time.Minute, func() bool {
-		return exec.CommandContext(ctx, "iptables", "-S", "KUBE-ROUTER-FORWARD").Run() == nil
-	}); err != nil {
-		return nil, err
+	if o.Cilium {
+		if err := n.startCilium(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := n.run(ctx, "start-kube-router"); err != nil {
+			return nil, err
+		}
+		if err := n.waitFor(ctx, "kube-router's chains", time.Minute, func() bool {
+			return exec.CommandContext(ctx, "iptables", "-S", "KUBE-ROUTER-FORWARD").Run() == nil
+		}); err != nil {
+			return nil, err
+		}
 	}
 	if o.Deployments {
 		if err := n.startServices(ctx); err != nil {
@@ -230,11 +260,15 @@ func (n *Node) ctrRun(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// Logs returns the tail of each of the node's logs (containerd, kubelet, kube-router), for a
-// failing test's output.
+// Logs returns the tail of each of the node's logs (containerd, kubelet, kube-router or
+// cilium-agent), for a failing test's output.
 func (n *Node) Logs() string {
 	var b strings.Builder
-	for _, l := range []string{"containerd", "kubelet", "kube-router"} {
+	agent := "kube-router"
+	if n.cilium != "" {
+		agent = "cilium-agent"
+	}
+	for _, l := range []string{"containerd", "kubelet", agent} {
 		data, _ := os.ReadFile(filepath.Join(n.Dir, "logs", l+".log"))
 		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 		fmt.Fprintf(&b, "--- last lines of %s.log:\n%s\n", l, strings.Join(lines[max(0, len(lines)-30):], "\n"))
@@ -334,6 +368,12 @@ func (n *Node) run(ctx context.Context, verb string) error {
 	}
 	if n.deployments {
 		cmd.Env = append(cmd.Env, "SERVICE_CIDR="+ServiceCIDR)
+	}
+	if n.cilium != "" {
+		cmd.Env = append(cmd.Env, "POLICY=cilium", "CILIUM_BIN="+n.cilium, "POD_CIDR="+PodCIDR)
+	}
+	if n.clusterDNS != "" {
+		cmd.Env = append(cmd.Env, "CLUSTER_DNS="+n.clusterDNS)
 	}
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
