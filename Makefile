@@ -53,7 +53,7 @@ BINARIES := fusebox fusebox-manager fusebox-sandbox fusebox-bench fusebox-floor
 GOTEST   ?= go test
 TESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: deps-run prepare toolchains userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 nodeadm-check test-kube tools test-python bench-python node-bins cilium test-cluster
+.PHONY: deps-run prepare toolchains toolchains-a toolchains-b userlands help build test unit verify generate deps-lists bench run runsc shim images deps clean k8s-bins containerd17 nodeadm-check test-kube tools test-python bench-python node-bins cilium test-cluster
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -135,16 +135,22 @@ bench-python: runsc build ## Benchmark the Python SDK against the Go SDK in one 
 	FUSEBOX_BIN=$(abspath $(BIN))/fusebox $(PYTHON) client/python/bench.py $(BENCH_FLAGS)
 
 # The toolchains compile (CPU) while mmdebstrap fetches and unpacks packages (network, disk).
+# They build in two lanes: one go build alone leaves a CPU idle while it links a large
+# binary or compiles a large package that the rest waits for; the other lane fills it.
 prepare: ## Build the toolchains the tests need and, beside them, the cached Debian userlands (root)
-	$(MAKE) -j2 toolchains userlands
+	$(MAKE) -j3 toolchains userlands
 
-toolchains: # one after another: each compile uses every CPU
+toolchains: toolchains-a toolchains-b
+
+toolchains-a: # each lane one build after another
 	$(MAKE) --no-print-directory runsc
 	$(MAKE) --no-print-directory shim
 	$(MAKE) --no-print-directory k8s-bins
+	$(MAKE) --no-print-directory nodeadm-check
+
+toolchains-b:
 	$(MAKE) --no-print-directory node-bins
 	$(MAKE) --no-print-directory containerd17
-	$(MAKE) --no-print-directory nodeadm-check
 	$(MAKE) --no-print-directory cilium
 	$(MAKE) --no-print-directory tools
 
