@@ -22,6 +22,11 @@ type ClusterFunc func(ctx *pulumi.Context) (preflight.Cluster, error)
 // Pulumi's mocks).
 var ErrNoCluster = errors.New("no cluster to check")
 
+// ErrChecked is returned by a ClusterFunc whose caller has run the same preflight, on the
+// same stack file and cluster, before it started the engine (fusebox up: infra/deploy): the
+// program then skips it, with a log line, rather than asking the cluster (and AWS) again.
+var ErrChecked = errors.New("preflight already run by the caller")
+
 // NewProgram returns the Pulumi program: it loads the configuration, runs preflight against
 // the cluster returned by cluster, then installs (Install). Preflight runs before any
 // resource is registered, so a refusal changes nothing, whichever way the program runs:
@@ -37,6 +42,8 @@ var ErrNoCluster = errors.New("no cluster to check")
 //   - Pulumi's mocks (pulumi.RunWithMocks, the program's unit tests): Program has no
 //     cluster and skips preflight with a log line; NewProgram with a ClusterFunc returning a
 //     preflight.Cluster of fakes runs it.
+//   - `fusebox up` checks the cluster itself before it starts the engine, and its
+//     ClusterFunc returns ErrChecked: the program skips preflight with a log line.
 func NewProgram(cluster ClusterFunc) pulumi.RunFunc {
 	return func(ctx *pulumi.Context) error {
 		c, err := LoadConfig(ctx)
@@ -56,6 +63,9 @@ func runPreflight(ctx *pulumi.Context, c *Config, cluster ClusterFunc) error {
 		return ctx.Log.Info(fmt.Sprintf("preflight skipped: rendering manifests into %s, no cluster to check", dir), nil)
 	}
 	cl, err := cluster(ctx)
+	if errors.Is(err, ErrChecked) {
+		return ctx.Log.Info("preflight: checked before the engine started (fusebox up)", nil)
+	}
 	if err == nil {
 		err = preflight.Check(ctx.Context(), c.Preflight(ctx.Stack()), cl)
 	}

@@ -78,6 +78,11 @@ func TestProgramWithoutCluster(t *testing.T) {
 	if _, err := runProgram("local", cfg, unreachable, true); err != nil {
 		t.Errorf("preview without a cluster: %v, want a warning only", err)
 	}
+	// Checked by the caller (fusebox up): the update goes on without reading a cluster.
+	checked := func(*pulumi.Context) (preflight.Cluster, error) { return preflight.Cluster{}, ErrChecked }
+	if m, err := runProgram("local", cfg, checked, false); err != nil || len(m.All()) < 10 {
+		t.Errorf("update after the caller's preflight: %v", err)
+	}
 	if _, err := runStack("local", cfg); err != nil {
 		t.Errorf("Program under mocks: %v", err)
 	}

@@ -62,9 +62,12 @@ type Options struct {
 	// objects that were only rendered. Stacks that install Cilium with Helm cannot be rendered.
 	RenderDir string
 	// Cluster is read by preflight (preflight.Check) before anything changes: by Up before
-	// it starts the CLI, and by the program in every run (infra.NewProgram); nil reads the
-	// cluster of $KUBECONFIG (Env's, else the process's).
+	// it starts the CLI (the program then skips it: infra.ErrChecked), and by the program in
+	// every other run (infra.NewProgram); nil reads the cluster of $KUBECONFIG (Env's, else
+	// the process's).
 	Cluster *preflight.Cluster
+
+	checked bool // preflight passed before the CLI started
 }
 
 // Result is what a run changed and, for up, the stack's outputs.
@@ -90,6 +93,7 @@ func Run(ctx context.Context, op Op, o Options) (Result, error) {
 		if err := o.preflight(ctx, stackFile); err != nil {
 			return Result{}, err
 		}
+		o.checked = true
 	}
 	cmd, err := auto.NewPulumiCommand(&auto.PulumiCommandOptions{Root: o.Tools, Version: semver.MustParse(CLIVersion)})
 	if err != nil {
@@ -137,7 +141,7 @@ func (o Options) preflight(ctx context.Context, stackFile string) error {
 	if err != nil {
 		return err
 	}
-	cl, err := o.cluster(nil)
+	cl, err := o.cluster(nil) // o.checked is not yet set
 	if err != nil {
 		return fmt.Errorf("preflight of %s: %w", o.Stack, err)
 	}
@@ -155,8 +159,11 @@ func (o Options) preflight(ctx context.Context, stackFile string) error {
 // cluster is the cluster preflight reads, here and inside the program (infra.NewProgram):
 // o.Cluster, else the cluster of $KUBECONFIG (Env's, else the process's). The inline program
 // runs in this process, whose environment is not the CLI's Env, so it is given the same
-// cluster rather than reading its own.
+// cluster rather than reading its own; after Up's own check it returns infra.ErrChecked.
 func (o Options) cluster(*pulumi.Context) (preflight.Cluster, error) {
+	if o.checked {
+		return preflight.Cluster{}, infra.ErrChecked
+	}
 	if o.Cluster != nil {
 		return *o.Cluster, nil
 	}
