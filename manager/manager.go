@@ -303,12 +303,17 @@ func (m *Manager) Close(ctx context.Context) error {
 	if m.cancelLoops != nil {
 		m.cancelLoops()
 	}
-	m.bg.wg.Wait()
+	m.Wait()
 	if own, ok := m.pool.(ownedPool); ok {
 		return own.drain(ctx)
 	}
 	return nil // a shared pool belongs to every replica
 }
+
+// Wait blocks until the work Start began in the background has returned: the reconciler and
+// the pool's loops, once Close was called or Start's context ended, and the creations and
+// destructions they started, which finish what they were doing.
+func (m *Manager) Wait() { m.bg.wg.Wait() }
 
 // nudge asks the reconciler for a pass soon; it never blocks.
 func (m *Manager) nudge() {

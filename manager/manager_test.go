@@ -344,7 +344,7 @@ func TestAdoptionAfterRestart(t *testing.T) {
 	// two minutes later: the long lease is adopted, the expired one and the ready unit are
 	// destroyed.
 	die()
-	time.Sleep(50 * time.Millisecond) // a pass the refill's end nudged finishes before the step
+	e.m.Wait() // the reconciler, and a pass the refill's end nudged, end before the step
 	e.clock.Step(2 * time.Minute)
 	m2, err := manager.New(manager.Options{Allocator: e.alloc, Estimator: estimator.Fixed{N: 0}, Clock: e.clock,
 		Initializer: memalloc.Initializer})
