@@ -160,9 +160,11 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	if _, err := os.Stat(n.runsc); err != nil {
 		return nil, fmt.Errorf("%w (%v)", ErrNoBinaries, err)
 	}
-	for _, t := range []string{"iptables", "ipset"} {
-		if _, err := exec.LookPath(t); err != nil {
-			return nil, fmt.Errorf("kube-router needs %s: apt-get install iptables ipset (%w)", t, err)
+	if !o.Cilium { // checkCilium checks what the agent runs
+		for _, t := range []string{"iptables", "ipset"} {
+			if _, err := exec.LookPath(t); err != nil {
+				return nil, fmt.Errorf("kube-router needs %s: apt-get install iptables ipset (%w)", t, err)
+			}
 		}
 	}
 	if os.Geteuid() != 0 {
