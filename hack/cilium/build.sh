@@ -18,11 +18,13 @@ export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
 CILIUM=$(cd "$HERE" && go list -m -f '{{.Version}}' github.com/cilium/cilium)
 stamp="$OUT/.stamp-$CILIUM-$(cat "$HERE/go.mod" "$HERE/go.sum" "$0" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ -x "$OUT/cilium-agent" ]; then echo "cilium $CILIUM up to date in $OUT"; exit 0; fi
-SRC=$(cd "$HERE" && go list -m -f '{{.Dir}}' github.com/cilium/cilium)
 # Build beside the targets and rename: a test may be running the old ones.
 for b in cilium-agent:daemon cilium-cni:plugins/cilium-cni; do
   ( cd "$HERE" && go build -trimpath -ldflags "-s -w" -o "$OUT/.${b%%:*}.tmp" "github.com/cilium/cilium/${b#*:}" )
 done
+# The module's directory, known once the build has downloaded it.
+SRC=$(cd "$HERE" && go list -m -f '{{.Dir}}' github.com/cilium/cilium)
+[ -d "$SRC/bpf" ] || { echo "cilium $CILIUM: no datapath sources in the module cache ($SRC)" >&2; exit 1; }
 rm -rf "$OUT/lib" "$OUT/crds"
 mkdir -p "$OUT/lib" "$OUT/crds"
 cp -r "$SRC/bpf" "$OUT/lib/bpf"
