@@ -1,8 +1,11 @@
 package clusterup
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -17,6 +21,7 @@ import (
 	"github.com/fusebox-dev/fusebox/infra"
 	"github.com/fusebox-dev/fusebox/infra/deploy"
 	"github.com/fusebox-dev/fusebox/internal/image"
+	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/fusebox-dev/fusebox/test/nodetest"
 )
 
@@ -25,11 +30,15 @@ import (
 const strangerAccess = "  fusebox:access:\n    - namespaces: [default]\n    - serviceAccounts: [elsewhere/stranger]\n"
 
 // upgrade runs a second `fusebox up` over the deployment, as a platform team promoting a
-// release does: the sandbox image is a new release (another digest) and fusebox:access now
-// lets elsewhere/stranger allocate, a change of the manager's policy ConfigMap alone. Then
-// the change of access is enforced (the manager rolled onto it), the warm pods of the old
-// image are all replaced by pods of the new one, and bound, a sandbox bound before the up,
-// still serves from its old-image pod.
+// release does: the sandbox image is a new release (another digest), fusebox:access now
+// lets elsewhere/stranger allocate, a change of the manager's policy ConfigMap alone, and
+// the agents' data port is open to namespace elsewhere too, a change of a namespace
+// policy's spec. Then the change of access is enforced (the manager rolled onto it), the
+// warm pods of the old image are all replaced by pods of the new one, bound, a sandbox bound
+// before the up, still serves from its old-image pod, and every namespace policy was updated
+// in place: the same object (UID) throughout, so no moment without it. (The Kubernetes
+// provider replaces a NetworkPolicy or CiliumNetworkPolicy only when its name or namespace
+// changes, and then creates the new one before it deletes the old.)
 func upgrade(ctx context.Context, t *testing.T, d *deployment, bound *client.Allocation) {
 	t.Helper()
 	oldImage := d.release[image.Sandbox]
@@ -43,6 +52,24 @@ func upgrade(ctx context.Context, t *testing.T, d *deployment, bound *client.All
 	if err != nil {
 		t.Fatal(err)
 	}
+	const clients, moreClients = "dataClientNamespaces: [default]", "dataClientNamespaces: [default, elsewhere]"
+	if !bytes.Contains(stack, []byte(clients)) {
+		t.Fatalf("the stack file has no %q to change", clients)
+	}
+	stack = bytes.Replace(stack, []byte(clients), []byte(moreClients), 1)
+	policies := func() map[string]networkingv1.NetworkPolicy {
+		t.Helper()
+		l, err := node.Env.Client.NetworkingV1().NetworkPolicies(d.sandboxNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]networkingv1.NetworkPolicy{}
+		for _, p := range l.Items {
+			m[p.Name] = p
+		}
+		return m
+	}
+	before := policies()
 	writeFile(t, filepath.Join(d.opts.RepoDir, "stacks", "Pulumi.local.yaml"), string(stack))
 	d.progress.Reset()
 	start := time.Now()
@@ -51,6 +78,18 @@ func upgrade(ctx context.Context, t *testing.T, d *deployment, bound *client.All
 		t.Fatalf("the second up: %v\n%s\n%s", err, d.progress.String(), clusterState(ctx))
 	}
 	t.Logf("the second up took %s: %v", time.Since(start).Round(time.Second), res.Changes)
+
+	// The namespace's policies are the same objects, one of them with the new spec.
+	after := policies()
+	for name, p := range before {
+		if a, ok := after[name]; !ok || a.UID != p.UID {
+			t.Errorf("NetworkPolicy %s was replaced by the second up (UID %s, now %s): the namespace was without it for a moment", name, p.UID, a.UID)
+		}
+	}
+	agents, ok := after[sandboxnet.AllowAgentsDataName]
+	if !ok || !strings.Contains(fmt.Sprint(agents.Spec.Ingress), "elsewhere") {
+		t.Errorf("NetworkPolicy %s after the second up does not admit namespace elsewhere: %+v", sandboxnet.AllowAgentsDataName, agents.Spec.Ingress)
+	}
 
 	// The bound sandbox kept its pod, its image and its agent through the rollout.
 	boundPod, err := node.Env.Client.CoreV1().Pods(d.sandboxNS).Get(ctx, bound.ID, metav1.GetOptions{})
