@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -144,7 +145,15 @@ func startKubeAllocator(ctx context.Context, k KubeConfig, log *slog.Logger) (*k
 	if ns == "" {
 		ns = k.SandboxNamespace
 	}
-	e, err := leader.Start(ctx, leader.Options{Client: cs, Namespace: ns, Name: "fusebox-manager", Identity: k.Identity, Logger: log})
+	var owner *metav1.OwnerReference // the Lease goes with the Deployment, in its namespace
+	if ns == k.ManagerNamespace {
+		if owner, err = deploymentOwner(ctx, cs, k); err != nil {
+			a.Shutdown()
+			return nil, nil, err
+		}
+	}
+	e, err := leader.Start(ctx, leader.Options{Client: cs, Namespace: ns, Name: "fusebox-manager", Identity: k.Identity,
+		Owner: owner, Logger: log})
 	if err != nil {
 		a.Shutdown()
 		return nil, nil, err

@@ -11,10 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/retry"
 )
 
 // Options configure an election. Client, Namespace, Name and Identity are required.
@@ -26,6 +29,9 @@ type Options struct {
 	// Durations; zero means client-go's usual 15 s / 10 s / 2 s.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	Logger                                    *slog.Logger
+	// Owner, when set, owns the Lease (the manager's Deployment): the garbage collector
+	// deletes the Lease with it, also where the namespace stays.
+	Owner *metav1.OwnerReference
 }
 
 // Elector reports whether this replica leads.
@@ -51,6 +57,11 @@ func Start(ctx context.Context, o Options) (*Elector, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Owner != nil {
+		if err := ownLease(ctx, o); err != nil {
+			return nil, err
+		}
 	}
 	e := &Elector{done: make(chan struct{})}
 	lock := &resourcelock.LeaseLock{
@@ -86,4 +97,37 @@ func Start(ctx context.Context, o Options) (*Elector, error) {
 		}
 	}()
 	return e, nil
+}
+
+// ownLease makes the Lease, or adds o.Owner to the Lease's owners: the election then reads
+// and renews that object, owners kept (client-go's LeaseLock updates what it read).
+func ownLease(ctx context.Context, o Options) error {
+	leases := o.Client.CoordinationV1().Leases(o.Namespace)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace,
+		OwnerReferences: []metav1.OwnerReference{*o.Owner}}}
+	_, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("creating the Lease %s/%s: %w", o.Namespace, o.Name, err)
+		}
+		return nil
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, o.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, r := range l.OwnerReferences {
+			if r.UID == o.Owner.UID {
+				return nil
+			}
+		}
+		l.OwnerReferences = append(l.OwnerReferences, *o.Owner)
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("owning the Lease %s/%s by %s %s: %w", o.Namespace, o.Name, o.Owner.Kind, o.Owner.Name, err)
+	}
+	return nil
 }

@@ -7,6 +7,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
 	"github.com/fusebox-dev/fusebox/manager/leader"
 	"github.com/fusebox-dev/fusebox/test/kubetest"
 )
@@ -59,6 +65,55 @@ func TestExactlyOneLeaderAndHandover(t *testing.T) {
 	if first.IsLeader() {
 		t.Fatal("the stopped replica still claims leadership")
 	}
+}
+
+// TestLeaseGoesWithItsOwner: with Owner (the manager's Deployment), the Lease is made owned,
+// an existing one gets the owner added, the election keeps it through its renewals, and the
+// garbage collector deletes it with the Deployment: nothing is left where a destroy keeps
+// the namespace.
+func TestLeaseGoesWithItsOwner(t *testing.T) {
+	ns := env.Namespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	labels := map[string]string{"app.kubernetes.io/name": "fusebox-manager"}
+	d, err := env.Client.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "fusebox-manager"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "manager", Image: "manager"}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}
+	leases := env.Client.CoordinationV1().Leases(ns)
+	owned := func() bool {
+		l, err := leases.Get(ctx, "fusebox-manager", metav1.GetOptions{})
+		return err == nil && len(l.OwnerReferences) == 1 && l.OwnerReferences[0].UID == d.UID && l.Spec.HolderIdentity != nil
+	}
+	for _, id := range []string{"replica-a", "replica-b"} { // the second finds the Lease made
+		e, err := leader.Start(ctx, leader.Options{Client: env.Client, Namespace: ns, Name: "fusebox-manager", Identity: id,
+			Owner: owner, LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { <-e.Done() }()
+	}
+	eventually(t, "the Lease held and owned by the Deployment", owned)
+	time.Sleep(3 * time.Second) // renewals
+	if !owned() {
+		t.Fatal("the Lease lost its owner through the election's renewals")
+	}
+	cancel()
+	ctx = context.Background()
+	bg := metav1.DeletePropagationBackground
+	if err := env.Client.AppsV1().Deployments(ns).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the garbage collector to delete the Lease", func() bool {
+		_, err := leases.Get(ctx, "fusebox-manager", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 }
 
 func TestStartRefusesMissingOptions(t *testing.T) {
