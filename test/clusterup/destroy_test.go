@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
@@ -129,4 +130,15 @@ func destroyConfined(ctx context.Context, t *testing.T, d *deployment) {
 			firstPolicy, lastPod, podGone, polGone)
 	}
 	t.Logf("destroy: %d sandbox pods gone by revision %d, then %d network policies from revision %d", len(podGone), lastPod, len(polGone), firstPolicy)
+
+	// The leader election's Lease goes with the managers' Deployment (the garbage collector).
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		_, err := c.CoordinationV1().Leases(d.managerNS).Get(ctx, "fusebox-manager", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Lease fusebox-manager stays in %s after destroy (%v)", d.managerNS, err)
+		}
+	}
 }
