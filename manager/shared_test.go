@@ -76,12 +76,30 @@ func TestReplicasNeverBindTheSameUnit(t *testing.T) {
 				fused[addr] = string(r.SandboxKey)
 				return r, nil
 			}
-			a, _, ms := replicasWith(t, 8, func(o *manager.Options) { o.Initializer, o.SeparateClaim = once, separate })
+			a, c, ms := replicasWith(t, 8, func(o *manager.Options) {
+				o.Initializer, o.SeparateClaim = once, separate
+				o.AllocateWait, o.ClaimGrace = time.Hour, time.Hour // the clock runs below
+			})
 			eventually(t, "shared pool filled by the leader", func() bool { r, _ := a.Counts(manager.DefaultTemplate); return r >= 8 })
 			key, _ := client.NewKey()
 			ctx := context.Background()
 			var mu sync.Mutex
 			bound := map[string]int{}
+			// The clock runs while the allocations do: once the leader's own allocations
+			// are served, only its reconcile ticker refills the pool for the follower's
+			// (a waiting allocation makes one unit of its own, which another may take).
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(time.Millisecond):
+						c.Step(5 * time.Millisecond)
+					}
+				}
+			}()
 			var wg sync.WaitGroup
 			for i := range 200 {
 				wg.Go(func() {
