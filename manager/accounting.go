@@ -81,8 +81,10 @@ func (t *tally) publishCounts() {
 	}
 }
 
-// creations counts the creations in flight, backs off after failed ones, and keeps the
-// recent creation times the provisioning latency is made of. Safe for concurrent use.
+// creations counts the creations in flight, and keeps for each template the backoff after its
+// failed creations, its last failure and the recent creation times its provisioning latency is
+// made of: a template whose image cannot run holds back its own pool, not the others. Safe for
+// concurrent use.
 type creations struct {
 	clock  Clock
 	warmUp time.Duration // Capabilities.WarmUp
@@ -91,21 +93,48 @@ type creations struct {
 	// pass in between sees the pool refilling when it no longer is.
 	onEnd func()
 
-	inFlight   atomic.Int32
-	mu         sync.Mutex // guards failStreak, holdUntil, latencies
-	failStreak int        // consecutive failed creations
-	holdUntil  time.Time  // no new creations before this (Clock's time)
+	inFlight atomic.Int32              // every template's
+	mu       sync.Mutex                // guards of
+	of       map[string]*templateBooks // by template, made on first use
+}
+
+// templateBooks are one template's creations.
+type templateBooks struct {
+	inFlight   int
+	failStreak int       // consecutive failed creations
+	holdUntil  time.Time // no new creations before this (Clock's time)
+	lastErr    string    // the last failure's error, until a creation succeeds
+	lastErrAt  time.Time
 	latencies  []time.Duration
 }
 
-// start counts one creation in flight (before starting the goroutine, so that a reconcile
-// pass in between sees it) and runs create in the background on bg; the channel receives
-// whether it made a unit.
-func (c *creations) start(bg *background, create func() bool) <-chan bool {
+// books returns tmpl's books; c.mu must be held.
+func (c *creations) books(tmpl string) *templateBooks {
+	if c.of == nil {
+		c.of = map[string]*templateBooks{}
+	}
+	b := c.of[tmpl]
+	if b == nil {
+		b = &templateBooks{}
+		c.of[tmpl] = b
+	}
+	return b
+}
+
+// start counts one creation of tmpl in flight (before starting the goroutine, so that a
+// reconcile pass in between sees it) and runs create in the background on bg; the channel
+// receives whether it made a unit.
+func (c *creations) start(bg *background, tmpl string, create func() bool) <-chan bool {
 	made := make(chan bool, 1)
+	c.mu.Lock()
+	c.books(tmpl).inFlight++
+	c.mu.Unlock()
 	c.inFlight.Add(1)
 	bg.do(func() {
 		ok := create()
+		c.mu.Lock()
+		c.books(tmpl).inFlight--
+		c.mu.Unlock()
 		c.inFlight.Add(-1)
 		if c.onEnd != nil {
 			c.onEnd()
@@ -115,53 +144,73 @@ func (c *creations) start(bg *background, create func() bool) <-chan bool {
 	return made
 }
 
-// count is how many creations are in flight.
+// count is how many creations are in flight, of every template.
 func (c *creations) count() int { return int(c.inFlight.Load()) }
 
-// ended keeps the backoff after an allocator's Create returned err: exponential (0.5 s
-// doubling to a minute) after consecutive failures, so that a broken runtime does not spin;
+// countOf is how many creations of tmpl are in flight.
+func (c *creations) countOf(tmpl string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.books(tmpl).inFlight
+}
+
+// ended keeps tmpl's backoff after an allocator's Create returned err: exponential (0.5 s
+// doubling to a minute) after consecutive failures, so that a broken template does not spin;
 // failures stay visible in status and metrics meanwhile.
-func (c *creations) ended(err error) {
+func (c *creations) ended(tmpl string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	b := c.books(tmpl)
 	if err != nil {
-		c.failStreak++
-		c.holdUntil = c.clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(c.failStreak-1, 7)))
+		b.failStreak++
+		b.holdUntil = c.clock.Now().Add(min(time.Minute, 500*time.Millisecond<<min(b.failStreak-1, 7)))
+		b.lastErr, b.lastErrAt = err.Error(), c.clock.Now()
 	} else {
-		c.failStreak = 0
+		b.failStreak, b.lastErr, b.lastErrAt = 0, "", time.Time{}
 	}
 }
 
-// backoffLeft is how long creations still wait for the backoff.
-func (c *creations) backoffLeft() time.Duration {
+// lastFailure is tmpl's last creation error and when it happened, while no creation has
+// succeeded since; "" when none.
+func (c *creations) lastFailure(tmpl string) (string, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return max(0, c.holdUntil.Sub(c.clock.Now()))
+	b := c.books(tmpl)
+	return b.lastErr, b.lastErrAt
 }
 
-// heldBack reports whether creations wait for the backoff.
-func (c *creations) heldBack() bool { return c.backoffLeft() > 0 }
-
-// took records the time a successful Create took (the runtime's work).
-func (c *creations) took(d time.Duration) {
+// backoffLeft is how long creations of tmpl still wait for its backoff.
+func (c *creations) backoffLeft(tmpl string) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.latencies = append(c.latencies, d)
-	if len(c.latencies) > 32 {
-		c.latencies = c.latencies[len(c.latencies)-32:]
+	return max(0, c.books(tmpl).holdUntil.Sub(c.clock.Now()))
+}
+
+// heldBack reports whether creations of tmpl wait for its backoff.
+func (c *creations) heldBack(tmpl string) bool { return c.backoffLeft(tmpl) > 0 }
+
+// took records the time a successful Create of tmpl took (the runtime's work).
+func (c *creations) took(tmpl string, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.books(tmpl)
+	b.latencies = append(b.latencies, d)
+	if len(b.latencies) > 32 {
+		b.latencies = b.latencies[len(b.latencies)-32:]
 	}
 }
 
-// provisioningLatency is the median of recent creation times (1 s before any creation) plus
-// the units' warm-up: how long a unit takes from the decision to create it to serving at
-// full speed.
-func (c *creations) provisioningLatency() time.Duration {
+// provisioningLatency is the median of tmpl's recent creation times (1 s before any
+// creation) plus the units' warm-up: how long a unit takes from the decision to create it to
+// serving at full speed.
+func (c *creations) provisioningLatency(tmpl string) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.latencies) == 0 {
+	b := c.books(tmpl)
+	if len(b.latencies) == 0 {
 		return time.Second + c.warmUp
 	}
-	s := slices.Clone(c.latencies)
+	s := slices.Clone(b.latencies)
 	slices.Sort(s)
 	return s[len(s)/2] + c.warmUp
 }

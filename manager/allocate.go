@@ -76,7 +76,7 @@ func (m *Manager) Allocate(ctx context.Context, req AllocateRequest) (Allocation
 		return Allocation{}, err
 	}
 	d := time.Since(start)
-	m.recordAllocation(d)
+	m.recordAllocation(c.template, d)
 	m.log.Debug("allocated", "id", a.ID, "took", d)
 	return a, nil
 }
@@ -185,19 +185,13 @@ func checkLabels(labels map[string]string) error {
 	return nil
 }
 
-// recordAllocation counts an allocation served in d, as demand for the estimator too, and
-// nudges the reconciler to refill.
-func (m *Manager) recordAllocation(d time.Duration) {
-	m.allocs.Add(1)
-	m.tally.allocated(d)
-	now := m.o.Clock.Now()
-	m.demandMu.Lock()
-	m.demand = append(m.demand, now)
-	cut := 0
-	for cut < len(m.demand) && now.Sub(m.demand[cut]) > time.Minute {
-		cut++
+// recordAllocation counts an allocation of tmpl served in d, as demand for tmpl's estimator
+// too, and nudges the reconciler to refill.
+func (m *Manager) recordAllocation(tmpl string, d time.Duration) {
+	if sz := m.sizers[tmpl]; sz != nil {
+		sz.allocs.Add(1)
 	}
-	m.demand = m.demand[cut:]
-	m.demandMu.Unlock()
+	m.tally.allocated(d)
+	m.demand[tmpl].add(m.o.Clock.Now())
 	m.nudge()
 }

@@ -201,16 +201,18 @@ type recHost struct {
 	mu      sync.Mutex // guards the fields below
 	n       int
 	targets [][3]int // ready, creating, bound of each target call
+	tmpls   []string // the template of each target call
 	follows int
 	nudges  int
 }
 
 var _ poolHost = (*recHost)(nil)
 
-func (h *recHost) target(_ time.Time, ready, creating, bound int) int {
+func (h *recHost) target(_ time.Time, tmpl string, ready, creating, bound int) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.targets = append(h.targets, [3]int{ready, creating, bound})
+	h.tmpls = append(h.tmpls, tmpl)
 	return h.n
 }
 

@@ -32,8 +32,8 @@ const DefaultRefillDelay = 30 * time.Millisecond
 // DefaultTemplate is the template used when a request names none.
 const DefaultTemplate = "default"
 
-// Options configure a Manager. Allocator, Estimator, Clock, and Initializer or Conns are
-// required. What depends on the runtime (the refill delay, the units' warm-up) comes from the
+// Options configure a Manager. Allocator, Estimator (or Pools), Clock, and Initializer or
+// Conns are required. What depends on the runtime (the refill delay, the units' warm-up) comes from the
 // allocator's Capabilities.
 type Options struct {
 	Allocator Allocator
@@ -48,9 +48,15 @@ type Options struct {
 	// PingInterval, if positive with Conns, is how often the unit the next allocation will
 	// take is pinged, to find it dead before an allocation does (see pingHead).
 	PingInterval time.Duration
-	// Templates the allocator can create; the warm pool is kept for PoolTemplate only.
+	// Templates the allocator can create. PoolTemplate is the template of a request that
+	// names none (default: the first).
 	Templates    []string
 	PoolTemplate string
+	// Pools are the templates the manager keeps ready units of, each sized by its own
+	// estimator and refilled on its own; an allocation of a template takes only that
+	// template's units, and one of a template without a pool waits for its unit to be made.
+	// Empty: PoolTemplate's pool alone, sized by Estimator.
+	Pools []TemplatePool
 	// Lease lengths: DefaultLeaseTTL when a request gives none, capped at MaxLeaseTTL.
 	DefaultLeaseTTL, MaxLeaseTTL time.Duration
 	// AllocateWait bounds how long Allocate waits for a ready unit when the pool is empty.
@@ -80,6 +86,12 @@ type Options struct {
 	Metrics *Metrics
 }
 
+// TemplatePool is the warm pool of one template, and the estimator that sizes it.
+type TemplatePool struct {
+	Template  string
+	Estimator estimator.Estimator
+}
+
 // Manager is the control plane. It is safe for concurrent use.
 type Manager struct {
 	o          Options
@@ -103,11 +115,49 @@ type Manager struct {
 
 	wake        chan struct{} // nudges the reconciler
 	reconcileMu sync.Mutex    // one Reconcile pass at a time
-	allocs      atomic.Int64  // allocations since the last target
-	targetN     atomic.Int32  // the last target
-	demandMu    sync.Mutex    // guards demand
-	demand      []time.Time   // allocation times in the last minute
+	// sizers size the pools, by template (Options.Pools); demand holds every template's
+	// allocation times in the last minute. Both maps are fixed by New.
+	sizers      map[string]*sizer
+	demand      map[string]*demandLog
 	cancelLoops context.CancelFunc
+}
+
+// sizer is one pool's estimator, the allocations since it last set a target, and that target.
+type sizer struct {
+	est    estimator.Estimator // called by reconcile passes, one at a time
+	allocs atomic.Int64
+	target atomic.Int32
+}
+
+// demandLog holds a template's allocation times in the last minute.
+type demandLog struct {
+	mu    sync.Mutex // guards times
+	times []time.Time
+}
+
+// add records an allocation at now and forgets those more than a minute before it.
+func (d *demandLog) add(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.times = append(d.times, now)
+	cut := 0
+	for cut < len(d.times) && now.Sub(d.times[cut]) > time.Minute {
+		cut++
+	}
+	d.times = d.times[cut:]
+}
+
+// perSecond is the allocations per second over the minute before now.
+func (d *demandLog) perSecond(now time.Time) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, t := range d.times {
+		if now.Sub(t) <= time.Minute {
+			n++
+		}
+	}
+	return float64(n) / 60
 }
 
 // New checks o and returns a Manager. Call Start to adopt leftovers and run the loops.
@@ -115,7 +165,7 @@ func New(o Options) (*Manager, error) {
 	switch {
 	case o.Allocator == nil:
 		return nil, errors.New("manager: an allocator is required")
-	case o.Estimator == nil:
+	case o.Estimator == nil && len(o.Pools) == 0:
 		return nil, errors.New("manager: an estimator is required")
 	case o.Clock == nil:
 		return nil, errors.New("manager: a clock is required")
@@ -127,9 +177,21 @@ func New(o Options) (*Manager, error) {
 	if err := withDefaults(&o); err != nil {
 		return nil, err
 	}
+	for _, p := range o.Pools {
+		if p.Estimator == nil {
+			return nil, fmt.Errorf("manager: the pool of template %q has no estimator", p.Template)
+		}
+	}
 	ops := NewStateOperator(o.Clock)
 	m := &Manager{o: o, alloc: o.Allocator, ops: ops, log: o.Logger, initialize: o.Initializer,
-		tally: &tally{ops: ops, m: o.Metrics}, bg: &background{}, wake: make(chan struct{}, 1)}
+		tally: &tally{ops: ops, m: o.Metrics}, bg: &background{}, wake: make(chan struct{}, 1),
+		sizers: map[string]*sizer{}, demand: map[string]*demandLog{}}
+	for _, p := range o.Pools {
+		m.sizers[p.Template] = &sizer{est: p.Estimator}
+	}
+	for _, t := range o.Templates {
+		m.demand[t] = &demandLog{}
+	}
 	if o.Conns != nil {
 		m.initialize = o.Conns.Initialize
 	}
@@ -158,6 +220,19 @@ func withDefaults(o *Options) error {
 	}
 	if !slices.Contains(o.Templates, o.PoolTemplate) {
 		return fmt.Errorf("manager: pool template %q is not among the templates %q", o.PoolTemplate, o.Templates)
+	}
+	if len(o.Pools) == 0 {
+		o.Pools = []TemplatePool{{Template: o.PoolTemplate, Estimator: o.Estimator}}
+	}
+	seen := map[string]bool{}
+	for _, p := range o.Pools {
+		switch {
+		case !slices.Contains(o.Templates, p.Template):
+			return fmt.Errorf("manager: pool of template %q, which is not among the templates %q", p.Template, o.Templates)
+		case seen[p.Template]:
+			return fmt.Errorf("manager: two pools of template %q", p.Template)
+		}
+		seen[p.Template] = true
 	}
 	if o.DefaultLeaseTTL <= 0 {
 		o.DefaultLeaseTTL = 10 * time.Minute
@@ -323,29 +398,36 @@ func (m *Manager) nudge() {
 	}
 }
 
-// target asks the estimator for the pool's target from its counts, the allocations since the
-// last call and the provisioning latency, and records it (poolHost).
-func (m *Manager) target(now time.Time, ready, creating, bound int) int {
-	n := m.o.Estimator.Target(estimator.Observation{Now: now, Allocations: int(m.allocs.Swap(0)), Ready: ready,
-		Creating: creating, Bound: bound, ProvisioningLatency: m.creations.provisioningLatency()})
-	m.setTarget(n)
+// target asks tmpl's estimator for its pool's target from its counts, the allocations of
+// tmpl since the last call and tmpl's provisioning latency, and records it (poolHost).
+func (m *Manager) target(now time.Time, tmpl string, ready, creating, bound int) int {
+	sz := m.sizers[tmpl]
+	n := sz.est.Target(estimator.Observation{Now: now, Allocations: int(sz.allocs.Swap(0)), Ready: ready,
+		Creating: creating, Bound: bound, ProvisioningLatency: m.creations.provisioningLatency(tmpl)})
+	m.setTarget(tmpl, n)
 	return n
 }
 
 // following records that another replica sizes the shared pool (poolHost).
-func (m *Manager) following() { m.setTarget(0) }
-
-func (m *Manager) setTarget(n int) {
-	m.targetN.Store(int32(n))
-	if m.tally.m != nil {
-		m.tally.m.Target.Set(float64(n))
+func (m *Manager) following() {
+	for _, p := range m.o.Pools {
+		m.setTarget(p.Template, 0)
 	}
 }
 
-// ProvisioningLatency is how long a unit takes from the decision to create it to serving at
-// full speed: the median of recent creation times (1 s before any creation) plus the units'
-// Capabilities.WarmUp.
-func (m *Manager) ProvisioningLatency() time.Duration { return m.creations.provisioningLatency() }
+func (m *Manager) setTarget(tmpl string, n int) {
+	m.sizers[tmpl].target.Store(int32(n))
+	if m.tally.m != nil {
+		m.tally.m.Target.WithLabelValues(tmpl).Set(float64(n))
+	}
+}
+
+// ProvisioningLatency is how long a unit of the default template takes from the decision to
+// create it to serving at full speed: the median of recent creation times (1 s before any
+// creation) plus the units' Capabilities.WarmUp.
+func (m *Manager) ProvisioningLatency() time.Duration {
+	return m.creations.provisioningLatency(m.o.PoolTemplate)
+}
 
 // Renew extends the lease of sandbox id; ttl zero means the lease's own length.
 func (m *Manager) Renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error) {
@@ -367,9 +449,10 @@ func (m *Manager) List() []Unit {
 	return m.pool.units()
 }
 
-// PoolStatus summarises the pool.
+// PoolStatus summarises the pools.
 type PoolStatus struct {
-	Units                  map[string]int
+	Units map[string]int
+	// Target is the sum of the pools' targets; Estimator the default template's pool's.
 	Target                 int
 	Estimator, Allocator   string
 	DemandPerSecond        float64
@@ -378,28 +461,57 @@ type PoolStatus struct {
 	Destructions, Failures uint64
 	// ColdWaits counts allocations that found no ready unit and waited for a creation.
 	ColdWaits uint64
+	// Pools are the templates' pools, in Options.Pools' order.
+	Pools []TemplateStatus
 }
 
-// Status returns the pool's status.
+// TemplateStatus is one template's pool.
+type TemplateStatus struct {
+	Template, Estimator string
+	Target              int
+	// Units of the template by state.
+	Units               map[string]int
+	DemandPerSecond     float64
+	ProvisioningLatency time.Duration
+	// LastError is the template's last creation failure while none has succeeded since
+	// (an image that cannot run the server), and when it happened.
+	LastError   string
+	LastErrorAt time.Time
+}
+
+// Status returns the pools' status.
 func (m *Manager) Status() PoolStatus {
+	byTemplate := m.pool.counts()
 	units := map[string]int{}
-	for s, n := range m.pool.counts() {
-		units[s.String()] = n
-	}
-	now := m.o.Clock.Now()
-	m.demandMu.Lock()
-	n := 0
-	for _, t := range m.demand {
-		if now.Sub(t) <= time.Minute {
-			n++
+	for _, c := range byTemplate {
+		for s, n := range c {
+			units[s.String()] += n
 		}
 	}
-	m.demandMu.Unlock()
-	return PoolStatus{
-		Units: units, Target: int(m.targetN.Load()), Estimator: m.o.Estimator.Name(), Allocator: m.alloc.Name(),
-		DemandPerSecond: float64(n) / 60, ProvisioningLatency: m.ProvisioningLatency(),
+	now := m.o.Clock.Now()
+	st := PoolStatus{
+		Units: units, Allocator: m.alloc.Name(), ProvisioningLatency: m.ProvisioningLatency(),
 		Allocations: m.tally.allocations.Load(), Creations: m.tally.creations.Load(),
 		Destructions: m.tally.destructions.Load(), Failures: m.tally.failures.Load(),
 		ColdWaits: m.tally.coldWaits.Load(),
 	}
+	for _, d := range m.demand {
+		st.DemandPerSecond += d.perSecond(now)
+	}
+	for _, p := range m.o.Pools {
+		sz := m.sizers[p.Template]
+		ts := TemplateStatus{Template: p.Template, Estimator: sz.est.Name(), Target: int(sz.target.Load()),
+			Units: map[string]int{}, DemandPerSecond: m.demand[p.Template].perSecond(now),
+			ProvisioningLatency: m.creations.provisioningLatency(p.Template)}
+		for s, n := range byTemplate[p.Template] {
+			ts.Units[s.String()] = n
+		}
+		ts.LastError, ts.LastErrorAt = m.creations.lastFailure(p.Template)
+		st.Target += ts.Target
+		if p.Template == m.o.PoolTemplate || st.Estimator == "" {
+			st.Estimator = ts.Estimator
+		}
+		st.Pools = append(st.Pools, ts)
+	}
+	return st
 }

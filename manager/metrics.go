@@ -14,7 +14,7 @@ type Metrics struct {
 	// whatever serving it cost, a slow allocation shows which step made it slow.
 	AllocationSteps *prometheus.HistogramVec
 	Units           *prometheus.GaugeVec // by state
-	Target          prometheus.Gauge
+	Target          *prometheus.GaugeVec // by template
 	Creations       prometheus.Counter
 	Destructions    prometheus.Counter
 	Failures        *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
@@ -39,9 +39,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Units: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fusebox_manager_units", Help: "Units by state.",
 		}, []string{"state"}),
-		Target: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "fusebox_manager_estimator_target", Help: "The estimator's target number of ready units.",
-		}),
+		Target: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fusebox_manager_estimator_target", Help: "The estimator's target number of ready units, by template.",
+		}, []string{"template"}),
 		Creations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fusebox_manager_creations_total", Help: "Units created (reached Ready).",
 		}),

@@ -8,8 +8,8 @@ import (
 // pingFailures is how many pings in a row a ready unit may miss before it is destroyed.
 const pingFailures = 3
 
-// pingHead pings the unit the next allocation will take (the oldest ready one of the pool
-// template) every PingInterval, until ctx ends or stop closes: a liveness check, so that a
+// pingHead pings the unit the next allocation of each pool's template will take (its oldest
+// ready one) every PingInterval, until ctx ends or stop closes: a liveness check, so that a
 // unit whose sandbox died in the pool is destroyed (after pingFailures misses in a row,
 // counted as a "ping" failure) and replaced, instead of failing an allocation first. Pinging
 // more often does not make the unit faster to allocate (docs/performance.md), and a ping that
@@ -17,8 +17,10 @@ const pingFailures = 3
 func (p *warmPool) pingHead(ctx context.Context, stop <-chan struct{}) {
 	t := p.o.Clock.NewTicker(p.o.PingInterval)
 	defer t.Stop()
-	var missedID string
-	missed := 0
+	missed := map[string]*headMisses{} // by template
+	for _, tp := range p.o.Pools {
+		missed[tp.Template] = &headMisses{}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -27,38 +29,51 @@ func (p *warmPool) pingHead(ctx context.Context, stop <-chan struct{}) {
 			return
 		case <-t.C():
 		}
-		ids := p.ops.OldestReady(p.o.PoolTemplate, 1)
-		if len(ids) == 0 {
-			continue
+		for _, tp := range p.o.Pools {
+			p.pingOnce(ctx, tp.Template, missed[tp.Template])
 		}
-		u, ok := p.ops.Get(ids[0])
-		if !ok || u.State != Ready {
-			continue
-		}
-		pctx, cancel := context.WithTimeout(ctx, max(p.o.PingInterval, time.Second))
-		err := p.o.Conns.Ping(pctx, u.Info.InitAddr)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			missedID, missed = "", 0
-			continue
-		}
-		if u.Info.ID != missedID {
-			missedID, missed = u.Info.ID, 0
-		}
-		missed++
-		p.log.Warn("ready unit missed a ping", "id", u.Info.ID, "missed", missed, "err", err)
-		if missed < pingFailures {
-			continue
-		}
-		missedID, missed = "", 0
-		p.tally.failure("ping")
-		p.bg.do(func() {
-			// Fails harmlessly if an allocation took the unit meanwhile: it is then the
-			// allocation's to fail.
-			if err := p.destroy(context.WithoutCancel(ctx), u.Info.ID, Ready); err == nil {
-				p.log.Error("destroyed a ready unit that stopped answering pings", "id", u.Info.ID)
-				p.host.nudge()
-			}
-		})
 	}
+}
+
+// headMisses counts the pings a pool's head unit missed in a row.
+type headMisses struct {
+	id string
+	n  int
+}
+
+// pingOnce pings tmpl's head unit, and destroys it once it has missed pingFailures in a row.
+func (p *warmPool) pingOnce(ctx context.Context, tmpl string, m *headMisses) {
+	ids := p.ops.OldestReady(tmpl, 1)
+	if len(ids) == 0 {
+		return
+	}
+	u, ok := p.ops.Get(ids[0])
+	if !ok || u.State != Ready {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(p.o.PingInterval, time.Second))
+	err := p.o.Conns.Ping(pctx, u.Info.InitAddr)
+	cancel()
+	if err == nil || ctx.Err() != nil {
+		m.id, m.n = "", 0
+		return
+	}
+	if u.Info.ID != m.id {
+		m.id, m.n = u.Info.ID, 0
+	}
+	m.n++
+	p.log.Warn("ready unit missed a ping", "id", u.Info.ID, "template", tmpl, "missed", m.n, "err", err)
+	if m.n < pingFailures {
+		return
+	}
+	m.id, m.n = "", 0
+	p.tally.failure("ping")
+	p.bg.do(func() {
+		// Fails harmlessly if an allocation took the unit meanwhile: it is then the
+		// allocation's to fail.
+		if err := p.destroy(context.WithoutCancel(ctx), u.Info.ID, Ready); err == nil {
+			p.log.Error("destroyed a ready unit that stopped answering pings", "id", u.Info.ID)
+			p.host.nudge()
+		}
+	})
 }

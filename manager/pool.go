@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -23,9 +22,10 @@ type pool interface {
 	// length) if token is its lease token; release ends it and destroys the unit.
 	renew(ctx context.Context, id, token string, ttl time.Duration) (time.Time, error)
 	release(ctx context.Context, id, token string) error
-	// units describes every unit of the pool, ordered by id; counts counts them by state.
+	// units describes every unit of the pool, ordered by id; counts counts them by
+	// template and state.
 	units() []Unit
-	counts() map[State]int
+	counts() map[string]map[State]int
 	// reconcile runs one pass of the control loop.
 	reconcile(ctx context.Context)
 }
@@ -43,10 +43,10 @@ type ownedPool interface {
 // poolHost is what a pool asks of the manager that holds it. *Manager implements it; a
 // pool's tests use a recording fake.
 type poolHost interface {
-	// target asks the estimator how many ready units of the pool template the pool should
-	// hold, given its counts now and the demand since the last call, and records the answer
-	// (Status, Metrics.Target).
-	target(now time.Time, ready, creating, bound int) int
+	// target asks the estimator of tmpl's pool (one of Options.Pools) how many ready units
+	// of tmpl the pool should hold, given its counts now and the demand since the last call,
+	// and records the answer (Status, Metrics.Target).
+	target(now time.Time, tmpl string, ready, creating, bound int) int
 	// following records that this replica does not size its shared pool now (another replica
 	// leads): its target is 0.
 	following()
@@ -92,10 +92,13 @@ type warmPool struct {
 	watcher ExitWatcher  // Capabilities.Exits'; nil without it
 	refill  time.Duration
 
-	waiting      atomic.Int32 // allocations waiting for a ready unit (take)
-	refillMu     sync.Mutex   // guards deficitSince and refillTimer (times are Clock's)
-	deficitSince time.Time    // when the pool last fell below its target; zero when it is not
-	refillTimer  bool         // a nudge is scheduled for the end of the refill delay
+	waitMu  sync.Mutex     // guards waiting
+	waiting map[string]int // allocations waiting for a ready unit (take), by template
+	// deficitSince is when each template's pool last fell below its target (absent when it
+	// is not); refillTimer tells that a nudge is scheduled for the end of a refill delay.
+	refillMu     sync.Mutex // guards deficitSince and refillTimer (times are Clock's)
+	deficitSince map[string]time.Time
+	refillTimer  bool
 }
 
 var (
@@ -105,7 +108,7 @@ var (
 
 // newWarmPool makes the warm pool of an allocator with caps (checked by New).
 func newWarmPool(d poolDeps, caps Capabilities) *warmPool {
-	p := &warmPool{poolDeps: d, exits: newExitQueue()}
+	p := &warmPool{poolDeps: d, exits: newExitQueue(), waiting: map[string]int{}, deficitSince: map[string]time.Time{}}
 	p.binder, _ = d.alloc.(EgressBinder)
 	if caps.Exits {
 		p.watcher, _ = d.alloc.(ExitWatcher)
@@ -147,12 +150,32 @@ func (p *warmPool) drain(ctx context.Context) error {
 
 func (p *warmPool) units() []Unit { return p.ops.Snapshot() }
 
-func (p *warmPool) counts() map[State]int { return p.ops.Counts("") }
+func (p *warmPool) counts() map[string]map[State]int { return p.ops.CountsByTemplate() }
 
 // startCreate counts one creation of tmpl and makes it in the background (create); the
 // channel receives whether it made a unit.
 func (p *warmPool) startCreate(ctx context.Context, tmpl string) <-chan bool {
-	return p.creations.start(p.bg, func() bool { return p.create(ctx, tmpl) })
+	return p.creations.start(p.bg, tmpl, func() bool { return p.create(ctx, tmpl) })
+}
+
+// wait counts an allocation waiting for a ready unit of tmpl until the returned func is
+// called: the reconciler leaves that many ready units beyond the target for the waiters.
+func (p *warmPool) wait(tmpl string) (done func()) {
+	p.waitMu.Lock()
+	p.waiting[tmpl]++
+	p.waitMu.Unlock()
+	return func() {
+		p.waitMu.Lock()
+		p.waiting[tmpl]--
+		p.waitMu.Unlock()
+	}
+}
+
+// waitingFor is how many allocations wait for a ready unit of tmpl.
+func (p *warmPool) waitingFor(tmpl string) int {
+	p.waitMu.Lock()
+	defer p.waitMu.Unlock()
+	return p.waiting[tmpl]
 }
 
 // take pops a Ready unit, waiting for one if the pool is empty. A waiting allocation
@@ -175,8 +198,7 @@ func (p *warmPool) take(ctx context.Context, tmpl string) (Unit, error) {
 			timeout = t.C()
 			// Counted until this returns: the reconciler leaves this many ready units
 			// beyond its target for the waiters to take.
-			p.waiting.Add(1)
-			defer p.waiting.Add(-1)
+			defer p.wait(tmpl)()
 			mine = p.startCreate(p.bg.lifetime(), tmpl)
 		}
 		p.host.nudge()
@@ -185,7 +207,7 @@ func (p *warmPool) take(ctx context.Context, tmpl string) (Unit, error) {
 		case made := <-mine:
 			mine = nil
 			if !made {
-				t := p.o.Clock.NewTimer(p.creations.backoffLeft())
+				t := p.o.Clock.NewTimer(p.creations.backoffLeft(tmpl))
 				defer t.Stop()
 				retry = t.C()
 			}
@@ -259,7 +281,7 @@ func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 	p.tally.publishCounts()
 	t0 := time.Now() // the system clock: it measures the runtime's work
 	got, err := p.alloc.Create(ctx, id, tmpl)
-	p.creations.ended(err)
+	p.creations.ended(tmpl, err)
 	if err != nil && ctx.Err() != nil {
 		// Shutting down: the allocator has cleaned up; this is not a failure of the runtime.
 		p.log.Info("unit creation cancelled", "id", id)
@@ -273,7 +295,7 @@ func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 		p.tally.publishCounts()
 		return false
 	}
-	p.creations.took(time.Since(t0))
+	p.creations.took(tmpl, time.Since(t0))
 	got.ID, got.Template = id, tmpl
 	if got.Created.IsZero() {
 		got.Created = info.Created

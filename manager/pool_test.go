@@ -24,7 +24,7 @@ func TestWarmPoolReconcilesToTheHostsTarget(t *testing.T) {
 	if got := len(a.recorded("Create")); got != 3 {
 		t.Fatalf("%d creations, want 3", got)
 	}
-	if c := p.counts(); c[Ready] != 3 {
+	if c := p.counts()[DefaultTemplate]; c[Ready] != 3 {
 		t.Fatalf("counts %v, want 3 ready", c)
 	}
 	h.mu.Lock()
@@ -39,7 +39,7 @@ func TestWarmPoolReconcilesToTheHostsTarget(t *testing.T) {
 	if want := [][3]int{{0, 0, 0}, {3, 0, 0}}; !slices.Equal(targets, want) {
 		t.Errorf("target asked with (ready, creating, bound) %v, want %v", targets, want)
 	}
-	if c := p.counts(); c[Ready] != 1 {
+	if c := p.counts()[DefaultTemplate]; c[Ready] != 1 {
 		t.Errorf("counts %v, want 1 ready", c)
 	}
 }

@@ -28,46 +28,60 @@ func (p *warmPool) reconcile(ctx context.Context) {
 			p.log.Info("lease expired; destroying sandbox", "id", id)
 		}
 	}
+	for _, tp := range p.o.Pools {
+		if ctx.Err() != nil {
+			return
+		}
+		p.size(ctx, now, tp.Template)
+	}
+}
+
+// size creates or destroys ready units of tmpl toward its pool's target. Creations of every
+// template together stay within CreateConcurrency.
+func (p *warmPool) size(ctx context.Context, now time.Time, tmpl string) {
 	// Creations first: a unit turns Ready before its creation stops counting, so read in this
 	// order a creation that ends between the two reads is seen in one of them, not in neither.
-	creating := p.creations.count()
-	c := p.ops.Counts(p.o.PoolTemplate)
-	target := p.host.target(now, c[Ready], creating, c[Bound])
+	creating := p.creations.countOf(tmpl)
+	c := p.ops.Counts(tmpl)
+	target := p.host.target(now, tmpl, c[Ready], creating, c[Bound])
 	if ctx.Err() != nil {
 		return
 	}
 	if deficit := target - c[Ready] - creating; deficit > 0 {
 		// Unless backing off after failures or waiting out the refill delay.
-		if !p.creations.heldBack() && p.refillDue(c[Ready]) {
-			for range min(deficit, p.o.CreateConcurrency-creating) {
-				p.startCreate(ctx, p.o.PoolTemplate)
+		if !p.creations.heldBack(tmpl) && p.refillDue(tmpl, c[Ready]) {
+			for range min(deficit, p.o.CreateConcurrency-p.creations.count()) {
+				p.startCreate(ctx, tmpl)
 			}
 		}
 		return
 	}
-	p.endDeficit()
-	if surplus := c[Ready] - target - int(p.waiting.Load()); surplus > 0 {
-		for _, id := range p.ops.OldestReady(p.o.PoolTemplate, surplus) {
+	p.endDeficit(tmpl)
+	if surplus := c[Ready] - target - p.waitingFor(tmpl); surplus > 0 {
+		for _, id := range p.ops.OldestReady(tmpl, surplus) {
 			p.destroyInBackground(ctx, id, Ready)
 		}
 	}
 }
 
-// refillDue reports whether creations may start now for a pool below its target that holds
-// ready units; otherwise it schedules a reconcile for when they may (see DefaultRefillDelay).
-func (p *warmPool) refillDue(ready int) bool {
+// refillDue reports whether creations may start now for tmpl's pool, below its target, that
+// holds ready units; otherwise it schedules a reconcile for when they may (see
+// DefaultRefillDelay).
+func (p *warmPool) refillDue(tmpl string, ready int) bool {
 	if p.refill <= 0 {
 		return true
 	}
 	now := p.o.Clock.Now()
 	p.refillMu.Lock()
 	defer p.refillMu.Unlock()
-	if p.deficitSince.IsZero() {
-		p.deficitSince = now
+	since, ok := p.deficitSince[tmpl]
+	if !ok {
+		since = now
+		p.deficitSince[tmpl] = now
 	}
-	wait := p.refill - now.Sub(p.deficitSince)
+	wait := p.refill - now.Sub(since)
 	if ready == 0 || wait <= 0 {
-		p.deficitSince = time.Time{}
+		delete(p.deficitSince, tmpl)
 		return true
 	}
 	if !p.refillTimer {
@@ -87,13 +101,13 @@ func (p *warmPool) refillDue(ready int) bool {
 	return false
 }
 
-// endDeficit notes that the pool is not below its target: the next deficit starts its own
+// endDeficit notes that tmpl's pool is not below its target: its next deficit starts its own
 // refill delay.
-func (p *warmPool) endDeficit() {
+func (p *warmPool) endDeficit(tmpl string) {
 	if p.refill <= 0 {
 		return
 	}
 	p.refillMu.Lock()
-	p.deficitSince = time.Time{}
+	delete(p.deficitSince, tmpl)
 	p.refillMu.Unlock()
 }

@@ -213,8 +213,21 @@ func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest
 	for k, v := range st.Units {
 		units[k] = int32(v)
 	}
-	return &managerv1.PoolStatusResponse{Units: units, Target: int32(st.Target), Estimator: st.Estimator,
+	resp := &managerv1.PoolStatusResponse{Units: units, Target: int32(st.Target), Estimator: st.Estimator,
 		DemandPerSecond: st.DemandPerSecond, ProvisioningLatency: durationpb.New(st.ProvisioningLatency),
 		Allocations: st.Allocations, Creations: st.Creations, Destructions: st.Destructions, Failures: st.Failures, ColdWaits: st.ColdWaits,
-		Allocator: st.Allocator}, nil
+		Allocator: st.Allocator}
+	for _, p := range st.Pools {
+		tp := &managerv1.TemplatePool{Template: p.Template, Estimator: p.Estimator, Target: int32(p.Target),
+			Units: map[string]int32{}, DemandPerSecond: p.DemandPerSecond,
+			ProvisioningLatency: durationpb.New(p.ProvisioningLatency), LastError: p.LastError}
+		for k, v := range p.Units {
+			tp.Units[k] = int32(v)
+		}
+		if !p.LastErrorAt.IsZero() {
+			tp.LastErrorAt = timestamppb.New(p.LastErrorAt)
+		}
+		resp.Pools = append(resp.Pools, tp)
+	}
+	return resp, nil
 }

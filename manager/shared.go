@@ -49,7 +49,7 @@ func (p *sharedPool) leader() bool { return p.o.IsLeader == nil || p.o.IsLeader(
 
 // startCreate counts one creation of tmpl and makes it in the background (create).
 func (p *sharedPool) startCreate(ctx context.Context, tmpl string) {
-	p.creations.start(p.bg, func() bool { return p.create(ctx, tmpl) })
+	p.creations.start(p.bg, tmpl, func() bool { return p.create(ctx, tmpl) })
 }
 
 // take claims a ready unit from the shared pool, waiting (and asking for a creation) while
@@ -191,21 +191,33 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 	}
 	bound := p.expire(ctx, now, units)
 	p.drainOutdated(ctx, now)
-	inFlight := p.creations.count() // before Counts, as in warmPool.reconcile
-	ready, creating := p.shared.Counts(p.o.PoolTemplate)
+	for _, tp := range p.o.Pools {
+		if ctx.Err() != nil {
+			return
+		}
+		p.size(ctx, now, tp.Template, bound[tp.Template])
+	}
+}
+
+// size creates ready units of tmpl toward its pool's target, or destroys the surplus; bound
+// is how many units of tmpl are bound. Creations of every template together stay within
+// CreateConcurrency.
+func (p *sharedPool) size(ctx context.Context, now time.Time, tmpl string, bound int) {
+	inFlight := p.creations.countOf(tmpl) // before Counts, as in warmPool.size
+	ready, creating := p.shared.Counts(tmpl)
 	creating = max(creating, inFlight)
-	target := p.host.target(now, ready, creating, bound)
+	target := p.host.target(now, tmpl, ready, creating, bound)
 	if ctx.Err() != nil {
 		return
 	}
-	if deficit := target - ready - creating; deficit > 0 && !p.creations.heldBack() {
+	if deficit := target - ready - creating; deficit > 0 && !p.creations.heldBack(tmpl) {
 		for range min(deficit, p.o.CreateConcurrency-p.creations.count()) {
-			p.startCreate(ctx, p.o.PoolTemplate)
+			p.startCreate(ctx, tmpl)
 		}
 	} else if surplus := ready - target; surplus > 0 {
 		// Claim before destroying, so that no replica is handed a unit being destroyed.
 		for range surplus {
-			info, err := p.shared.Claim(ctx, p.o.PoolTemplate)
+			info, err := p.shared.Claim(ctx, tmpl)
 			if err != nil {
 				break
 			}
@@ -244,8 +256,9 @@ func (p *sharedPool) drainOutdated(ctx context.Context, now time.Time) {
 
 // expire destroys, in the background, the units whose lease has expired and those claimed
 // but never bound for longer than ClaimGrace (their replica died mid-allocation: no agent has
-// them), and returns how many units are bound.
-func (p *sharedPool) expire(ctx context.Context, now time.Time, units []UnitInfo) (bound int) {
+// them), and returns how many units of each template are bound.
+func (p *sharedPool) expire(ctx context.Context, now time.Time, units []UnitInfo) (bound map[string]int) {
+	bound = map[string]int{}
 	destroy := func(id string) {
 		p.bg.do(func() {
 			defer p.expiring.Remove(id)
@@ -266,7 +279,7 @@ func (p *sharedPool) expire(ctx context.Context, now time.Time, units []UnitInfo
 			continue
 		}
 		if u.Annotations[AnnotationFailed] == "" {
-			bound++ // a failed unit holds no sandbox; it stays listed until its lease ends
+			bound[u.Template]++ // a failed unit holds no sandbox; it stays listed until its lease ends
 		}
 		if !now.Before(l.Expires) && p.expiring.Add(u.ID) {
 			p.log.Info("lease expired; destroying sandbox", "id", u.ID)
@@ -324,10 +337,13 @@ func (p *sharedPool) prepareInits(units []UnitInfo) {
 }
 
 // counts counts the shared pool's units by state, from the allocator's view.
-func (p *sharedPool) counts() map[State]int {
-	c := map[State]int{}
+func (p *sharedPool) counts() map[string]map[State]int {
+	c := map[string]map[State]int{}
 	for _, u := range p.units() {
-		c[u.State]++
+		if c[u.Info.Template] == nil {
+			c[u.Info.Template] = map[State]int{}
+		}
+		c[u.Info.Template][u.State]++
 	}
 	return c
 }
@@ -379,7 +395,7 @@ func (p *sharedPool) create(ctx context.Context, tmpl string) bool {
 	id := p.o.NewID()
 	t0 := time.Now()
 	_, err := p.alloc.Create(ctx, id, tmpl)
-	p.creations.ended(err)
+	p.creations.ended(tmpl, err)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.tally.failure("create")
@@ -387,7 +403,7 @@ func (p *sharedPool) create(ctx context.Context, tmpl string) bool {
 		}
 		return false
 	}
-	p.creations.took(time.Since(t0))
+	p.creations.took(tmpl, time.Since(t0))
 	p.tally.created()
 	return true
 }

@@ -329,6 +329,17 @@ func (s *StateOperator) Counts(template string) map[State]int {
 	return c
 }
 
+// CountsByTemplate counts the units of each template by state.
+func (s *StateOperator) CountsByTemplate() map[string]map[State]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := map[string]map[State]int{}
+	for t, byState := range s.counts {
+		c[t] = maps.Clone(byState)
+	}
+	return c
+}
+
 // Snapshot returns every unit, ordered by id.
 func (s *StateOperator) Snapshot() []Unit {
 	s.mu.Lock()

@@ -46,6 +46,28 @@ the warm pool included.`,
 			fmt.Printf("allocations %d (%.2f/s over the last minute; %d waited for a cold start), creations %d, destructions %d, failures %d, provisioning %v\n\n",
 				ps.Allocations, ps.DemandPerSecond, ps.ColdWaits, ps.Creations, ps.Destructions, ps.Failures, ps.ProvisioningLatency.AsDuration().Round(time.Millisecond))
 			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			if len(ps.Pools) > 0 {
+				fmt.Fprintln(w, "TEMPLATE\tESTIMATOR\tTARGET\tREADY\tCREATING\tBOUND\tDEMAND/S\tPROVISIONING\tLAST FAILURE")
+				for _, p := range ps.Pools {
+					failure := "-"
+					if p.LastError != "" {
+						failure = strings.ReplaceAll(p.LastError, "\n", " ")
+						if len(failure) > 120 {
+							failure = failure[:117] + "..."
+						}
+						if p.LastErrorAt != nil {
+							failure = time.Since(p.LastErrorAt.AsTime()).Round(time.Second).String() + " ago: " + failure
+						}
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%.2f\t%v\t%s\n", p.Template, p.Estimator, p.Target,
+						p.Units["ready"], p.Units["creating"], p.Units["bound"], p.DemandPerSecond,
+						p.ProvisioningLatency.AsDuration().Round(time.Millisecond), failure)
+				}
+				if err := w.Flush(); err != nil {
+					return err
+				}
+				fmt.Println()
+			}
 			fmt.Fprintln(w, "SANDBOX\tSTATE\tAGE\tLEASE LEFT\tEGRESS\tLABELS / ERROR")
 			sbs := list.Sandboxes
 			slices.SortFunc(sbs, func(a, b *managerv1.Sandbox) int { return strings.Compare(a.SandboxId, b.SandboxId) })

@@ -773,7 +773,10 @@ type PoolStatusResponse struct {
 	Failures     uint64 `protobuf:"varint,9,opt,name=failures,proto3" json:"failures,omitempty"`
 	Allocator    string `protobuf:"bytes,10,opt,name=allocator,proto3" json:"allocator,omitempty"`
 	// Allocations that found no ready unit and waited for one to be created (a cold start).
-	ColdWaits     uint64 `protobuf:"varint,11,opt,name=cold_waits,json=coldWaits,proto3" json:"cold_waits,omitempty"`
+	ColdWaits uint64 `protobuf:"varint,11,opt,name=cold_waits,json=coldWaits,proto3" json:"cold_waits,omitempty"`
+	// Each template's warm pool. The target above is their sum, the estimator the default
+	// template's.
+	Pools         []*TemplatePool `protobuf:"bytes,12,rep,name=pools,proto3" json:"pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -885,6 +888,117 @@ func (x *PoolStatusResponse) GetColdWaits() uint64 {
 	return 0
 }
 
+func (x *PoolStatusResponse) GetPools() []*TemplatePool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+// TemplatePool is one template's warm pool.
+type TemplatePool struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Template  string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	Estimator string                 `protobuf:"bytes,2,opt,name=estimator,proto3" json:"estimator,omitempty"`
+	Target    int32                  `protobuf:"varint,3,opt,name=target,proto3" json:"target,omitempty"`
+	// The template's units by state name.
+	Units               map[string]int32     `protobuf:"bytes,4,rep,name=units,proto3" json:"units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DemandPerSecond     float64              `protobuf:"fixed64,5,opt,name=demand_per_second,json=demandPerSecond,proto3" json:"demand_per_second,omitempty"`
+	ProvisioningLatency *durationpb.Duration `protobuf:"bytes,6,opt,name=provisioning_latency,json=provisioningLatency,proto3" json:"provisioning_latency,omitempty"`
+	// The template's last creation failure while none has succeeded since (an image that
+	// cannot run the sandbox server), and when it happened.
+	LastError     string                 `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	LastErrorAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_error_at,json=lastErrorAt,proto3" json:"last_error_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TemplatePool) Reset() {
+	*x = TemplatePool{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TemplatePool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TemplatePool) ProtoMessage() {}
+
+func (x *TemplatePool) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TemplatePool.ProtoReflect.Descriptor instead.
+func (*TemplatePool) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TemplatePool) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *TemplatePool) GetEstimator() string {
+	if x != nil {
+		return x.Estimator
+	}
+	return ""
+}
+
+func (x *TemplatePool) GetTarget() int32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *TemplatePool) GetUnits() map[string]int32 {
+	if x != nil {
+		return x.Units
+	}
+	return nil
+}
+
+func (x *TemplatePool) GetDemandPerSecond() float64 {
+	if x != nil {
+		return x.DemandPerSecond
+	}
+	return 0
+}
+
+func (x *TemplatePool) GetProvisioningLatency() *durationpb.Duration {
+	if x != nil {
+		return x.ProvisioningLatency
+	}
+	return nil
+}
+
+func (x *TemplatePool) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *TemplatePool) GetLastErrorAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastErrorAt
+	}
+	return nil
+}
+
 var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
@@ -942,7 +1056,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
 	"\fListResponse\x129\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x1b.fusebox.manager.v1.SandboxR\tsandboxes\"\x13\n" +
-	"\x11PoolStatusRequest\"\x84\x04\n" +
+	"\x11PoolStatusRequest\"\xbc\x04\n" +
 	"\x12PoolStatusResponse\x12G\n" +
 	"\x05units\x18\x01 \x03(\v21.fusebox.manager.v1.PoolStatusResponse.UnitsEntryR\x05units\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\x05R\x06target\x12\x1c\n" +
@@ -956,7 +1070,22 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\tallocator\x18\n" +
 	" \x01(\tR\tallocator\x12\x1d\n" +
 	"\n" +
-	"cold_waits\x18\v \x01(\x04R\tcoldWaits\x1a8\n" +
+	"cold_waits\x18\v \x01(\x04R\tcoldWaits\x126\n" +
+	"\x05pools\x18\f \x03(\v2 .fusebox.manager.v1.TemplatePoolR\x05pools\x1a8\n" +
+	"\n" +
+	"UnitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xb6\x03\n" +
+	"\fTemplatePool\x12\x1a\n" +
+	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x1c\n" +
+	"\testimator\x18\x02 \x01(\tR\testimator\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\x05R\x06target\x12A\n" +
+	"\x05units\x18\x04 \x03(\v2+.fusebox.manager.v1.TemplatePool.UnitsEntryR\x05units\x12*\n" +
+	"\x11demand_per_second\x18\x05 \x01(\x01R\x0fdemandPerSecond\x12L\n" +
+	"\x14provisioning_latency\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x13provisioningLatency\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\a \x01(\tR\tlastError\x12>\n" +
+	"\rlast_error_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vlastErrorAt\x1a8\n" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -992,7 +1121,7 @@ func file_fusebox_manager_v1_manager_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_manager_v1_manager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_fusebox_manager_v1_manager_proto_goTypes = []any{
 	(UnitState)(0),                // 0: fusebox.manager.v1.UnitState
 	(*AllocateRequest)(nil),       // 1: fusebox.manager.v1.AllocateRequest
@@ -1007,43 +1136,49 @@ var file_fusebox_manager_v1_manager_proto_goTypes = []any{
 	(*ListResponse)(nil),          // 10: fusebox.manager.v1.ListResponse
 	(*PoolStatusRequest)(nil),     // 11: fusebox.manager.v1.PoolStatusRequest
 	(*PoolStatusResponse)(nil),    // 12: fusebox.manager.v1.PoolStatusResponse
-	nil,                           // 13: fusebox.manager.v1.AllocateRequest.LabelsEntry
-	nil,                           // 14: fusebox.manager.v1.Sandbox.LabelsEntry
-	nil,                           // 15: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*TemplatePool)(nil),          // 13: fusebox.manager.v1.TemplatePool
+	nil,                           // 14: fusebox.manager.v1.AllocateRequest.LabelsEntry
+	nil,                           // 15: fusebox.manager.v1.Sandbox.LabelsEntry
+	nil,                           // 16: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	nil,                           // 17: fusebox.manager.v1.TemplatePool.UnitsEntry
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_fusebox_manager_v1_manager_proto_depIdxs = []int32{
-	16, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
-	13, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
-	17, // 2: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	18, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
+	14, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
+	19, // 2: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
 	2,  // 3: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
-	16, // 4: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
-	17, // 5: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	18, // 4: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
+	19, // 5: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
 	0,  // 6: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
-	17, // 7: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
-	17, // 8: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
-	14, // 9: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
+	19, // 7: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
+	19, // 8: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
+	15, // 9: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
 	9,  // 10: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
-	15, // 11: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	16, // 12: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
-	1,  // 13: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
-	1,  // 14: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
-	4,  // 15: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
-	6,  // 16: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
-	8,  // 17: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
-	11, // 18: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
-	2,  // 19: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
-	3,  // 20: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
-	5,  // 21: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
-	7,  // 22: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
-	10, // 23: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
-	12, // 24: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	16, // 11: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	18, // 12: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
+	13, // 13: fusebox.manager.v1.PoolStatusResponse.pools:type_name -> fusebox.manager.v1.TemplatePool
+	17, // 14: fusebox.manager.v1.TemplatePool.units:type_name -> fusebox.manager.v1.TemplatePool.UnitsEntry
+	18, // 15: fusebox.manager.v1.TemplatePool.provisioning_latency:type_name -> google.protobuf.Duration
+	19, // 16: fusebox.manager.v1.TemplatePool.last_error_at:type_name -> google.protobuf.Timestamp
+	1,  // 17: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
+	1,  // 18: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
+	4,  // 19: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
+	6,  // 20: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
+	8,  // 21: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
+	11, // 22: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
+	2,  // 23: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
+	3,  // 24: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
+	5,  // 25: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
+	7,  // 26: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
+	10, // 27: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
+	12, // 28: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_manager_v1_manager_proto_init() }
@@ -1060,7 +1195,7 @@ func file_fusebox_manager_v1_manager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_manager_v1_manager_proto_rawDesc), len(file_fusebox_manager_v1_manager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

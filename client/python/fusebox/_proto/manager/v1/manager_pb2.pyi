@@ -74,7 +74,7 @@ class PoolStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatusResponse(_message.Message):
-    __slots__ = ["allocations", "allocator", "cold_waits", "creations", "demand_per_second", "destructions", "estimator", "failures", "provisioning_latency", "target", "units"]
+    __slots__ = ["allocations", "allocator", "cold_waits", "creations", "demand_per_second", "destructions", "estimator", "failures", "pools", "provisioning_latency", "target", "units"]
     class UnitsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class PoolStatusResponse(_message.Message):
     DESTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
     PROVISIONING_LATENCY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
@@ -101,10 +102,11 @@ class PoolStatusResponse(_message.Message):
     destructions: int
     estimator: str
     failures: int
+    pools: _containers.RepeatedCompositeFieldContainer[TemplatePool]
     provisioning_latency: _duration_pb2.Duration
     target: int
     units: _containers.ScalarMap[str, int]
-    def __init__(self, units: _Optional[_Mapping[str, int]] = ..., target: _Optional[int] = ..., estimator: _Optional[str] = ..., demand_per_second: _Optional[float] = ..., provisioning_latency: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., allocations: _Optional[int] = ..., creations: _Optional[int] = ..., destructions: _Optional[int] = ..., failures: _Optional[int] = ..., allocator: _Optional[str] = ..., cold_waits: _Optional[int] = ...) -> None: ...
+    def __init__(self, units: _Optional[_Mapping[str, int]] = ..., target: _Optional[int] = ..., estimator: _Optional[str] = ..., demand_per_second: _Optional[float] = ..., provisioning_latency: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., allocations: _Optional[int] = ..., creations: _Optional[int] = ..., destructions: _Optional[int] = ..., failures: _Optional[int] = ..., allocator: _Optional[str] = ..., cold_waits: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[TemplatePool, _Mapping]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ["lease_token", "sandbox_id"]
@@ -162,6 +164,33 @@ class Sandbox(_message.Message):
     state: UnitState
     template: str
     def __init__(self, sandbox_id: _Optional[str] = ..., state: _Optional[_Union[UnitState, str]] = ..., template: _Optional[str] = ..., endpoint: _Optional[str] = ..., created: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., egress: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TemplatePool(_message.Message):
+    __slots__ = ["demand_per_second", "estimator", "last_error", "last_error_at", "provisioning_latency", "target", "template", "units"]
+    class UnitsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    DEMAND_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONING_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    demand_per_second: float
+    estimator: str
+    last_error: str
+    last_error_at: _timestamp_pb2.Timestamp
+    provisioning_latency: _duration_pb2.Duration
+    target: int
+    template: str
+    units: _containers.ScalarMap[str, int]
+    def __init__(self, template: _Optional[str] = ..., estimator: _Optional[str] = ..., target: _Optional[int] = ..., units: _Optional[_Mapping[str, int]] = ..., demand_per_second: _Optional[float] = ..., provisioning_latency: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., last_error: _Optional[str] = ..., last_error_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class UnitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
