@@ -20,12 +20,13 @@ func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code)
 
 func runCmd() *cobra.Command {
 	var (
-		mgr     managerFlags
-		egress  []string
-		upload  string
-		timeout time.Duration
-		shell   bool
-		quiet   bool
+		mgr      managerFlags
+		egress   []string
+		upload   string
+		template string
+		timeout  time.Duration
+		shell    bool
+		quiet    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
@@ -35,6 +36,7 @@ runs the command there streaming its output, releases the sandbox (it is destroy
 reused) and exits with the command's exit code.`,
 		Example: `  fusebox run -- uname -a
   fusebox run --upload ./repo -- sh -c 'cd repo && make test'
+  fusebox run --template python -- python3 -c 'import sys; print(sys.version)'
   fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests
   fusebox run --manager tcp://fusebox-manager.fusebox.svc:9090 --ca-file ca.crt --token-file /var/run/secrets/fusebox/token -- uname -a`,
 		Args: cobra.MinimumNArgs(1),
@@ -46,7 +48,7 @@ reused) and exits with the command's exit code.`,
 					fmt.Fprintf(os.Stderr, "fusebox: "+format+"\n", a...)
 				}
 			}
-			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress,
+			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress, Template: template,
 				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
 				return mgr.explain(err)
@@ -101,6 +103,7 @@ reused) and exits with the command's exit code.`,
 	mgr.register(f)
 	f.StringSliceVar(&egress, "egress", nil, "allowed destinations, HOST:PORT (HOST may be *.domain), comma-separated")
 	f.StringVar(&upload, "upload", "", "local directory to copy into the workspace first")
+	f.StringVar(&template, "template", "", "the sandbox template: one the manager was started with (fusebox status lists each with its pool; empty: the default)")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command (and everything it started) after this long")
 	f.BoolVar(&shell, "shell", false, "run the arguments as one bash script (exported variables are kept)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the command's output")

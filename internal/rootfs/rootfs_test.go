@@ -447,6 +447,36 @@ func TestPrepareFromALayout(t *testing.T) {
 	if _, err := src.Image(context.Background()); err == nil || !strings.Contains(err.Error(), "holds 2 images") || !strings.Contains(err.Error(), "manager@") {
 		t.Fatalf("two-image layout: %v", err)
 	}
+	// Pinned by digest (DIR@sha256:HEX), a layout of several images gives the one named,
+	// and one it does not hold is refused.
+	h, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := ParseSource(lay + "@" + h.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := pinned.Digest(); !ok || d != h {
+		t.Errorf("a pinned layout's digest: %v %v, want %v", d, ok, h)
+	}
+	got, err := pinned.Image(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gh, _ := got.Digest(); gh != h {
+		t.Errorf("the pinned layout gave image %v, want %v", gh, h)
+	}
+	other, err := ParseSource(lay + "@sha256:" + strings.Repeat("0", 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Image(context.Background()); err == nil || !strings.Contains(err.Error(), "lists no image manifest sha256:000") {
+		t.Errorf("a digest the layout lacks: %v", err)
+	}
+	if _, err := ParseSource(lay + "@md5:abc"); err == nil {
+		t.Error("a layout pinned by a malformed digest was accepted")
+	}
 }
 
 // anonymous resolves every registry to no credentials, so the tests never read the

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -48,6 +49,9 @@ type Source struct {
 	Dir string
 	// Ref is the parsed reference; nil for a layout.
 	Ref name.Reference
+	// Pin, for a layout given as DIR@sha256:HEX, is the manifest to use (the layout may hold
+	// several); its digest is checked when read.
+	Pin v1.Hash
 	// Keychain resolves registry credentials; nil means authn.DefaultKeychain (the
 	// Docker config and its credential helpers).
 	Keychain authn.Keychain
@@ -77,6 +81,21 @@ func ParseSource(arg string) (*Source, error) {
 		}
 		return &Source{Arg: arg, Dir: dir}, nil
 	}
+	if dir, digest, ok := strings.Cut(arg, "@"); ok && strings.HasPrefix(arg, "/") {
+		pin, err := v1.NewHash(digest)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %q is not a digest (want sha256:HEX): %v", arg, digest, err)
+		}
+		s, err := ParseSource(dir)
+		if err != nil {
+			return nil, err
+		}
+		if s.Dir == "" {
+			return nil, fmt.Errorf("image %s: no such directory", arg)
+		}
+		s.Arg, s.Pin = arg, pin
+		return s, nil
+	}
 	if strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, ".") {
 		return nil, fmt.Errorf("image %s: no such directory; build the layout with `fusebox image build --image sandbox --out DIR` and pass DIR/sandbox", arg)
 	}
@@ -101,8 +120,12 @@ func ParseSource(arg string) (*Source, error) {
 // String is what the user gave.
 func (s *Source) String() string { return s.Arg }
 
-// Digest is the digest the source pins without reading anything: a reference by digest's.
+// Digest is the digest the source pins without reading anything: a reference by digest's, or
+// a pinned layout's manifest.
 func (s *Source) Digest() (v1.Hash, bool) {
+	if s.Pin != (v1.Hash{}) {
+		return s.Pin, true
+	}
 	if d, ok := s.Ref.(name.Digest); ok {
 		if h, err := v1.NewHash(d.DigestStr()); err == nil {
 			return h, true
@@ -145,6 +168,9 @@ func (s *Source) layoutImage() (v1.Image, error) {
 			found = append(found, d)
 		}
 	}
+	if s.Pin != (v1.Hash{}) {
+		return s.pinnedImage(idx, found)
+	}
 	switch len(found) {
 	case 0:
 		return nil, fmt.Errorf("image %s: %w: index.json lists no image manifest", s.Arg, ErrNotLayout)
@@ -159,6 +185,22 @@ func (s *Source) layoutImage() (v1.Image, error) {
 	img, err := idx.Image(found[0].Digest)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: reading manifest %s: %w", s.Arg, found[0].Digest, err)
+	}
+	return img, nil
+}
+
+// pinnedImage returns the image manifest of the layout whose digest is s.Pin, after checking
+// the manifest's bytes against it.
+func (s *Source) pinnedImage(idx v1.ImageIndex, found []v1.Descriptor) (v1.Image, error) {
+	if !slices.ContainsFunc(found, func(d v1.Descriptor) bool { return d.Digest == s.Pin }) {
+		return nil, fmt.Errorf("image %s: the layout's index.json lists no image manifest %s", s.Arg, s.Pin)
+	}
+	img, err := idx.Image(s.Pin)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: reading manifest %s: %w", s.Arg, s.Pin, err)
+	}
+	if h, err := img.Digest(); err != nil || h != s.Pin {
+		return nil, fmt.Errorf("image %s: manifest %s does not match its digest (got %v, %v)", s.Arg, s.Pin, h, err)
 	}
 	return img, nil
 }

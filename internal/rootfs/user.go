@@ -14,21 +14,23 @@ import (
 // "NAME[:GROUP]", names looked up in the root's /etc/passwd and /etc/group. A user given
 // without a group gets its passwd entry's group (or its uid, if it has no entry). Empty
 // means root.
-func (r *Root) User() (uid, gid uint32, err error) {
-	u := r.Config.User
+func (r *Root) User() (uid, gid uint32, err error) { return r.UserOf(r.Config.User) }
+
+// UserOf resolves user u ("UID[:GID]" or "NAME[:GROUP]") as User resolves the image's own.
+func (r *Root) UserOf(u string) (uid, gid uint32, err error) {
 	if u == "" {
 		return 0, 0, nil
 	}
 	user, group, hasGroup := strings.Cut(u, ":")
 	uid, primary, err := r.lookupUser(user)
 	if err != nil {
-		return 0, 0, fmt.Errorf("image user %q: %w", u, err)
+		return 0, 0, fmt.Errorf("user %q: %w", u, err)
 	}
 	if !hasGroup {
 		return uid, primary, nil
 	}
 	if gid, err = r.lookupGroup(group); err != nil {
-		return 0, 0, fmt.Errorf("image user %q: %w", u, err)
+		return 0, 0, fmt.Errorf("user %q: %w", u, err)
 	}
 	return uid, gid, nil
 }

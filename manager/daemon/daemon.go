@@ -25,6 +25,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
 	"github.com/fusebox-dev/fusebox/internal/fastpath/initconns"
+	"github.com/fusebox-dev/fusebox/internal/templates"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/processalloc"
@@ -62,6 +63,9 @@ type Config struct {
 	// Image is runscalloc.Options.Image: the sandbox image as the sandboxes' root (runsc
 	// allocator only; empty: a root assembled from the host).
 	Image string
+	// Templates are the templates besides the default one (a templates file: package
+	// templates), each with its own image and warm pool (runsc allocator only).
+	Templates []templates.Spec
 	// Kube configures --allocator kube.
 	Kube KubeConfig
 	// Auth secures the API: TLS and tokens on a TCP listener, the socket's group on a unix one.
@@ -185,11 +189,11 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 		default:
 		}
 	}
-	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
+	pools, err := poolsOf(c)
 	if err != nil {
 		return err
 	}
-	m, err := newManager(c, alloc.Allocator, est, alloc.isLeader, reg, log)
+	m, err := newManager(c, alloc.Allocator, pools, alloc.isLeader, reg, log)
 	if err != nil {
 		return err
 	}
@@ -265,6 +269,9 @@ type allocator struct {
 
 // newAllocator builds the allocator c names.
 func newAllocator(ctx context.Context, c Config, log *slog.Logger) (allocator, error) {
+	if len(c.Templates) > 0 && c.Allocator != "runsc" {
+		return allocator{}, fmt.Errorf("templates need the runsc allocator (not %s)", c.Allocator)
+	}
 	switch c.Allocator {
 	case "kube":
 		return startKube(ctx, c.Kube, log)
@@ -273,10 +280,15 @@ func newAllocator(ctx context.Context, c Config, log *slog.Logger) (allocator, e
 		if err != nil {
 			return allocator{}, err
 		}
+		tmpls := map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}
+		for _, spec := range c.Templates {
+			if tmpls[spec.Name], err = runscalloc.FromSpec(spec, c.Limits); err != nil {
+				return allocator{}, err
+			}
+		}
 		a, err := runscalloc.NewContext(ctx, runscalloc.Options{Runsc: c.Runsc, StateDir: c.StateDir,
 			SandboxBinary: c.SandboxBinary, Image: c.Image, KeepAwake: c.KeepSandboxesAwake, FastPath: c.FastPath, Logger: log,
-			GrantEndpoints: c.Auth.ListenGroup != "",
-			Templates:      map[string]runscalloc.Template{manager.DefaultTemplate: tmpl}})
+			GrantEndpoints: c.Auth.ListenGroup != "", Templates: tmpls})
 		if err != nil {
 			return allocator{}, err
 		}
@@ -300,10 +312,33 @@ func newAllocator(ctx context.Context, c Config, log *slog.Logger) (allocator, e
 
 // newManager builds the manager over alloc. What depends on the runtime (the refill delay,
 // the units' warm-up) the manager reads from the allocator's Capabilities.
-func newManager(c Config, alloc manager.Allocator, est estimator.Estimator, isLeader func() bool, reg prometheus.Registerer, log *slog.Logger) (*manager.Manager, error) {
-	return manager.New(manager.Options{Allocator: alloc, Estimator: est, Clock: manager.RealClock{},
+func newManager(c Config, alloc manager.Allocator, pools []manager.TemplatePool, isLeader func() bool, reg prometheus.Registerer, log *slog.Logger) (*manager.Manager, error) {
+	names := make([]string, len(pools))
+	for i, p := range pools {
+		names[i] = p.Template
+	}
+	return manager.New(manager.Options{Allocator: alloc, Templates: names, Pools: pools, Clock: manager.RealClock{},
 		Conns: &initconns.Conns{}, PingInterval: c.PoolPing, IsLeader: isLeader, DefaultLeaseTTL: c.LeaseTTL,
 		MaxLeaseTTL: c.MaxLeaseTTL, SeparateClaim: c.Kube.SeparateClaim, Logger: log, Metrics: manager.NewMetrics(reg)})
+}
+
+// poolsOf returns the warm pools of c: the default template's, sized by the pool flags, then
+// each template's, sized by its own pool settings.
+func poolsOf(c Config) ([]manager.TemplatePool, error) {
+	est, err := estimator.New(c.Estimator, c.PoolSize, max(c.PoolMax, c.PoolSize))
+	if err != nil {
+		return nil, err
+	}
+	pools := []manager.TemplatePool{{Template: manager.DefaultTemplate, Estimator: est}}
+	for _, spec := range c.Templates {
+		name, lo, hi := spec.Pool.Sizes()
+		est, err := estimator.New(name, lo, hi)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", spec.Name, err)
+		}
+		pools = append(pools, manager.TemplatePool{Template: spec.Name, Estimator: est})
+	}
+	return pools, nil
 }
 
 // listen opens the API's listener (a unix socket's directory first) and gives a unix

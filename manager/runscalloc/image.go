@@ -54,6 +54,35 @@ func withImage(t Template, root *rootfs.Root) (Template, error) {
 	return t, nil
 }
 
+// withTemplateImage returns t with root as its root filesystem, for a template's own image
+// (Template.Image): the server is SandboxBinary, bound in (no entrypoint); the commands run
+// as t.User or the image's user, with the image's environment under t's (the server's -env
+// flags: the image's first, so that t's win).
+func withTemplateImage(t Template, root *rootfs.Root) (Template, error) {
+	cfg := root.Config
+	user := t.User
+	if user == "" {
+		user = cfg.User
+	}
+	uid, gid, err := root.UserOf(user)
+	if err != nil {
+		return Template{}, fmt.Errorf("image %s: %w", root.Digest, err)
+	}
+	t.Entrypoint = nil
+	var env []string
+	for _, kv := range cfg.Env {
+		if k, _, ok := strings.Cut(kv, "="); ok && k != "" {
+			env = append(env, "-env="+kv)
+		}
+	}
+	t.ServerArgs = append(env, t.ServerArgs...)
+	b := t.Bundle
+	b.RootFS, b.EtcDir = root.Dir, ""
+	b.UID, b.GID = uid, gid
+	t.Bundle = b
+	return t, nil
+}
+
 // checkExecutable checks that p (absolute, inside the root dir) is an executable regular
 // file, following symbolic links inside the root.
 func checkExecutable(dir, p string) error {

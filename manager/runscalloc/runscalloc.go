@@ -51,6 +51,16 @@ type Template struct {
 	// Entrypoint, with an image as RootFS, is the server's path and leading arguments
 	// inside it (localsandbox.Options.Entrypoint); empty: SandboxBinary, bound in.
 	Entrypoint []string
+	// Image, if set, is the template's own image, pinned by digest (a registry reference
+	// or an OCI layout DIR@sha256:HEX: templates.Spec.Image), unpacked into StateDir/rootfs
+	// once per digest and shared read-only. Unlike Options.Image it needs nothing of
+	// fusebox: the server is SandboxBinary, bound in read-only, and the image's entrypoint
+	// is not used; the commands get the image's environment (under Bundle.Env), working
+	// directory (unless Bundle.Cwd) and user (unless User).
+	Image string
+	// User, with Image, runs the commands instead of the image's user: "UID[:GID]" or
+	// "NAME[:GROUP]", looked up in the image.
+	User string
 }
 
 // DefaultTemplate is DefaultLimits' template: a weight of 1 CPU with no quota, 1 GiB (a
@@ -182,6 +192,22 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 			templates[name] = t
 		}
 		o.Templates = templates
+	}
+	o.Templates = maps.Clone(o.Templates) // the images' roots are filled in below
+	for name, t := range o.Templates {
+		if t.Image == "" {
+			continue
+		}
+		if o.SandboxBinary == "" {
+			return nil, fmt.Errorf("runscalloc: template %q has an image of its own, which needs SandboxBinary", name)
+		}
+		root, err := prepareImage(ctx, t.Image, filepath.Join(dir, "rootfs"), o.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+		if o.Templates[name], err = withTemplateImage(t, root); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
 	}
 	for name, t := range o.Templates {
 		if t.Bundle.RootFS == "" && o.SandboxBinary == "" {

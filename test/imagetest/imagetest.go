@@ -219,11 +219,27 @@ func Image(sandboxBinary string, log io.Writer) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, base, bin)
+	return withConfig(Config(), base, bin)
+}
+
+// PlainImage returns the userland alone, with cfg: an image that holds nothing of fusebox,
+// as a template's image from elsewhere does.
+func PlainImage(cfg v1.Config, log io.Writer) (v1.Image, error) {
+	base, err := baseLayer(log)
 	if err != nil {
 		return nil, err
 	}
-	if img, err = mutate.Config(img, Config()); err != nil {
+	return withConfig(cfg, base)
+}
+
+// withConfig returns an image of layers with cfg, for this machine's architecture, made at
+// a fixed time (the same inputs make the same digest).
+func withConfig(cfg v1.Config, layers ...v1.Layer) (v1.Image, error) {
+	img, err := mutate.AppendLayers(empty.Image, layers...)
+	if err != nil {
+		return nil, err
+	}
+	if img, err = mutate.Config(img, cfg); err != nil {
 		return nil, err
 	}
 	cf, err := img.ConfigFile()
@@ -245,6 +261,12 @@ func WriteLayout(dir, sandboxBinary string, log io.Writer) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
+	return WriteImage(dir, img)
+}
+
+// WriteImage writes img to dir (which must not exist) as an OCI image layout of that one
+// image, and returns its digest.
+func WriteImage(dir string, img v1.Image) (v1.Hash, error) {
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return v1.Hash{}, err

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/fusebox-dev/fusebox/internal/fastpath"
+	"github.com/fusebox-dev/fusebox/internal/templates"
 	"github.com/fusebox-dev/fusebox/manager/daemon"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/runscalloc"
@@ -70,11 +71,32 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
 	LimitFlags(f, &c.Limits)
+	f.Var(templatesFlag{&c.Templates}, "templates", "a templates file (YAML): sandbox templates besides the default, each with its own image (pinned by digest), limits, env, working directory, user and warm pool (runsc allocator; see docs/templates.md)")
 	daemon.AuthFlags(f, &c.Auth)
 	fast := fastpath.All()
 	c.FastPath = &fast
 	f.Var(fastFlag{&fast}, "fast-path", fastpath.FlagHelp+"; none is part of the trust path (runsc allocator: keep-awake also needs --keep-sandboxes-awake; kube allocator: none)")
 }
+
+// templatesFlag reads and validates a templates file when the flag is set.
+type templatesFlag struct{ specs *[]templates.Spec }
+
+func (f templatesFlag) String() string { return "" }
+
+func (f templatesFlag) Set(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	specs, err := templates.Parse(b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	*f.specs = specs
+	return nil
+}
+
+func (templatesFlag) Type() string { return "file" }
 
 // LimitFlags registers the sandbox limit flags (runsc allocator) on f, filling l with
 // runscalloc.DefaultLimits as the defaults. A malformed value is refused by the flag's own

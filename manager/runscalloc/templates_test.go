@@ -1,0 +1,39 @@
+package runscalloc
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fusebox-dev/fusebox/internal/templates"
+)
+
+// TestFromSpec: a template's limits replace the base's field by field, its env becomes the
+// server's -env flags in key order, and what the runsc allocator cannot do is refused.
+func TestFromSpec(t *testing.T) {
+	spec := templates.Spec{Name: "py", Image: "/layouts/py@sha256:" + strings.Repeat("a", 64), User: "nobody",
+		Limits: templates.Limits{CPU: "500m", Memory: "768Mi", Pids: 128},
+		Env:    map[string]string{"B": "2", "A": "1"}}
+	tm, err := FromSpec(spec, Limits{WorkspaceBytes: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := tm.Bundle
+	if b.CPUShares != 512 || b.MemoryLimitBytes != 768<<20 || b.ProcessLimit != 128 || b.WorkspaceSizeBytes != 256<<20 || b.CPUQuota != 0 {
+		t.Errorf("bundle limits %+v", b)
+	}
+	if !slices.Equal(tm.ServerArgs, []string{"-env=A=1", "-env=B=2"}) || tm.Image != spec.Image || tm.User != "nobody" {
+		t.Errorf("template %+v", tm)
+	}
+	for name, change := range map[string]func(*templates.Spec){
+		"warmUp": func(s *templates.Spec) { s.WarmUp = []templates.Command{{Argv: []string{"true"}}} },
+		"cwd":    func(s *templates.Spec) { s.Cwd = "/srv" },
+		"memory": func(s *templates.Spec) { s.Limits.Memory = "128Mi" }, // the base's workspace does not fit
+	} {
+		s := spec
+		change(&s)
+		if _, err := FromSpec(s, Limits{WorkspaceBytes: 256 << 20}); err == nil || !strings.Contains(err.Error(), "template py") {
+			t.Errorf("%s: %v, want an error naming the template", name, err)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package managere2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/imagetest"
+	"github.com/fusebox-dev/fusebox/test/testenv"
+)
+
+// `fusebox local up --templates FILE` serves a template whose image holds nothing of fusebox
+// (an OCI layout pinned by digest): the server is bound in read-only; the template keeps its
+// own warm pool, shown by fusebox status; `fusebox run --template` runs in its image, as its
+// user, with its env over the image's; the default template serves beside it; an unknown
+// template is refused by name.
+func TestLocalUpWithTemplates(t *testing.T) {
+	e := newEnv(t)
+	ctx := testenv.Context(t, testDeadline)
+	img, err := imagetest.PlainImage(v1.Config{Env: []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GREETING=from-image", "ONLY_IMAGE=kept"}}, os.Stderr)
+	if err != nil {
+		t.Fatalf("making the plain image: %v", err)
+	}
+	lay := filepath.Join(e.base, "images", "plain")
+	h, err := imagetest.WriteImage(lay, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(e.base, "templates.yaml")
+	spec := fmt.Sprintf(`templates:
+- name: plain
+  image: %s@%s
+  user: nobody
+  env: {GREETING: from-template, EXTRA: "1"}
+  limits: {memory: 768Mi, pids: 128}
+  pool: {min: 2}
+`, lay, h)
+	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := e.startLocalUp(t, "templates", "--templates", file, "--pool-size", "1")
+	mc := dialManager(t, e.Addr)
+	e.waitServing(t, p, mc)
+
+	var plain *managerv1.TemplatePool
+	deadline := time.Now().Add(pollDeadline)
+	for plain == nil || plain.Units["ready"] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the plain template's pool did not fill: %v\n%s", plain, p.log())
+		}
+		time.Sleep(100 * time.Millisecond)
+		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tp := range ps.Pools {
+			if tp.Template == "plain" {
+				plain = tp
+			}
+		}
+	}
+	if plain.Target != 2 || plain.LastError != "" {
+		t.Errorf("the plain pool: %v", plain)
+	}
+	code, out, errOut := runFusebox(t, ctx, "status", "--manager", e.Addr)
+	if code != 0 || !strings.Contains(out, "TEMPLATE") || !strings.Contains(out, "\nplain ") {
+		t.Errorf("fusebox status: exit %d\n%s%s", code, out, errOut)
+	}
+
+	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "plain", "--", "sh", "-c",
+		`id -u; id -g; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME`)
+	if want := "65534\n65534\nfrom-template 1 kept\n2\nno-server\nbookworm\n"; code != 0 || out != want {
+		t.Errorf("fusebox run --template plain: exit %d\nstdout: %q\nwant:   %q\nstderr: %s", code, out, want, errOut)
+	}
+	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--", "sh", "-c", "id -u; echo ${GREETING:-unset}")
+	if code != 0 || strings.HasPrefix(out, "65534") || !strings.HasSuffix(out, "unset\n") {
+		t.Errorf("fusebox run on the default template: exit %d\nstdout: %q\nstderr: %s", code, out, errOut)
+	}
+	code, _, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "nope", "--", "true")
+	if code == 0 || !strings.Contains(errOut, `"nope"`) || !strings.Contains(errOut, "plain") {
+		t.Errorf("fusebox run --template nope: exit %d, stderr: %s", code, errOut)
+	}
+	if l := p.log(); !strings.Contains(l, h.String()) {
+		t.Errorf("local up does not log the template's image digest:\n%s", l)
+	}
+	if code := p.signal(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code after SIGTERM: %d", code)
+	}
+}
+
+// A templates file local up cannot use stops it at once, with an error naming the entry and
+// its field, or the image.
+func TestLocalUpRefusesBadTemplates(t *testing.T) {
+	e := newEnv(t)
+	for i, tc := range []struct{ file, want string }{
+		{"templates:\n- name: web\n  image: localhost:5000/web:latest\n", "templates[0] (web): image \"localhost:5000/web:latest\" is not pinned by digest"},
+		{"templates:\n- name: web\n  image: " + e.base + "/missing@sha256:" + strings.Repeat("ab", 32) + "\n", "no such directory"},
+		{"templates:\n- name: web\n  image: " + e.base + "@sha256:" + strings.Repeat("ab", 32) + "\n  limits: {memroy: 1Gi}\n", `unknown field "memroy"`},
+	} {
+		file := filepath.Join(e.base, fmt.Sprintf("bad%d.yaml", i))
+		if err := os.WriteFile(file, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := e.startLocalUp(t, fmt.Sprintf("bad-templates-%d", i), "--templates", file)
+		if code := p.wait(t); code == 0 {
+			t.Errorf("%s: exit 0", tc.file)
+		}
+		if l := p.log(); !strings.Contains(l, tc.want) {
+			t.Errorf("%s: the error does not say %q:\n%s", tc.file, tc.want, l)
+		}
+	}
+}
