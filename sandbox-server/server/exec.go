@@ -32,20 +32,29 @@ type executor struct {
 	limits Limits
 	log    *slog.Logger
 	bash   string // path of bash, or "" when the sandbox has none
-	sh     string
+	sh     string // path of sh, or "" when the sandbox has none
 	paths  pathCache
 	user   *procs.User // who commands run as; nil: this process's user
 }
 
 func newExecutor(r *procs.Reaper, st *envstate.State, l Limits, log *slog.Logger) *executor {
-	e := &executor{reaper: r, state: st, limits: l, log: log, sh: "/bin/sh"}
-	for _, p := range []string{"/bin/bash", "/usr/bin/bash"} {
+	e := &executor{reaper: r, state: st, limits: l, log: log}
+	e.bash = firstFile("/bin/bash", "/usr/bin/bash")
+	e.sh = firstFile("/bin/sh", "/usr/bin/sh")
+	return e
+}
+
+// errNoShell: a script asked of a sandbox whose image has no shell.
+var errNoShell = errors.New("the sandbox's image has no shell (neither bash nor /bin/sh): run the command as argv, not as a script")
+
+// firstFile returns the first of paths that is a regular file (following links), or "".
+func firstFile(paths ...string) string {
+	for _, p := range paths {
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
-			e.bash = p
-			break
+			return p
 		}
 	}
-	return e
+	return ""
 }
 
 // skipVar says which variables never enter a state delta: the shell's own bookkeeping.
@@ -264,6 +273,8 @@ func (e *executor) plan(req *sandboxv1.ExecRequest, snap *envstate.Snapshot) (*c
 	switch {
 	case req.GetScript() != "" && e.bash != "":
 		c.path, c.argv, c.capture = e.bash, []string{"bash", "-c", envstate.BashTrap + req.GetScript()}, true
+	case req.GetScript() != "" && e.sh == "":
+		return nil, errNoShell
 	case req.GetScript() != "":
 		c.path, c.argv = e.sh, []string{"sh", "-c", req.GetScript()}
 	default:

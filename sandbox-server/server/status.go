@@ -46,7 +46,8 @@ func codeOf(err error) codes.Code {
 		errors.Is(err, syscall.ENAMETOOLONG):
 		return codes.InvalidArgument
 	// Before fs.ErrExist: syscall.Errno counts ENOTEMPTY as "exists".
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY):
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
+		errors.Is(err, errNoShell):
 		return codes.FailedPrecondition
 	case errors.Is(err, fs.ErrNotExist):
 		return codes.NotFound

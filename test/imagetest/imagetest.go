@@ -232,6 +232,36 @@ func PlainImage(cfg v1.Config, log io.Writer) (v1.Image, error) {
 	return withConfig(cfg, base)
 }
 
+// ShellessImage returns the userland without any shell (whiteouts of sh, dash, bash and rbash
+// in /usr/bin, where Debian 12's merged /usr keeps them), with cfg: an image in which only
+// argv commands run.
+func ShellessImage(cfg v1.Config, log io.Writer) (v1.Image, error) {
+	base, err := baseLayer(log)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	mtime := time.Unix(1767225600, 0)
+	for _, d := range []string{"usr/", "usr/bin/"} {
+		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
+	}
+	for _, sh := range []string{"bash", "dash", "rbash", "sh"} {
+		if err := tw.WriteHeader(&tar.Header{Name: "usr/bin/.wh." + sh, Typeflag: tar.TypeReg, Mode: 0o644, ModTime: mtime}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
+	wh, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		return nil, err
+	}
+	return withConfig(cfg, base, wh)
+}
+
 // withConfig returns an image of layers with cfg, for this machine's architecture, made at
 // a fixed time (the same inputs make the same digest).
 func withConfig(cfg v1.Config, layers ...v1.Layer) (v1.Image, error) {

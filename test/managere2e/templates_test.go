@@ -20,7 +20,8 @@ import (
 // (an OCI layout pinned by digest): the server is bound in read-only; the template keeps its
 // own warm pool, shown by fusebox status; `fusebox run --template` runs in its image, as its
 // user, with its env over the image's; the default template serves beside it; an unknown
-// template is refused by name.
+// template is refused by name; a template whose image has no shell (and no warm pool) runs
+// argv commands and refuses a script, saying why.
 func TestLocalUpWithTemplates(t *testing.T) {
 	e := newEnv(t)
 	ctx := testenv.Context(t, testDeadline)
@@ -34,15 +35,26 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	shelless, err := imagetest.ShellessImage(v1.Config{Env: []string{"PATH=/usr/bin:/bin"}}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shellessLay := filepath.Join(e.base, "images", "shelless")
+	sh, err := imagetest.WriteImage(shellessLay, shelless)
+	if err != nil {
+		t.Fatal(err)
+	}
 	file := filepath.Join(e.base, "templates.yaml")
 	spec := fmt.Sprintf(`templates:
+- name: shelless
+  image: %s@%s
 - name: plain
   image: %s@%s
   user: nobody
   env: {GREETING: from-template, EXTRA: "1"}
   limits: {memory: 768Mi, pids: 128}
   pool: {min: 2}
-`, lay, h)
+`, shellessLay, sh, lay, h)
 	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +99,15 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	code, _, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "nope", "--", "true")
 	if code == 0 || !strings.Contains(errOut, `"nope"`) || !strings.Contains(errOut, "plain") {
 		t.Errorf("fusebox run --template nope: exit %d, stderr: %s", code, errOut)
+	}
+	// An image without a shell runs argv commands, and refuses a script saying why.
+	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "shelless", "--", "python3", "-c", "print(3)")
+	if code != 0 || out != "3\n" {
+		t.Errorf("an argv command on the shelless template: exit %d\nstdout: %q\nstderr: %s", code, out, errOut)
+	}
+	code, _, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "shelless", "--shell", "--", "echo hi")
+	if code == 0 || !strings.Contains(errOut, "has no shell") || !strings.Contains(errOut, "run the command as argv") {
+		t.Errorf("a script on the shelless template: exit %d, stderr: %s", code, errOut)
 	}
 	if l := p.log(); !strings.Contains(l, h.String()) {
 		t.Errorf("local up does not log the template's image digest:\n%s", l)
