@@ -27,6 +27,11 @@ type AllocateOptions struct {
 	// LeaseTTL: zero means the manager's default. The lease is renewed in the background.
 	LeaseTTL time.Duration
 	Labels   map[string]string
+	// Env and Cwd are the environment variables and working directory (absolute, or relative
+	// to the workspace) every command starts with, over the template's. The sandbox gets them
+	// when it is initialised: a warm sandbox serves them.
+	Env map[string]string
+	Cwd string
 	// Key is the agent key; nil generates a fresh one.
 	Key *Key
 	// ManagerCredentials secure the connection to the manager, replacing CAFile and
@@ -161,7 +166,8 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	if err != nil {
 		return nil, err
 	}
-	req := &managerv1.AllocateRequest{AgentPublicKey: h.key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels}
+	req := &managerv1.AllocateRequest{AgentPublicKey: h.key.PublicKey(), Template: o.Template, Egress: o.Egress, Labels: o.Labels,
+		Env: o.Env, Cwd: o.Cwd}
 	if o.LeaseTTL > 0 {
 		req.LeaseTtl = durationpb.New(o.LeaseTTL)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/cmdenv"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/manager/egress"
 )
@@ -36,6 +37,11 @@ type AllocateRequest struct {
 	Egress         []string
 	LeaseTTL       time.Duration
 	Labels         map[string]string
+	// Env and Cwd are the environment variables and working directory the sandbox's
+	// commands start with (over the template's), given to the sandbox with sFuse: a warm unit
+	// serves them (package cmdenv checks them).
+	Env map[string]string
+	Cwd string
 	// Owner is the caller, stored with the lease (see Lease.Owner).
 	Owner string
 	// Authorize, if set, is asked whether the caller may have a unit of template with the
@@ -125,6 +131,9 @@ func (m *Manager) check(req AllocateRequest) (checked, error) {
 	}
 	if err := checkLabels(req.Labels); err != nil {
 		return checked{}, err
+	}
+	if err := cmdenv.Check(req.Env, req.Cwd); err != nil {
+		return checked{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return c, m.checkEgress(c.allow)
 }

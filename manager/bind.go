@@ -146,7 +146,8 @@ func (m *Manager) annotate(ctx context.Context, u Unit, lease *Lease) *pending {
 // lost (ErrUnitTaken: retried, and the unit is this replica's to destroy).
 func (m *Manager) fuse(ctx context.Context, u Unit, req AllocateRequest, allow egress.Allowlist) (sfuse.Result, error) {
 	start := time.Now()
-	fused, err := m.initialize(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, Egress: allow.Entries()})
+	fused, err := m.initialize(ctx, u.Info.InitAddr, sfuse.Request{AgentKey: req.AgentPublicKey, Egress: allow.Entries(),
+		Env: req.Env, Cwd: req.Cwd})
 	m.tally.timeStep("init", start)
 	switch {
 	case errors.Is(err, sfuse.ErrRefused):

@@ -175,6 +175,9 @@ func TestAllocateRejectsBadInput(t *testing.T) {
 		{"bare wildcard", &managerv1.AllocateRequest{AgentPublicKey: e.key, Egress: []string{"*:443"}}},
 		{"negative ttl", &managerv1.AllocateRequest{AgentPublicKey: e.key, LeaseTtl: durationpb.New(-time.Second)}},
 		{"bad label", &managerv1.AllocateRequest{AgentPublicKey: e.key, Labels: map[string]string{"a=b": "x"}}},
+		{"bad env name", &managerv1.AllocateRequest{AgentPublicKey: e.key, Env: map[string]string{"1X": "y"}}},
+		{"NUL in env", &managerv1.AllocateRequest{AgentPublicKey: e.key, Env: map[string]string{"X": "a\x00b"}}},
+		{"cwd leaves the workspace", &managerv1.AllocateRequest{AgentPublicKey: e.key, Cwd: "../etc"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

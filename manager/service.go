@@ -126,7 +126,7 @@ func (s *Service) allocate(ctx context.Context, req *managerv1.AllocateRequest) 
 		return nil, err
 	}
 	a, err := s.M.Allocate(ctx, AllocateRequest{AgentPublicKey: req.GetAgentPublicKey(), Template: req.GetTemplate(),
-		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(),
+		Egress: req.GetEgress(), LeaseTTL: ttl, Labels: req.GetLabels(), Env: req.GetEnv(), Cwd: req.GetCwd(),
 		Owner: id.Owner, Authorize: func(template string, allow egress.Allowlist) error { return s.Policy.Authorize(id, template, allow) }})
 	if err != nil {
 		return nil, err

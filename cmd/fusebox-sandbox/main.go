@@ -56,6 +56,7 @@ func main() {
 	flag.String("fast-path", "", "ignored: the sandbox server takes part in no latency accelerator (keep-awake is the host's GODEBUG); accepted for managers of earlier releases, which pass it")
 	bulkOn := flag.Bool("bulk", true, "serve bulk transfers of large files (ALPN fusebox-bulk/1) after the same pinned handshake as the gRPC service; false: clients use the gRPC streams")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
+	flag.StringVar(&cfg.Server.BaseCwd, "cwd", "", "the commands' working directory: absolute, or relative to the workspace (empty: the workspace)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
 	commandUser := flag.String("command-user", "", "UID:GID that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")

@@ -24,6 +24,8 @@ func runCmd() *cobra.Command {
 		egress   []string
 		upload   string
 		template string
+		envs     []string
+		cwd      string
 		timeout  time.Duration
 		shell    bool
 		quiet    bool
@@ -37,6 +39,7 @@ reused) and exits with the command's exit code.`,
 		Example: `  fusebox run -- uname -a
   fusebox run --upload ./repo -- sh -c 'cd repo && make test'
   fusebox run --template python -- python3 -c 'import sys; print(sys.version)'
+  fusebox run --env DEBUG=1 --cwd src -- make test
   fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests
   fusebox run --manager tcp://fusebox-manager.fusebox.svc:9090 --ca-file ca.crt --token-file /var/run/secrets/fusebox/token -- uname -a`,
 		Args: cobra.MinimumNArgs(1),
@@ -48,7 +51,15 @@ reused) and exits with the command's exit code.`,
 					fmt.Fprintf(os.Stderr, "fusebox: "+format+"\n", a...)
 				}
 			}
-			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress, Template: template,
+			env := map[string]string{}
+			for _, kv := range envs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+				}
+				env[k] = v
+			}
+			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress, Template: template, Env: env, Cwd: cwd,
 				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
 				return mgr.explain(err)
@@ -103,6 +114,8 @@ reused) and exits with the command's exit code.`,
 	mgr.register(f)
 	f.StringSliceVar(&egress, "egress", nil, "allowed destinations, HOST:PORT (HOST may be *.domain), comma-separated")
 	f.StringVar(&upload, "upload", "", "local directory to copy into the workspace first")
+	f.StringArrayVar(&envs, "env", nil, "KEY=VALUE every command starts with, over the template's (repeatable)")
+	f.StringVar(&cwd, "cwd", "", "the commands' working directory: absolute, or relative to the workspace")
 	f.StringVar(&template, "template", "", "the sandbox template: one the manager was started with (fusebox status lists each with its pool; empty: the default)")
 	f.DurationVar(&timeout, "timeout", 0, "kill the command (and everything it started) after this long")
 	f.BoolVar(&shell, "shell", false, "run the arguments as one bash script (exported variables are kept)")

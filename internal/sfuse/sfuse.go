@@ -26,6 +26,10 @@ type Request struct {
 	// Egress is the allocation's egress allowlist, for the sandbox's set-up (its relay and
 	// proxy variables start only with a non-empty one); the sandbox enforces nothing.
 	Egress []string
+	// Env and Cwd are the allocation's environment variables and working directory for the
+	// commands (package cmdenv checks them); empty: the sandbox's own.
+	Env map[string]string
+	Cwd string
 }
 
 // Result is the sandbox's answer.
@@ -103,7 +107,7 @@ func Dial(initAddr string) (*grpc.ClientConn, error) {
 // (which names it in errors). It leaves conn open.
 func InitializeOn(ctx context.Context, conn *grpc.ClientConn, addr string, req Request) (Result, error) {
 	resp, err := sandboxv1.NewInitClient(conn).InitializeTLS(ctx,
-		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, Egress: req.Egress})
+		&sandboxv1.InitializeTLSRequest{AgentPublicKey: req.AgentKey, Egress: req.Egress, Env: req.Env, Cwd: req.Cwd})
 	switch status.Code(err) {
 	case codes.InvalidArgument:
 		err = refused{err, ErrRefused}

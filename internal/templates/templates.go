@@ -53,8 +53,8 @@ type Spec struct {
 	// Env is set in every command's environment, over the image's; Allocate's env is set over
 	// it.
 	Env map[string]string `json:"env,omitempty"`
-	// Cwd is the commands' working directory (absolute); empty means the image's, else
-	// /workspace.
+	// Cwd is the commands' working directory (absolute); empty: the workspace. Allocate's
+	// cwd wins over it.
 	Cwd string `json:"cwd,omitempty"`
 	// User runs the commands: "NAME", "UID", "UID:GID" or "NAME:GROUP"; empty means the
 	// image's.

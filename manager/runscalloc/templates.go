@@ -10,15 +10,12 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/templates"
 )
 
-// FromSpec returns the template spec declares (a valid templates.Spec): its image, user and
-// env (the commands' base environment, over the image's), and its limits, where a limit spec leaves out takes base's value
+// FromSpec returns the template spec declares (a valid templates.Spec): its image, user, env
+// (the commands' base environment, over the image's) and working directory, and its limits, where a limit spec leaves out takes base's value
 // (fusebox local up's --sandbox-* flags). The image is unpacked by NewContext.
 func FromSpec(spec templates.Spec, base Limits) (Template, error) {
-	switch {
-	case len(spec.WarmUp) > 0:
+	if len(spec.WarmUp) > 0 {
 		return Template{}, fmt.Errorf("template %s: warmUp is not supported by the runsc allocator", spec.Name)
-	case spec.Cwd != "":
-		return Template{}, fmt.Errorf("template %s: cwd is not supported by the runsc allocator (commands start in the workspace)", spec.Name)
 	}
 	l := base
 	for _, q := range []struct {
@@ -49,6 +46,9 @@ func FromSpec(spec templates.Spec, base Limits) (Template, error) {
 	t.Image, t.User = spec.Image, spec.User
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		t.ServerArgs = append(t.ServerArgs, "-env="+k+"="+spec.Env[k])
+	}
+	if spec.Cwd != "" {
+		t.ServerArgs = append(t.ServerArgs, "-cwd="+spec.Cwd)
 	}
 	return t, nil
 }

@@ -13,7 +13,7 @@ import (
 func TestFromSpec(t *testing.T) {
 	spec := templates.Spec{Name: "py", Image: "/layouts/py@sha256:" + strings.Repeat("a", 64), User: "nobody",
 		Limits: templates.Limits{CPU: "500m", Memory: "768Mi", Pids: 128},
-		Env:    map[string]string{"B": "2", "A": "1"}}
+		Env:    map[string]string{"B": "2", "A": "1"}, Cwd: "/srv"}
 	tm, err := FromSpec(spec, Limits{WorkspaceBytes: 256 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -22,12 +22,11 @@ func TestFromSpec(t *testing.T) {
 	if b.CPUShares != 512 || b.MemoryLimitBytes != 768<<20 || b.ProcessLimit != 128 || b.WorkspaceSizeBytes != 256<<20 || b.CPUQuota != 0 {
 		t.Errorf("bundle limits %+v", b)
 	}
-	if !slices.Equal(tm.ServerArgs, []string{"-env=A=1", "-env=B=2"}) || tm.Image != spec.Image || tm.User != "nobody" {
+	if !slices.Equal(tm.ServerArgs, []string{"-env=A=1", "-env=B=2", "-cwd=/srv"}) || tm.Image != spec.Image || tm.User != "nobody" {
 		t.Errorf("template %+v", tm)
 	}
 	for name, change := range map[string]func(*templates.Spec){
 		"warmUp": func(s *templates.Spec) { s.WarmUp = []templates.Command{{Argv: []string{"true"}}} },
-		"cwd":    func(s *templates.Spec) { s.Cwd = "/srv" },
 		"memory": func(s *templates.Spec) { s.Limits.Memory = "128Mi" }, // the base's workspace does not fit
 	} {
 		s := spec

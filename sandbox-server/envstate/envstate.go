@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"strconv"
 	"sync"
 )
@@ -132,6 +133,26 @@ func (s *State) AddBase(vars map[string]string) {
 		if _, ok := next.Env[k]; !ok {
 			next.Env[k] = v
 		}
+	}
+	s.base = next
+}
+
+// Override sets vars over the base environment and, if cwd is not empty, the base working
+// directory (a relative one under the current base directory): an allocation's own, given at
+// initialisation, before any command.
+func (s *State) Override(vars map[string]string, cwd string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := &Snapshot{Env: maps.Clone(s.base.Env), Cwd: s.base.Cwd}
+	if next.Env == nil {
+		next.Env = map[string]string{}
+	}
+	maps.Copy(next.Env, vars)
+	if cwd != "" {
+		if !filepath.IsAbs(cwd) {
+			cwd = filepath.Join(next.Cwd, cwd)
+		}
+		next.Cwd = filepath.Clean(cwd)
 	}
 	s.base = next
 }

@@ -173,3 +173,23 @@ func TestAddBaseKeepsExistingVariables(t *testing.T) {
 		t.Errorf("a snapshot taken before AddBase changed: %v", before.Env)
 	}
 }
+
+// TestOverride: an allocation's env wins over the base's (proxy variables included), and its
+// working directory replaces the base's, a relative one under it.
+func TestOverride(t *testing.T) {
+	s := New(map[string]string{"A": "1", "B": "1"}, "/workspace")
+	s.AddBase(map[string]string{"HTTP_PROXY": "http://127.0.0.1:3128"})
+	s.Override(map[string]string{"B": "2", "HTTP_PROXY": ""}, "src")
+	got := s.Current()
+	if got.Cwd != "/workspace/src" || got.Env["A"] != "1" || got.Env["B"] != "2" || got.Env["HTTP_PROXY"] != "" {
+		t.Errorf("after Override: %+v", got)
+	}
+	s.Override(nil, "/srv")
+	if got := s.Current(); got.Cwd != "/srv" || got.Env["B"] != "2" {
+		t.Errorf("after an absolute Override: %+v", got)
+	}
+	s.Override(nil, "")
+	if got := s.Current(); got.Cwd != "/srv" {
+		t.Errorf("an empty cwd changed the directory to %q", got.Cwd)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
+	"github.com/fusebox-dev/fusebox/internal/cmdenv"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
@@ -57,6 +58,9 @@ type Options struct {
 	IdleTTL time.Duration
 	// BaseEnv is the environment of the first task group.
 	BaseEnv map[string]string
+	// BaseCwd, if set, is its working directory (absolute, or relative to the workspace);
+	// empty: the workspace.
+	BaseCwd string
 	// StartEgress, if set, is called once, when the fuse blows, with the allocation's egress
 	// allowlist if it is non-empty (InitializeTLSRequest.egress): it starts the sandbox's way
 	// out (the egress relay) and returns the variables commands then get (the proxy
@@ -121,6 +125,9 @@ func New(opts Options) (*Server, error) {
 	if l.MaxMessageBytes <= 0 {
 		l.MaxMessageBytes = 8 << 20
 	}
+	if err := cmdenv.Check(nil, opts.BaseCwd); err != nil {
+		return nil, err
+	}
 	s := &Server{
 		opts:      opts,
 		log:       opts.Logger,
@@ -128,6 +135,7 @@ func New(opts Options) (*Server, error) {
 		firstCall: make(chan struct{}),
 		dataErr:   make(chan error, 1),
 	}
+	s.state.Override(nil, opts.BaseCwd)
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
 	s.exec.user = opts.CommandUser
 	key, err := tlspin.GenerateKey()
@@ -183,11 +191,15 @@ func (s *Server) Serve(ctx context.Context, initLn, dataLn net.Listener) error {
 }
 
 // start is the server's part of the one initialisation (fuse.Start): it starts the sandbox's
-// egress when the allocation has an allowlist, and builds the data plane's gRPC server on
+// egress when the allocation has an allowlist, sets the allocation's environment and working
+// directory for the commands, and builds the data plane's gRPC server on
 // creds, the fuse's. A failure to start egress leaves nothing started. A ClientHello in the request (sent
 // by managers of earlier releases, for an accelerator since removed) is ignored: the agent
 // then makes a full handshake.
 func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, creds credentials.TransportCredentials) (func(net.Listener), error) {
+	if err := cmdenv.Check(req.GetEnv(), req.GetCwd()); err != nil {
+		return nil, fmt.Errorf("%w: %v", fuse.ErrInvalid, err) // refused, the fuse intact
+	}
 	if allow := req.GetEgress(); len(allow) > 0 && s.opts.StartEgress != nil {
 		// Before the data plane opens: the agent's first command already has its way out.
 		env, err := s.opts.StartEgress(allow)
@@ -196,6 +208,9 @@ func (s *Server) start(_ context.Context, req *sandboxv1.InitializeTLSRequest, c
 		}
 		s.state.AddBase(env)
 	}
+	// The allocation's own environment and directory win over the sandbox's, the proxy
+	// variables included: an explicit choice of the agent's.
+	s.state.Override(req.GetEnv(), req.GetCwd())
 	received := time.Now().UnixNano()
 	data := s.newDataServer(creds, func(before bool) {
 		if before {

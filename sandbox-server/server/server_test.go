@@ -451,3 +451,40 @@ func bulkRequest(ctx context.Context, path string, cfg *tls.Config) error {
 func closedUnserved(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }
+
+// TestInitEnvAndCwd: the allocation's env and working directory reach the commands; a bad
+// one is refused as invalid and leaves the fuse intact for a good request.
+func TestInitEnvAndCwd(t *testing.T) {
+	initAddr, dataAddr, _ := startInProcessWith(t, Options{IdleTTL: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, _ := client.NewKey()
+	conn, err := grpc.NewClient(initAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	init := sandboxv1.NewInitClient(conn)
+	_, err = init.InitializeTLS(ctx, &sandboxv1.InitializeTLSRequest{AgentPublicKey: key.PublicKey(), Env: map[string]string{"A=B": "x"}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a bad variable name: %v, want InvalidArgument", err)
+	}
+	dir := t.TempDir()
+	resp, err := init.InitializeTLS(ctx, &sandboxv1.InitializeTLSRequest{AgentPublicKey: key.PublicKey(),
+		Env: map[string]string{"GREETING": "hi"}, Cwd: dir})
+	if err != nil {
+		t.Fatalf("InitializeTLS after a refused one: %v", err)
+	}
+	sb, err := client.Dial(dataAddr, resp.GetSandboxPublicKey(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	res, err := sb.Exec(ctx, client.Command{Script: "pwd; echo $GREETING"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(res.Stdout), dir+"\nhi\n"; got != want {
+		t.Errorf("pwd and $GREETING: %q, want %q", got, want)
+	}
+}

@@ -52,6 +52,7 @@ func TestLocalUpWithTemplates(t *testing.T) {
   image: %s@%s
   user: nobody
   env: {GREETING: from-template, EXTRA: "1"}
+  cwd: /srv
   limits: {memory: 768Mi, pids: 128}
   pool: {min: 2}
 `, shellessLay, sh, lay, h)
@@ -62,23 +63,27 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	mc := dialManager(t, e.Addr)
 	e.waitServing(t, p, mc)
 
-	var plain *managerv1.TemplatePool
-	deadline := time.Now().Add(pollDeadline)
-	for plain == nil || plain.Units["ready"] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the plain template's pool did not fill: %v\n%s", plain, p.log())
-		}
-		time.Sleep(100 * time.Millisecond)
-		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, tp := range ps.Pools {
-			if tp.Template == "plain" {
-				plain = tp
+	// filled waits for the plain template's pool to hold 2 ready sandboxes, and returns it
+	// and the manager's cold waits so far.
+	filled := func() (*managerv1.TemplatePool, uint64) {
+		deadline := time.Now().Add(pollDeadline)
+		for {
+			ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+			if err != nil {
+				t.Fatal(err)
 			}
+			for _, tp := range ps.Pools {
+				if tp.Template == "plain" && tp.Units["ready"] >= 2 {
+					return tp, ps.ColdWaits
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the plain template's pool did not fill: %v\n%s", ps.Pools, p.log())
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	plain, _ := filled()
 	if plain.Target != 2 || plain.LastError != "" {
 		t.Errorf("the plain pool: %v", plain)
 	}
@@ -88,9 +93,28 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	}
 
 	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "plain", "--", "sh", "-c",
-		`id -u; id -g; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME`)
-	if want := "65534\n65534\nfrom-template 1 kept\n2\nno-server\nbookworm\n"; code != 0 || out != want {
+		`id -u; id -g; pwd; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME`)
+	if want := "65534\n65534\n/srv\nfrom-template 1 kept\n2\nno-server\nbookworm\n"; code != 0 || out != want {
 		t.Errorf("fusebox run --template plain: exit %d\nstdout: %q\nwant:   %q\nstderr: %s", code, out, want, errOut)
+	}
+	// The allocation's own env and working directory, over the template's, served by a warm
+	// sandbox: no cold wait.
+	_, cold := filled()
+	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "plain", "--env", "EXTRA=2", "--env", "NEW=x=y", "--cwd", "/tmp",
+		"--", "sh", "-c", "pwd; echo $GREETING $EXTRA $NEW")
+	if want := "/tmp\nfrom-template 2 x=y\n"; code != 0 || out != want {
+		t.Errorf("fusebox run --env --cwd: exit %d\nstdout: %q\nwant:   %q\nstderr: %s", code, out, want, errOut)
+	}
+	ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.ColdWaits != cold {
+		t.Errorf("an allocation with env and cwd waited for a cold start (%d cold waits, was %d)", ps.ColdWaits, cold)
+	}
+	code, _, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--env", "1X=y", "--", "true")
+	if code == 0 || !strings.Contains(errOut, `"1X" is not a variable name`) {
+		t.Errorf("fusebox run --env 1X=y: exit %d, stderr: %s", code, errOut)
 	}
 	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--", "sh", "-c", "id -u; echo ${GREETING:-unset}")
 	if code != 0 || strings.HasPrefix(out, "65534") || !strings.HasSuffix(out, "unset\n") {

@@ -177,14 +177,21 @@ def duration(s: float) -> duration_pb2.Duration:
 
 
 def allocate_request(key: AgentKey, template: str, egress: Optional[Sequence[str]], lease_ttl: Optional[float],
-                     labels: Optional[Mapping[str, str]]) -> manager_pb2.AllocateRequest:
+                     labels: Optional[Mapping[str, str]], env: Optional[Mapping[str, str]] = None,
+                     cwd: str = "") -> manager_pb2.AllocateRequest:
+    if env is not None and (not isinstance(env, Mapping) or
+                            not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise InvalidArgumentError(f"env: want a mapping of str to str, got {env!r}")
+    if not isinstance(cwd, str):
+        raise InvalidArgumentError(f"cwd: want a str, got {cwd!r}")
     if isinstance(egress, str):
         raise InvalidArgumentError(f"egress: want a list of 'host:port' entries, got the string {egress!r}")
     for e in egress or ():
         if not isinstance(e, str):
             raise InvalidArgumentError(f"egress entry {e!r}: want a 'host:port' string")
     req = manager_pb2.AllocateRequest(agent_public_key=key.public_key, template=template or "",
-                                      egress=list(egress or ()), labels=dict(labels or {}))
+                                      egress=list(egress or ()), labels=dict(labels or {}),
+                                      env=dict(env or {}), cwd=cwd)
     if lease_ttl:
         req.lease_ttl.CopyFrom(duration(lease_ttl))
     return req
@@ -195,7 +202,8 @@ class AllocateArgs:
     the call's deadline in seconds, the batch limit and the concurrency."""
 
     def __init__(self, key: AgentKey, template: str, egress: Optional[Sequence[str]], lease_ttl: Optional[Seconds],
-                 labels: Optional[Mapping[str, str]], batch_bytes_: Optional[int], concurrency: int, timeout: Optional[Seconds]):
+                 labels: Optional[Mapping[str, str]], batch_bytes_: Optional[int], concurrency: int, timeout: Optional[Seconds],
+                 env: Optional[Mapping[str, str]] = None, cwd: str = ""):
         self.ttl = seconds(lease_ttl, "lease_ttl")
         self.deadline = seconds(timeout, "timeout")
         if not isinstance(concurrency, int) or concurrency <= 0:
@@ -203,7 +211,7 @@ class AllocateArgs:
         self.concurrency = concurrency
         self.batch_bytes = batch_bytes(batch_bytes_)
         self.key = key
-        self.request = allocate_request(key, template, egress, self.ttl, labels)
+        self.request = allocate_request(key, template, egress, self.ttl, labels, env, cwd)
 
 
 def data_channel_args(resp: manager_pb2.AllocateResponse, key: AgentKey, batch_bytes: int):

@@ -66,17 +66,22 @@ class Manager:
 
     def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
                  lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
+                 env: Optional[Mapping[str, str]] = None, cwd: str = "",
                  key: Optional[AgentKey] = None, batch_bytes: Optional[int] = None, concurrency: int = 4,
                  timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
         """Allocates a fresh sandbox and connects to it directly with pinned mTLS.
 
         ``egress`` lists the destinations it may reach ("host:port", "*.domain:port"; none by
-        default); ``lease_ttl`` (seconds or a timedelta; the manager's default when None) is
+        default); ``env`` and ``cwd`` are the environment variables and working directory
+        (absolute, or relative to the workspace) every command starts with, over the
+        template's, given to the sandbox when it is initialised (a warm sandbox serves them);
+        ``lease_ttl`` (seconds or a timedelta; the manager's default when None) is
         renewed in the background until the sandbox is closed; ``key`` is the agent key (a
         fresh Ed25519 key by default, made in memory, ahead of the call). The returned Sandbox
         releases the sandbox on close(); the manager destroys it then.
         """
-        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout,
+                                env, cwd)
         resp = self._allocate(a.request, a.key, a.deadline)
         try:
             return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency)

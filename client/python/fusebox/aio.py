@@ -61,11 +61,13 @@ class Manager:
 
     async def allocate(self, *, template: str = "", egress: Optional[Sequence[str]] = None,
                        lease_ttl: Optional[_core.Seconds] = None, labels: Optional[Mapping[str, str]] = None,
+                       env: Optional[Mapping[str, str]] = None, cwd: str = "",
                        key: Optional[AgentKey] = None, batch_bytes: Optional[int] = None, concurrency: int = 4,
                        timeout: Optional[_core.Seconds] = _core.ALLOCATE_TIMEOUT) -> "Sandbox":
         """Allocates a fresh sandbox and connects to it with pinned mTLS (see
         :meth:`fusebox.Manager.allocate`); the lease is renewed by a task until close()."""
-        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout)
+        a = _core.AllocateArgs(key or self._keys.take(), template, egress, lease_ttl, labels, batch_bytes, concurrency, timeout,
+                                env, cwd)
         resp = await self._allocate(a.request, a.key, a.deadline)
         try:
             return Sandbox._connect(self, resp, a.key, a.ttl, a.batch_bytes, a.concurrency)

@@ -72,6 +72,18 @@ def test_allocate_exec_release(manager_address):
     wait_unlisted(manager_address, sb.id)
 
 
+def test_allocation_env_and_cwd(manager_address):
+    # Given with the allocation, they reach a warm sandbox with sFuse: every command starts
+    # with them, and a command's own env and cwd still win.
+    with fusebox.Sandbox.allocate(manager_address, env={"GREETING": "hello", "HOME": "/tmp"}, cwd="/tmp") as sb:
+        assert sb.exec("pwd; echo $GREETING $HOME").stdout == b"/tmp\nhello /tmp\n"
+        assert sb.exec(["sh", "-c", "pwd; echo $GREETING"], env={"GREETING": "own"}, cwd="/").stdout == b"/\nown\n"
+    with pytest.raises(fusebox.InvalidArgumentError, match="not a variable name"):
+        fusebox.Sandbox.allocate(manager_address, env={"1X": "y"})
+    with pytest.raises(fusebox.InvalidArgumentError, match="env"):
+        fusebox.Sandbox.allocate(manager_address, env={"X": 1})
+
+
 def test_close_destroys(manager_address):
     with fusebox.Sandbox.allocate(manager_address) as sb:
         sid = sb.id

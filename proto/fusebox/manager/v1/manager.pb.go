@@ -108,7 +108,14 @@ type AllocateRequest struct {
 	// Lease length; zero means the manager's default. Capped by the manager's maximum.
 	LeaseTtl *durationpb.Duration `protobuf:"bytes,4,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	// Free-form labels shown by List (e.g. the agent's session id).
-	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Environment variables every command of the sandbox starts with, over the template's
+	// (names of letters, digits and '_', not starting with a digit). Applied when the sandbox
+	// is initialised, so a warm sandbox serves them.
+	Env map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The commands' working directory: absolute, or relative to the workspace. Empty: the
+	// template's (the workspace by default). Applied like env.
+	Cwd           string `protobuf:"bytes,8,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -176,6 +183,20 @@ func (x *AllocateRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *AllocateRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *AllocateRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
 }
 
 type AllocateResponse struct {
@@ -1003,14 +1024,19 @@ var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/manager/v1/manager.proto\x12\x12fusebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x02\n" +
+	" fusebox/manager/v1/manager.proto\x12\x12fusebox.manager.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x03\n" +
 	"\x0fAllocateRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12\x16\n" +
 	"\x06egress\x18\x03 \x03(\tR\x06egress\x126\n" +
 	"\tlease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x12G\n" +
-	"\x06labels\x18\x05 \x03(\v2/.fusebox.manager.v1.AllocateRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x05 \x03(\v2/.fusebox.manager.v1.AllocateRequest.LabelsEntryR\x06labels\x12>\n" +
+	"\x03env\x18\a \x03(\v2,.fusebox.manager.v1.AllocateRequest.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\b \x01(\tR\x03cwd\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x06\x10\aR\x10tls_client_hello\"\xd5\x02\n" +
 	"\x10AllocateResponse\x12\x1d\n" +
@@ -1121,7 +1147,7 @@ func file_fusebox_manager_v1_manager_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_manager_v1_manager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_fusebox_manager_v1_manager_proto_goTypes = []any{
 	(UnitState)(0),                // 0: fusebox.manager.v1.UnitState
 	(*AllocateRequest)(nil),       // 1: fusebox.manager.v1.AllocateRequest
@@ -1138,47 +1164,49 @@ var file_fusebox_manager_v1_manager_proto_goTypes = []any{
 	(*PoolStatusResponse)(nil),    // 12: fusebox.manager.v1.PoolStatusResponse
 	(*TemplatePool)(nil),          // 13: fusebox.manager.v1.TemplatePool
 	nil,                           // 14: fusebox.manager.v1.AllocateRequest.LabelsEntry
-	nil,                           // 15: fusebox.manager.v1.Sandbox.LabelsEntry
-	nil,                           // 16: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	nil,                           // 17: fusebox.manager.v1.TemplatePool.UnitsEntry
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	nil,                           // 15: fusebox.manager.v1.AllocateRequest.EnvEntry
+	nil,                           // 16: fusebox.manager.v1.Sandbox.LabelsEntry
+	nil,                           // 17: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	nil,                           // 18: fusebox.manager.v1.TemplatePool.UnitsEntry
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_fusebox_manager_v1_manager_proto_depIdxs = []int32{
-	18, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
+	19, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
 	14, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
-	19, // 2: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	2,  // 3: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
-	18, // 4: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
-	19, // 5: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
-	0,  // 6: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
-	19, // 7: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
-	19, // 8: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
-	15, // 9: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
-	9,  // 10: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
-	16, // 11: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	18, // 12: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
-	13, // 13: fusebox.manager.v1.PoolStatusResponse.pools:type_name -> fusebox.manager.v1.TemplatePool
-	17, // 14: fusebox.manager.v1.TemplatePool.units:type_name -> fusebox.manager.v1.TemplatePool.UnitsEntry
-	18, // 15: fusebox.manager.v1.TemplatePool.provisioning_latency:type_name -> google.protobuf.Duration
-	19, // 16: fusebox.manager.v1.TemplatePool.last_error_at:type_name -> google.protobuf.Timestamp
-	1,  // 17: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
-	1,  // 18: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
-	4,  // 19: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
-	6,  // 20: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
-	8,  // 21: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
-	11, // 22: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
-	2,  // 23: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
-	3,  // 24: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
-	5,  // 25: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
-	7,  // 26: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
-	10, // 27: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
-	12, // 28: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 2: fusebox.manager.v1.AllocateRequest.env:type_name -> fusebox.manager.v1.AllocateRequest.EnvEntry
+	20, // 3: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	2,  // 4: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
+	19, // 5: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
+	20, // 6: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	0,  // 7: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
+	20, // 8: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
+	20, // 9: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
+	16, // 10: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
+	9,  // 11: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
+	17, // 12: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	19, // 13: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
+	13, // 14: fusebox.manager.v1.PoolStatusResponse.pools:type_name -> fusebox.manager.v1.TemplatePool
+	18, // 15: fusebox.manager.v1.TemplatePool.units:type_name -> fusebox.manager.v1.TemplatePool.UnitsEntry
+	19, // 16: fusebox.manager.v1.TemplatePool.provisioning_latency:type_name -> google.protobuf.Duration
+	20, // 17: fusebox.manager.v1.TemplatePool.last_error_at:type_name -> google.protobuf.Timestamp
+	1,  // 18: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
+	1,  // 19: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
+	4,  // 20: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
+	6,  // 21: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
+	8,  // 22: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
+	11, // 23: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
+	2,  // 24: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
+	3,  // 25: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
+	5,  // 26: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
+	7,  // 27: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
+	10, // 28: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
+	12, // 29: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_manager_v1_manager_proto_init() }
@@ -1195,7 +1223,7 @@ func file_fusebox_manager_v1_manager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_manager_v1_manager_proto_rawDesc), len(file_fusebox_manager_v1_manager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

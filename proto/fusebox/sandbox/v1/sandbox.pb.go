@@ -149,7 +149,12 @@ type InitializeTLSRequest struct {
 	// sandbox with an egress relay starts it and gives commands the proxy variables (HTTP_PROXY
 	// and the like; NO_PROXY keeps loopback names direct unless the list names them). Empty,
 	// it starts no relay and commands get no proxy variables: there is no network at all.
-	Egress        []string `protobuf:"bytes,3,rep,name=egress,proto3" json:"egress,omitempty"`
+	Egress []string `protobuf:"bytes,3,rep,name=egress,proto3" json:"egress,omitempty"`
+	// The allocation's environment variables and working directory (absolute, or relative to
+	// the workspace): the commands' state starts with them, over the sandbox's own base
+	// environment and directory. Empty: the sandbox's own.
+	Env           map[string]string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd           string            `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +201,20 @@ func (x *InitializeTLSRequest) GetEgress() []string {
 		return x.Egress
 	}
 	return nil
+}
+
+func (x *InitializeTLSRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *InitializeTLSRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
 }
 
 type InitializeTLSResponse struct {
@@ -2701,10 +2720,15 @@ var File_fusebox_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"p\n" +
+	" fusebox/sandbox/v1/sandbox.proto\x12\x12fusebox.sandbox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xff\x01\n" +
 	"\x14InitializeTLSRequest\x12(\n" +
 	"\x10agent_public_key\x18\x01 \x01(\fR\x0eagentPublicKey\x12\x16\n" +
-	"\x06egress\x18\x03 \x03(\tR\x06egressJ\x04\b\x02\x10\x03R\x10tls_client_hello\"\x8f\x01\n" +
+	"\x06egress\x18\x03 \x03(\tR\x06egress\x12C\n" +
+	"\x03env\x18\x04 \x03(\v21.fusebox.sandbox.v1.InitializeTLSRequest.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x02\x10\x03R\x10tls_client_hello\"\x8f\x01\n" +
 	"\x15InitializeTLSResponse\x12,\n" +
 	"\x12sandbox_public_key\x18\x01 \x01(\fR\x10sandboxPublicKey\x12/\n" +
 	"\x13sandbox_certificate\x18\x03 \x01(\fR\x12sandboxCertificateJ\x04\b\x02\x10\x03R\x11tls_server_flight\"\xf0\x02\n" +
@@ -2913,7 +2937,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(StreamKind)(0),                 // 0: fusebox.sandbox.v1.StreamKind
 	(FileType)(0),                   // 1: fusebox.sandbox.v1.FileType
@@ -2959,68 +2983,70 @@ var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(*GrepRequest)(nil),             // 41: fusebox.sandbox.v1.GrepRequest
 	(*GrepMatch)(nil),               // 42: fusebox.sandbox.v1.GrepMatch
 	(*GrepResponse)(nil),            // 43: fusebox.sandbox.v1.GrepResponse
-	nil,                             // 44: fusebox.sandbox.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 45: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
+	nil,                             // 44: fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
+	nil,                             // 45: fusebox.sandbox.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 47: google.protobuf.Timestamp
 }
 var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	44, // 0: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
-	45, // 1: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	6,  // 2: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
-	7,  // 3: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
-	0,  // 4: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
-	45, // 5: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
-	8,  // 6: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
-	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
-	12, // 8: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	16, // 9: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
-	17, // 10: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
-	16, // 11: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
-	20, // 12: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
-	12, // 13: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	22, // 14: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
-	1,  // 15: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
-	46, // 16: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
-	26, // 17: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
-	26, // 18: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	1,  // 19: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
-	26, // 20: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	42, // 21: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
-	2,  // 22: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
-	4,  // 23: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
-	10, // 24: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
-	13, // 25: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
-	15, // 26: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
-	19, // 27: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
-	22, // 28: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
-	27, // 29: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
-	29, // 30: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
-	31, // 31: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
-	33, // 32: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
-	35, // 33: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
-	37, // 34: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
-	39, // 35: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
-	41, // 36: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
-	3,  // 37: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
-	5,  // 38: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
-	11, // 39: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
-	14, // 40: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
-	18, // 41: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
-	21, // 42: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
-	23, // 43: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
-	28, // 44: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
-	30, // 45: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
-	32, // 46: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
-	34, // 47: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
-	36, // 48: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
-	38, // 49: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
-	40, // 50: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
-	43, // 51: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
-	37, // [37:52] is the sub-list for method output_type
-	22, // [22:37] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	44, // 0: fusebox.sandbox.v1.InitializeTLSRequest.env:type_name -> fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
+	45, // 1: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
+	46, // 2: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	6,  // 3: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
+	7,  // 4: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
+	0,  // 5: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
+	46, // 6: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	8,  // 7: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
+	9,  // 8: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
+	12, // 9: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	16, // 10: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
+	17, // 11: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
+	16, // 12: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
+	20, // 13: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
+	12, // 14: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	22, // 15: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
+	1,  // 16: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
+	47, // 17: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
+	26, // 18: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
+	26, // 19: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	1,  // 20: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
+	26, // 21: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	42, // 22: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
+	2,  // 23: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
+	4,  // 24: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
+	10, // 25: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
+	13, // 26: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
+	15, // 27: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
+	19, // 28: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
+	22, // 29: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
+	27, // 30: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
+	29, // 31: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
+	31, // 32: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
+	33, // 33: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
+	35, // 34: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
+	37, // 35: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
+	39, // 36: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
+	41, // 37: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
+	3,  // 38: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
+	5,  // 39: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
+	11, // 40: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
+	14, // 41: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
+	18, // 42: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
+	21, // 43: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
+	23, // 44: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
+	28, // 45: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
+	30, // 46: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
+	32, // 47: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
+	34, // 48: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
+	36, // 49: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
+	38, // 50: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
+	40, // 51: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
+	43, // 52: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
+	38, // [38:53] is the sub-list for method output_type
+	23, // [23:38] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_sandbox_v1_sandbox_proto_init() }
@@ -3043,7 +3069,7 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_sandbox_v1_sandbox_proto_rawDesc), len(file_fusebox_sandbox_v1_sandbox_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -23,7 +23,14 @@ class AllocateEvent(_message.Message):
     def __init__(self, allocated: _Optional[_Union[AllocateResponse, _Mapping]] = ...) -> None: ...
 
 class AllocateRequest(_message.Message):
-    __slots__ = ["agent_public_key", "egress", "labels", "lease_ttl", "template"]
+    __slots__ = ["agent_public_key", "cwd", "egress", "env", "labels", "lease_ttl", "template"]
+    class EnvEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class LabelsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,16 +39,20 @@ class AllocateRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     AGENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     EGRESS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     agent_public_key: bytes
+    cwd: str
     egress: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
     labels: _containers.ScalarMap[str, str]
     lease_ttl: _duration_pb2.Duration
     template: str
-    def __init__(self, agent_public_key: _Optional[bytes] = ..., template: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, agent_public_key: _Optional[bytes] = ..., template: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., lease_ttl: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class AllocateResponse(_message.Message):
     __slots__ = ["endpoint", "lease_expires", "lease_token", "sandbox_certificate", "sandbox_id", "sandbox_public_key"]

@@ -200,12 +200,23 @@ class GrepResponse(_message.Message):
     def __init__(self, matches: _Optional[_Iterable[_Union[GrepMatch, _Mapping]]] = ..., truncated: bool = ..., files_searched: _Optional[int] = ..., binary_files_skipped: _Optional[int] = ...) -> None: ...
 
 class InitializeTLSRequest(_message.Message):
-    __slots__ = ["agent_public_key", "egress"]
+    __slots__ = ["agent_public_key", "cwd", "egress", "env"]
+    class EnvEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     AGENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
     EGRESS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     agent_public_key: bytes
+    cwd: str
     egress: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_public_key: _Optional[bytes] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, agent_public_key: _Optional[bytes] = ..., egress: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ...) -> None: ...
 
 class InitializeTLSResponse(_message.Message):
     __slots__ = ["sandbox_certificate", "sandbox_public_key"]
