@@ -30,6 +30,15 @@ func (t *tally) failure(stage string) {
 	}
 }
 
+// createFailed counts a failed creation of tmpl: a "create" failure, and one of the
+// template's (Metrics.CreateFailures).
+func (t *tally) createFailed(tmpl string) {
+	t.failure("create")
+	if t.m != nil {
+		t.m.CreateFailures.WithLabelValues(tmpl).Inc()
+	}
+}
+
 // destroyed counts a destruction.
 func (t *tally) destroyed() {
 	t.destructions.Add(1)

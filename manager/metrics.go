@@ -18,8 +18,11 @@ type Metrics struct {
 	Creations       prometheus.Counter
 	Destructions    prometheus.Counter
 	Failures        *prometheus.CounterVec // by stage: create, init, egress, annotate, destroy
-	Allocations     prometheus.Counter
-	ColdWaits       prometheus.Counter // allocations that waited for a creation
+	// CreateFailures counts failed creations by template: a template whose image cannot
+	// run the server fails its own pool.
+	CreateFailures *prometheus.CounterVec
+	Allocations    prometheus.Counter
+	ColdWaits      prometheus.Counter // allocations that waited for a creation
 
 	steps map[string]prometheus.Observer // AllocationSteps' children, by step, made once
 }
@@ -51,6 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusebox_manager_failures_total", Help: "Failures by stage.",
 		}, []string{"stage"}),
+		CreateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusebox_manager_template_create_failures_total", Help: "Failed creations by template.",
+		}, []string{"template"}),
 		ColdWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fusebox_manager_cold_waits_total", Help: "Allocations that found no ready unit and waited for one to be created.",
 		}),
@@ -58,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fusebox_manager_allocations_total", Help: "Successful allocations.",
 		}),
 	}
-	reg.MustRegister(m.AllocationSeconds, m.AllocationSteps, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.Allocations, m.ColdWaits)
+	reg.MustRegister(m.AllocationSeconds, m.AllocationSteps, m.Units, m.Target, m.Creations, m.Destructions, m.Failures, m.CreateFailures, m.Allocations, m.ColdWaits)
 	for _, s := range stateNames {
 		m.Units.WithLabelValues(s)
 	}

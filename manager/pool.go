@@ -289,7 +289,7 @@ func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 		return false
 	}
 	if err != nil {
-		p.tally.failure("create")
+		p.tally.createFailed(tmpl)
 		p.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
 		p.ops.Transition(id, Creating, Failed, func(u *Unit) { u.Err, u.Remains = "create: "+err.Error(), errors.Is(err, ErrRemains) })
 		p.tally.publishCounts()

@@ -398,7 +398,7 @@ func (p *sharedPool) create(ctx context.Context, tmpl string) bool {
 	p.creations.ended(tmpl, err)
 	if err != nil {
 		if ctx.Err() == nil {
-			p.tally.failure("create")
+			p.tally.createFailed(tmpl)
 			p.log.Error("creating unit failed", "id", id, "template", tmpl, "err", err)
 		}
 		return false

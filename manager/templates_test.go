@@ -82,6 +82,12 @@ func TestPoolsPerTemplate(t *testing.T) {
 	if got := testutil.ToFloat64(met.Target.WithLabelValues("python")); got != 2 {
 		t.Errorf("python's target metric %v, want 2", got)
 	}
+	if got := testutil.ToFloat64(met.CreateFailures.WithLabelValues("broken")); got < 1 {
+		t.Errorf("the broken template's creation failures metric %v, want at least 1", got)
+	}
+	if got := testutil.ToFloat64(met.CreateFailures.WithLabelValues("python")); got != 0 {
+		t.Errorf("python's creation failures metric %v, want 0", got)
+	}
 
 	key, _ := client.NewKey()
 	defaults := creates("default")
