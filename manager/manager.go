@@ -33,8 +33,8 @@ const DefaultRefillDelay = 30 * time.Millisecond
 const DefaultTemplate = "default"
 
 // Options configure a Manager. Allocator, Estimator (or Pools), Clock, and Initializer or
-// Conns are required. What depends on the runtime (the refill delay, the units' warm-up) comes from the
-// allocator's Capabilities.
+// Conns are required. What depends on the runtime (the refill delay, the units' warm-up)
+// comes from the allocator's Capabilities.
 type Options struct {
 	Allocator Allocator
 	Estimator estimator.Estimator

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -57,6 +58,7 @@ func main() {
 	bulkOn := flag.Bool("bulk", true, "serve bulk transfers of large files (ALPN fusebox-bulk/1) after the same pinned handshake as the gRPC service; false: clients use the gRPC streams")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
 	flag.StringVar(&cfg.Server.BaseCwd, "cwd", "", "the commands' working directory: absolute, or relative to the workspace (empty: the workspace)")
+	warmUp := flag.String("warmup", "", `the template's warm-up commands, run before the sandbox waits in the pool, as JSON: [{"argv": [...]}, {"script": "..."}]; one that fails stops the server`)
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
 	commandUser := flag.String("command-user", "", "UID:GID that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")
@@ -82,6 +84,14 @@ func main() {
 		// Checked now, used only if an allocation brings an allowlist.
 		if _, err := relay.CheckAddr(*egressListen); err != nil {
 			fmt.Fprintf(os.Stderr, "fusebox-sandbox: -egress-listen: %v\n", err)
+			os.Exit(2)
+		}
+	}
+	if *warmUp != "" {
+		dec := json.NewDecoder(strings.NewReader(*warmUp))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg.Server.WarmUpCommands); err != nil {
+			fmt.Fprintf(os.Stderr, "fusebox-sandbox: -warmup: %v\n", err)
 			os.Exit(2)
 		}
 	}

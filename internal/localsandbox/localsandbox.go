@@ -32,6 +32,9 @@ const LogName = "server.log"
 // the sandbox image's user.
 var DefaultCommandUser = runsc.User{UID: 65532, GID: 65532}
 
+// DefaultReadyTimeout bounds the wait for a new sandbox's init socket.
+const DefaultReadyTimeout = 30 * time.Second
+
 // Options describe one sandbox.
 type Options struct {
 	Runtime *runsc.Runtime // required
@@ -55,7 +58,7 @@ type Options struct {
 	// its real user, and runs commands as that user (runsc.BundleSpec.CommandUser), so that
 	// they can neither signal it nor write into the socket directory.
 	Bundle runsc.BundleSpec
-	// ReadyTimeout bounds the wait for the init socket (default 30 s).
+	// ReadyTimeout bounds the wait for the init socket (default DefaultReadyTimeout).
 	ReadyTimeout time.Duration
 	// KeepAwake runs the server with KeepAwakeGODEBUG in its environment.
 	KeepAwake bool
@@ -152,7 +155,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, err error) {
 	}
 	timeout := o.ReadyTimeout
 	if timeout <= 0 {
-		timeout = 30 * time.Second
+		timeout = DefaultReadyTimeout
 	}
 	if err := s.waitReady(ctx, filepath.Join(sock, "init.sock"), timeout); err != nil {
 		return nil, err

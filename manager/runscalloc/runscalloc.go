@@ -61,6 +61,9 @@ type Template struct {
 	// User, with Image, runs the commands instead of the image's user: "UID[:GID]" or
 	// "NAME[:GROUP]", looked up in the image.
 	User string
+	// ReadyTimeout bounds the wait for a new sandbox's init socket (zero:
+	// localsandbox.DefaultReadyTimeout); a template with warm-up commands needs theirs too.
+	ReadyTimeout time.Duration
 }
 
 // DefaultTemplate is DefaultLimits' template: a weight of 1 CPU with no quota, 1 GiB (a
@@ -363,7 +366,8 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	fast := a.o.fastPath()
 	args := append(slices.Clone(t.ServerArgs), "-idle-ttl="+a.o.IdleTTL.String(), "-egress-socket="+localsandbox.SocketDir+"/egress.sock")
 	sb, err := localsandbox.Start(ctx, localsandbox.Options{Runtime: a.rt, ID: id, Dir: dir,
-		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: fast.KeepAwake})
+		SandboxBinary: a.o.SandboxBinary, Entrypoint: t.Entrypoint, ServerArgs: args, Bundle: spec, KeepAwake: fast.KeepAwake,
+		ReadyTimeout: t.ReadyTimeout})
 	if err != nil {
 		return manager.UnitInfo{}, err
 	}

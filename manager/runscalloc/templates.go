@@ -1,22 +1,27 @@
 package runscalloc
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/templates"
 )
 
+// warmUpTimeout is the sandbox server's bound on a template's warm-up commands
+// (server.DefaultWarmUpTimeout; TestFromSpec checks they agree).
+const warmUpTimeout = 5 * time.Minute
+
 // FromSpec returns the template spec declares (a valid templates.Spec): its image, user, env
-// (the commands' base environment, over the image's) and working directory, and its limits, where a limit spec leaves out takes base's value
+// (the commands' base environment, over the image's), working directory and warm-up commands
+// (the server runs them before the sandbox joins the pool), and its limits, where a limit spec leaves out takes base's value
 // (fusebox local up's --sandbox-* flags). The image is unpacked by NewContext.
 func FromSpec(spec templates.Spec, base Limits) (Template, error) {
-	if len(spec.WarmUp) > 0 {
-		return Template{}, fmt.Errorf("template %s: warmUp is not supported by the runsc allocator", spec.Name)
-	}
 	l := base
 	for _, q := range []struct {
 		value string
@@ -49,6 +54,15 @@ func FromSpec(spec templates.Spec, base Limits) (Template, error) {
 	}
 	if spec.Cwd != "" {
 		t.ServerArgs = append(t.ServerArgs, "-cwd="+spec.Cwd)
+	}
+	if len(spec.WarmUp) > 0 {
+		b, err := json.Marshal(spec.WarmUp)
+		if err != nil {
+			return Template{}, fmt.Errorf("template %s: %w", spec.Name, err)
+		}
+		t.ServerArgs = append(t.ServerArgs, "-warmup="+string(b))
+		// The server runs them before its init socket appears.
+		t.ReadyTimeout = localsandbox.DefaultReadyTimeout + warmUpTimeout
 	}
 	return t, nil
 }

@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/templates"
+	"github.com/fusebox-dev/fusebox/sandbox-server/server"
 )
 
 // TestFromSpec: a template's limits replace the base's field by field, its env becomes the
@@ -25,8 +27,22 @@ func TestFromSpec(t *testing.T) {
 	if !slices.Equal(tm.ServerArgs, []string{"-env=A=1", "-env=B=2", "-cwd=/srv"}) || tm.Image != spec.Image || tm.User != "nobody" {
 		t.Errorf("template %+v", tm)
 	}
+	if tm.ReadyTimeout != 0 {
+		t.Errorf("a template without warm-up has its own ready timeout %v", tm.ReadyTimeout)
+	}
+	spec.WarmUp = []templates.Command{{Argv: []string{"python3", "-c", "import json"}}, {Script: "echo ok"}}
+	warm, err := FromSpec(spec, Limits{WorkspaceBytes: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := warm.ServerArgs[len(warm.ServerArgs)-1]; got != `-warmup=[{"argv":["python3","-c","import json"]},{"script":"echo ok"}]` {
+		t.Errorf("warm-up flag %s", got)
+	}
+	if warmUpTimeout != server.DefaultWarmUpTimeout || warm.ReadyTimeout != localsandbox.DefaultReadyTimeout+server.DefaultWarmUpTimeout {
+		t.Errorf("ready timeout %v, the server's warm-up bound %v", warm.ReadyTimeout, server.DefaultWarmUpTimeout)
+	}
+	spec.WarmUp = nil
 	for name, change := range map[string]func(*templates.Spec){
-		"warmUp": func(s *templates.Spec) { s.WarmUp = []templates.Command{{Argv: []string{"true"}}} },
 		"memory": func(s *templates.Spec) { s.Limits.Memory = "128Mi" }, // the base's workspace does not fit
 	} {
 		s := spec

@@ -85,9 +85,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	// A self-test of the data plane on a private socket with throwaway keys, which also
-	// warms its code paths before the sandbox waits in the pool.
+	// warms its code paths before the sandbox waits in the pool; then the template's warm-up
+	// commands.
 	if err := srv.WarmUp(ctx); err != nil {
-		return fmt.Errorf("data-plane self-test: %w", err)
+		return err
 	}
 	// The data socket is bound first (binding one is a round trip to the host under gVisor,
 	// kept off the allocation path) and serves nothing until the fuse blows.

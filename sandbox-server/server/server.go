@@ -58,6 +58,12 @@ type Options struct {
 	IdleTTL time.Duration
 	// BaseEnv is the environment of the first task group.
 	BaseEnv map[string]string
+	// WarmUpCommands are the template's warm-up commands: WarmUp runs them, in order, as any
+	// command runs, before the sandbox waits in the pool; one that fails (a non-zero exit)
+	// fails the server's start. What they leave in the workspace and the environment the
+	// agent finds. WarmUpTimeout bounds them together (default 5 minutes).
+	WarmUpCommands []Command
+	WarmUpTimeout  time.Duration
 	// BaseCwd, if set, is its working directory (absolute, or relative to the workspace);
 	// empty: the workspace.
 	BaseCwd string

@@ -488,3 +488,37 @@ func TestInitEnvAndCwd(t *testing.T) {
 		t.Errorf("pwd and $GREETING: %q, want %q", got, want)
 	}
 }
+
+// TestWarmUpCommands: a template's warm-up commands run before the sandbox serves, leaving
+// their files for the agent; a failing one fails WarmUp with its exit code and output.
+func TestWarmUpCommands(t *testing.T) {
+	dir := t.TempDir()
+	ws, err := workspace.Open(workspace.Options{Dir: dir, MountPath: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := procs.NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	newServer := func(cmds ...Command) *Server {
+		srv, err := New(Options{Workspace: ws, WorkspaceDir: dir, Reaper: r, IdleTTL: time.Minute,
+			BaseEnv: map[string]string{"PATH": os.Getenv("PATH")}, WarmUpCommands: cmds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	ctx := context.Background()
+	if err := newServer(Command{Script: "echo warmed > warm.txt"}, Command{Argv: []string{"true"}}).WarmUp(ctx); err != nil {
+		t.Fatalf("WarmUp: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "warm.txt")); err != nil || string(b) != "warmed\n" {
+		t.Errorf("the warm-up's file: %q, %v", b, err)
+	}
+	err = newServer(Command{Argv: []string{"true"}}, Command{Script: "echo no such module >&2; exit 3"}).WarmUp(ctx)
+	if err == nil || !strings.Contains(err.Error(), "warm-up command 2") || !strings.Contains(err.Error(), "exit 3: no such module") {
+		t.Errorf("a failing warm-up: %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/fusebox-dev/fusebox/internal/image/registry"
+	"github.com/fusebox-dev/fusebox/internal/image/registry/registrytest"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
@@ -21,7 +24,8 @@ import (
 // own warm pool, shown by fusebox status; `fusebox run --template` runs in its image, as its
 // user, with its env over the image's; the default template serves beside it; an unknown
 // template is refused by name; a template whose image has no shell (and no warm pool) runs
-// argv commands and refuses a script, saying why.
+// argv commands and refuses a script, saying why; warm-up commands run before a sandbox joins
+// its pool, and one that fails fails its template's pool alone, with the reason.
 func TestLocalUpWithTemplates(t *testing.T) {
 	e := newEnv(t)
 	ctx := testenv.Context(t, testDeadline)
@@ -54,8 +58,15 @@ func TestLocalUpWithTemplates(t *testing.T) {
   env: {GREETING: from-template, EXTRA: "1"}
   cwd: /srv
   limits: {memory: 768Mi, pids: 128}
+  warmUp:
+  - script: echo warmed > /workspace/warm.txt
+  - argv: [python3, -c, "import os"]
   pool: {min: 2}
-`, shellessLay, sh, lay, h)
+- name: cold
+  image: %s@%s
+  warmUp: [{argv: ["false"]}]
+  pool: {min: 1}
+`, shellessLay, sh, lay, h, lay, h)
 	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +104,8 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	}
 
 	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "plain", "--", "sh", "-c",
-		`id -u; id -g; pwd; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME`)
-	if want := "65534\n65534\n/srv\nfrom-template 1 kept\n2\nno-server\nbookworm\n"; code != 0 || out != want {
+		`id -u; id -g; pwd; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME; cat /workspace/warm.txt`)
+	if want := "65534\n65534\n/srv\nfrom-template 1 kept\n2\nno-server\nbookworm\nwarmed\n"; code != 0 || out != want {
 		t.Errorf("fusebox run --template plain: exit %d\nstdout: %q\nwant:   %q\nstderr: %s", code, out, want, errOut)
 	}
 	// The allocation's own env and working directory, over the template's, served by a warm
@@ -133,6 +144,31 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "has no shell") || !strings.Contains(errOut, "run the command as argv") {
 		t.Errorf("a script on the shelless template: exit %d, stderr: %s", code, errOut)
 	}
+	// A template whose warm-up fails fails its own pool, with the reason, and no other.
+	deadline := time.Now().Add(pollDeadline)
+	for {
+		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var failed *managerv1.TemplatePool
+		for _, tp := range ps.Pools {
+			if tp.Template == "cold" && strings.Contains(tp.LastError, "warm-up command 1") && strings.Contains(tp.LastError, "exit 1") {
+				failed = tp
+			}
+		}
+		if failed != nil {
+			if failed.Units["ready"] != 0 {
+				t.Errorf("the failing template's pool holds ready units: %v", failed)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm-up failure in the cold template's pool: %v\n%s", ps.Pools, p.log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	filled()
 	if l := p.log(); !strings.Contains(l, h.String()) {
 		t.Errorf("local up does not log the template's image digest:\n%s", l)
 	}
@@ -161,5 +197,84 @@ func TestLocalUpRefusesBadTemplates(t *testing.T) {
 		if l := p.log(); !strings.Contains(l, tc.want) {
 			t.Errorf("%s: the error does not say %q:\n%s", tc.file, tc.want, l)
 		}
+	}
+}
+
+// A template pulled from a registry on loopback (Debian's docker-registry: TLS from a test
+// CA, trusted through SSL_CERT_FILE, and htpasswd credentials read from the standard Docker
+// config) by digest; its pool and another template's refill separately: demand for one never
+// takes or makes a unit of the other.
+func TestLocalUpWithARegistryTemplate(t *testing.T) {
+	reg := registrytest.Start(t)
+	t.Setenv("DOCKER_CONFIG", reg.DockerConfig) // inherited by local up
+	t.Setenv("SSL_CERT_FILE", reg.CAFile)
+	e := newEnv(t)
+	ctx := testenv.Context(t, testDeadline)
+	cfg := v1.Config{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
+	img, err := imagetest.PlainImage(cfg, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := registry.Open(ctx, reg.Host+"/fusebox", registry.Options{CAFile: reg.CAFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := r.Push("plain", img)
+	if err != nil {
+		t.Fatalf("pushing the template's image: %v", err)
+	}
+	other, err := imagetest.ShellessImage(cfg, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay := filepath.Join(e.base, "images", "other")
+	h, err := imagetest.WriteImage(lay, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(e.base, "templates.yaml")
+	spec := fmt.Sprintf("templates:\n- name: pulled\n  image: %s\n  pool: {min: 1}\n- name: other\n  image: %s@%s\n  pool: {min: 1}\n", ref, lay, h)
+	if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := e.startLocalUp(t, "registry-template", "--templates", file, "--pool-size", "1")
+	mc := dialManager(t, e.Addr)
+	e.waitServing(t, p, mc)
+	// readyOf returns the ids of the ready sandboxes of template tmpl, once there is one.
+	readyOf := func(tmpl string) []string {
+		deadline := time.Now().Add(pollDeadline)
+		for {
+			var ids []string
+			for id, sb := range list(t, ctx, mc) {
+				if sb.Template == tmpl && sb.State == managerv1.UnitState_UNIT_STATE_READY {
+					ids = append(ids, id)
+				}
+			}
+			if len(ids) > 0 {
+				slices.Sort(ids)
+				return ids
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no ready sandbox of %s\n%s", tmpl, p.log())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	before := readyOf("other")
+	for range 3 {
+		code, out, errOut := runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "pulled", "--", "sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME")
+		if code != 0 || out != "bookworm\n" {
+			t.Fatalf("fusebox run --template pulled: exit %d\nstdout: %q\nstderr: %s", code, out, errOut)
+		}
+	}
+	readyOf("pulled") // refilled
+	if after := readyOf("other"); !slices.Equal(before, after) {
+		t.Errorf("demand for one template changed the other's pool: ready %v, then %v", before, after)
+	}
+	if l := p.log(); !strings.Contains(l, reg.Host) {
+		t.Errorf("local up does not log the image it pulled:\n%s", l)
+	}
+	if code := p.signal(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code after SIGTERM: %d", code)
 	}
 }
