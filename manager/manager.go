@@ -86,10 +86,12 @@ type Options struct {
 	Metrics *Metrics
 }
 
-// TemplatePool is the warm pool of one template, and the estimator that sizes it.
+// TemplatePool is the warm pool of one template, and the estimator that sizes it. Image and
+// Hash describe the template for Status only: its image, and the hash of its content.
 type TemplatePool struct {
-	Template  string
-	Estimator estimator.Estimator
+	Template    string
+	Estimator   estimator.Estimator
+	Image, Hash string
 }
 
 // Manager is the control plane. It is safe for concurrent use.
@@ -468,7 +470,9 @@ type PoolStatus struct {
 // TemplateStatus is one template's pool.
 type TemplateStatus struct {
 	Template, Estimator string
-	Target              int
+	// Image and Hash are Options.Pools' description of the template.
+	Image, Hash string
+	Target      int
 	// Units of the template by state.
 	Units               map[string]int
 	DemandPerSecond     float64
@@ -501,6 +505,7 @@ func (m *Manager) Status() PoolStatus {
 	for _, p := range m.o.Pools {
 		sz := m.sizers[p.Template]
 		ts := TemplateStatus{Template: p.Template, Estimator: sz.est.Name(), Target: int(sz.target.Load()),
+			Image: p.Image, Hash: p.Hash,
 			Units: map[string]int{}, DemandPerSecond: m.demand[p.Template].perSecond(now),
 			ProvisioningLatency: m.creations.provisioningLatency(p.Template)}
 		for s, n := range byTemplate[p.Template] {

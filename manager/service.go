@@ -218,7 +218,7 @@ func (s *Service) PoolStatus(ctx context.Context, _ *managerv1.PoolStatusRequest
 		Allocations: st.Allocations, Creations: st.Creations, Destructions: st.Destructions, Failures: st.Failures, ColdWaits: st.ColdWaits,
 		Allocator: st.Allocator}
 	for _, p := range st.Pools {
-		tp := &managerv1.TemplatePool{Template: p.Template, Estimator: p.Estimator, Target: int32(p.Target),
+		tp := &managerv1.TemplatePool{Template: p.Template, Estimator: p.Estimator, Target: int32(p.Target), Image: p.Image, Hash: p.Hash,
 			Units: map[string]int32{}, DemandPerSecond: p.DemandPerSecond,
 			ProvisioningLatency: durationpb.New(p.ProvisioningLatency), LastError: p.LastError}
 		for k, v := range p.Units {

@@ -53,7 +53,7 @@ func rootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	// fusebox manager is fusebox-manager's command under the CLI, for a service on one host.
-	root.AddCommand(localCmd(), runCmd(), statusCmd(), daemoncmd.ServiceCommand("manager"))
+	root.AddCommand(localCmd(), runCmd(), statusCmd(), templateCmd(), daemoncmd.ServiceCommand("manager"))
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
 	root.AddCommand(imageCmd(), releaseCmd())

@@ -329,14 +329,18 @@ func poolsOf(c Config) ([]manager.TemplatePool, error) {
 	if err != nil {
 		return nil, err
 	}
-	pools := []manager.TemplatePool{{Template: manager.DefaultTemplate, Estimator: est}}
+	img := c.Image
+	if c.Allocator == "kube" {
+		img = c.Kube.SandboxImage
+	}
+	pools := []manager.TemplatePool{{Template: manager.DefaultTemplate, Estimator: est, Image: img}}
 	for _, spec := range c.Templates {
 		name, lo, hi := spec.Pool.Sizes()
 		est, err := estimator.New(name, lo, hi)
 		if err != nil {
 			return nil, fmt.Errorf("template %s: %w", spec.Name, err)
 		}
-		pools = append(pools, manager.TemplatePool{Template: spec.Name, Estimator: est})
+		pools = append(pools, manager.TemplatePool{Template: spec.Name, Estimator: est, Image: spec.Image, Hash: spec.Hash()})
 	}
 	return pools, nil
 }

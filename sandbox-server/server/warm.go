@@ -22,8 +22,8 @@ import (
 // server's own code, on a private unix socket, before the sandbox waits in the pool: a
 // self-test (a server that cannot complete it never enters the pool) that also runs the data
 // plane's code paths once, off the allocation path. Then it runs the template's warm-up
-// commands (Options.WarmUpCommands) on the same connection. It uses its own keys and never touches the pinned identity or the init
-// listener.
+// commands (Options.WarmUpCommands) on the same connection. It uses its own keys and never
+// touches the pinned identity or the init listener.
 func (s *Server) WarmUp(ctx context.Context) error {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -102,6 +102,18 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "TEMPLATE") || !strings.Contains(out, "\nplain ") {
 		t.Errorf("fusebox status: exit %d\n%s%s", code, out, errOut)
 	}
+	code, out, errOut = runFusebox(t, ctx, "template", "list", "--manager", e.Addr)
+	if code != 0 || !strings.Contains(out, "\nplain ") || !strings.Contains(out, lay+"@"+h.String()) || !strings.Contains(out, "\ndefault ") {
+		t.Errorf("fusebox template list: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runFusebox(t, ctx, "template", "show", "--manager", e.Addr, "plain")
+	if code != 0 || !strings.Contains(out, "image:         "+lay+"@"+h.String()) || !strings.Contains(out, "hash:          ") || !strings.Contains(out, "pool:          fixed, target 2") {
+		t.Errorf("fusebox template show plain: exit %d\n%s%s", code, out, errOut)
+	}
+	code, _, errOut = runFusebox(t, ctx, "template", "show", "--manager", e.Addr, "nope")
+	if code == 0 || !strings.Contains(errOut, `no template "nope"`) || !strings.Contains(errOut, "plain") {
+		t.Errorf("fusebox template show nope: exit %d, stderr: %s", code, errOut)
+	}
 
 	code, out, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "plain", "--", "sh", "-c",
 		`id -u; id -g; pwd; echo $GREETING $EXTRA $ONLY_IMAGE; python3 -c 'print(2)'; test -e /usr/local/bin/fusebox-sandbox && echo has-server || echo no-server; . /etc/os-release; echo $VERSION_CODENAME; cat /workspace/warm.txt`)

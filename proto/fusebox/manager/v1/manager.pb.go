@@ -928,8 +928,12 @@ type TemplatePool struct {
 	ProvisioningLatency *durationpb.Duration `protobuf:"bytes,6,opt,name=provisioning_latency,json=provisioningLatency,proto3" json:"provisioning_latency,omitempty"`
 	// The template's last creation failure while none has succeeded since (an image that
 	// cannot run the sandbox server), and when it happened.
-	LastError     string                 `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	LastErrorAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_error_at,json=lastErrorAt,proto3" json:"last_error_at,omitempty"`
+	LastError   string                 `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	LastErrorAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_error_at,json=lastErrorAt,proto3" json:"last_error_at,omitempty"`
+	// What the template's sandboxes are made from: its image (a reference pinned by digest; empty
+	// for a root assembled from the host), and the hash of its content (package templates).
+	Image         string `protobuf:"bytes,9,opt,name=image,proto3" json:"image,omitempty"`
+	Hash          string `protobuf:"bytes,10,opt,name=hash,proto3" json:"hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1020,6 +1024,20 @@ func (x *TemplatePool) GetLastErrorAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *TemplatePool) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *TemplatePool) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
 var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
@@ -1101,7 +1119,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xb6\x03\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"\xe0\x03\n" +
 	"\fTemplatePool\x12\x1a\n" +
 	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x1c\n" +
 	"\testimator\x18\x02 \x01(\tR\testimator\x12\x16\n" +
@@ -1111,7 +1129,10 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x14provisioning_latency\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x13provisioningLatency\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\a \x01(\tR\tlastError\x12>\n" +
-	"\rlast_error_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vlastErrorAt\x1a8\n" +
+	"\rlast_error_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vlastErrorAt\x12\x14\n" +
+	"\x05image\x18\t \x01(\tR\x05image\x12\x12\n" +
+	"\x04hash\x18\n" +
+	" \x01(\tR\x04hash\x1a8\n" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

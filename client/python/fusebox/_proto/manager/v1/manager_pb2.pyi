@@ -177,7 +177,7 @@ class Sandbox(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., state: _Optional[_Union[UnitState, str]] = ..., template: _Optional[str] = ..., endpoint: _Optional[str] = ..., created: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., egress: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TemplatePool(_message.Message):
-    __slots__ = ["demand_per_second", "estimator", "last_error", "last_error_at", "provisioning_latency", "target", "template", "units"]
+    __slots__ = ["demand_per_second", "estimator", "hash", "image", "last_error", "last_error_at", "provisioning_latency", "target", "template", "units"]
     class UnitsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,8 @@ class TemplatePool(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     DEMAND_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     PROVISIONING_LATENCY_FIELD_NUMBER: _ClassVar[int]
@@ -195,13 +197,15 @@ class TemplatePool(_message.Message):
     UNITS_FIELD_NUMBER: _ClassVar[int]
     demand_per_second: float
     estimator: str
+    hash: str
+    image: str
     last_error: str
     last_error_at: _timestamp_pb2.Timestamp
     provisioning_latency: _duration_pb2.Duration
     target: int
     template: str
     units: _containers.ScalarMap[str, int]
-    def __init__(self, template: _Optional[str] = ..., estimator: _Optional[str] = ..., target: _Optional[int] = ..., units: _Optional[_Mapping[str, int]] = ..., demand_per_second: _Optional[float] = ..., provisioning_latency: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., last_error: _Optional[str] = ..., last_error_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, template: _Optional[str] = ..., estimator: _Optional[str] = ..., target: _Optional[int] = ..., units: _Optional[_Mapping[str, int]] = ..., demand_per_second: _Optional[float] = ..., provisioning_latency: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., last_error: _Optional[str] = ..., last_error_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., image: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
 
 class UnitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
