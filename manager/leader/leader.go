@@ -64,10 +64,13 @@ func Start(ctx context.Context, o Options) (*Elector, error) {
 		}
 	}
 	e := &Elector{done: make(chan struct{})}
-	lock := &resourcelock.LeaseLock{
+	var lock resourcelock.Interface = &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
 		Client:     o.Client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
+	}
+	if o.Owner != nil {
+		lock = ownedLock{LeaseLock: lock.(*resourcelock.LeaseLock), owner: *o.Owner}
 	}
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
@@ -97,6 +100,30 @@ func Start(ctx context.Context, o Options) (*Elector, error) {
 		}
 	}()
 	return e, nil
+}
+
+// ownedLock is a LeaseLock whose Lease, when the election has to make it again (it was
+// deleted while the election ran: the garbage collector removing it with the Deployment
+// while the replicas still stop), carries the owner too. Made without one, it would outlive
+// the Deployment; made with an owner that is gone, the garbage collector deletes it again.
+type ownedLock struct {
+	*resourcelock.LeaseLock
+	owner metav1.OwnerReference
+}
+
+// Create makes the Lease with its owner, then reads it back into the LeaseLock, whose Update
+// writes what it read.
+func (l ownedLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	m := l.LeaseMeta
+	_, err := l.Client.Leases(m.Namespace).Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, OwnerReferences: []metav1.OwnerReference{l.owner}},
+		Spec:       resourcelock.LeaderElectionRecordToLeaseSpec(&ler),
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	_, _, err = l.LeaseLock.Get(ctx)
+	return err
 }
 
 // ownLease makes the Lease, or adds o.Owner to the Lease's owners: the election then reads

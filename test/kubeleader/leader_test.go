@@ -68,9 +68,9 @@ func TestExactlyOneLeaderAndHandover(t *testing.T) {
 }
 
 // TestLeaseGoesWithItsOwner: with Owner (the manager's Deployment), the Lease is made owned,
-// an existing one gets the owner added, the election keeps it through its renewals, and the
-// garbage collector deletes it with the Deployment: nothing is left where a destroy keeps
-// the namespace.
+// an existing one gets the owner added, the election keeps it through its renewals and makes
+// it again owned, and the garbage collector deletes it with the Deployment, also when the
+// replicas still run as it goes: nothing is left where a destroy keeps the namespace.
 func TestLeaseGoesWithItsOwner(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -104,12 +104,21 @@ func TestLeaseGoesWithItsOwner(t *testing.T) {
 	if !owned() {
 		t.Fatal("the Lease lost its owner through the election's renewals")
 	}
-	cancel()
-	ctx = context.Background()
-	bg := metav1.DeletePropagationBackground
-	if err := env.Client.AppsV1().Deployments(ns).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+	// Deleted while the election runs (as the garbage collector does while the replicas
+	// still stop), the Lease the election makes again is owned too.
+	if err := leases.Delete(ctx, "fusebox-manager", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "the Lease made again, held and owned by the Deployment", owned)
+	// The Deployment deleted while the replicas still run: the Lease they make again has an
+	// owner that is gone, and the garbage collector deletes it once they stop.
+	bg := metav1.DeletePropagationBackground
+	if err := env.Client.AppsV1().Deployments(ns).Delete(context.Background(), d.Name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // the replicas renew, or make the Lease again
+	cancel()
+	ctx = context.Background()
 	eventually(t, "the garbage collector to delete the Lease", func() bool {
 		_, err := leases.Get(ctx, "fusebox-manager", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
