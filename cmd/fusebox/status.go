@@ -14,6 +14,9 @@ import (
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
+// unitStates are the state names the manager counts units by, in a unit's order of life.
+var unitStates = []string{"ready", "creating", "initialising", "bound", "destroying", "failed"}
+
 func statusCmd() *cobra.Command {
 	var mgr managerFlags
 	cmd := &cobra.Command{
@@ -39,7 +42,7 @@ the warm pool included.`,
 				return err
 			}
 			var states []string
-			for _, s := range []string{"ready", "creating", "initialising", "bound", "destroying", "failed"} {
+			for _, s := range unitStates {
 				states = append(states, fmt.Sprintf("%s %d", s, ps.Units[s]))
 			}
 			fmt.Printf("allocator %s, estimator %s, target %d ready\n%s\n", ps.Allocator, ps.Estimator, ps.Target, strings.Join(states, ", "))

@@ -129,7 +129,7 @@ func templateShowCmd() *cobra.Command {
 // printTemplate prints one template's pool, a field a line.
 func printTemplate(out io.Writer, p *managerv1.TemplatePool) {
 	var states []string
-	for _, s := range []string{"ready", "creating", "initialising", "bound", "destroying", "failed"} {
+	for _, s := range unitStates {
 		states = append(states, fmt.Sprintf("%s %d", s, p.Units[s]))
 	}
 	failure := "-"

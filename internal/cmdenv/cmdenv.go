@@ -31,7 +31,7 @@ func Check(env map[string]string, cwd string) error {
 	}
 	size := 0
 	for _, k := range slices.Sorted(maps.Keys(env)) {
-		if !validName(k) {
+		if !ValidName(k) {
 			return fmt.Errorf("%w: %q is not a variable name (letters, digits and '_', not starting with a digit)", ErrInvalid, k)
 		}
 		if strings.IndexByte(env[k], 0) >= 0 {
@@ -54,7 +54,9 @@ func Check(env map[string]string, cwd string) error {
 	return nil
 }
 
-func validName(k string) bool {
+// ValidName reports whether k is a variable name: letters, digits and '_', not starting with a
+// digit.
+func ValidName(k string) bool {
 	if k == "" || (k[0] >= '0' && k[0] <= '9') {
 		return false
 	}

@@ -28,6 +28,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/fusebox-dev/fusebox/internal/cmdenv"
 )
 
 // Default is the built-in template: the sandbox image the manager was started with, limited by
@@ -105,7 +107,7 @@ const (
 	MaxTemplates   = 64
 	MaxWarmUp      = 16
 	MaxPool        = 1000
-	MaxEnv         = 256
+	MaxEnv         = cmdenv.MaxVars
 	MinMemoryBytes = 128 << 20 // room for gVisor's kernel, the server and a small workspace
 	MinCPU         = 0.002     // the least cpu.shares (2) in cores
 	MaxCPU         = 256       // the most cpu.shares (262144) in cores
@@ -171,7 +173,6 @@ func Validate(specs []Spec, key string) error {
 
 var (
 	nameRE   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	digestRE = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
 	hostRE   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]*[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]*[a-z0-9])?(:[0-9]{1,5})?$`)
 	userRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$`)
@@ -196,7 +197,7 @@ func (s Spec) validate() error {
 		return fmt.Errorf("env: %d variables, at most %d", len(s.Env), MaxEnv)
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.Env)) {
-		if !envKeyRE.MatchString(k) {
+		if !cmdenv.ValidName(k) {
 			return fmt.Errorf("env: %q is not a variable name (letters, digits and '_', not starting with a digit)", k)
 		}
 		if strings.ContainsRune(s.Env[k], 0) {

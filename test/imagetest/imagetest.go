@@ -18,11 +18,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -141,16 +143,30 @@ func binaryLayer(bin string) (v1.Layer, error) {
 	if err != nil {
 		return nil, err
 	}
+	return tarLayer([]string{"usr/", "usr/local/", "usr/local/bin/"},
+		map[string][]byte{strings.TrimPrefix(Entrypoint, "/"): data}, 0o755)
+}
+
+// tarLayer returns a layer of dirs, then files (by name, in name order, with mode), all at
+// the userland's fixed time.
+func tarLayer(dirs []string, files map[string][]byte, mode int64) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	mtime := time.Unix(1767225600, 0)
-	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
-		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
+	for _, d := range dirs {
+		if err := tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime}); err != nil {
+			return nil, err
+		}
 	}
-	if err := tw.WriteHeader(&tar.Header{Name: strings.TrimPrefix(Entrypoint, "/"), Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: mtime}); err != nil {
-		return nil, err
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		data := files[name]
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Size: int64(len(data)), ModTime: mtime}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
 	}
-	tw.Write(data)
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
@@ -240,22 +256,11 @@ func ShellessImage(cfg v1.Config, log io.Writer) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	mtime := time.Unix(1767225600, 0)
-	for _, d := range []string{"usr/", "usr/bin/"} {
-		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	}
+	whiteouts := map[string][]byte{}
 	for _, sh := range []string{"bash", "dash", "rbash", "sh"} {
-		if err := tw.WriteHeader(&tar.Header{Name: "usr/bin/.wh." + sh, Typeflag: tar.TypeReg, Mode: 0o644, ModTime: mtime}); err != nil {
-			return nil, err
-		}
+		whiteouts["usr/bin/.wh."+sh] = nil
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
-	wh, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	wh, err := tarLayer([]string{"usr/", "usr/bin/"}, whiteouts, 0o644)
 	if err != nil {
 		return nil, err
 	}

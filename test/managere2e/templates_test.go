@@ -1,6 +1,7 @@
 package managere2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -77,22 +78,7 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	// filled waits for the plain template's pool to hold 2 ready sandboxes, and returns it
 	// and the manager's cold waits so far.
 	filled := func() (*managerv1.TemplatePool, uint64) {
-		deadline := time.Now().Add(pollDeadline)
-		for {
-			ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, tp := range ps.Pools {
-				if tp.Template == "plain" && tp.Units["ready"] >= 2 {
-					return tp, ps.ColdWaits
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the plain template's pool did not fill: %v\n%s", ps.Pools, p.log())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		return waitTemplatePool(t, ctx, mc, p, "plain", "to fill", func(tp *managerv1.TemplatePool) bool { return tp.Units["ready"] >= 2 })
 	}
 	plain, _ := filled()
 	if plain.Target != 2 || plain.LastError != "" {
@@ -157,28 +143,11 @@ func TestLocalUpWithTemplates(t *testing.T) {
 		t.Errorf("a script on the shelless template: exit %d, stderr: %s", code, errOut)
 	}
 	// A template whose warm-up fails fails its own pool, with the reason, and no other.
-	deadline := time.Now().Add(pollDeadline)
-	for {
-		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var failed *managerv1.TemplatePool
-		for _, tp := range ps.Pools {
-			if tp.Template == "cold" && strings.Contains(tp.LastError, "warm-up command 1") && strings.Contains(tp.LastError, "exit 1") {
-				failed = tp
-			}
-		}
-		if failed != nil {
-			if failed.Units["ready"] != 0 {
-				t.Errorf("the failing template's pool holds ready units: %v", failed)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no warm-up failure in the cold template's pool: %v\n%s", ps.Pools, p.log())
-		}
-		time.Sleep(100 * time.Millisecond)
+	failed, _ := waitTemplatePool(t, ctx, mc, p, "cold", "to show its warm-up's failure", func(tp *managerv1.TemplatePool) bool {
+		return strings.Contains(tp.LastError, "warm-up command 1") && strings.Contains(tp.LastError, "exit 1")
+	})
+	if failed.Units["ready"] != 0 {
+		t.Errorf("the failing template's pool holds ready units: %v", failed)
 	}
 	filled()
 	if l := p.log(); !strings.Contains(l, h.String()) {
@@ -288,5 +257,28 @@ func TestLocalUpWithARegistryTemplate(t *testing.T) {
 	}
 	if code := p.signal(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code after SIGTERM: %d", code)
+	}
+}
+
+// waitTemplatePool waits until the pool of template tmpl satisfies cond (what describes the
+// wait in a failure), and returns it and the manager's cold waits so far.
+func waitTemplatePool(t *testing.T, ctx context.Context, mc managerv1.ManagerClient, p *proc, tmpl, what string,
+	cond func(*managerv1.TemplatePool) bool) (*managerv1.TemplatePool, uint64) {
+	t.Helper()
+	deadline := time.Now().Add(pollDeadline)
+	for {
+		ps, err := mc.PoolStatus(ctx, &managerv1.PoolStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tp := range ps.Pools {
+			if tp.Template == tmpl && cond(tp) {
+				return tp, ps.ColdWaits
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the %s template's pool did not come %s: %v\n%s", tmpl, what, ps.Pools, p.log())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
