@@ -115,24 +115,26 @@ type ownedLock struct {
 // writes what it read.
 func (l ownedLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	m := l.LeaseMeta
-	_, err := l.Client.Leases(m.Namespace).Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, OwnerReferences: []metav1.OwnerReference{l.owner}},
-		Spec:       resourcelock.LeaderElectionRecordToLeaseSpec(&ler),
-	}, metav1.CreateOptions{})
-	if err != nil {
+	lease := ownedLease(m.Namespace, m.Name, l.owner)
+	lease.Spec = resourcelock.LeaderElectionRecordToLeaseSpec(&ler)
+	if _, err := l.Client.Leases(m.Namespace).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	_, _, err = l.LeaseLock.Get(ctx)
+	_, _, err := l.LeaseLock.Get(ctx)
 	return err
+}
+
+// ownedLease is the Lease namespace/name, owned by owner, with an empty spec.
+func ownedLease(namespace, name string, owner metav1.OwnerReference) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace,
+		OwnerReferences: []metav1.OwnerReference{owner}}}
 }
 
 // ownLease makes the Lease, or adds o.Owner to the Lease's owners: the election then reads
 // and renews that object, owners kept (client-go's LeaseLock updates what it read).
 func ownLease(ctx context.Context, o Options) error {
 	leases := o.Client.CoordinationV1().Leases(o.Namespace)
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace,
-		OwnerReferences: []metav1.OwnerReference{*o.Owner}}}
-	_, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+	_, err := leases.Create(ctx, ownedLease(o.Namespace, o.Name, *o.Owner), metav1.CreateOptions{})
 	if !apierrors.IsAlreadyExists(err) {
 		if err != nil {
 			return fmt.Errorf("creating the Lease %s/%s: %w", o.Namespace, o.Name, err)
