@@ -163,9 +163,9 @@ func deployUp(tools string, built map[string]imagetest.Built) (*deployment, erro
 	core := env.Client.CoreV1()
 	// The stack's namespaces are made beforehand (namespaces.create: false, as where they
 	// hold image pull secrets): destroy leaves them, and no namespace deletion takes the
-	// sandboxes with it.
+	// sandboxes with it. Each is settled (its default ServiceAccount made) before the snapshot.
 	for _, ns := range []string{"elsewhere", managerNamespace, sandboxNamespace} {
-		if _, err := core.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		if err := node.Namespace(ctx, ns); err != nil {
 			return nil, err
 		}
 	}

@@ -96,7 +96,7 @@ func (n *Node) StartDNS(ctx context.Context, image string, names map[string]stri
 			// Port 53: root inside the gVisor sandbox.
 			SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To(int64(0))}}},
 	}}
-	if err := n.namespace(ctx, "kube-system"); err != nil {
+	if err := n.Namespace(ctx, "kube-system"); err != nil {
 		return err
 	}
 	c := n.Env.Client.CoreV1()

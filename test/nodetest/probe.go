@@ -59,7 +59,7 @@ func (n *Node) Probe(ctx context.Context, ns string, labels map[string]string, i
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	c := n.Env.Client.CoreV1()
-	if err := n.namespace(ctx, ns); err != nil {
+	if err := n.Namespace(ctx, ns); err != nil {
 		return nil, err
 	}
 	uid := int64(65532)
@@ -114,9 +114,11 @@ func (n *Node) Tag(ctx context.Context, src, ref string) error {
 	return n.ctrRun(ctx, "images", "tag", "--force", src, ref)
 }
 
-// namespace makes namespace ns if it is missing and, under Options.Deployments (ServiceAccount
-// admission), waits for its default ServiceAccount.
-func (n *Node) namespace(ctx context.Context, ns string) error {
+// Namespace makes namespace ns if it is missing and, under Options.Deployments (the
+// serviceaccount and root-ca-certificate-publisher controllers run), waits for what those
+// controllers add to it: its default ServiceAccount and its kube-root-ca.crt ConfigMap. A
+// test that snapshots the API server's objects after making a namespace finds them settled.
+func (n *Node) Namespace(ctx context.Context, ns string) error {
 	c := n.Env.Client.CoreV1()
 	if _, err := c.Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
 		if _, err := c.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -126,8 +128,11 @@ func (n *Node) namespace(ctx context.Context, ns string) error {
 	if !n.deployments {
 		return nil
 	}
-	return n.waitFor(ctx, "ServiceAccount "+ns+"/default", time.Minute, func() bool {
-		_, err := c.ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+	return n.waitFor(ctx, "ServiceAccount "+ns+"/default and ConfigMap "+ns+"/kube-root-ca.crt", time.Minute, func() bool {
+		if _, err := c.ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false
+		}
+		_, err := c.ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 		return err == nil
 	})
 }
