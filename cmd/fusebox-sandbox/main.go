@@ -14,13 +14,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/fusebox-dev/fusebox/internal/userdb"
 	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/relay"
 	"github.com/fusebox-dev/fusebox/sandbox-server/server"
@@ -40,10 +41,13 @@ func (e envFlag) Set(s string) error {
 
 func main() {
 	var cfg server.Config
-	env := envFlag{
+	// The commands' base environment: these, or with -inherit-env the image's (these only
+	// where it sets neither), then each -env.
+	defaults := map[string]string{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG": "C.UTF-8",
 	}
+	env := envFlag{}
 	lim := &cfg.Server.Limits
 	flag.StringVar(&cfg.InitAddr, "init-listen", "unix:///run/fusebox/init.sock", "init listener (unix:///path or tcp://host:port), served until InitializeTLS succeeds once")
 	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound at start and serving nothing until initialisation")
@@ -57,11 +61,12 @@ func main() {
 	flag.String("fast-path", "", "ignored: the sandbox server takes part in no latency accelerator (keep-awake is the host's GODEBUG); accepted for managers of earlier releases, which pass it")
 	bulkOn := flag.Bool("bulk", true, "serve bulk transfers of large files (ALPN fusebox-bulk/1) after the same pinned handshake as the gRPC service; false: clients use the gRPC streams")
 	flag.Var(env, "env", "KEY=VALUE added to the commands' base environment (repeatable)")
+	inheritEnv := flag.Bool("inherit-env", false, "start the commands' base environment from this process's own (a template image's, as the container runtime set it from the image), without the cluster's KUBERNETES_* variables; -env is set over it")
 	flag.StringVar(&cfg.Server.BaseCwd, "cwd", "", "the commands' working directory: absolute, or relative to the workspace (empty: the workspace)")
 	warmUp := flag.String("warmup", "", `the template's warm-up commands, run before the sandbox waits in the pool, as JSON: [{"argv": [...]}, {"script": "..."}]; one that fails stops the server`)
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	egressSocket := flag.String("egress-socket", "", "unix socket of the host's egress proxy (e.g. /run/fusebox/egress.sock), relayed only once an allocation with an egress allowlist initialises the sandbox; empty, or an allocation without an allowlist: no egress at all (no relay, no proxy variables)")
-	commandUser := flag.String("command-user", "", "UID:GID that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")
+	commandUser := flag.String("command-user", "", "UID:GID (or NAME, UID, NAME:GROUP, looked up in this root's /etc/passwd and /etc/group) that commands run as, apart from the server (which must start as root, keeps root as its real user and works as this user): commands then cannot signal the server or write into its socket directory; empty: commands run as the server's user")
 	egressListen := flag.String("egress-listen", "127.0.0.1:3128", "loopback IP:port where the egress relay listens and where HTTP_PROXY and HTTPS_PROXY point (when the relay runs)")
 	flag.Parse()
 	cfg.Server.NoBulk = !*bulkOn
@@ -77,6 +82,17 @@ func main() {
 		}
 		cfg.CommandUser = &u
 	}
+	base := defaults
+	if *inheritEnv {
+		base = inheritedEnv()
+		for k, v := range defaults {
+			if _, ok := base[k]; !ok {
+				base[k] = v
+			}
+		}
+	}
+	maps.Copy(base, env)
+	env = base
 	if _, ok := env["HOME"]; !ok {
 		env["HOME"] = cfg.WorkspaceDir
 	}
@@ -147,16 +163,31 @@ func egressStarter(ctx context.Context, listen, socket string, log *slog.Logger)
 	}
 }
 
-// parseUser parses "UID:GID" (numbers; a non-root user).
+// parseUser resolves the commands' user: "UID:GID", or as an image's USER names one ("NAME",
+// "UID", "NAME:GROUP"), names looked up in this root's /etc/passwd and /etc/group (the
+// template image's, where the server runs in one). Root is refused.
 func parseUser(s string) (privsep.User, error) {
-	us, gs, ok := strings.Cut(s, ":")
-	uid, uerr := strconv.ParseUint(us, 10, 32)
-	gid, gerr := strconv.ParseUint(gs, 10, 32)
-	if !ok || uerr != nil || gerr != nil {
-		return privsep.User{}, fmt.Errorf("want numeric UID:GID, got %q", s)
+	uid, gid, err := userdb.LookupDir("/", s)
+	if err != nil {
+		return privsep.User{}, err
 	}
 	if uid == 0 {
-		return privsep.User{}, fmt.Errorf("%q: commands must not run as root (they could signal the server)", s)
+		return privsep.User{}, fmt.Errorf("%q is root: commands must not run as root (they could signal the server)", s)
 	}
-	return privsep.User{UID: uint32(uid), GID: uint32(gid)}, nil
+	return privsep.User{UID: uid, GID: gid}, nil
+}
+
+// inheritedEnv is this process's environment (the image's, as the container runtime set it)
+// without the variables the cluster adds to every container (KUBERNETES_SERVICE_*,
+// KUBERNETES_PORT*), which name the API server to commands that have no business with it.
+func inheritedEnv() map[string]string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.HasPrefix(k, "KUBERNETES_") {
+			continue
+		}
+		env[k] = v
+	}
+	return env
 }
