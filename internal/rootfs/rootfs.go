@@ -105,6 +105,9 @@ func unpack(ctx context.Context, img v1.Image, cacheDir, source string, log *slo
 	if err != nil {
 		return nil, fmt.Errorf("reading the config of image %s: %w", h, err)
 	}
+	if err := checkPlatform(cf); err != nil {
+		return nil, fmt.Errorf("image %s: %w", h, err)
+	}
 	tmp, err := os.MkdirTemp(cacheDir, tmpPrefix+h.Hex[:12]+"-")
 	if err != nil {
 		return nil, fmt.Errorf("creating a directory to unpack into: %w", err)

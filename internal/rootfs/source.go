@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -35,6 +36,11 @@ var (
 	ErrNoRepository = errors.New("registry reference without a repository path")
 	// ErrPull: the registry refused or could not be reached.
 	ErrPull = errors.New("pulling the image failed")
+	// ErrPlatform: the image is for another operating system or architecture than this
+	// machine's (linux/GOARCH), whose gVisor could not run its programs.
+	ErrPlatform = errors.New("image for another platform")
+	// ErrDigest: what a registry served for a digest is not that digest's content.
+	ErrDigest = errors.New("content does not match its digest")
 )
 
 // refNameAnnotation names a manifest of an image layout's index.
@@ -145,7 +151,8 @@ func (s *Source) Image(ctx context.Context) (v1.Image, error) {
 	if kc == nil {
 		kc = authn.DefaultKeychain
 	}
-	img, err := remote.Image(s.Ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc))
+	// A multi-platform index resolves to this machine's image.
+	img, err := remote.Image(s.Ref, remote.WithContext(ctx), remote.WithAuthFromKeychain(kc), remote.WithPlatform(hostPlatform))
 	if err != nil {
 		return nil, s.pullError(err)
 	}
@@ -213,8 +220,24 @@ func (s *Source) pullError(err error) error {
 	if errors.As(err, &te) {
 		return fmt.Errorf("%w: pulling %s from registry %s: HTTP %d: %v", ErrPull, s.Arg, reg, te.StatusCode, err)
 	}
+	if strings.Contains(err.Error(), "does not match requested digest") {
+		// go-containerregistry checks a manifest fetched by digest (with no sentinel error).
+		return fmt.Errorf("%w: %w: pulling %s from registry %s: %v", ErrPull, ErrDigest, s.Arg, reg, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("pulling %s from registry %s: %w", s.Arg, reg, err)
 	}
 	return fmt.Errorf("%w: pulling %s from registry %s (unreachable?): %v", ErrPull, s.Arg, reg, err)
+}
+
+// hostPlatform is the platform this machine's sandboxes run.
+var hostPlatform = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
+
+// checkPlatform refuses an image whose config names another OS or architecture than
+// hostPlatform (ErrPlatform). An image that names none is taken as it is.
+func checkPlatform(cf *v1.ConfigFile) error {
+	if (cf.OS != "" && cf.OS != hostPlatform.OS) || (cf.Architecture != "" && cf.Architecture != hostPlatform.Architecture) {
+		return fmt.Errorf("%w: the image is for %s/%s, this machine runs %s/%s", ErrPlatform, cf.OS, cf.Architecture, hostPlatform.OS, hostPlatform.Architecture)
+	}
+	return nil
 }
