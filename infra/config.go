@@ -13,7 +13,9 @@ import (
 	"github.com/fusebox-dev/fusebox/components/cilium"
 	"github.com/fusebox-dev/fusebox/components/gvisor"
 	"github.com/fusebox-dev/fusebox/components/karpenter"
+	"github.com/fusebox-dev/fusebox/components/manager"
 	"github.com/fusebox-dev/fusebox/infra/preflight"
+	"github.com/fusebox-dev/fusebox/internal/templates"
 	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	"github.com/pulumi/pulumi/sdk/v3/go/pulumi"
@@ -67,6 +69,10 @@ type Config struct {
 	// ImagePullSecrets (optional) name Secrets that must exist in the manager and sandbox
 	// namespaces (and kube-system, for the node installer) before `fusebox up`.
 	ImagePullSecrets []string `json:"-"`
+	// Templates (optional): sandbox templates besides the default, each with its own image
+	// (pinned by digest), limits, environment, user and warm pool (docs/templates.md), in the
+	// schema of the manager's templates file.
+	Templates []templates.Spec `json:"-"`
 	// ClusterDNS (optional, default kube-dns) is where the cluster's pods send DNS queries,
 	// and so where a sandbox allowed names may send them (port 53 only): kube-dns,
 	// nodelocaldns (NodeLocal DNSCache), gke-clouddns (GKE Cloud DNS, gke only) or
@@ -325,11 +331,21 @@ func loadConfig(cfg configReader, stack string) (*Config, error) {
 	if err := c.loadPolicy(cfg, fail); err != nil {
 		return nil, err
 	}
+	if err := c.loadTemplates(cfg, fail); err != nil {
+		return nil, err
+	}
 	if err := c.checkImages(fail, release); err != nil {
 		return nil, err
 	}
 	if err := c.checkSizes(fail); err != nil {
 		return nil, err
+	}
+	if len(c.Templates) > 0 {
+		// As the manager will check them, over the default template's pods (placement
+		// changes nothing a template sets).
+		if err := manager.CheckTemplates(c.sandboxTemplate(nil), c.Templates); err != nil {
+			return nil, fail("templates", err)
+		}
 	}
 	if err := c.Manager.checkAPI(fail); err != nil {
 		return nil, err
@@ -402,6 +418,20 @@ func (c *Config) loadObjects(cfg configReader, fail failFunc, release string) er
 			}
 			return fail(o.key, fmt.Errorf("want %s: %v", want, err))
 		}
+	}
+	return nil
+}
+
+// loadTemplates reads the templates (fusebox:templates: a list, in the templates file's
+// schema), checked as the manager checks its templates file; components/manager checks what
+// a cluster cannot honour.
+func (c *Config) loadTemplates(cfg configReader, fail failFunc) error {
+	raw, err := cfg.Try("templates")
+	if err != nil {
+		return nil
+	}
+	if c.Templates, err = templates.ParseList([]byte(raw), Namespace+":templates"); err != nil {
+		return fail("templates", err)
 	}
 	return nil
 }

@@ -17,7 +17,8 @@ type keyError struct {
 }
 
 // Hosts returns every host the program renders into an object, by the configuration key it
-// comes from: image registries (images.*, gvisor.installerImage, cilium.images.*), the gVisor
+// comes from: image registries (images.*, templates[*].image, gvisor.installerImage,
+// cilium.images.*), the gVisor
 // download base on eks (gvisor.binaryBaseURL, whose default is gVisor's public bucket), the Cilium
 // chart repository, and the public registries the Cilium chart's own images name when it is
 // installed without cilium.images.
@@ -26,6 +27,9 @@ func (c *Config) Hosts() map[string][]string {
 	add := func(key, host string) { hosts[key] = append(hosts[key], host) }
 	add("images.manager", imageHost(c.Images.Manager))
 	add("images.sandbox", imageHost(c.Images.Sandbox))
+	for i, t := range c.Templates {
+		add(fmt.Sprintf("templates[%d].image", i), imageHost(t.Image))
+	}
 	if c.Cloud == components.EKS {
 		add("gvisor.binaryBaseURL", urlHost(c.GVisor.baseURL()))
 	}

@@ -126,6 +126,18 @@ func sandboxNetwork(c *Config) sandboxnet.Network {
 	}
 }
 
+// sandboxTemplate is the default template's pods: the sandbox image, the pool's per-sandbox
+// resources, placement.
+func (c *Config) sandboxTemplate(placement *manager.Placement) manager.SandboxTemplate {
+	return manager.SandboxTemplate{
+		Image:     c.Images.Sandbox,
+		CPU:       c.Pool.SandboxCPU,
+		CPULimit:  c.Pool.SandboxCPULimit,
+		Memory:    c.Pool.SandboxMemory,
+		Placement: placement,
+	}
+}
+
 // managerArgs are the manager's, waiting for after; on GKE its sandboxes go to GKE
 // Sandbox's nodes.
 func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *manager.ManagerArgs {
@@ -135,16 +147,10 @@ func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *ma
 		placement = &p
 	}
 	return &manager.ManagerArgs{
-		Namespace:        ns.Manager,
-		SandboxNamespace: ns.Sandbox,
-		Image:            c.Images.Manager,
-		Sandbox: manager.SandboxTemplate{
-			Image:     c.Images.Sandbox,
-			CPU:       c.Pool.SandboxCPU,
-			CPULimit:  c.Pool.SandboxCPULimit,
-			Memory:    c.Pool.SandboxMemory,
-			Placement: placement,
-		},
+		Namespace:            ns.Manager,
+		SandboxNamespace:     ns.Sandbox,
+		Image:                c.Images.Manager,
+		Sandbox:              c.sandboxTemplate(placement),
 		NetworkPolicy:        string(c.NetworkPolicy),
 		ClusterDNS:           managerClusterDNS(c),
 		AgentNamespaces:      c.Egress.DataClientNamespaces,
@@ -152,6 +158,7 @@ func managerArgs(c *Config, ns *manager.Namespaces, after []pulumi.Resource) *ma
 		AgentLabels:          agentLabels(c),
 		Access:               accessRules(c.Access),
 		Operators:            c.Operators,
+		Templates:            c.Templates,
 		ImagePullSecrets:     c.ImagePullSecrets,
 		Replicas:             c.Manager.Replicas,
 		SkipAwait:            c.Manager.SkipAwait,

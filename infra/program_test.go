@@ -638,3 +638,51 @@ func TestManagerAPIKeys(t *testing.T) {
 			"--tls-dns-names=fusebox-manager,fusebox-manager.fusebox-system,fusebox-manager.fusebox-system.svc,fusebox-manager.fusebox-system.svc.cluster.local,manager.example.com,203.0.113.7")
 	})
 }
+
+// TestTemplates: the stack's fusebox:templates (a list in the templates file's schema) reach
+// the manager as its templates file; an invalid one, or one a cluster cannot honour, is
+// refused naming the key and the template; with inVPC, a template's registry is checked like
+// every other image's.
+func TestTemplates(t *testing.T) {
+	img := "registry.example.com/team/py@sha256:" + strings.Repeat("a", 64)
+	cfg := stackConfig(t, "eks-dev")
+	cfg["fusebox:templates"] = `[{"name":"py","image":"` + img + `","env":{"A":"1"},"pool":{"min":1,"max":2}}]`
+	m, err := runStack("eks-dev", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := ""
+	for _, r := range m.ByType("kubernetes:core/v1:ConfigMap") {
+		if f := mocktest.Str(r.Props(), "data", manager.TemplatesKey); f != "" {
+			file = f
+		}
+	}
+	if !strings.Contains(file, "name: py") || !strings.Contains(file, img) {
+		t.Fatalf("the manager's templates file:\n%s", file)
+	}
+	for name, tc := range map[string]struct{ value, want string }{
+		"tag":    {`[{"name":"py","image":"registry.example.com/team/py:3"}]`, "fusebox:templates[0] (py): image"},
+		"pids":   {`[{"name":"py","image":"` + img + `","limits":{"pids":64}}]`, "template py: limits.pids"},
+		"field":  {`[{"name":"py","image":"` + img + `","limit":{}}]`, `unknown field "limit"`},
+		"object": {`{"name":"py"}`, "fusebox:templates"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := stackConfig(t, "eks-dev")
+			cfg["fusebox:templates"] = tc.value
+			m, err := runStack("eks-dev", cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s: %v, want an error saying %q", tc.value, err, tc.want)
+			}
+			if len(m.All()) != 0 {
+				t.Errorf("%d resources registered", len(m.All()))
+			}
+		})
+	}
+	cfg = stackConfig(t, "eks-prod")
+	cfg["fusebox:inVPC"] = "true"
+	cfg["fusebox:privateHosts"] = `["127.0.0.1", "registry.example.com", "*.example.com"]`
+	cfg["fusebox:templates"] = `[{"name":"py","image":"ghcr.io/team/py@sha256:` + strings.Repeat("a", 64) + `"}]`
+	if _, err := runStack("eks-prod", cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "fusebox:templates[0].image") || !strings.Contains(err.Error(), "ghcr.io") {
+		t.Fatalf("a public template registry with inVPC: %v", err)
+	}
+}

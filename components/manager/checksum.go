@@ -12,7 +12,7 @@ import (
 
 // ChecksumAnnotationPrefix starts the manager pod template's annotations that carry, for each
 // ConfigMap the manager reads, the SHA-256 of its data (ChecksumAnnotation). The manager reads
-// the sandbox template and the authorisation policy once, at start: a change of either alone
+// the sandbox template, the templates file and the authorisation policy once, at start: a change of either alone
 // would leave the Deployment's pods as they are and the manager on the old values, so the
 // checksum changes the pod template and Kubernetes rolls the replicas onto the new data.
 const ChecksumAnnotationPrefix = "checksum.fusebox.dev/"
@@ -22,7 +22,11 @@ func ChecksumAnnotation(name string) string { return ChecksumAnnotationPrefix + 
 
 // templateData and policyData are the data of the ConfigMaps the manager reads.
 func (r renderedArgs) templateData() map[string]string {
-	return map[string]string{SandboxTemplateKey: r.template}
+	data := map[string]string{SandboxTemplateKey: r.template}
+	if r.templates != "" {
+		data[TemplatesKey] = r.templates
+	}
+	return data
 }
 
 func (r renderedArgs) policyData() map[string]string { return map[string]string{PolicyKey: r.policy} }

@@ -159,7 +159,8 @@ func externalNames(names []string) string {
 	return "," + strings.Join(names, ",")
 }
 
-// listArgs are the manager's list-valued flags that are set, and --cluster-dns when set.
+// listArgs are the manager's list-valued flags that are set, and --cluster-dns and
+// --templates when set.
 func (a *ManagerArgs) listArgs() pulumi.StringArray {
 	var out pulumi.StringArray
 	for _, f := range []struct {
@@ -172,6 +173,9 @@ func (a *ManagerArgs) listArgs() pulumi.StringArray {
 	}
 	if a.ClusterDNS != "" {
 		out = append(out, pulumi.String("--cluster-dns="+a.ClusterDNS))
+	}
+	if len(a.Templates) > 0 {
+		out = append(out, pulumi.String("--templates="+TemplatesPath))
 	}
 	return out
 }

@@ -13,7 +13,9 @@ import (
 	"strings"
 
 	"github.com/fusebox-dev/fusebox/components"
+	"github.com/fusebox-dev/fusebox/internal/templates"
 	"github.com/fusebox-dev/fusebox/manager/auth"
+	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/policies/sandboxnet"
 	appsv1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/apps/v1"
 	corev1 "github.com/pulumi/pulumi-kubernetes/sdk/v4/go/kubernetes/core/v1"
@@ -37,6 +39,10 @@ const (
 	// SandboxTemplatePath is where the manager reads the sandbox pod template: the
 	// ConfigMap's SandboxTemplateKey, mounted at templateMountPath.
 	SandboxTemplatePath = templateMountPath + "/" + SandboxTemplateKey
+	// TemplatesKey is the same ConfigMap's key holding the templates file (ManagerArgs.
+	// Templates), and TemplatesPath where the manager reads it.
+	TemplatesKey  = "templates.yaml"
+	TemplatesPath = templateMountPath + "/" + TemplatesKey
 	// nonRootUID is the distroless "nonroot" user.
 	nonRootUID = 65532
 )
@@ -106,6 +112,12 @@ type ManagerArgs struct {
 	// ImagePullSecrets name Secrets (in both namespaces) for pulling the manager and sandbox
 	// images from a private registry.
 	ImagePullSecrets []string `pulumi:"imagePullSecrets"`
+	// Templates are the sandbox templates besides the default (the stack's fusebox:templates;
+	// docs/templates.md): each one's pods run its image, pulled by digest, with the sandbox
+	// server copied in from Sandbox.Image, and each has its own warm pool. They are checked
+	// here as the manager checks them at its start (kubealloc.FromSpec over the rendered
+	// sandbox template), so that `up` refuses what the manager would.
+	Templates []templates.Spec `pulumi:"-"`
 }
 
 // AccessRule is one rule of the manager's authorisation policy (manager/auth.RuleFile).
@@ -225,8 +237,9 @@ func NewManager(ctx *pulumi.Context, name string, args *ManagerArgs, opts ...pul
 
 // renderedArgs are the files the manager reads, rendered from its arguments.
 type renderedArgs struct {
-	template string // the sandbox pod template (SandboxTemplateKey)
-	policy   string // the authorisation policy (PolicyKey)
+	template  string // the sandbox pod template (SandboxTemplateKey)
+	policy    string // the authorisation policy (PolicyKey)
+	templates string // the templates file (TemplatesKey); empty without templates
 }
 
 // checkArgs applies the defaults to a copy of args and renders the files the manager reads,
@@ -247,7 +260,58 @@ func checkArgs(name string, args *ManagerArgs) (ManagerArgs, renderedArgs, error
 	if err != nil {
 		return a, renderedArgs{}, fmt.Errorf("manager %s: access: %w", name, err)
 	}
-	return a, renderedArgs{template: tmpl, policy: policy}, nil
+	specs, err := a.templatesYAML(tmpl)
+	if err != nil {
+		return a, renderedArgs{}, fmt.Errorf("manager %s: %w", name, err)
+	}
+	return a, renderedArgs{template: tmpl, policy: policy, templates: specs}, nil
+}
+
+// templatesYAML checks the templates as the manager will, over the sandbox pod template
+// tmpl, and renders them as the manager's templates file (empty without templates).
+func (a *ManagerArgs) templatesYAML(tmpl string) (string, error) {
+	if len(a.Templates) == 0 {
+		return "", nil
+	}
+	if err := checkTemplates(tmpl, a.Templates); err != nil {
+		return "", err
+	}
+	b, err := yaml.Marshal(templates.File{Templates: a.Templates})
+	if err != nil {
+		return "", fmt.Errorf("rendering the templates: %w", err)
+	}
+	if _, err := templates.Parse(b); err != nil {
+		return "", fmt.Errorf("the rendered templates file: %w", err)
+	}
+	return string(b), nil
+}
+
+// CheckTemplates checks templates specs as a manager whose sandbox pods sandbox describes
+// checks them at its start: the schema (templates.Validate, errors naming the entry as
+// templates[i]) and what a cluster cannot honour (kubealloc.FromSpec over the rendered pod
+// template, naming the template). The stack checks them before anything is registered.
+func CheckTemplates(sandbox SandboxTemplate, specs []templates.Spec) error {
+	tmpl, err := sandbox.YAML()
+	if err != nil {
+		return err
+	}
+	return checkTemplates(tmpl, specs)
+}
+
+func checkTemplates(tmpl string, specs []templates.Spec) error {
+	if err := templates.Validate(specs, "templates"); err != nil {
+		return err
+	}
+	base, err := kubealloc.ParseTemplate([]byte(tmpl))
+	if err != nil {
+		return fmt.Errorf("the sandbox template: %w", err)
+	}
+	for _, spec := range specs {
+		if _, err := kubealloc.FromSpec(spec, base); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // children registers the Manager's children: each named from the component's name, parented

@@ -58,8 +58,9 @@ type Spec struct {
 	// Cwd is the commands' working directory (absolute); empty: the workspace. Allocate's
 	// cwd wins over it.
 	Cwd string `json:"cwd,omitempty"`
-	// User runs the commands: "NAME", "UID", "UID:GID" or "NAME:GROUP"; empty means the
-	// image's.
+	// User runs the commands: "NAME", "UID", "UID:GID" or "NAME:GROUP", names looked up in
+	// the image's /etc/passwd and /etc/group; empty means the image's USER locally, and the
+	// sandbox user (65532) in a cluster, where the pod does not run as the image's user.
 	User string `json:"user,omitempty"`
 	// WarmUp runs in order in each new sandbox before it joins the pool; a sandbox whose
 	// warm-up fails is not handed out.

@@ -269,12 +269,12 @@ type allocator struct {
 
 // newAllocator builds the allocator c names.
 func newAllocator(ctx context.Context, c Config, log *slog.Logger) (allocator, error) {
-	if len(c.Templates) > 0 && c.Allocator != "runsc" {
-		return allocator{}, fmt.Errorf("templates need the runsc allocator (not %s)", c.Allocator)
+	if len(c.Templates) > 0 && c.Allocator != "runsc" && c.Allocator != "kube" {
+		return allocator{}, fmt.Errorf("templates need the runsc or kube allocator (not %s)", c.Allocator)
 	}
 	switch c.Allocator {
 	case "kube":
-		return startKube(ctx, c.Kube, log)
+		return startKube(ctx, c.Kube, c.Templates, log)
 	case "runsc":
 		tmpl, err := c.Limits.Template()
 		if err != nil {

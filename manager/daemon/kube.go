@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/fusebox-dev/fusebox/internal/templates"
 	"github.com/fusebox-dev/fusebox/manager"
 	"github.com/fusebox-dev/fusebox/manager/kubealloc"
 	"github.com/fusebox-dev/fusebox/manager/leader"
@@ -42,7 +43,7 @@ func sandboxTemplate(k KubeConfig) (kubealloc.Template, error) {
 // startKube checks the cluster (the sandbox namespace must already deny by default), starts
 // the informer-fed allocator, with Deployment watches for the installation's removal and,
 // with LeaderElect, joins the election for the pool duties.
-func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (allocator, error) {
+func startKube(ctx context.Context, k KubeConfig, specs []templates.Spec, log *slog.Logger) (allocator, error) {
 	var out allocator
 	var typed kubernetes.Interface
 	if k.Deployment != "" {
@@ -55,7 +56,7 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (allocator, 
 			return allocator{}, fmt.Errorf("refusing to start: %w", err)
 		}
 	}
-	a, leader, err := startKubeAllocator(ctx, k, log)
+	a, leader, err := startKubeAllocator(ctx, k, specs, log)
 	if err != nil {
 		return allocator{}, err
 	}
@@ -74,13 +75,20 @@ func startKube(ctx context.Context, k KubeConfig, log *slog.Logger) (allocator, 
 }
 
 // startKubeAllocator is startKube but the removal watch.
-func startKubeAllocator(ctx context.Context, k KubeConfig, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
+func startKubeAllocator(ctx context.Context, k KubeConfig, specs []templates.Spec, log *slog.Logger) (*kubealloc.Allocator, func() bool, error) {
 	if k.SandboxNamespace == "" || k.Identity == "" || (k.SandboxImage == "" && k.SandboxTemplate == "") {
 		return nil, nil, errors.New("--allocator kube needs --sandbox-namespace, --identity (or $POD_NAME) and --sandbox-image or --sandbox-template")
 	}
 	tmpl, err := sandboxTemplate(k)
 	if err != nil {
 		return nil, nil, err
+	}
+	// Each template's pods run its image with the server from the default's.
+	tmpls := map[string]kubealloc.Template{manager.DefaultTemplate: tmpl}
+	for _, spec := range specs {
+		if tmpls[spec.Name], err = kubealloc.FromSpec(spec, tmpl); err != nil {
+			return nil, nil, err
+		}
 	}
 	if len(k.ManagerSelector) == 0 {
 		return nil, nil, errors.New("--allocator kube needs --manager-selector (the manager's pods: the only ones that may reach the init port)")
@@ -127,7 +135,7 @@ func startKubeAllocator(ctx context.Context, k KubeConfig, log *slog.Logger) (*k
 		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	a, err := kubealloc.New(kubealloc.Options{Client: cs, Dynamic: dyn, Namespace: k.SandboxNamespace, Identity: k.Identity,
-		Templates: map[string]kubealloc.Template{manager.DefaultTemplate: tmpl},
+		Templates: tmpls,
 		Flavour:   flavour, ImagePullSecrets: k.ImagePullSecrets,
 		Selectors: kubealloc.PolicySelectors{Agents: k.AgentSelector, AgentNamespaces: k.AgentNamespaces, AgentCIDRs: k.AgentCIDRs,
 			Manager: k.ManagerSelector, ManagerNamespace: managerNS, ClusterDNS: dns}, NodeName: k.NodeName,

@@ -414,7 +414,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (manager.Un
 	if err != nil {
 		return manager.UnitInfo{}, fmt.Errorf("%w: creating pod %s/%s: %w", manager.ErrAllocator, a.o.Namespace, id, err)
 	}
-	info, err := a.waitReady(ctx, w, id, created.UID)
+	info, err := a.waitReady(ctx, w, id, created.UID, a.o.ReadyTimeout+t.WarmUpTimeout)
 	if err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -473,8 +473,11 @@ func (a *Allocator) podSpec(id, template string, t Template) PodSpec {
 	}
 }
 
-func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid types.UID) (manager.UnitInfo, error) {
-	timer := time.NewTimer(a.o.ReadyTimeout)
+// waitReady waits until the informer shows pod id (of uid) Ready, for at most timeout. A pod
+// that ended, or whose containers cannot start (podStuck), is not waited for: the error says
+// why, naming the container and its image.
+func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid types.UID, timeout time.Duration) (manager.UnitInfo, error) {
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
 		p, err := a.pods.Pods(a.o.Namespace).Get(id)
@@ -482,7 +485,9 @@ func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid typ
 		case err == nil && p.UID == uid && podReady(p):
 			return a.unitInfo(p)
 		case err == nil && p.UID == uid && podEnded(p):
-			return manager.UnitInfo{}, fmt.Errorf("pod ended before it was ready (phase %s)", p.Status.Phase)
+			return manager.UnitInfo{}, fmt.Errorf("pod ended before it was ready: %s", endReason(p))
+		case err == nil && p.UID == uid && podStuck(p) != "":
+			return manager.UnitInfo{}, fmt.Errorf("pod cannot start: %s", podStuck(p))
 		case err == nil && p.UID != uid, apierrors.IsNotFound(err) && w.deleted.Load():
 			return manager.UnitInfo{}, errors.New("pod was deleted before it was ready")
 		}
@@ -493,7 +498,7 @@ func (a *Allocator) waitReady(ctx context.Context, w *waiter, id string, uid typ
 			if p != nil {
 				state = fmt.Sprintf("phase %s, IP %q, conditions %v", p.Status.Phase, p.Status.PodIP, p.Status.Conditions)
 			}
-			return manager.UnitInfo{}, fmt.Errorf("not ready within %v (%s)", a.o.ReadyTimeout, state)
+			return manager.UnitInfo{}, fmt.Errorf("not ready within %v (%s)", timeout, state)
 		case <-ctx.Done():
 			return manager.UnitInfo{}, fmt.Errorf("waiting for readiness: %w", context.Cause(ctx))
 		}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -85,8 +86,17 @@ var CommandUser = strconv.FormatInt(SandboxUID, 10) + ":" + strconv.FormatInt(Sa
 
 // Template is how sandbox pods of one template are made.
 type Template struct {
-	// Image holds fusebox-sandbox as its entrypoint. Required.
+	// Image is what the sandbox container runs: without ServerImage, an image holding
+	// fusebox-sandbox as its entrypoint (the sandbox image); with it, any image (a template's),
+	// which needs nothing of fusebox. Required.
 	Image string
+	// ServerImage, when set, holds fusebox-sandbox at ServerPath (the sandbox image): an init
+	// container from it copies the server into the pod's server volume, which the sandbox
+	// container mounts read-only at ServerDir and runs the server from, in Image's root.
+	ServerImage string
+	// WarmUpTimeout is added to Options.ReadyTimeout for this template's pods: the bound of
+	// the template's warm-up commands, which the server runs before the pod is Ready.
+	WarmUpTimeout time.Duration
 	// ServerArgs are extra fusebox-sandbox flags (limits); they come after the allocator's own
 	// and so override them (Go's flag package keeps the last value).
 	ServerArgs []string
@@ -216,10 +226,72 @@ func buildPod(s PodSpec) *corev1.Pod {
 				FSGroup:        &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
-			Containers: []corev1.Container{sandboxContainer(t)},
-			Volumes:    []corev1.Volume{workspaceVolume(t.WorkspaceSize)},
+			InitContainers: serverInstaller(t),
+			Containers:     []corev1.Container{sandboxContainer(t)},
+			Volumes:        volumes(t),
 		},
 	}
+}
+
+// Where a template image's pod gets its server (Template.ServerImage).
+const (
+	// ServerPath is where the sandbox image holds fusebox-sandbox (internal/image).
+	ServerPath = "/usr/local/bin/fusebox-sandbox"
+	// ServerDir is where the sandbox container of a template image mounts the server volume,
+	// read-only; the server runs as ServerDir/fusebox-sandbox.
+	ServerDir = "/fusebox"
+	// InstallerName is the init container that copies the server into the server volume.
+	InstallerName = "install-server"
+	serverVolume  = "fusebox-server"
+)
+
+// serverInstaller is, for a template image (t.ServerImage set), the init container that copies
+// fusebox-sandbox from the sandbox image into the server volume: run as root inside gVisor
+// (the copy belongs to root, so that no command can replace it even where the volume were
+// writable) with every capability dropped, a read-only root filesystem and the sandbox
+// image's own cp. nil otherwise.
+func serverInstaller(t Template) []corev1.Container {
+	if t.ServerImage == "" {
+		return nil
+	}
+	no, yes := false, true
+	root := int64(0)
+	return []corev1.Container{{
+		Name:    InstallerName,
+		Image:   t.ServerImage,
+		Command: []string{"cp", ServerPath, ServerDir + "/fusebox-sandbox"},
+		// Not the image's working directory, which a read-only root may lack.
+		WorkingDir: ServerDir,
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+		},
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             &no,
+			RunAsUser:                &root,
+			RunAsGroup:               &root,
+			AllowPrivilegeEscalation: &no,
+			Privileged:               &no,
+			ReadOnlyRootFilesystem:   &yes,
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: serverVolume, MountPath: ServerDir}},
+	}}
+}
+
+// volumes are the workspace and, for a template image, the server volume.
+func volumes(t Template) []corev1.Volume {
+	v := []corev1.Volume{workspaceVolume(t.WorkspaceSize)}
+	if t.ServerImage != "" {
+		// One static binary. A Quantity of each pod's own: one caches its string when
+		// printed, so pods made at once must not share one.
+		size := resource.MustParse("128Mi")
+		v = append(v, corev1.Volume{Name: serverVolume, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &size},
+		}})
+	}
+	return v
 }
 
 // withDefaults is t with DefaultTemplate's requests, limits and workspace size where t has
@@ -277,7 +349,8 @@ func (s PodSpec) pullSecrets() []corev1.LocalObjectReference {
 
 // sandboxContainer runs the sandbox server on the init and data ports, started as root
 // inside gVisor with every capability dropped but ServerCapabilities and its commands run as
-// SandboxUID, and a read-only root filesystem, Ready once its init port accepts connections;
+// SandboxUID, and a read-only root filesystem, Ready once its init port accepts connections
+// (for a template image, the server is the read-only server volume's, in the image's root);
 // the template's server args come last and so override the allocator's (but for
 // -command-user, which TemplateFromPod refuses with any other value).
 func sandboxContainer(t Template) corev1.Container {
@@ -290,7 +363,7 @@ func sandboxContainer(t Template) corev1.Container {
 		"-command-user=" + CommandUser,
 		"-idle-ttl=24h", // a warm pod waits in the pool far longer than the server's default
 	}, t.ServerArgs...)
-	return corev1.Container{
+	c := corev1.Container{
 		Name:  ContainerName,
 		Image: t.Image,
 		Args:  args,
@@ -315,6 +388,14 @@ func sandboxContainer(t Template) corev1.Container {
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: "workspace", MountPath: "/workspace"}},
 	}
+	if t.ServerImage != "" {
+		// The image's entrypoint and working directory are not used: the server runs in the
+		// workspace, which always exists, where the image's WORKDIR might not under a
+		// read-only root.
+		c.Command, c.WorkingDir = []string{ServerDir + "/fusebox-sandbox"}, "/workspace"
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: serverVolume, MountPath: ServerDir, ReadOnly: true})
+	}
+	return c
 }
 
 // workspaceVolume is the memory-backed workspace of size (counted against the memory limit).
@@ -388,6 +469,44 @@ func serverEnded(p *corev1.Pod) string {
 		return why
 	}
 	return ""
+}
+
+// stuckReasons are the waiting reasons of a container that does not start without a change to
+// its pod or its image: the kubelet keeps trying, but a pod that shows one is not waited for.
+var stuckReasons = map[string]bool{
+	"ImagePullBackOff":           true, // a pull failed and the kubelet backs off
+	"ErrImageNeverPull":          true,
+	"InvalidImageName":           true,
+	"CreateContainerConfigError": true,
+	"RunContainerError":          true, // the runtime could not start it (no such binary, ...)
+}
+
+// podStuck returns why pod p's containers cannot start (an image that cannot be pulled, an
+// invalid image name, a container the runtime refuses), naming the container and its image,
+// or "".
+func podStuck(p *corev1.Pod) string {
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, c := range list {
+			if w := c.State.Waiting; w != nil && stuckReasons[w.Reason] {
+				return fmt.Sprintf("container %s (image %s): %s: %s", c.Name, c.Image, w.Reason, truncate(w.Message))
+			}
+		}
+	}
+	return ""
+}
+
+// endReason describes why pod p ended before it was Ready: an init container (the server's
+// installer) that failed, else the sandbox server's end (serverEnded), else its phase.
+func endReason(p *corev1.Pod) string {
+	for _, c := range p.Status.InitContainerStatuses {
+		if t := c.State.Terminated; t != nil && t.ExitCode != 0 {
+			return fmt.Sprintf("init container %s (image %s) failed: %s", c.Name, c.Image, termination(t))
+		}
+	}
+	if why := serverEnded(p); why != "" {
+		return why
+	}
+	return fmt.Sprintf("phase %s", p.Status.Phase)
 }
 
 // termination describes a terminated container's end.

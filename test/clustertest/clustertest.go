@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -97,11 +99,26 @@ func Selectors() kubealloc.PolicySelectors {
 // NewManager returns a started manager on the kube allocator with policy flavour f, its pods
 // in a fresh namespace on the real node, with a pool of one.
 func NewManager(t *testing.T, n *nodetest.Node, f sandboxnet.Flavour) (*manager.Manager, *kubealloc.Allocator, string) {
+	return NewManagerWith(t, n, f, nil)
+}
+
+// NewManagerWith is NewManager with templates besides the default, each with a pool of one.
+func NewManagerWith(t *testing.T, n *nodetest.Node, f sandboxnet.Flavour, templates map[string]kubealloc.Template) (*manager.Manager, *kubealloc.Allocator, string) {
 	t.Helper()
 	ns := n.Env.Namespace(t)
+	tmpls := map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(SandboxImage)}
+	pools := []manager.TemplatePool{{Template: manager.DefaultTemplate, Estimator: estimator.Fixed{N: 1}}}
+	for _, name := range slices.Sorted(maps.Keys(templates)) {
+		tmpls[name] = templates[name]
+		pools = append(pools, manager.TemplatePool{Template: name, Estimator: estimator.Fixed{N: 1}, Image: templates[name].Image})
+	}
+	names := make([]string, len(pools))
+	for i, p := range pools {
+		names[i] = p.Template
+	}
 	a, err := kubealloc.New(kubealloc.Options{
 		Client: n.Env.Client, Dynamic: n.Env.Dynamic, Namespace: ns, Identity: "replica-a",
-		Templates:    map[string]kubealloc.Template{manager.DefaultTemplate: kubealloc.DefaultTemplate(SandboxImage)},
+		Templates:    tmpls,
 		Selectors:    Selectors(),
 		Flavour:      f,
 		NodeName:     nodetest.NodeName,
@@ -115,7 +132,7 @@ func NewManager(t *testing.T, n *nodetest.Node, f sandboxnet.Flavour) (*manager.
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	m, err := manager.New(manager.Options{Allocator: a, Estimator: estimator.Fixed{N: 1}, Clock: manager.RealClock{},
+	m, err := manager.New(manager.Options{Allocator: a, Templates: names, Pools: pools, Clock: manager.RealClock{},
 		Initializer: sfuse.Initialize, ReconcileInterval: 50 * time.Millisecond, AllocateWait: 3 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -136,12 +153,19 @@ func Allocate(t *testing.T, ctx context.Context, n *nodetest.Node, m *manager.Ma
 	if err != nil {
 		t.Fatal(err)
 	}
-	al, err := m.Allocate(ctx, manager.AllocateRequest{AgentPublicKey: key.PublicKey(), Egress: egress})
+	return AllocateRequest(t, ctx, n, m, key, manager.AllocateRequest{Egress: egress}), key
+}
+
+// AllocateRequest is Allocate with the request r (for key, which it sets).
+func AllocateRequest(t *testing.T, ctx context.Context, n *nodetest.Node, m *manager.Manager, key *client.Key, r manager.AllocateRequest) manager.Allocation {
+	t.Helper()
+	r.AgentPublicKey = key.PublicKey()
+	al, err := m.Allocate(ctx, r)
 	if err != nil {
 		t.Fatalf("Allocate: %v\n%s", err, n.Logs())
 	}
 	t.Cleanup(func() { m.Release(context.Background(), al.ID, al.LeaseToken) })
-	return al, key
+	return al
 }
 
 // Dial allocates (Allocate) and dials the sandbox; the connection closes when the test ends.

@@ -71,7 +71,7 @@ func Flags(f *pflag.FlagSet, c *daemon.Config, d Defaults) {
 	f.DurationVar(&c.PoolPing, "pool-ping", DefaultPoolPing, "how often the next sandbox to hand out is checked for liveness; a dead one is replaced (0: never; runsc and process allocators)")
 	f.BoolVar(&c.KeepSandboxesAwake, "keep-sandboxes-awake", DefaultKeepAwake, KeepAwakeHelp+" (runsc allocator)")
 	LimitFlags(f, &c.Limits)
-	f.Var(templatesFlag{&c.Templates}, "templates", "a templates file (YAML): sandbox templates besides the default, each with its own image (pinned by digest), limits, env, working directory, user and warm pool (runsc allocator; see docs/templates.md)")
+	f.Var(templatesFlag{&c.Templates}, "templates", "a templates file (YAML): sandbox templates besides the default, each with its own image (pinned by digest), limits, env, working directory, user and warm pool (runsc and kube allocators; see docs/templates.md)")
 	daemon.AuthFlags(f, &c.Auth)
 	fast := fastpath.All()
 	c.FastPath = &fast
