@@ -556,3 +556,46 @@ func needFiles(files ...file) error {
 	}
 	return nil
 }
+
+func benchUnpackCmd() *cobra.Command {
+	var o bench.UnpackOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "unpack",
+		Short: "Unpacking an image into the template layer store, against tar -x of the same layers",
+		Long: `Makes a synthetic image (--mib of files from 1 KiB to 4 MiB, half text-like and half
+random bytes, with hard links, symbolic links and whiteouts, in --layers gzip layers) and
+unpacks it, in alternating rounds, with fusebox's unpacking into its content-addressed layer
+store (what fusebox local up does once per template image: every layer read, decompressed,
+checked and written, whiteouts applied, the result synced) and with GNU tar -xzf of the same
+layer files in order into a directory on the same disk, followed by a sync of that file
+system. Prints the median of each and their ratio. Run as root, as the manager runs (both
+keep owners).`,
+		Example: `  fusebox-bench unpack --json
+  fusebox-bench unpack --mib 300 --layers 6 --rounds 5 --dir /var/tmp`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			r, err := bench.Unpack(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(r)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintf(w, "image\t%.0f MiB (%.0f MiB compressed), %d layers, %d files\n", r.ImageMiB, r.CompressedMiB, r.Layers, r.Files)
+			fmt.Fprintf(w, "unpack into the layer store (median of %d)\t%.3f s\n", r.Rounds, r.UnpackS)
+			fmt.Fprintf(w, "tar -xzf of the same layers, then sync\t%.3f s\n", r.TarS)
+			fmt.Fprintf(w, "  against tar\t%.2fx\n", r.VsTar)
+			return w.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Dir, "dir", "/var/tmp", "where the layers are written and both unpack into (one disk for both)")
+	f.IntVar(&o.MiB, "mib", 300, "the image's uncompressed size in MiB")
+	f.IntVar(&o.Layers, "layers", 6, "its layers")
+	f.IntVar(&o.Rounds, "rounds", 3, "unpacks of each side, alternating which goes first")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	return cmd
+}

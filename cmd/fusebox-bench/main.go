@@ -23,7 +23,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd(), benchSDKCmd())
+	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd(), benchSDKCmd(), benchUnpackCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "fusebox-bench:", err)
 		os.Exit(1)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"golang.org/x/sys/unix"
 )
@@ -123,11 +122,17 @@ func unpack(ctx context.Context, img v1.Image, cacheDir, source string, log *slo
 	}
 	log.Info("unpacking image", "digest", h.String(), "into", filepath.Join(cacheDir, h.Hex))
 	start := time.Now()
-	rc := mutate.Extract(img)
-	st, err := writeTree(ctx, rc, root, func(st treeStats) {
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, fmt.Errorf("reading the layers of image %s: %w", h, err)
+	}
+	archives := make([]opener, len(layers))
+	for i, l := range layers {
+		archives[i] = l.Uncompressed
+	}
+	st, err := writeLayers(ctx, archives, root, func(st treeStats) {
 		log.Info("unpacking image", "digest", h.String(), "files", st.files, "bytes", st.bytes)
 	})
-	rc.Close() // stops the flattening goroutine if writeTree returned early
 	if err != nil {
 		return nil, fmt.Errorf("unpacking image %s: %w", h, err)
 	}

@@ -579,3 +579,41 @@ func TestUser(t *testing.T) {
 		t.Fatalf("UserOf ghost: %v", err)
 	}
 }
+
+// Layers apply in order, as a container runtime applies them: a hard link keeps its content
+// when a higher layer deletes the name it was made to; a file replaced by a directory and a
+// directory by a file take the higher layer's; an opaque directory keeps what its own layer
+// wrote before the marker; a later layer may recreate a deleted name.
+func TestUnpackAppliesLayersInOrder(t *testing.T) {
+	l1 := layer(t,
+		dir("bin/", 0o755), file("bin/perl5.36", "perl"),
+		entry{name: "bin/perl", link: "bin/perl5.36", typ: tar.TypeLink, mode: 0o755},
+		file("was-file", "f"), dir("was-dir/", 0o700), file("was-dir/inner", "i"),
+		dir("opq/", 0o755), file("opq/lower", "l"), file("again", "1"),
+	)
+	l2 := layer(t,
+		file("bin/.wh.perl5.36", ""),
+		dir("was-file/", 0o750), file("was-file/now", "d"),
+		file("was-dir", "now a file"),
+		dir("opq/", 0o755), file("opq/mine", "m"), file("opq/.wh..wh..opq", ""),
+		file(".wh.again", ""),
+	)
+	l3 := layer(t, file("again", "3"))
+	r, err := Unpack(context.Background(), image(t, v1.Config{}, l1, l2, l3), filepath.Join(t.TempDir(), "rootfs"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, body := range map[string]string{"bin/perl": "perl", "was-file/now": "d", "was-dir": "now a file", "opq/mine": "m", "again": "3"} {
+		if got := readFile(t, filepath.Join(r.Dir, p)); got != body {
+			t.Errorf("%s = %q, want %q", p, got, body)
+		}
+	}
+	for _, p := range []string{"bin/perl5.36", "opq/lower", "was-dir/inner"} {
+		if _, err := os.Lstat(filepath.Join(r.Dir, p)); !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			t.Errorf("%s: %v, want it deleted", p, err)
+		}
+	}
+	if info, err := os.Lstat(filepath.Join(r.Dir, "was-file")); err != nil || info.Mode() != fs.ModeDir|0o750 {
+		t.Errorf("was-file: %v %v, want the higher layer's directory (0750)", info.Mode(), err)
+	}
+}
