@@ -1,5 +1,6 @@
 // Command fusebox-bench measures fusebox against real gVisor sandboxes and prints its figures
-// (as JSON with --json): fusebox-bench dataplane, allocate, manager and cpu-limits. make bench
+// (as JSON with --json): fusebox-bench dataplane, allocate, manager, cpu-limits, sdk, unpack and
+// templates. make bench
 // runs the four. It is the only binary that links the benchmark harness (test/bench); the product
 // binaries (fusebox, fusebox-manager, fusebox-sandbox) link none of it.
 package main
@@ -23,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd(), benchSDKCmd(), benchUnpackCmd())
+	root.AddCommand(benchDataplaneCmd(), benchAllocateCmd(), benchManagerCmd(), benchCPULimitsCmd(), benchSDKCmd(), benchUnpackCmd(), benchTemplatesCmd())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "fusebox-bench:", err)
 		os.Exit(1)
