@@ -1,7 +1,6 @@
 // Command fusebox-bench measures fusebox against real gVisor sandboxes and prints its figures
 // (as JSON with --json): fusebox-bench dataplane, allocate, manager, cpu-limits, sdk, unpack and
-// templates. make bench
-// runs the four. It is the only binary that links the benchmark harness (test/bench); the product
+// templates; make bench runs the first four. It is the only binary that links the benchmark harness (test/bench); the product
 // binaries (fusebox, fusebox-manager, fusebox-sandbox) link none of it.
 package main
 
