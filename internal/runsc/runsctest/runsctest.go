@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,6 +81,11 @@ func Start(t testing.TB, spec runsc.BundleSpec) (*runsc.Runtime, string) {
 	return rt, StartIn(t, rt, spec)
 }
 
+// idPrefix names this process's test containers: runsc makes each container's host cgroup
+// from its id, so two test processes at once (two trees tested side by side) must not share
+// ids, or one's container takes the other's cgroup and its limits.
+var idPrefix = "test" + strconv.FormatInt(int64(os.Getpid()), 36)
+
 // StartIn is Start under a given Runtime, for tests that run several
 // containers under one runsc root.
 func StartIn(t testing.TB, rt *runsc.Runtime, spec runsc.BundleSpec) string {
@@ -90,7 +96,7 @@ func StartIn(t testing.TB, rt *runsc.Runtime, spec runsc.BundleSpec) string {
 	if err := runsc.WriteBundle(spec); err != nil {
 		t.Fatalf("writing bundle: %v", err)
 	}
-	id := runsc.ID("test", next.Add(1))
+	id := runsc.ID(idPrefix, next.Add(1))
 	// Registered before Create, so that a half-created container is
 	// removed too (Delete is idempotent).
 	t.Cleanup(func() { Remove(t, rt, id) })
