@@ -12,11 +12,15 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/fusebox-dev/fusebox/client"
 
 	"github.com/fusebox-dev/fusebox/internal/image/registry"
 	"github.com/fusebox-dev/fusebox/internal/image/registry/registrytest"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 	"github.com/fusebox-dev/fusebox/test/imagetest"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
 
@@ -280,5 +284,103 @@ func waitTemplatePool(t *testing.T, ctx context.Context, mc managerv1.ManagerCli
 			t.Fatalf("the %s template's pool did not come %s: %v\n%s", tmpl, what, ps.Pools, p.log())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A template's image changed between two runs of `fusebox local up` on one state directory:
+// the sandbox bound from the old image lives on and keeps serving from it, adopted by the
+// second manager with its lease; the old image's warm sandboxes are destroyed; the template's
+// pool refills from the new image, which its next allocation gets, under a new hash.
+func TestTemplateImageChangeKeepsTheBoundSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := testenv.Context(t, testDeadline)
+	layouts := map[string]string{}
+	for _, mark := range []string{"old", "new"} {
+		img, err := imagetest.PlainImage(v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "MARK=" + mark}}, os.Stderr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay := filepath.Join(e.base, "images", mark)
+		h, err := imagetest.WriteImage(lay, img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		layouts[mark] = lay + "@" + h.String()
+	}
+	file := filepath.Join(e.base, "templates.yaml")
+	write := func(mark string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte("templates:\n- name: web\n  image: "+layouts[mark]+"\n  pool: {min: 1}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mc := dialManager(t, e.Addr)
+	web := func(p *proc, what string, cond func(*managerv1.TemplatePool) bool) *managerv1.TemplatePool {
+		tp, _ := waitTemplatePool(t, ctx, mc, p, "web", what, cond)
+		return tp
+	}
+	mark := func(sb *client.Sandbox) string {
+		return strings.TrimSpace(sandboxtest.Sh(t, ctx, sb, "echo $MARK"))
+	}
+
+	write("old")
+	first := e.startLocalUp(t, "old-image", "--templates", file)
+	e.waitServing(t, first, mc)
+	before := web(first, "to fill", func(tp *managerv1.TemplatePool) bool { return tp.Units["ready"] >= 1 })
+	key := sandboxtest.NewKey(t)
+	resp, err := mc.Allocate(ctx, &managerv1.AllocateRequest{AgentPublicKey: key.PublicKey(), Template: "web", LeaseTtl: durationpb.New(10 * time.Minute)})
+	if err != nil {
+		t.Fatalf("Allocate web: %v", err)
+	}
+	bound := resp.GetSandboxId()
+	sb, err := client.Dial(resp.GetEndpoint(), resp.GetSandboxPublicKey(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if got := mark(sb); got != "old" {
+		t.Fatalf("the sandbox bound from the old image says %q", got)
+	}
+	units := list(t, ctx, mc)
+	web(first, "to refill", func(tp *managerv1.TemplatePool) bool { return tp.Units["ready"] >= 1 })
+	var oldWarm []string
+	for id, u := range list(t, ctx, mc) {
+		if u.GetTemplate() == "web" && u.GetState() == managerv1.UnitState_UNIT_STATE_READY {
+			oldWarm = append(oldWarm, id)
+		}
+	}
+	if len(oldWarm) == 0 || units[bound].GetState() != managerv1.UnitState_UNIT_STATE_BOUND {
+		t.Fatalf("before the change: warm %v, bound %v", oldWarm, units[bound])
+	}
+	if code := first.signal(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit code after SIGTERM: %d", code)
+	}
+
+	write("new")
+	second := e.startLocalUp(t, "new-image", "--templates", file)
+	e.waitServing(t, second, mc)
+	for _, id := range oldWarm {
+		e.waitUnitGone(t, id)
+	}
+	after := web(second, "to refill from the new image", func(tp *managerv1.TemplatePool) bool { return tp.Units["ready"] >= 1 })
+	if after.Hash == before.Hash || after.Image != layouts["new"] {
+		t.Errorf("the template after the change: image %s, hash %s (was %s)", after.Image, after.Hash, before.Hash)
+	}
+	if u := list(t, ctx, mc)[bound]; u.GetState() != managerv1.UnitState_UNIT_STATE_BOUND {
+		t.Errorf("the sandbox bound before the change is %v, want BOUND (adopted)", u)
+	}
+	if got := mark(sb); got != "old" {
+		t.Errorf("the sandbox bound before the change now says %q, want old: it must keep its image", got)
+	}
+	code, out, errOut := runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--template", "web", "--", "sh", "-c", "echo $MARK")
+	if code != 0 || out != "new\n" {
+		t.Errorf("a new allocation of web: exit %d, stdout %q, stderr %s", code, out, errOut)
+	}
+	if _, err := mc.Release(ctx, &managerv1.ReleaseRequest{SandboxId: bound, LeaseToken: resp.GetLeaseToken()}); err != nil {
+		t.Errorf("Release of the adopted sandbox: %v", err)
+	}
+	e.waitUnitGone(t, bound)
+	if code := second.signal(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code after SIGTERM: %d", code)
 	}
 }
