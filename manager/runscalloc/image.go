@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/fusebox-dev/fusebox/internal/rootfs"
 )
 
@@ -28,8 +30,8 @@ func prepareImage(ctx context.Context, src, cacheDir string, log *slog.Logger) (
 
 // withImage returns t with root as its root filesystem, honouring the image's
 // configuration: its entrypoint runs the server (t's flags appended; the image's Cmd,
-// which they replace, is not used), as its user, with its environment before t's, in its
-// working directory.
+// which they replace, is not used), as its user, with its environment before t's (the
+// server's and, as -env flags, its commands'), in its working directory.
 func withImage(t Template, root *rootfs.Root) (Template, error) {
 	cfg := root.Config
 	if len(cfg.Entrypoint) == 0 {
@@ -43,6 +45,8 @@ func withImage(t Template, root *rootfs.Root) (Template, error) {
 		return Template{}, fmt.Errorf("sandbox image %s: %w", root.Digest, err)
 	}
 	t.Entrypoint = slices.Clone(cfg.Entrypoint)
+	// The server's commands start from its -env flags, not from its own environment.
+	t.ServerArgs = append(imageEnvArgs(cfg), t.ServerArgs...)
 	b := t.Bundle
 	b.RootFS, b.EtcDir = root.Dir, ""
 	b.UID, b.GID = uid, gid
@@ -52,6 +56,18 @@ func withImage(t Template, root *rootfs.Root) (Template, error) {
 	}
 	t.Bundle = b
 	return t, nil
+}
+
+// imageEnvArgs are the image's environment as the server's -env flags: the commands' base
+// environment, under the template's own flags, which come after them and so win.
+func imageEnvArgs(cfg v1.Config) []string {
+	var env []string
+	for _, kv := range cfg.Env {
+		if k, _, ok := strings.Cut(kv, "="); ok && k != "" {
+			env = append(env, "-env="+kv)
+		}
+	}
+	return env
 }
 
 // withTemplateImage returns t with root as its root filesystem, for a template's own image
@@ -69,13 +85,7 @@ func withTemplateImage(t Template, root *rootfs.Root) (Template, error) {
 		return Template{}, fmt.Errorf("image %s: %w", root.Digest, err)
 	}
 	t.Entrypoint = nil
-	var env []string
-	for _, kv := range cfg.Env {
-		if k, _, ok := strings.Cut(kv, "="); ok && k != "" {
-			env = append(env, "-env="+kv)
-		}
-	}
-	t.ServerArgs = append(env, t.ServerArgs...)
+	t.ServerArgs = append(imageEnvArgs(cfg), t.ServerArgs...)
 	b := t.Bundle
 	b.RootFS, b.EtcDir = root.Dir, ""
 	b.UID, b.GID = uid, gid

@@ -31,7 +31,8 @@ func TestWithImage(t *testing.T) {
 	}
 	b := got.Bundle
 	if !slices.Equal(got.Entrypoint, cfg.Entrypoint) || b.RootFS != dir || b.EtcDir != "" || b.UID != 65532 || b.GID != 65532 ||
-		b.Cwd != "/workspace" || b.MemoryLimitBytes != 1<<30 || !slices.Equal(got.ServerArgs, base.ServerArgs) {
+		b.Cwd != "/workspace" || b.MemoryLimitBytes != 1<<30 ||
+		!slices.Equal(got.ServerArgs, []string{"-env=PATH=/usr/local/bin:/usr/bin", "-env=LANG=C.UTF-8", "-max-output=1"}) {
 		t.Fatalf("template %+v", got)
 	}
 	if want := []string{"PATH=/usr/local/bin:/usr/bin", "LANG=C.UTF-8", "GODEBUG=x=1"}; !slices.Equal(b.Env, want) {
