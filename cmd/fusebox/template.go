@@ -24,7 +24,7 @@ working directory, user, warm-up commands and a warm pool (docs/templates.md). A
 serves those of the templates file it was started with (fusebox local up --templates FILE)
 beside the built-in "default".`,
 	}
-	cmd.AddCommand(templateValidateCmd(), templateListCmd(), templateShowCmd())
+	cmd.AddCommand(templateValidateCmd(), templateListCmd(), templateShowCmd(), templateBuildCmd())
 	return cmd
 }
 

@@ -81,6 +81,17 @@ type BundleSpec struct {
 	// where those are directories (the same symbolic links where they are
 	// links), and a sanitised copy of /etc (see WriteSanitizedEtc).
 	RootFS string
+	// RootWritable makes RootFS (which it requires) the sandbox's writable
+	// root, for building an image: writes reach RootFS on the host (gVisor's
+	// own root overlay, which would keep them in memory or in a file of its
+	// own, is turned off by the rootfs annotations of the config), and
+	// neither the workspace nor the /tmp tmpfs is mounted, since what a build
+	// step leaves in /tmp or in the workspace belongs to the image as
+	// anywhere else (the root's /tmp, if it is a directory, is bound over
+	// itself so that gVisor mounts no tmpfs there). The working directory
+	// then defaults to /. The sandbox
+	// still cannot reach anything of the host outside RootFS and Mounts.
+	RootWritable bool
 	// EtcDir, with a host-derived root only, is a directory made once with
 	// WriteSanitizedEtc and bound read-only at /etc, instead of a fresh copy
 	// in each bundle.
@@ -99,6 +110,13 @@ type BundleSpec struct {
 	// CAP_DAC_OVERRIDE, so file modes bind it); other users get none. The
 	// process has no_new_privs either way.
 	UID, GID uint32
+	// Capabilities, if not nil, replace runsc's minimal set (see UID) as
+	// the init process's bounding set and, for root, its effective and
+	// permitted sets: a build step running as root needs CAP_CHOWN,
+	// CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SETUID... as it has under Docker.
+	// They are capabilities of gVisor's kernel, not of the host's. Not with
+	// CommandUser, which has its own set.
+	Capabilities []string
 	// CommandUser, if set, is the user the init process runs its commands
 	// as (fusebox-sandbox -command-user): the init process must then be root
 	// (UID and GID 0) and CommandUser must not be. The init process gets
@@ -170,7 +188,8 @@ type BundleSpec struct {
 // pid, ipc, uts and mount namespaces (a network namespace only with
 // NetNSPath); gVisor's own /proc, /sys (read-only) and /dev; tmpfs at /tmp
 // and at the workspace; the limits under linux.resources; and
-// noNewPrivileges. On error nothing WriteBundle created is left behind.
+// noNewPrivileges. With RootWritable the root is writable and there is no
+// tmpfs at /tmp or at the workspace. On error nothing WriteBundle created is left behind.
 func WriteBundle(spec BundleSpec) (err error) {
 	if err := spec.validate(); err != nil {
 		return err
@@ -237,6 +256,14 @@ func (spec *BundleSpec) validatePaths() error {
 			return badSpec("EtcDir is only for a host-derived root (RootFS empty)")
 		}
 	}
+	if spec.RootWritable {
+		switch {
+		case spec.RootFS == "":
+			return badSpec("RootWritable needs RootFS: a host-derived root is never writable")
+		case spec.Workspace != "" || spec.WorkspaceHostDir != "" || spec.WorkspaceSizeBytes != 0 || spec.TmpSizeBytes != 0:
+			return badSpec("RootWritable mounts no workspace and no /tmp: Workspace, WorkspaceHostDir, WorkspaceSizeBytes and TmpSizeBytes must be empty")
+		}
+	}
 	if spec.EtcDir != "" {
 		if !filepath.IsAbs(spec.EtcDir) {
 			return badSpec("EtcDir %q is not absolute", spec.EtcDir)
@@ -278,7 +305,15 @@ func (spec *BundleSpec) validateLimits() error {
 				"their files are the sandbox's memory, and a sandbox that reaches its memory limit is killed", ws+tmp, spec.MemoryLimitBytes)
 		}
 	}
+	for _, c := range spec.Capabilities {
+		if !strings.HasPrefix(c, "CAP_") || strings.ToUpper(c) != c {
+			return badSpec("capability %q is not a CAP_ name", c)
+		}
+	}
 	if u := spec.CommandUser; u != nil {
+		if spec.Capabilities != nil {
+			return badSpec("Capabilities and CommandUser exclude each other: CommandUser has its own set")
+		}
 		if spec.UID != 0 || spec.GID != 0 {
 			return badSpec("CommandUser needs a root init process (UID and GID 0), not %d:%d", spec.UID, spec.GID)
 		}
@@ -300,9 +335,11 @@ func (spec *BundleSpec) validateMounts() error {
 	for _, d := range hostRootDirs {
 		seen[d] = true
 	}
-	ws := orDefault(spec.Workspace, DefaultWorkspace)
-	if err := checkDest(ws, seen); err != nil {
-		return badSpec("Workspace: %v", err)
+	if !spec.RootWritable {
+		ws := orDefault(spec.Workspace, DefaultWorkspace)
+		if err := checkDest(ws, seen); err != nil {
+			return badSpec("Workspace: %v", err)
+		}
 	}
 	for _, m := range spec.Mounts {
 		if !filepath.IsAbs(m.Source) {
@@ -457,9 +494,13 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
 		env = append([]string{DefaultPath}, env...)
 	}
-	caps := &specs.LinuxCapabilities{Bounding: defaultCaps}
+	capSet := defaultCaps
+	if spec.Capabilities != nil {
+		capSet = slices.Clone(spec.Capabilities)
+	}
+	caps := &specs.LinuxCapabilities{Bounding: capSet}
 	if spec.UID == 0 {
-		caps.Effective, caps.Permitted = defaultCaps, defaultCaps
+		caps.Effective, caps.Permitted = capSet, capSet
 	}
 	owner := User{UID: spec.UID, GID: spec.GID}
 	if spec.CommandUser != nil {
@@ -482,18 +523,31 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath})
 	}
 
+	cwd := orDefault(spec.Cwd, ws)
+	var annotations map[string]string
+	if spec.RootWritable {
+		cwd = orDefault(spec.Cwd, "/")
+		// gVisor's rootfs hint: a bind of the root with no overlay medium (the empty
+		// string is runsc's "no overlay"), so that writes reach the directory.
+		annotations = map[string]string{
+			"dev.gvisor.spec.rootfs.source":  rootPath,
+			"dev.gvisor.spec.rootfs.type":    "bind",
+			"dev.gvisor.spec.rootfs.overlay": "",
+		}
+	}
 	return &specs.Spec{
-		Version: specs.Version,
+		Version:     specs.Version,
+		Annotations: annotations,
 		Process: &specs.Process{
 			User:            specs.User{UID: spec.UID, GID: spec.GID},
 			Args:            slices.Clone(spec.Args),
 			Env:             env,
-			Cwd:             orDefault(spec.Cwd, ws),
+			Cwd:             cwd,
 			Capabilities:    caps,
 			Rlimits:         rlimits,
 			NoNewPrivileges: true,
 		},
-		Root:     &specs.Root{Path: rootPath, Readonly: true},
+		Root:     &specs.Root{Path: rootPath, Readonly: !spec.RootWritable},
 		Hostname: orDefault(spec.Hostname, DefaultHostname),
 		Mounts:   mounts,
 		Linux: &specs.Linux{
@@ -513,6 +567,19 @@ func (spec *BundleSpec) mounts(rootMounts []specs.Mount, ws string, owner User) 
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 	}
 	mounts = append(mounts, rootMounts...)
+	if spec.RootWritable {
+		// gVisor mounts a tmpfs of its own over an empty /tmp that no mount names, which
+		// would drop what a step writes there: the root's own /tmp is bound over itself.
+		// Only a directory: a link would be followed on the host.
+		tmp := filepath.Join(spec.RootFS, "tmp")
+		if info, err := os.Lstat(tmp); err == nil && info.IsDir() {
+			mounts = append(mounts, bindMount(tmp, "/tmp", false))
+		}
+		for _, m := range spec.Mounts {
+			mounts = append(mounts, bindMount(m.Source, m.Destination, m.ReadOnly))
+		}
+		return mounts
+	}
 	mounts = append(mounts, tmpfsMount("/tmp", tmpSize, "mode=1777"))
 	if spec.WorkspaceHostDir != "" {
 		mounts = append(mounts, bindMount(spec.WorkspaceHostDir, ws, false))
