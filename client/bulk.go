@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -85,17 +84,18 @@ func (p *bulkPool) get(ctx context.Context) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errNoBulk, err)
 	}
-	// Below TLS: reads through a buffer, and each chunk's records in one write into a send
-	// buffer of up to 4 MiB (as far as the host's net.core.wmem_max allows), so that the
-	// sandbox, for which every read is a round through gVisor's sentry, finds much to read at
-	// once (docs/performance.md).
+	// Below TLS: reads ahead on a goroutine of its own (readAhead), and each chunk's records
+	// in one write into a send buffer of up to 4 MiB (as far as the host's net.core.wmem_max
+	// allows), so that the sandbox, for which every read is a round through gVisor's sentry,
+	// finds much to read at once (docs/performance.md).
 	if u, ok := raw.(interface{ SetWriteBuffer(int) error }); ok {
 		u.SetWriteBuffer(4 << 20) // best effort: a smaller buffer is only slower
 	}
-	b := coalesce.Under(&readBuffered{Conn: raw, r: bufio.NewReaderSize(raw, 256<<10)})
+	ra := newReadAhead(raw)
+	b := coalesce.Under(ra)
 	c := tls.Client(b, p.cfg)
 	if err := c.HandshakeContext(ctx); err != nil {
-		raw.Close()
+		ra.Close()
 		if !errors.Is(err, tlspin.ErrPinMismatch) && ctx.Err() == nil {
 			// A server without bulk transfers (its ALPN refusal), or one that cannot make
 			// the handshake for another reason: the gRPC connection will say which.
@@ -232,30 +232,189 @@ func (p *bulkPool) read(ctx context.Context, req *sandboxv1.ReadFileStreamReques
 		if err := bulk.Err(&st); err != nil {
 			return err
 		}
-		buf := make([]byte, min(bulk.MaxChunk, max(1, st.GetBytes())))
-		for {
-			b, err := bulk.ReadChunk(c, buf)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return transportErr("receiving", err)
-			}
-			if _, err := w.Write(b); err != nil {
-				return err
-			}
+		n, err := receive(c, w, st.GetBytes())
+		if err != nil {
+			return err
 		}
 		if err := bulk.ReadMsg(c, &st); err != nil {
 			return transportErr("reading the answer", err)
 		}
-		return bulk.Err(&st)
+		if err := bulk.Err(&st); err != nil {
+			return err
+		}
+		if n != st.GetBytes() {
+			return transportErr("receiving", fmt.Errorf("%d bytes arrived, the sandbox says it sent %d", n, st.GetBytes()))
+		}
+		return nil
 	})
 }
 
-// readBuffered reads through a buffer: TLS reads a record at a time.
-type readBuffered struct {
-	net.Conn
-	r *bufio.Reader
+// receiveDepth is how many chunks a download has in flight between the connection and the
+// destination.
+const receiveDepth = 3
+
+// chunkPool holds full-size chunk buffers between downloads.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, bulk.MaxChunk); return &b }}
+
+// receive reads a file's chunks from c, up to the empty chunk, and writes them to w, and
+// returns how many bytes it received. size is the file's size as the sandbox announced it: a
+// file of more than one chunk is written to w on a goroutine of its own, so that w's writes
+// (a disk, a comparison) overlap the decryption of the next chunks instead of taking turns
+// with it. w has been given its last byte when receive returns.
+func receive(c net.Conn, w io.Writer, size uint64) (uint64, error) {
+	if size <= bulk.MaxChunk {
+		return receiveInline(c, w, make([]byte, max(1, size)))
+	}
+	bufs := make([]*[]byte, receiveDepth)
+	free, full := make(chan []byte, receiveDepth), make(chan []byte, receiveDepth)
+	for i := range bufs {
+		bufs[i] = chunkPool.Get().(*[]byte)
+		free <- *bufs[i]
+	}
+	failed := make(chan struct{}) // closed when a write to w has failed
+	written := make(chan error, 1)
+	go func() {
+		var err error
+		for b := range full {
+			if err == nil {
+				if _, err = w.Write(b); err != nil {
+					close(failed)
+				}
+			}
+			free <- b[:cap(b)] // never blocks: free has room for every buffer
+		}
+		written <- err
+	}()
+	var n uint64
+	rerr := func() error {
+		for {
+			var buf []byte
+			select {
+			case buf = <-free:
+			case <-failed:
+				return nil // the writer's error is the one to report
+			}
+			b, err := bulk.ReadChunk(c, buf)
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return transportErr("receiving", err)
+			}
+			n += uint64(len(b))
+			full <- b // never blocks: full has room for every buffer
+		}
+	}()
+	close(full)
+	werr := <-written
+	// Every buffer is back in free and the writer has ended: none is used after this.
+	for _, b := range bufs {
+		chunkPool.Put(b)
+	}
+	if rerr != nil {
+		return n, rerr
+	}
+	return n, werr
 }
 
-func (c *readBuffered) Read(p []byte) (int, error) { return c.r.Read(p) }
+// receiveInline is receive for a file of one chunk or none, into buf.
+func receiveInline(c net.Conn, w io.Writer, buf []byte) (uint64, error) {
+	var n uint64
+	for {
+		b, err := bulk.ReadChunk(c, buf)
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, transportErr("receiving", err)
+		}
+		n += uint64(len(b))
+		if _, err := w.Write(b); err != nil {
+			return n, err
+		}
+	}
+}
+
+// readAhead is a connection read ahead of TLS on a goroutine of its own, into a few buffers:
+// the socket is emptied as soon as bytes arrive, whatever TLS and the destination are doing
+// meanwhile. Out of gVisor the sandbox's writes have only the host socket's default send
+// buffer in flight (the sandbox cannot enlarge it), some 200 KiB; a reader that decrypts and
+// hands over a chunk before it reads again leaves the sandbox waiting on a full socket for
+// that long, every 200 KiB. The bytes reach TLS unchanged and in order; reads gathered in
+// large buffers also spare TLS a system call per record. It is read by one goroutine at a
+// time (TLS's reader).
+type readAhead struct {
+	net.Conn
+	free, full chan []byte
+	stop       chan struct{} // closed by Close: the reading goroutine ends
+	stopOnce   sync.Once
+	err        error // the read error after the last full buffer; set before full is closed
+
+	cur, curBuf []byte // the unread part of the buffer being consumed, and that buffer
+}
+
+// Read-ahead buffers: aheadBufs of aheadBuf bytes, made when first needed, so that an idle
+// connection holds one.
+const (
+	aheadBufs = 8
+	aheadBuf  = 256 << 10
+)
+
+func newReadAhead(raw net.Conn) *readAhead {
+	r := &readAhead{Conn: raw, free: make(chan []byte, aheadBufs), full: make(chan []byte, aheadBufs), stop: make(chan struct{})}
+	for range aheadBufs {
+		r.free <- nil
+	}
+	go r.fill()
+	return r
+}
+
+// fill reads the connection into free buffers until a read fails or Close.
+func (r *readAhead) fill() {
+	defer close(r.full)
+	for {
+		var b []byte
+		select {
+		case b = <-r.free:
+		case <-r.stop:
+			r.err = net.ErrClosed
+			return
+		}
+		if b == nil {
+			b = make([]byte, aheadBuf)
+		}
+		n, err := r.Conn.Read(b)
+		if n > 0 {
+			r.full <- b[:n] // never blocks: full has room for every buffer
+		} else {
+			r.free <- b
+		}
+		if err != nil {
+			r.err = err
+			return
+		}
+	}
+}
+
+func (r *readAhead) Read(p []byte) (int, error) {
+	if len(r.cur) == 0 {
+		if r.curBuf != nil {
+			r.free <- r.curBuf[:cap(r.curBuf)] // never blocks: free has room for every buffer
+			r.curBuf = nil
+		}
+		b, ok := <-r.full
+		if !ok {
+			return 0, r.err
+		}
+		r.cur, r.curBuf = b, b
+	}
+	n := copy(p, r.cur)
+	r.cur = r.cur[n:]
+	return n, nil
+}
+
+// Close closes the connection and ends the reading goroutine.
+func (r *readAhead) Close() error {
+	r.stopOnce.Do(func() { close(r.stop) })
+	return r.Conn.Close()
+}

@@ -7,6 +7,7 @@ in a temporary directory, and measures with the Python SDK, as an agent sees it:
 * exec round trip of ``true`` (p50, p99) over one sandbox's pinned connection;
 * 3,000 files of 4 KiB (random data, 50 directories) materialised with write_files, then read
   back through the plan and compared byte for byte: the median of 5 rounds, as Go's figure;
+* one file of 256 MiB of random bytes read back with read_file and compared: the median of 5;
 * warm allocations including the first call (Manager.allocate over a kept manager connection
   with a fresh agent key, which the kept Manager makes ahead, then stat
   "."), each taken from a full pool that has settled, as ``fusebox-bench allocate --manager``
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import random
@@ -79,6 +81,10 @@ ALLOCATE_P99_TARGET_MS = 15.0
 # ROUNDS is how many times the small-file workload runs; its figures are the median, as Go's.
 ROUNDS = 5
 
+# The streamed file: its size and how many times it is read back (Go's streamRounds).
+STREAM_MIB = 256
+STREAM_ROUNDS = 5
+
 
 def python_figures(addr: str, exec_runs: int, alloc_runs: int, settle_s: float, pool: int) -> dict:
     out = {}
@@ -111,6 +117,19 @@ def python_figures(addr: str, exec_runs: int, alloc_runs: int, settle_s: float, 
                 reads.append(time.perf_counter() - t0)
             out["materialize_3000x4k_s"], out["read_plan_3000x4k_s"] = statistics.median(mats), statistics.median(reads)
             out["materialize_rounds"] = ROUNDS
+            # Go's stream out (fusebox-bench sdk): one file of STREAM_MIB random MiB read back
+            # with read_file, compared, the median of STREAM_ROUNDS.
+            big = os.urandom(STREAM_MIB << 20)
+            sb.write_file_from("big.bin", io.BytesIO(big), size=len(big))
+            mibs = []
+            for _ in range(STREAM_ROUNDS):
+                t0 = time.perf_counter()
+                got = sb.read_file("big.bin")
+                d = time.perf_counter() - t0
+                if got != big:
+                    raise RuntimeError("streamed back differs from what was written")
+                mibs.append(STREAM_MIB / d)
+            out["read_file_256m_mib_s"] = statistics.median(mibs)
         lat = []
         for _ in range(alloc_runs):
             settle(m, pool, settle_s)
@@ -141,7 +160,7 @@ def go_figures(bench: Path, addr: str, exec_runs: int, alloc_runs: int, settle_s
     sdk = run_json([bench, "sdk", "--manager", addr, "--exec-runs", exec_runs, "--json"])
     return {"exec_roundtrip_p50_ms": sdk["exec_roundtrip_p50_ms"], "exec_roundtrip_p99_ms": sdk["exec_roundtrip_p99_ms"],
             "materialize_3000x4k_s": sdk["materialize"]["seconds"], "materialize_3000x4k_rpcs": sdk["materialize"]["rpcs"],
-            "read_plan_3000x4k_s": sdk["read"]["seconds"],
+            "read_plan_3000x4k_s": sdk["read"]["seconds"], "read_file_256m_mib_s": sdk["stream_read"]["mib_per_s"],
             "allocate_p50_ms": alloc["allocate_p50_ms"], "allocate_p99_ms": alloc["allocate_p99_ms"], "allocate_runs": alloc["runs"]}
 
 
@@ -226,8 +245,10 @@ def main() -> int:
         lm.stop()
     r = {"python": py, "go": go, "ratios": {
         "exec_p50_python_over_go": py["exec_roundtrip_p50_ms"] / go["exec_roundtrip_p50_ms"],
-        "materialize_python_over_go": py["materialize_3000x4k_s"] / go["materialize_3000x4k_s"]},
-        "targets": {"exec_p50_ratio_max": 1.5, "materialize_ratio_max": 2.0, "allocate_p99_ms_max": ALLOCATE_P99_TARGET_MS},
+        "materialize_python_over_go": py["materialize_3000x4k_s"] / go["materialize_3000x4k_s"],
+        "read_file_256m_python_over_go": py["read_file_256m_mib_s"] / go["read_file_256m_mib_s"]},
+        "targets": {"exec_p50_ratio_max": 1.5, "materialize_ratio_max": 2.0, "allocate_p99_ms_max": ALLOCATE_P99_TARGET_MS,
+                    "read_file_256m_ratio_min": 0.7},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "note": "python: one fusebox local up, SDK defaults, random data verified; go: fusebox-bench allocate --manager "
                 "and fusebox-bench sdk --manager against the same manager"}
@@ -237,13 +258,15 @@ def main() -> int:
     rows = [("exec round trip of true, p50 / p99", "exec_roundtrip_p50_ms", "exec_roundtrip_p99_ms", "ms"),
             ("materialise 3000 x 4 KiB", "materialize_3000x4k_s", None, "s"),
             ("read 3000 x 4 KiB via plan", "read_plan_3000x4k_s", None, "s"),
+            ("read_file of 256 MiB, verified", "read_file_256m_mib_s", None, "MiB/s"),
             ("warm allocation + first call, p50 / p99", "allocate_p50_ms", "allocate_p99_ms", "ms")]
     print(f"{'figure':44} {'python':>18} {'go':>18}")
     for name, k1, k2, unit in rows:
         f = (lambda d: f"{d[k1]:.3f} / {d[k2]:.3f} {unit}") if k2 else (lambda d: f"{d[k1]:.3f} {unit}")
         print(f"{name:44} {f(py):>18} {f(go):>18}")
     print(f"python/go: exec p50 {r['ratios']['exec_p50_python_over_go']:.2f}x (target <= 1.5x), "
-          f"materialise {r['ratios']['materialize_python_over_go']:.2f}x (target <= 2x); "
+          f"materialise {r['ratios']['materialize_python_over_go']:.2f}x (target <= 2x), "
+          f"read_file 256 MiB {r['ratios']['read_file_256m_python_over_go']:.2f}x (target >= 0.7x); "
           f"python allocation p99 {py['allocate_p99_ms']:.2f} ms (target < {ALLOCATE_P99_TARGET_MS:g} ms; "
           f"{py['allocate_over_target']} of {py['allocate_runs']} at or over it); {r['date']}")
     return 0

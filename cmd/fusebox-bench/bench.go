@@ -33,7 +33,8 @@ read floor), and streaming one large random file in and out, compared as it come
 (over the client's bulk connections, and over the gRPC streams of a client without them),
 against the streaming floors: the same bytes over a raw host unix socket into and out of the
 sandbox (fusebox-floor -receive and -send), alone and with the file written and read in the
-same loop.
+same loop, and the file sent out under the data plane's pinned TLS 1.3 with no fusebox
+framing (fusebox-floor -send-tls).
 Every main figure goes through the public client package with its default options, as an
 SDK user's code would; the figures labelled "tuned" use --tuned-concurrency. The floors are
 plain loops of open, write, close (and open, read, compare, close) run inside the sandbox by
@@ -77,6 +78,8 @@ benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 			fig("  raw unix socket into a file (floor)", r.StreamFloorInFile)
 			fig("  raw unix socket from the file (floor)", r.StreamFloorOutFile)
 			fmt.Fprintf(w, "  streams against the file floor\tin %.2fx, out %.2fx\n", r.StreamWriteVsFileFloor, r.StreamReadVsFileFloor)
+			fig("  pinned TLS 1.3 from the file (floor)", r.StreamFloorOutTLS)
+			fmt.Fprintf(w, "  stream out against the TLS floor\t%.2fx\n", r.StreamReadVsTLSFloor)
 			return w.Flush()
 		},
 	}
@@ -487,7 +490,8 @@ func benchSDKCmd() *cobra.Command {
 		Long: `Allocates one sandbox from the manager at --manager (unix:///path or tcp://host:port) and
 measures, with the Go SDK's default options over one pinned connection: exec round trips of
 'true', and 3,000 files of 4 KiB of random bytes in 50 directories written with WriteFiles and
-read back through the plan with every byte compared (each the median of 5 rounds). The
+read back through the plan with every byte compared (each the median of 5 rounds), and one
+file of --stream-mib random MiB streamed out with ReadFileTo, compared as it arrives. The
 workloads are those of 'fusebox-bench dataplane', in a sandbox of the manager's template,
 limits and image, so that another SDK measured against the same manager (client/python's
 bench.py) compares like with like. The sandbox is released at the end.`,
@@ -508,12 +512,14 @@ bench.py) compares like with like. The sandbox is released at the end.`,
 			fmt.Fprintf(w, "exec round trip of true (p50/p99)\t%.3f / %.3f ms\n", r.ExecRoundtripP50Ms, r.ExecRoundtripP99Ms)
 			printFigure(w, "write small files", r.Materialize)
 			printFigure(w, "read them back", r.Read)
+			printFigure(w, "stream one file out", r.StreamRead)
 			return w.Flush()
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Manager, "manager", "", "the running manager's address (unix:///path or tcp://host:port)")
 	f.IntVar(&o.ExecRuns, "exec-runs", 300, "round trips of true")
+	f.IntVar(&o.StreamMiB, "stream-mib", 256, "size of the file streamed out, in MiB")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	mgrTLS.Register(f)
 	return cmd

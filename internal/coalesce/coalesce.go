@@ -5,7 +5,8 @@
 // wire are the same, in the same order; only the number of writes changes, so this sits below
 // TLS, outside what the key pinning decides.
 //
-// Use: b := Under(raw); t := tls.Server(b, cfg) (or tls.Client); c := Over(t, b).
+// Use: b := Under(raw); t := tls.Server(b, cfg) (or tls.Client); c := Over(t, b), or
+// Pipelined(t, b) for a connection that streams one way.
 package coalesce
 
 import (
@@ -15,12 +16,24 @@ import (
 
 // Below is the connection under TLS. While a Write of the connection Over it runs, its
 // writes are kept and then leave in one write; at other times (the handshake, an alert from
-// the read side) each write goes straight through.
+// the read side) each write goes straight through, after any gathered write still in flight.
 type Below struct {
 	net.Conn
-	mu        sync.Mutex // guards gathering and buf
+	mu        sync.Mutex // guards gathering, buf, async, inFlight, spare and err
 	gathering bool
 	buf       []byte
+	// Pipelined (async): gathered records leave on a goroutine of their own while the next
+	// Write encrypts into the spare buffer; at most one write is in flight.
+	async    bool
+	inFlight bool
+	done     chan flushed // the in-flight write's result
+	spare    []byte
+	err      error // the first failed pipelined write's: every later write returns it
+}
+
+type flushed struct {
+	buf []byte
+	err error
 }
 
 // Under returns the Below of raw.
@@ -33,6 +46,9 @@ func (g *Below) Write(p []byte) (int, error) {
 		g.buf = append(g.buf, p...)
 		return len(p), nil
 	}
+	if err := g.waitLocked(); err != nil {
+		return 0, err
+	}
 	return g.Conn.Write(p)
 }
 
@@ -42,22 +58,71 @@ func (g *Below) start() {
 	g.mu.Unlock()
 }
 
-// flush ends gathering and writes what was gathered.
+// waitLocked waits for the write in flight, if any, and returns the first error of a
+// pipelined write.
+func (g *Below) waitLocked() error {
+	if g.inFlight {
+		f := <-g.done
+		g.inFlight, g.spare = false, f.buf[:0]
+		if f.err != nil && g.err == nil {
+			g.err = f.err
+		}
+	}
+	return g.err
+}
+
+// flush ends gathering and writes what was gathered: before it returns, or, pipelined, on a
+// goroutine that the next write waits for.
 func (g *Below) flush() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.gathering = false
+	if err := g.waitLocked(); err != nil {
+		g.buf = g.buf[:0]
+		return err
+	}
 	if len(g.buf) == 0 {
 		return nil
 	}
-	_, err := g.Conn.Write(g.buf)
-	g.buf = g.buf[:0]
-	return err
+	if !g.async {
+		_, err := g.Conn.Write(g.buf)
+		g.buf = g.buf[:0]
+		return err
+	}
+	out := g.buf
+	g.buf, g.spare, g.inFlight = g.spare, nil, true
+	go func() {
+		_, err := g.Conn.Write(out)
+		g.done <- flushed{out, err} // never blocks: done holds the one write in flight
+	}()
+	return nil
+}
+
+// Flush waits until everything written so far has left (or failed to).
+func (g *Below) Flush() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.waitLocked()
 }
 
 // Over returns the TLS connection t, made on b, with the records of each of its Writes
 // leaving together.
 func Over(t net.Conn, b *Below) net.Conn { return &over{Conn: t, g: b} }
+
+// Pipelined is Over for a connection that streams large writes one way: a Write returns once
+// its records are gathered, and they leave on a goroutine of their own while the next Write
+// encrypts, so that encryption and the write below overlap instead of taking turns (under
+// gVisor the write waits on the host socket's send buffer). The order of the bytes is kept:
+// every write below, gathered or not, waits for the one in flight. The cost is where errors
+// show: a failed write is returned by the Write (or Flush) after it, and by all later ones;
+// a stream that must know that its last bytes left calls Flush. Close does not wait: the
+// bytes in flight leave before TLS's close_notify, or fail with the connection.
+func Pipelined(t net.Conn, b *Below) net.Conn {
+	b.mu.Lock()
+	b.async, b.done = true, make(chan flushed, 1)
+	b.mu.Unlock()
+	return &over{Conn: t, g: b}
+}
 
 type over struct {
 	net.Conn // the TLS connection
@@ -76,3 +141,7 @@ func (c *over) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Flush waits until the bytes of every Write so far have left (Pipelined), and returns the
+// error of the first that failed.
+func (c *over) Flush() error { return c.g.Flush() }

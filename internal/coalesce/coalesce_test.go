@@ -81,3 +81,79 @@ func TestWriteReportsAFailedFlush(t *testing.T) {
 		t.Fatalf("writes below %q, want [xy]", raw.writes)
 	}
 }
+
+// slowConn holds each write until release is closed, recording the writes in order.
+type slowConn struct {
+	countingConn
+	release chan struct{}
+	started chan struct{} // a write has begun
+}
+
+func (c *slowConn) Write(p []byte) (int, error) {
+	select {
+	case c.started <- struct{}{}:
+	default:
+	}
+	<-c.release
+	return c.countingConn.Write(p)
+}
+
+func TestPipelinedKeepsTheOrder(t *testing.T) {
+	raw := &slowConn{release: make(chan struct{}), started: make(chan struct{}, 1)}
+	g := Under(raw)
+	c := Pipelined(recordWriter{below: g}, g)
+	// The first Write returns with its records still in flight.
+	if n, err := c.Write([]byte("0123456789")); n != 10 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	<-raw.started
+	// A write outside a Write (an alert from the read side) waits for the one in flight.
+	direct := make(chan error, 1)
+	go func() {
+		_, err := g.Write([]byte("alert"))
+		direct <- err
+	}()
+	close(raw.release)
+	if err := <-direct; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(interface{ Flush() error }).Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"0123456789", "alert", "abc"}
+	if len(raw.writes) != len(want) {
+		t.Fatalf("%d writes below (%q), want %d", len(raw.writes), raw.writes, len(want))
+	}
+	for i, w := range want {
+		if string(raw.writes[i]) != w {
+			t.Errorf("write %d = %q, want %q", i, raw.writes[i], w)
+		}
+	}
+}
+
+func TestPipelinedReportsAFailedWriteLater(t *testing.T) {
+	broken := errors.New("broken pipe")
+	raw := &countingConn{err: broken}
+	g := Under(raw)
+	c := Pipelined(recordWriter{below: g}, g)
+	if _, err := c.Write([]byte("0123456789")); err != nil {
+		t.Fatalf("the first Write returned %v before its records were written", err)
+	}
+	if err := c.(interface{ Flush() error }).Flush(); !errors.Is(err, broken) {
+		t.Fatalf("Flush = %v, want %v", err, broken)
+	}
+	// Every later write fails too, and nothing more is written.
+	raw.err = nil
+	if n, err := c.Write([]byte("xy")); n != 0 || !errors.Is(err, broken) {
+		t.Fatalf("Write after a failure = %d, %v; want 0, %v", n, err, broken)
+	}
+	if _, err := g.Write([]byte("alert")); !errors.Is(err, broken) {
+		t.Fatalf("a direct write after a failure = %v, want %v", err, broken)
+	}
+	if len(raw.writes) != 0 {
+		t.Fatalf("writes below after a failure: %q", raw.writes)
+	}
+}

@@ -56,12 +56,13 @@ func (c dataCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo
 	if c.o.Handshake != nil {
 		c.o.Handshake(true)
 	}
-	conn = coalesce.Over(conn, b)
 	if ti, ok := info.(credentials.TLSInfo); ok && c.o.Bulk != nil && ti.State.NegotiatedProtocol == c.o.BulkProto {
-		go c.o.Bulk(conn)
+		// A bulk connection streams a file one way: its records are encrypted while the
+		// previous ones are still being written to the host socket.
+		go c.o.Bulk(coalesce.Pipelined(conn, b))
 		return nil, nil, credentials.ErrConnDispatched
 	}
-	return conn, info, nil
+	return coalesce.Over(conn, b), info, nil
 }
 
 func (c dataCreds) Clone() credentials.TransportCredentials {

@@ -5,6 +5,8 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/localsandbox"
 	"github.com/fusebox-dev/fusebox/internal/runsc"
 	"github.com/fusebox-dev/fusebox/internal/sfuse"
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/test/bench/floor"
 )
 
@@ -105,6 +108,13 @@ type DataplaneResult struct {
 	StreamFloorOutFile     Figure  `json:"stream_floor_out_file"`
 	StreamWriteVsFileFloor float64 `json:"stream_write_vs_file_floor"`
 	StreamReadVsFileFloor  float64 `json:"stream_read_vs_file_floor"`
+	// StreamFloorOutTLS is the file floor out under the data plane's pinned TLS 1.3 and
+	// nothing else (fusebox-floor -send-tls: the helper is the TLS server, as the sandbox
+	// server is, the host the pinned client; records gathered into one write per read of the
+	// file, no fusebox framing), the host comparing every byte; StreamReadVsTLSFloor is the
+	// stream out over it.
+	StreamFloorOutTLS    Figure  `json:"stream_floor_out_tls"`
+	StreamReadVsTLSFloor float64 `json:"stream_read_vs_tls_floor"`
 	// StreamWriteGRPC and StreamReadGRPC are the streams with client.Options{NoBulk: true}:
 	// WriteFileStream and ReadFileStream over the gRPC connection instead of bulk connections.
 	StreamWriteGRPC Figure `json:"stream_write_grpc"`
@@ -322,7 +332,7 @@ const streamRounds = 5
 // streams measures one large file of random bytes (held in memory, so that only the transfer
 // is timed) streamed in and out, read back into a writer that compares each byte as it
 // arrives: with the client's defaults (bulk connections) and through the gRPC streams, and
-// the floors, raw and with the file, the four interleaved round by round.
+// the floors, raw, with the file and with the file under TLS, interleaved round by round.
 func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.Sandbox, helper, sockDir string, o DataplaneOptions) error {
 	o.Log.Info("streaming one file in and out, and the streaming floors", "mib", o.StreamMiB, "rounds", streamRounds)
 	size := int64(o.StreamMiB) << 20
@@ -333,7 +343,11 @@ func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.San
 	}
 	r.StreamWrite, r.StreamRead = fig("defaults", false), fig("defaults", true)
 	r.StreamWriteGRPC, r.StreamReadGRPC = fig("no bulk: gRPC streams", false), fig("no bulk: gRPC streams", true)
-	var writes, reads, grpcWrites, grpcReads, floorIn, floorOut, fileIn, fileOut []float64
+	var writes, reads, grpcWrites, grpcReads, floorIn, floorOut, fileIn, fileOut, tlsOut []float64
+	hostKey, err := tlspin.GenerateKey()
+	if err != nil {
+		return err
+	}
 	mibs := func(d time.Duration) float64 { return float64(o.StreamMiB) / d.Seconds() }
 	for i := range streamRounds {
 		for _, arm := range []struct {
@@ -375,6 +389,10 @@ func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.San
 			return err
 		}
 		fileIn, fileOut = append(fileIn, in), append(fileOut, out)
+		if out, err = streamFloorTLS(ctx, c, helper, sockDir, big, file, hostKey); err != nil {
+			return err
+		}
+		tlsOut = append(tlsOut, out)
 		if err := c.Remove(ctx, file, false); err != nil {
 			return err
 		}
@@ -392,7 +410,63 @@ func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.San
 	r.StreamReadVsFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOut.MiBPerS)
 	r.StreamWriteVsFileFloor = round(r.StreamWrite.MiBPerS / r.StreamFloorInFile.MiBPerS)
 	r.StreamReadVsFileFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOutFile.MiBPerS)
+	r.StreamFloorOutTLS = floorFig(tlsOut)
+	r.StreamFloorOutTLS.Verified = true
+	r.StreamReadVsTLSFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOutTLS.MiBPerS)
 	return nil
+}
+
+// streamFloorTLS measures the TLS floor out of the sandbox: the floor helper sends file (left
+// in the sandbox by streamFloor, holding data) to the host under pinned TLS 1.3 with the host
+// pinned by hostKey (fusebox-floor -send-tls), and the host compares every byte. It returns
+// the MiB/s the helper timed, from the end of the handshake until the host had every byte.
+func streamFloorTLS(ctx context.Context, c *client.Sandbox, helper, sockDir string, data []byte, file string, hostKey crypto.Signer) (float64, error) {
+	pub, err := tlspin.MarshalPublicKey(hostKey.Public())
+	if err != nil {
+		return 0, err
+	}
+	path := filepath.Join(sockDir, "floor.sock")
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return 0, fmt.Errorf("TLS floor: %w", err)
+	}
+	defer ln.Close()
+	if err := os.Chmod(path, 0o666); err != nil {
+		return 0, err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer conn.Close()
+		cmp := &comparer{want: data}
+		n, err := floor.ReceiveStreamTLS(conn, hostKey, cmp)
+		if err == nil && n != int64(len(data)) {
+			err = fmt.Errorf("read %d bytes, want %d", n, len(data))
+		}
+		errc <- err
+	}()
+	res, err := c.Run(ctx, helper, "-send-tls", floorSockDir+"/floor.sock", "-pin", base64.StdEncoding.EncodeToString(pub), "-file", file)
+	if err != nil || res.ExitCode != 0 {
+		ln.Close() // ends the Accept, should the helper never have connected
+		if err == nil {
+			err = fmt.Errorf("exited %d: %s", res.ExitCode, res.Stderr)
+		}
+		return 0, fmt.Errorf("TLS floor: %w", err)
+	}
+	if err := <-errc; err != nil {
+		return 0, fmt.Errorf("TLS floor, host side: %w", err)
+	}
+	var secs float64
+	var n int64
+	if _, err := fmt.Sscan(string(res.Stdout), &secs, &n); err != nil || n != int64(len(data)) {
+		return 0, fmt.Errorf("TLS floor printed %q, want seconds and %d bytes", res.Stdout, len(data))
+	}
+	return float64(n) / (1 << 20) / secs, nil
 }
 
 // execRoundTrips runs `true` runs times over c, after 20 runs that warm the connection and the

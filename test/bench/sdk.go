@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"time"
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/test/bench/floor"
@@ -18,6 +21,7 @@ type SDKOptions struct {
 	Manager        string
 	ManagerOptions []client.ManagerOption
 	ExecRuns       int // round trips of `true` (default 300)
+	StreamMiB      int // size of the streamed file (default 256)
 	Log            *slog.Logger
 }
 
@@ -32,16 +36,22 @@ type SDKResult struct {
 	ExecProcessP50Ms   float64 `json:"exec_process_p50_ms"`
 	Materialize        Figure  `json:"materialize"`
 	Read               Figure  `json:"read"`
+	// StreamRead is ReadFileTo of one file of StreamMiB random bytes (written first with
+	// WriteFileFrom), compared as it arrives: the median of streamRounds.
+	StreamRead Figure `json:"stream_read"`
 }
 
 // SDK allocates one sandbox from o.Manager and measures, over one pinned connection with the
 // client's defaults: exec round trips of `true`, then the small-file workload (3,000 random
 // files of 4 KiB in floor.Dirs directories) written with WriteFiles and read back through
-// the plan with every byte compared, each the median of five rounds into fresh roots. The
-// sandbox is released, also on error.
+// the plan with every byte compared, each the median of five rounds into fresh roots, and one
+// large file streamed out, compared as it arrives. The sandbox is released, also on error.
 func SDK(ctx context.Context, o SDKOptions) (_ *SDKResult, err error) {
 	if o.ExecRuns <= 0 {
 		o.ExecRuns = 300
+	}
+	if o.StreamMiB <= 0 {
+		o.StreamMiB = 256
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -74,5 +84,27 @@ func SDK(ctx context.Context, o SDKOptions) (_ *SDKResult, err error) {
 		}
 	}
 	r.Materialize, r.Read = runs.figures()
+
+	o.Log.Info("streaming one file out", "mib", o.StreamMiB, "rounds", streamRounds)
+	size := int64(o.StreamMiB) << 20
+	big := make([]byte, size)
+	rand.NewChaCha8([32]byte{'f', 'u', 's', 'e'}).Read(big)
+	if _, err := a.Sandbox.WriteFileFrom(ctx, "big.bin", 0o644, bytes.NewReader(big), size); err != nil {
+		return nil, fmt.Errorf("streaming in: %w", err)
+	}
+	var mibs []float64
+	for range streamRounds {
+		cmp := &comparer{want: big}
+		t0 := time.Now()
+		if err := a.Sandbox.ReadFileTo(ctx, "big.bin", cmp); err != nil {
+			return nil, fmt.Errorf("streaming out: %w", err)
+		}
+		d := time.Since(t0)
+		if cmp.off != len(big) {
+			return nil, fmt.Errorf("streamed back %d bytes, want %d", cmp.off, len(big))
+		}
+		mibs = append(mibs, float64(o.StreamMiB)/d.Seconds())
+	}
+	r.StreamRead = Figure{Files: 1, FileBytes: size, Data: "random", Verified: true, Client: "defaults", Rounds: streamRounds, RPCs: 1, MiBPerS: pct(mibs, 50)}
 	return r, nil
 }

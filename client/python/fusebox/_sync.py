@@ -7,6 +7,7 @@ import datetime
 import heapq
 import io
 import itertools
+import ssl
 import threading
 import time
 import weakref
@@ -15,11 +16,11 @@ from typing import BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import grpc
 import grpc.experimental
 
-from . import _core
+from . import _bulk, _core
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
+from .errors import FuseboxError, InvalidArgumentError, NotFoundError, UnavailableError, from_rpc
 from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     SandboxInfo, Symlink, WriteStats)
@@ -338,6 +339,8 @@ class Sandbox:
         sb._lease = _Lease(mgr._keeper, resp.sandbox_id, resp.lease_token, expires, _core.renew_every(ttl, expires))
         mgr._keeper.add(sb._lease, key_after=_core.next_key_after(mgr._ahead))
         sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, None)
+        sb._bulk = _bulk.Pool(resp, key)
+        sb._bulk_finalizer = weakref.finalize(sb, sb._bulk.close)
         return sb
 
     # ---- lifecycle ----
@@ -362,6 +365,9 @@ class Sandbox:
         """Stops renewing, releases the sandbox (the manager destroys it) and closes the
         connections. Safe to call more than once; a Sandbox that is garbage-collected unclosed
         is released the same way."""
+        bf = getattr(self, "_bulk_finalizer", None)
+        if bf is not None:
+            bf()
         err = self._finalizer()
         if err is not None:
             raise err
@@ -542,6 +548,16 @@ class Sandbox:
 
     def read_file_to(self, path: str, writer: BinaryIO) -> int:
         """Streams the file at ``path`` into a binary file object; returns the bytes written."""
+        bulk = getattr(self, "_bulk", None)
+        if bulk is not None:
+            try:
+                return bulk.read(path, writer)
+            except _bulk.NoBulk:
+                pass  # nothing was read: the gRPC stream below
+            except grpc.RpcError as e:
+                raise from_rpc(e, f"reading {path}") from None
+            except (ConnectionError, ssl.SSLError) as e:
+                raise UnavailableError(f"reading {path}: bulk connection: {e}") from None
         n = 0
         call = self._rpc.ReadFileStream(sandbox_pb2.ReadFileStreamRequest(path=path))
         try:

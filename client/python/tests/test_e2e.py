@@ -286,6 +286,8 @@ def test_64mib_streamed(sandbox):
     st = sandbox.write_files({"big.bin": data})
     assert st.streamed == 1 and st.batches == 0 and st.bytes == len(data)
     assert sandbox.read_file("big.bin") == data
+    # Over a bulk connection (fusebox-bulk/1), not the gRPC stream, and kept for the next read.
+    assert sandbox._bulk._ctx is not None and not sandbox._bulk._off and sandbox._bulk._idle is not None
     got = sandbox.read_files("big.bin")
     assert got.stats.streamed == 1 and got["big.bin"] == data
     n = sandbox.write_file_from("copy.bin", io.BytesIO(data[:5 << 20]), size=5 << 20)

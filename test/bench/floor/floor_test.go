@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/fusebox-dev/fusebox/internal/tlspin"
 )
 
 func TestWriteThenReadVerifies(t *testing.T) {
@@ -111,4 +113,73 @@ func TestStreams(t *testing.T) {
 			t.Fatal("the file sent differs from what was received into it")
 		}
 	}
+}
+
+func TestStreamTLS(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	file := filepath.Join(dir, "f")
+	data := Content(4, 5<<20+77)
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	key, err := tlspin.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := tlspin.MarshalPublicKey(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		helper []byte // the key the helper pins
+		ok     bool
+	}{{"pinned", pub, true}, {"another key", otherKey(t), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got bytes.Buffer
+			done := make(chan error, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					done <- err
+					return
+				}
+				defer c.Close()
+				_, err = ReceiveStreamTLS(c, key, &got)
+				done <- err
+			}()
+			n, _, err := SendStreamTLS(path, file, tc.helper)
+			herr := <-done
+			if !tc.ok {
+				if err == nil || herr == nil {
+					t.Fatalf("a helper pinning another key: helper %v, host %v; want both to fail", err, herr)
+				}
+				return
+			}
+			if err != nil || herr != nil {
+				t.Fatalf("helper %v, host %v", err, herr)
+			}
+			if n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
+				t.Fatalf("sent %d bytes, received %d, equal %v", n, got.Len(), bytes.Equal(got.Bytes(), data))
+			}
+		})
+	}
+}
+
+func otherKey(t *testing.T) []byte {
+	k, err := tlspin.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := tlspin.MarshalPublicKey(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
 }
