@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/fusebox-dev/fusebox/internal/templatebuild"
 )
@@ -24,11 +25,11 @@ template's image: DIR@sha256:<digest>.
 
 The base image (FROM) is an OCI layout (/abs/dir@sha256:...) or a registry reference; one not
 pinned by digest is resolved once and the digest it resolved to is printed. Each RUN step runs
-in a fresh gVisor sandbox (runsc) with no network, its writable root a copy of the image
-being built; COPY and ADD read the build context (CONTEXT, default .), and refuse a source
-that leaves it, by .. or by a link. Supported instructions: FROM, RUN, COPY, ADD (local
-files; archives are not extracted), ENV, WORKDIR, USER, ARG, LABEL; anything else is refused
-with its line before anything runs.
+in a fresh gVisor sandbox (runsc) with no network, within --step-memory and --step-tasks, its
+writable root a copy of the image being built; COPY and ADD read the build context (CONTEXT,
+default .), and refuse a source that leaves it, by .. or by a link. Supported instructions:
+FROM, RUN, COPY, ADD (local files; archives are not extracted), ENV, WORKDIR, USER, ARG,
+LABEL; anything else is refused with its line before anything runs.
 
 The same Dockerfile, context, build arguments and epoch (SOURCE_DATE_EPOCH, else a fixed
 date) give the same image digest. Steps are cached under --cache: a rebuild runs only the
@@ -78,5 +79,28 @@ Dockerfile's digest, the base image's digest and the build arguments.`,
 	f.StringArrayVar(&buildArgs, "build-arg", nil, "a build argument NAME=VALUE for the Dockerfile's ARG; repeat for several")
 	f.StringVar(&o.CacheDir, "cache", filepath.Join(cacheRoot(), "template-build"), "the unpacked base images and the step cache ($FUSEBOX_CACHE/template-build)")
 	f.StringVar(&o.Runsc, "runsc", defaultImageRunsc(), "the pinned runsc the RUN steps run with (make runsc)")
+	f.Var(&byteQuantity{&o.StepMemory}, "step-memory", "each RUN step's memory (a Kubernetes quantity: 4Gi, 512Mi); a step that needs more is stopped and fails the build (default 4Gi)")
+	f.Int64Var(&o.StepTasks, "step-tasks", templatebuild.DefaultStepTasks, "the tasks (processes and threads) a RUN step may have at once; a fork beyond it fails in the step")
 	return cmd
 }
+
+// byteQuantity is a flag of a byte count written as a Kubernetes quantity.
+type byteQuantity struct{ n *int64 }
+
+func (q *byteQuantity) String() string {
+	if q.n == nil || *q.n == 0 {
+		return ""
+	}
+	return resource.NewQuantity(*q.n, resource.BinarySI).String()
+}
+
+func (q *byteQuantity) Set(s string) error {
+	v, err := resource.ParseQuantity(s)
+	if err != nil {
+		return fmt.Errorf("want a quantity such as 4Gi or 512Mi: %w", err)
+	}
+	*q.n = v.Value()
+	return nil
+}
+
+func (q *byteQuantity) Type() string { return "quantity" }

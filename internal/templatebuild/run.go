@@ -49,6 +49,7 @@ func (bd *build) runStep(ctx context.Context, i int, s dockerfile.Step, text, ro
 	if err := runsc.WriteBundle(runsc.BundleSpec{
 		Dir: bundle, RootFS: root, RootWritable: true, Capabilities: buildCaps,
 		Args: argv, Env: env, Cwd: s.Workdir, UID: uid, GID: gid, Hostname: "build",
+		MemoryLimitBytes: bd.o.StepMemory, ProcessLimit: bd.o.StepTasks,
 	}); err != nil {
 		return fmt.Errorf("Dockerfile:%d: RUN: %w", s.Line, err)
 	}

@@ -93,7 +93,24 @@ type Options struct {
 	Progress io.Writer
 	// Keychain resolves registry credentials for FROM; nil means the Docker config's.
 	Keychain authn.Keychain
+	// StepMemory bounds the memory of each RUN step's sandbox (gVisor's kernel, the step's
+	// processes and what they keep in memory): a step that needs more is killed and fails
+	// the build. Zero means DefaultStepMemory.
+	StepMemory int64
+	// StepTasks bounds the tasks (processes and threads) a RUN step's processes may have at
+	// once: a fork beyond it fails inside the sandbox. Zero means DefaultStepTasks.
+	StepTasks int64
 }
+
+// Bounds of a RUN step's sandbox when Options leave them out: a step is as untrusted as the
+// code agents run, and a package build may take a few GiB.
+const (
+	DefaultStepMemory int64 = 4 << 30
+	DefaultStepTasks  int64 = 4096
+)
+
+// minStepMemory is the least memory a step's sandbox can start in.
+const minStepMemory = 64 << 20
 
 // Builder builds images from Dockerfiles.
 type Builder struct {
@@ -137,6 +154,18 @@ func New(o Options) (*Builder, error) {
 	o.Epoch = o.Epoch.Truncate(time.Second).UTC()
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	switch {
+	case o.StepMemory == 0:
+		o.StepMemory = DefaultStepMemory
+	case o.StepMemory < minStepMemory:
+		return nil, fmt.Errorf("templatebuild: Options.StepMemory %d is below %d bytes, in which no step's sandbox starts", o.StepMemory, int64(minStepMemory))
+	}
+	switch {
+	case o.StepTasks == 0:
+		o.StepTasks = DefaultStepTasks
+	case o.StepTasks < 16:
+		return nil, fmt.Errorf("templatebuild: Options.StepTasks %d is below 16 (a shell and a build need a few tasks each)", o.StepTasks)
 	}
 	var err error
 	for _, p := range []*string{&o.Context, &o.Out, &o.CacheDir} {

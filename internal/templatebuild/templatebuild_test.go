@@ -380,6 +380,32 @@ func TestRunConfined(t *testing.T) {
 			t.Errorf("the host's listener accepted %d connections from a RUN step", accepted)
 		}
 	})
+
+	// A step is bounded like the code agents run: one that takes more memory than its
+	// sandbox has is stopped and fails the build at its line; one that forks past its task
+	// limit is refused the fork.
+	t.Run("limits", func(t *testing.T) {
+		df := "FROM " + base + "\nRUN true\nRUN python3 -c \"b = bytearray(512 << 20); b[::4096] = b'x' * len(b[::4096]); print('allocated')\"\n"
+		o := options(t, t.TempDir(), df, sharedCache)
+		o.StepMemory = 256 << 20
+		_, err := build(t, o)
+		if err == nil || !strings.Contains(err.Error(), "Dockerfile:3") {
+			t.Fatalf("a step past its memory: %v, want the build failed at line 3", err)
+		}
+		var se *templatebuild.StepError
+		if errors.As(err, &se) && strings.Contains(se.Output, "allocated") {
+			t.Errorf("the step allocated 512 MiB in a 256 MiB sandbox: %v", err)
+		}
+		t.Logf("past its memory: %v", err)
+		// Each child sleeps and exits; the parent keeps forking until a fork fails.
+		df = "FROM " + base + "\nRUN python3 -c \"import os, time; kids = [p for p in (os.fork() for _ in range(64)) if p or time.sleep(5) or os._exit(0)]; print('forked')\"\n"
+		o = options(t, t.TempDir(), df, sharedCache)
+		o.StepTasks = 32
+		_, err = build(t, o)
+		if !errors.As(err, &se) || se.Line != 2 || strings.Contains(se.Output, "forked") || !strings.Contains(se.Output, "Resource temporarily unavailable") {
+			t.Fatalf("a step past its tasks: %v, want the build failed at line 2 by a refused fork", err)
+		}
+	})
 }
 
 // fakeRunsc returns a runsc that records being run, for builds that must run nothing.
