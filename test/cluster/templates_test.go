@@ -54,13 +54,16 @@ func TestTemplateImageOnARealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := kubealloc.DefaultTemplate(clustertest.SandboxImage)
-	plain, err := kubealloc.FromSpec(templates.Spec{Name: "plain", Image: ref, User: "nobody", Cwd: "/usr",
+	// Small CPU requests: the node's 2 CPUs also hold the pods of the tests before this one,
+	// still terminating, and a pod it cannot fit is rejected (OutOfcpu) before any pull.
+	small := templates.Limits{CPU: "50m"}
+	plain, err := kubealloc.FromSpec(templates.Spec{Name: "plain", Image: ref, User: "nobody", Cwd: "/usr", Limits: small,
 		Env:    map[string]string{"FROM_TEMPLATE": "template"},
 		WarmUp: []templates.Command{{Script: "echo warm > /workspace/warm"}}}, base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	missing, err := kubealloc.FromSpec(templates.Spec{Name: "missing",
+	missing, err := kubealloc.FromSpec(templates.Spec{Name: "missing", Limits: small,
 		Image: "localhost/fusebox-test/missing@sha256:" + strings.Repeat("0", 64)}, base)
 	if err != nil {
 		t.Fatal(err)
