@@ -254,8 +254,6 @@ func serverInstaller(t Template) []corev1.Container {
 	if t.ServerImage == "" {
 		return nil
 	}
-	no, yes := false, true
-	root := int64(0)
 	return []corev1.Container{{
 		Name:    InstallerName,
 		Image:   t.ServerImage,
@@ -266,17 +264,8 @@ func serverInstaller(t Template) []corev1.Container {
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
 		},
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             &no,
-			RunAsUser:                &root,
-			RunAsGroup:               &root,
-			AllowPrivilegeEscalation: &no,
-			Privileged:               &no,
-			ReadOnlyRootFilesystem:   &yes,
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
-		VolumeMounts: []corev1.VolumeMount{{Name: serverVolume, MountPath: ServerDir}},
+		SecurityContext: rootContainerSecurity(nil),
+		VolumeMounts:    []corev1.VolumeMount{{Name: serverVolume, MountPath: ServerDir}},
 	}}
 }
 
@@ -354,8 +343,6 @@ func (s PodSpec) pullSecrets() []corev1.LocalObjectReference {
 // the template's server args come last and so override the allocator's (but for
 // -command-user, which TemplateFromPod refuses with any other value).
 func sandboxContainer(t Template) corev1.Container {
-	no, yes := false, true
-	root := int64(0)
 	args := append([]string{
 		"-init-listen=tcp://0.0.0.0:" + strconv.Itoa(int(InitPort)),
 		"-data-listen=tcp://0.0.0.0:" + strconv.Itoa(int(DataPort)),
@@ -371,17 +358,8 @@ func sandboxContainer(t Template) corev1.Container {
 			{Name: "init", ContainerPort: InitPort, Protocol: corev1.ProtocolTCP},
 			{Name: "data", ContainerPort: DataPort, Protocol: corev1.ProtocolTCP},
 		},
-		Resources: corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             &no,
-			RunAsUser:                &root,
-			RunAsGroup:               &root,
-			AllowPrivilegeEscalation: &no,
-			Privileged:               &no,
-			ReadOnlyRootFilesystem:   &yes,
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: slices.Clone(ServerCapabilities)},
-			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		Resources:       corev1.ResourceRequirements{Requests: t.Requests, Limits: t.Limits},
+		SecurityContext: rootContainerSecurity(ServerCapabilities),
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("init")}},
 			PeriodSeconds: 1,
@@ -396,6 +374,24 @@ func sandboxContainer(t Template) corev1.Container {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: serverVolume, MountPath: ServerDir, ReadOnly: true})
 	}
 	return c
+}
+
+// rootContainerSecurity is a sandbox pod container's security context: root inside gVisor,
+// every capability dropped but add, no privilege escalation, a read-only root filesystem,
+// seccomp RuntimeDefault.
+func rootContainerSecurity(add []corev1.Capability) *corev1.SecurityContext {
+	no, yes := false, true
+	root := int64(0)
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             &no,
+		RunAsUser:                &root,
+		RunAsGroup:               &root,
+		AllowPrivilegeEscalation: &no,
+		Privileged:               &no,
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: slices.Clone(add)},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
 }
 
 // workspaceVolume is the memory-backed workspace of size (counted against the memory limit).
