@@ -1,7 +1,6 @@
 package templatebuild
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -98,16 +96,8 @@ func homeOf(root string, uid uint32) string {
 		return def
 	}
 	defer r.Close()
-	data, err := r.ReadFile("etc/passwd")
-	if err != nil {
-		return def
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Split(sc.Text(), ":")
-		if len(f) > 5 && f[2] == strconv.FormatUint(uint64(uid), 10) && strings.HasPrefix(f[5], "/") {
-			return f[5]
-		}
+	if home, ok := userdb.Home(r, uid); ok {
+		return home
 	}
 	return def
 }

@@ -49,6 +49,16 @@ func LookupDir(dir, u string) (uid, gid uint32, err error) {
 	return Lookup(root, u)
 }
 
+// Home returns the home directory of uid in the root's /etc/passwd, and false if it has no
+// entry with an absolute one.
+func Home(root *os.Root, uid uint32) (string, bool) {
+	f, ok := entry(root, "passwd", 2, strconv.FormatUint(uint64(uid), 10))
+	if !ok || len(f) < 6 || !strings.HasPrefix(f[5], "/") {
+		return "", false
+	}
+	return f[5], true
+}
+
 // lookupUser resolves a user name or number to its uid and primary gid.
 func lookupUser(root *os.Root, user string) (uid, gid uint32, err error) {
 	if n, err := strconv.ParseUint(user, 10, 32); err == nil {

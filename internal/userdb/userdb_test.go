@@ -43,6 +43,22 @@ func TestLookup(t *testing.T) {
 	}
 }
 
+func TestHome(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "etc"), 0o755)
+	os.WriteFile(filepath.Join(dir, "etc/passwd"), []byte("app:x:1000:100::/home/app:/bin/sh\nodd:x:1001:100::relative:/bin/sh\n"), 0o644)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for uid, want := range map[uint32]string{1000: "/home/app", 1001: "", 4242: ""} {
+		if got, ok := Home(root, uid); got != want || ok != (want != "") {
+			t.Errorf("Home(%d) = %q, %v; want %q", uid, got, ok, want)
+		}
+	}
+}
+
 // An image's /etc/passwd that links out of its root is not followed: the name is unknown.
 func TestLookupStaysInTheRoot(t *testing.T) {
 	outside := t.TempDir()
