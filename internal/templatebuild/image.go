@@ -30,6 +30,9 @@ const (
 	AnnotationBaseDigest = "org.opencontainers.image.base.digest"
 	// AnnotationDockerfile is the manifest annotation holding the Dockerfile's digest.
 	AnnotationDockerfile = "dev.fusebox.template.dockerfile.digest"
+	// AnnotationEgress is the manifest annotation holding the RUN steps' egress allowlist,
+	// its entries sorted and joined by ","; absent for a build without network.
+	AnnotationEgress = "dev.fusebox.template.egress"
 	// RecordFile is the build record's name in the layout directory, beside index.json.
 	RecordFile = "fusebox-build.json"
 )
@@ -158,7 +161,9 @@ type record struct {
 	BuildArgs  map[string]string `json:"buildArgs,omitempty"`
 	Unused     []string          `json:"unusedBuildArgs,omitempty"`
 	Epoch      int64             `json:"epoch"`
-	Steps      []recordStep      `json:"steps"`
+	// Egress is the RUN steps' egress allowlist (canonical, sorted); absent: no network.
+	Egress []string     `json:"egress,omitempty"`
+	Steps  []recordStep `json:"steps"`
 }
 
 type recordBase struct {
@@ -180,8 +185,8 @@ func (bd *build) finish(ctx context.Context, dockerfileDigest string) (*Result, 
 	var history []v1.History
 	rec := record{
 		Tag: bd.o.Tag, Dockerfile: dockerfileDigest, BuildArgs: bd.o.BuildArgs, Unused: bd.stage.UnusedBuildArgs,
-		Epoch: bd.o.Epoch.Unix(),
-		Base:  recordBase{From: bd.stage.From, Pinned: bd.base.pinned, Digest: bd.base.digest.String()},
+		Epoch: bd.o.Epoch.Unix(), Egress: bd.o.Egress,
+		Base: recordBase{From: bd.stage.From, Pinned: bd.base.pinned, Digest: bd.base.digest.String()},
 	}
 	for _, s := range bd.steps {
 		h := v1.History{Created: v1.Time{Time: bd.o.Epoch}, CreatedBy: s.text, EmptyLayer: s.empty}
@@ -201,10 +206,14 @@ func (bd *build) finish(ctx context.Context, dockerfileDigest string) (*Result, 
 	if err != nil {
 		return nil, err
 	}
-	img = mutate.Annotations(img, map[string]string{
+	annotations := map[string]string{
 		AnnotationBaseDigest: bd.base.digest.String(),
 		AnnotationDockerfile: dockerfileDigest,
-	}).(v1.Image)
+	}
+	if len(bd.o.Egress) > 0 {
+		annotations[AnnotationEgress] = strings.Join(bd.o.Egress, ",")
+	}
+	img = mutate.Annotations(img, annotations).(v1.Image)
 	digest, err := img.Digest()
 	if err != nil {
 		return nil, fmt.Errorf("assembling the image: %w", err)

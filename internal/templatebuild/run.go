@@ -21,7 +21,7 @@ import (
 const removeTimeout = 30 * time.Second
 
 // runStep runs the RUN step s (the build's step i) in a fresh sandbox whose writable root is
-// root.
+// root, under the relay to the egress proxy when the build has an allowlist.
 func (bd *build) runStep(ctx context.Context, i int, s dockerfile.Step, text, root string) (err error) {
 	user := s.User
 	if user == "" {
@@ -43,11 +43,26 @@ func (bd *build) runStep(ctx context.Context, i int, s dockerfile.Step, text, ro
 	if !hasEnv(env, "HOME") {
 		env = append(env, "HOME="+homeOf(root, uid))
 	}
+	var mounts []runsc.Mount
+	if bd.egress != nil {
+		argv, mounts = bd.egress.wrap(argv)
+		before, berr := mountPointsBefore(root)
+		if berr != nil {
+			return fmt.Errorf("Dockerfile:%d: RUN: %w", s.Line, berr)
+		}
+		// Deferred before the sandbox's removal, so it runs after it: the file server that
+		// made the mount points is gone.
+		defer func() {
+			if rerr := restoreMountPoints(root, before); rerr != nil && err == nil {
+				err = fmt.Errorf("Dockerfile:%d: RUN: %w", s.Line, rerr)
+			}
+		}()
+	}
 	bundle := filepath.Join(bd.work, fmt.Sprintf("bundle-%d", i+1))
 	if err := runsc.WriteBundle(runsc.BundleSpec{
 		Dir: bundle, RootFS: root, RootWritable: true, Capabilities: buildCaps,
 		Args: argv, Env: env, Cwd: s.Workdir, UID: uid, GID: gid, Hostname: "build",
-		MemoryLimitBytes: bd.o.StepMemory, ProcessLimit: bd.o.StepTasks,
+		MemoryLimitBytes: bd.o.StepMemory, ProcessLimit: bd.o.StepTasks, Mounts: mounts,
 	}); err != nil {
 		return fmt.Errorf("Dockerfile:%d: RUN: %w", s.Line, err)
 	}

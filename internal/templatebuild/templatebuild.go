@@ -10,9 +10,10 @@
 //     image's Env, WorkingDir and User are where the steps start.
 //   - RUN runs /bin/sh -c CMD (shell form) or the argv (exec form) as the step's user, in
 //     its working directory (created if missing, as Docker does), with its environment, in
-//     a sandbox with no network at all. Root in the sandbox has Docker's default
-//     capabilities but CAP_MKNOD and CAP_NET_RAW, in gVisor's kernel, never the host's; set-id
-//     programs do not raise privileges (no_new_privs). A non-zero exit fails the build with
+//     a sandbox with no network at all, or only the build's egress allowlist (see Egress).
+//     Root in the sandbox has Docker's default capabilities but CAP_MKNOD and CAP_NET_RAW,
+//     in gVisor's kernel, never the host's; set-id programs do not raise privileges
+//     (no_new_privs). A non-zero exit fails the build with
 //     the line, the exit code and the end of the step's output (*StepError).
 //   - COPY and ADD copy from the build context, read through an os.Root: a source that
 //     leaves the context, by .. or by a link, is refused naming the line. Sources may be
@@ -29,9 +30,11 @@
 // The step cache lives under the cache directory: each step's key chains its parent's key
 // (the first's is the base image's config digest and the epoch), the step's canonical key
 // (dockerfile.Step.Key) and, for COPY and ADD, the digest of the sources' names, types,
-// modes and content. A cached step's layer is reused without running it. The root a later
-// step needs after cached steps is rebuilt by unpacking the base and the cached layers
-// (rootfs.Unpack) rather than kept per step, which would cost a whole root per step.
+// modes and content, for RUN the build's egress allowlist if it has one (a step that could
+// fetch something is not the same step without that network). A cached step's layer is
+// reused without running it. The root a later step needs after cached steps is rebuilt by
+// unpacking the base and the cached layers (rootfs.Unpack) rather than kept per step, which
+// would cost a whole root per step.
 //
 // The shared base root is copied once per build, with `cp -a` (GNU coreutils,
 // --reflink=auto where the filesystem can share blocks): it keeps owners, modes, hard links,
@@ -42,6 +45,21 @@
 // root here). A failed step leaves the copy half-changed; the build then ends and removes
 // it. The unpacked base roots (rootfs.Prepare) lack their set-user-ID and set-group-ID bits
 // and device nodes: a step that rewrites such a file records it without them.
+//
+// # Egress
+//
+// A build's steps are as untrusted as the code agents run, and have no network, unless the
+// build is given an egress allowlist (Options.Egress, "host:port" entries as an allocation's):
+// then the build serves one allowlisting proxy (package egress) on a unix socket on the host,
+// and each RUN step's sandbox, still with --network=none, gets the socket's directory and
+// fusebox-sandbox bound read-only under /dev/fusebox (the mount points gVisor makes for them
+// in the step's root are removed after the step, see mountPoints). The step runs under
+// `fusebox-sandbox relay-exec`, which relays a loopback port to the socket and gives the
+// command HTTP_PROXY and HTTPS_PROXY (as a sandbox's relay does): the step reaches the
+// allowlisted destinations through the proxy, and nothing else. The proxy refuses a name that
+// resolves to an internal address; an IP-literal entry reaches that address on purpose. The
+// allowlist is in each RUN step's cache key, in the build record and in the image's
+// annotations.
 package templatebuild
 
 import (
@@ -100,6 +118,13 @@ type Options struct {
 	// StepTasks bounds the tasks (processes and threads) a RUN step's processes may have at
 	// once: a fork beyond it fails inside the sandbox. Zero means DefaultStepTasks.
 	StepTasks int64
+	// Egress is the build's egress allowlist ("host:port" entries: names, *.wildcards, IP
+	// literals, as an allocation's): the RUN steps reach these destinations through an
+	// allowlisting proxy and nothing else. Empty: the steps have no network at all.
+	Egress []string
+	// SandboxBinary is a static fusebox-sandbox, bound read-only into the RUN steps to relay
+	// their traffic to the proxy. Required with Egress, unused without.
+	SandboxBinary string
 }
 
 // Bounds of a RUN step's sandbox when Options leave them out: a step is as untrusted as the
@@ -141,6 +166,18 @@ func New(o Options) (*Builder, error) {
 	if info, err := os.Stat(o.Runsc); err != nil || !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
 		return nil, fmt.Errorf("templatebuild: runsc %s is missing or not executable: build the pinned one with `make runsc`", o.Runsc)
 	}
+	if len(o.Egress) > 0 {
+		var err error
+		if o.Egress, err = parseEgress(o.Egress); err != nil {
+			return nil, fmt.Errorf("templatebuild: egress allowlist: %w", err)
+		}
+		if o.SandboxBinary == "" {
+			return nil, errors.New("templatebuild: Options.SandboxBinary (fusebox-sandbox, which relays the steps' egress) is required with an egress allowlist")
+		}
+		if info, err := os.Stat(o.SandboxBinary); err != nil || !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("templatebuild: fusebox-sandbox %s is missing or not executable: the RUN steps' egress needs it (build it with `make build`)", o.SandboxBinary)
+		}
+	}
 	if _, err := exec.LookPath("cp"); err != nil {
 		return nil, fmt.Errorf("templatebuild: cp (GNU coreutils) copies the roots between steps: %w", err)
 	}
@@ -155,6 +192,7 @@ func New(o Options) (*Builder, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	o.Progress = &lockedWriter{w: o.Progress}
 	switch {
 	case o.StepMemory == 0:
 		o.StepMemory = DefaultStepMemory
@@ -168,6 +206,11 @@ func New(o Options) (*Builder, error) {
 		return nil, fmt.Errorf("templatebuild: Options.StepTasks %d is below 16 (a shell and a build need a few tasks each)", o.StepTasks)
 	}
 	var err error
+	if o.SandboxBinary != "" {
+		if o.SandboxBinary, err = filepath.Abs(o.SandboxBinary); err != nil {
+			return nil, fmt.Errorf("templatebuild: %w", err)
+		}
+	}
 	for _, p := range []*string{&o.Context, &o.Out, &o.CacheDir} {
 		if *p, err = filepath.Abs(*p); err != nil {
 			return nil, fmt.Errorf("templatebuild: %w", err)
@@ -195,6 +238,8 @@ type Result struct {
 	Ran, Cached int
 	// Layers is the number of layers the steps added.
 	Layers int
+	// Egress is the egress allowlist the RUN steps had, canonical and sorted; nil for none.
+	Egress []string
 }
 
 // StepError is a RUN step that exited with a non-zero status.
@@ -233,6 +278,7 @@ type build struct {
 	// baseEnv is the base image's environment, with a PATH.
 	baseEnv []string
 	cache   *stepCache
+	egress  *buildEgress   // nil without an egress allowlist
 	work    string         // this build's working directory under the cache, removed at the end
 	rt      *runsc.Runtime // under its own root, so that ids never collide with another build's
 	cur     *rootState     // the root after the last step
@@ -300,6 +346,19 @@ func (b *Builder) Build(ctx context.Context) (_ *Result, err error) {
 		return nil, fmt.Errorf("creating runsc's state directory: %w", err)
 	}
 	bd.rt = &runsc.Runtime{Binary: o.Runsc, Root: runscRoot, HostUDS: "none"}
+	if len(o.Egress) > 0 {
+		if bd.egress, err = startEgress(o.Egress, o.SandboxBinary, o.Progress); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := bd.egress.close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}()
+		// The steps may connect to host sockets in their mounts (and create none): the
+		// proxy's is the only one they have.
+		bd.rt.HostUDS = "open"
+	}
 	defer func() {
 		if relErr := bd.rt.ReleaseRoot(); relErr == nil {
 			os.RemoveAll(runscRoot)
@@ -309,7 +368,7 @@ func (b *Builder) Build(ctx context.Context) (_ *Result, err error) {
 	bd.cur = &rootState{dir: bd.base.root.Dir}
 	bd.cfg = cloneConfig(bd.base.cf.Config)
 	bd.cfg.Env = slices.Clone(bd.baseEnv)
-	bd.res = Result{Base: bd.base.pinned, BaseDigest: bd.base.digest, Steps: len(bd.stage.Steps)}
+	bd.res = Result{Base: bd.base.pinned, BaseDigest: bd.base.digest, Steps: len(bd.stage.Steps), Egress: o.Egress}
 	if err := bd.run(ctx); err != nil {
 		return nil, err
 	}
@@ -370,6 +429,9 @@ func (bd *build) fsStep(ctx context.Context, i int, s dockerfile.Step, parent, h
 			return "", err
 		}
 		extra = sources.digest
+	}
+	if s.Kind == dockerfile.KindRun && bd.egress != nil {
+		extra = "egress " + strings.Join(bd.egress.allow, " ")
 	}
 	key := chainKey(parent, s.Key(), extra)
 	if rec, ok, err := bd.cache.get(key); err != nil {

@@ -70,6 +70,9 @@ func TestMain(m *testing.M) {
 	if baseDir != "" {
 		os.RemoveAll(filepath.Dir(baseDir))
 	}
+	if sandboxPath != "" {
+		os.RemoveAll(filepath.Dir(sandboxPath))
+	}
 	os.RemoveAll(sharedCache)
 	os.Exit(code)
 }
@@ -539,6 +542,11 @@ func TestNewRefusesMissingOptions(t *testing.T) {
 		{"no cache", func(o *templatebuild.Options) { o.CacheDir = "" }},
 		{"no runsc", func(o *templatebuild.Options) { o.Runsc = "" }},
 		{"missing runsc", func(o *templatebuild.Options) { o.Runsc = "/nonexistent/runsc" }},
+		{"malformed egress entry", func(o *templatebuild.Options) { o.Egress, o.SandboxBinary = []string{"example.com"}, bin }},
+		{"egress without fusebox-sandbox", func(o *templatebuild.Options) { o.Egress = []string{"example.com:443"} }},
+		{"missing fusebox-sandbox", func(o *templatebuild.Options) {
+			o.Egress, o.SandboxBinary = []string{"example.com:443"}, "/nonexistent/fusebox-sandbox"
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := ok
