@@ -40,6 +40,10 @@ func (e envFlag) Set(s string) error {
 }
 
 func main() {
+	// A template build's RUN step with an egress allowlist runs under this mode (relayexec.go).
+	if len(os.Args) > 1 && os.Args[1] == relayExecMode {
+		os.Exit(relayExec(os.Args[2:]))
+	}
 	var cfg server.Config
 	// The commands' base environment: these, or with -inherit-env the image's (these only
 	// where it sets neither), then each -env.
@@ -53,6 +57,8 @@ func main() {
 	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound at start and serving nothing until initialisation")
 	flag.StringVar(&cfg.WorkspaceDir, "workspace", "/workspace", "workspace root: every file operation stays inside it")
 	flag.Int64Var(&lim.MaxOutputBytes, "max-output-bytes", 16<<20, "stdout+stderr streamed per exec; the rest is discarded and flagged")
+	flag.IntVar(&lim.MaxProcesses, "max-processes", 64, "long-lived processes (StartProcess) running at once; as many exited ones are kept for replay")
+	flag.IntVar(&lim.ProcessBufferBytes, "process-buffer-bytes", 1<<20, "output kept per long-lived process for Attach (stdout and stderr together, the most recent)")
 	flag.Int64Var(&cfg.Workspace.MaxFileBytes, "max-file-bytes", 1<<30, "largest file written or read")
 	flag.Int64Var(&cfg.Workspace.MaxBatchBytes, "max-batch-bytes", 4<<20-64<<10, "largest WriteFiles/ReadFiles payload")
 	flag.DurationVar(&lim.DefaultTimeout, "exec-timeout", 10*time.Minute, "timeout of an exec that sets none")

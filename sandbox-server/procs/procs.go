@@ -47,6 +47,10 @@ type Spec struct {
 	// CAP_SETGID in this process; a switch away from root also clears the child's
 	// capabilities). Its working directory is entered as that user.
 	User *User
+	// Terminal starts the child as the leader of a new session (setsid) with Files[0], a
+	// terminal, as its controlling terminal (TIOCSCTTY). Its process group is its own then
+	// too, so KillGroup and the reaper's group kills work as without it.
+	Terminal bool
 }
 
 // User is a user and group id.
@@ -82,6 +86,25 @@ func (p *Process) KillGroup() {
 	if !p.reaped {
 		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
 	}
+}
+
+// Signal sends sig to the process, or with group to its whole process group. It fails with
+// os.ErrProcessDone once the leader has been reaped (its id may belong to someone else by
+// now).
+func (p *Process) Signal(sig syscall.Signal, group bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reaped {
+		return os.ErrProcessDone
+	}
+	pid := p.Pid
+	if group {
+		pid = -pid
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("signalling %d: %w", pid, err)
+	}
+	return nil
 }
 
 // Reaper starts processes and waits for all children of this process.
@@ -136,6 +159,10 @@ func (r *Reaper) Start(spec Spec) (*Process, error) {
 		Env:   spec.Env,
 		Files: fds,
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	if spec.Terminal {
+		// setsid makes the child its own group's leader; a setpgid after it would fail.
+		attr.Sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	}
 	if u := spec.User; u != nil {
 		// With CAP_SETUID, setuid sets all three user ids (the child runs setgroups, setgid,

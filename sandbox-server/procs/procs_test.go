@@ -1,6 +1,7 @@
 package procs
 
 import (
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -207,5 +208,23 @@ func TestStartAsUser(t *testing.T) {
 	want := "Uid: 65532 65532 65532 65532 Gid: 65531 65531 65531 65531 Groups: CapPrm: 0000000000000000 CapEff: 0000000000000000"
 	if got != want {
 		t.Errorf("the command's identity:\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	r, err := NewReaper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p := start(t, r, "exec sleep 100")
+	if err := p.Signal(syscall.SIGTERM, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, p); st.Signal != syscall.SIGTERM {
+		t.Fatalf("after SIGTERM: %+v", st)
+	}
+	if err := p.Signal(syscall.SIGTERM, true); !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("a signal after the reap: %v, want os.ErrProcessDone", err)
 	}
 }

@@ -246,6 +246,7 @@ type command struct {
 	capture  bool              // a script under bash, whose state dump is read after it exits
 	lookedUp bool              // path came from the PATH cache, for argv[0]
 	timeout  time.Duration
+	terminal bool // files[0] is a terminal to become its controlling terminal (procs.Spec)
 }
 
 // plan works out what req runs from the state snap it starts from: the request's environment
@@ -338,14 +339,21 @@ func openStdio(stdin, capture bool) (_ *stdio, err error) {
 	s.child = append(s.child, errW)
 	s.files[1], s.files[2] = outW, errW
 	if capture {
-		fd, err := unix.MemfdCreate("fusebox-state", unix.MFD_CLOEXEC)
-		if err != nil {
-			return nil, fmt.Errorf("creating state file: %w", err)
+		if s.dump, err = openDump(); err != nil {
+			return nil, err
 		}
-		s.dump = os.NewFile(uintptr(fd), "fusebox-state")
-		s.files = append(s.files, fd)
+		s.files = append(s.files, int(s.dump.Fd()))
 	}
 	return s, nil
+}
+
+// openDump creates the memory file a script under bash dumps its state into (descriptor 3).
+func openDump() (*os.File, error) {
+	fd, err := unix.MemfdCreate("fusebox-state", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating state file: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "fusebox-state"), nil
 }
 
 // handOver closes the child's ends, which the started child now holds, and writes its input
@@ -381,7 +389,7 @@ func (s *stdio) close() {
 // looks argv[0] up afresh once, and a failure is explained by the working directory when it is
 // the cause.
 func (e *executor) start(c *command, files []int) (*procs.Process, error) {
-	spec := procs.Spec{Path: c.path, Argv: c.argv, Env: envList(c.env), Dir: c.cwd, Files: files, User: e.user}
+	spec := procs.Spec{Path: c.path, Argv: c.argv, Env: envList(c.env), Dir: c.cwd, Files: files, User: e.user, Terminal: c.terminal}
 	p, err := e.reaper.Start(spec)
 	if err != nil && c.lookedUp && e.paths.forget(c.argv[0], c.env["PATH"], c.cwd) {
 		// The cached location went stale (the binary moved): look it up afresh once.

@@ -36,6 +36,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/tlspin/tlspintest"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/process"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
@@ -59,6 +60,14 @@ func TestCodeOf(t *testing.T) {
 		{syscall.ENOTDIR, codes.FailedPrecondition},
 		{syscall.ENOTEMPTY, codes.FailedPrecondition},
 		{syscall.ENOSPC, codes.ResourceExhausted},
+		{fmt.Errorf("x: %w", process.ErrNotFound), codes.NotFound},
+		{process.ErrInvalid, codes.InvalidArgument},
+		{process.ErrExited, codes.FailedPrecondition},
+		{process.ErrStdinClosed, codes.FailedPrecondition},
+		{process.ErrNoTerminal, codes.FailedPrecondition},
+		{process.ErrKeyReused, codes.FailedPrecondition},
+		{process.ErrFutureOffset, codes.OutOfRange},
+		{process.ErrLimit, codes.ResourceExhausted},
 		{errors.New("boom"), codes.Internal},
 		{status.Error(codes.Aborted, "kept"), codes.Aborted},
 	}

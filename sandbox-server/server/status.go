@@ -11,6 +11,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/process"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
@@ -36,12 +37,20 @@ func codeOf(err error) codes.Code {
 		return codes.DeadlineExceeded
 	case errors.Is(err, workspace.ErrEscape):
 		return codes.PermissionDenied
-	case errors.Is(err, workspace.ErrLimit):
+	case errors.Is(err, workspace.ErrLimit), errors.Is(err, process.ErrLimit):
 		return codes.ResourceExhausted
+	case errors.Is(err, process.ErrNotFound):
+		return codes.NotFound
+	case errors.Is(err, process.ErrFutureOffset):
+		return codes.OutOfRange
+	case errors.Is(err, process.ErrExited), errors.Is(err, process.ErrStdinClosed),
+		errors.Is(err, process.ErrNoTerminal), errors.Is(err, process.ErrKeyReused):
+		return codes.FailedPrecondition
 	case errors.Is(err, errInvalid),
 		errors.Is(err, workspace.ErrInvalidPath),
 		errors.Is(err, workspace.ErrInvalidArgument),
 		errors.Is(err, envstate.ErrDuplicateOrder),
+		errors.Is(err, process.ErrInvalid),
 		errors.Is(err, tlspin.ErrBadKey),
 		errors.Is(err, syscall.ENAMETOOLONG):
 		return codes.InvalidArgument
