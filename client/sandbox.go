@@ -53,6 +53,8 @@ type Sandbox struct {
 	rpc  sandboxv1.SandboxClient
 	opts Options
 	bulk *bulkPool // nil with Options.NoBulk
+	// ports makes the connections of DialPort and ForwardPort.
+	ports *portDialer
 }
 
 // Dial connects to the sandbox at addr (unix:///path or tcp://host:port), accepting only a
@@ -91,12 +93,15 @@ func Dial(addr string, sandboxKey []byte, key *Key, opts ...Options) (*Sandbox, 
 	return sb, nil
 }
 
-// withBulk gives s its bulk connections to a, pinned by cfg, unless its options say not to.
+// withBulk gives s its bulk connections to a, pinned by cfg, unless its options say not to,
+// and its port-forwarding connections, pinned the same way.
 func (s *Sandbox) withBulk(a endpoint.Addr, cfg *tls.Config) {
+	// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
+	dial := func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }
 	if !s.opts.NoBulk {
-		// endpoint.Dial never follows a link the sandbox may have put at its socket's name.
-		s.bulk = newBulkPool(func(ctx context.Context) (net.Conn, error) { return endpoint.Dial(ctx, a) }, cfg)
+		s.bulk = newBulkPool(dial, cfg)
 	}
+	s.ports = newPortDialer(dial, cfg)
 }
 
 // unixNoFollow returns, for a unix socket address, the dial option that connects through

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,18 +31,22 @@ func runCmd() *cobra.Command {
 		timeout  time.Duration
 		shell    bool
 		quiet    bool
+		ports    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
 		Short: "Run one command in a fresh sandbox and exit with its exit code",
 		Long: `Allocates a fresh sandbox from the manager, uploads --upload DIR into its workspace,
 runs the command there streaming its output, releases the sandbox (it is destroyed, never
-reused) and exits with the command's exit code.`,
+reused) and exits with the command's exit code. Each --port LOCAL:REMOTE forwards
+127.0.0.1:LOCAL to port REMOTE on the sandbox's loopback while the command runs (LOCAL 0: a
+free port, printed).`,
 		Example: `  fusebox run -- uname -a
   fusebox run --upload ./repo -- sh -c 'cd repo && make test'
   fusebox run --template python -- python3 -c 'import sys; print(sys.version)'
   fusebox run --env DEBUG=1 --cwd src -- make test
   fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests
+  fusebox run --port 8000:3000 -- python3 -m http.server 3000
   fusebox run --manager tcp://fusebox-manager.fusebox.svc:9090 --ca-file ca.crt --token-file /var/run/secrets/fusebox/token -- uname -a`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -59,6 +65,14 @@ reused) and exits with the command's exit code.`,
 				}
 				env[k] = v
 			}
+			fwds := make([]portForward, len(ports))
+			for i, p := range ports {
+				pf, err := parsePortForward(p)
+				if err != nil {
+					return err
+				}
+				fwds[i] = pf
+			}
 			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress, Template: template, Env: env, Cwd: cwd,
 				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
@@ -75,11 +89,31 @@ reused) and exits with the command's exit code.`,
 				status("uploaded %d files (%d KiB) in %d batches + %d streams, %v", st.Files, st.Bytes>>10,
 					st.Batches, st.Streamed, time.Since(t0).Round(time.Millisecond))
 			}
+			// The forwards last while the command runs: they end before the sandbox is released.
+			var forwards []net.Listener
+			closeForwards := func() {
+				for _, ln := range forwards {
+					ln.Close()
+				}
+				forwards = nil
+			}
+			defer closeForwards()
+			for _, pf := range fwds {
+				ln, err := alloc.ForwardPort(ctx, pf.remote, pf.local, client.ForwardOptions{OnError: func(err error) {
+					status("port %d: %s", pf.remote, describe(err))
+				}})
+				if err != nil {
+					return fmt.Errorf("--port %s: %w", pf.spec, err)
+				}
+				forwards = append(forwards, ln)
+				status("forwarding %s to port %d in the sandbox", ln.Addr(), pf.remote)
+			}
 			c := client.Command{Argv: args, Timeout: timeout, Stdout: os.Stdout, Stderr: os.Stderr}
 			if shell {
 				c = client.Command{Script: strings.Join(args, " "), Timeout: timeout, Stdout: os.Stdout, Stderr: os.Stderr}
 			}
 			res, err := alloc.Exec(ctx, c)
+			closeForwards()
 			if err != nil {
 				if errors.Is(ctx.Err(), context.Canceled) {
 					return errors.New("interrupted")
@@ -120,5 +154,29 @@ reused) and exits with the command's exit code.`,
 	f.DurationVar(&timeout, "timeout", 0, "kill the command (and everything it started) after this long")
 	f.BoolVar(&shell, "shell", false, "run the arguments as one bash script (exported variables are kept)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the command's output")
+	f.StringArrayVar(&ports, "port", nil, "LOCAL:REMOTE: forward 127.0.0.1:LOCAL to port REMOTE on the sandbox's loopback while the command runs (LOCAL 0: a free port; repeatable)")
 	return cmd
+}
+
+// portForward is one --port: the local address to listen on and the port in the sandbox.
+type portForward struct {
+	spec, local string
+	remote      int
+}
+
+// parsePortForward parses a --port value, LOCAL:REMOTE.
+func parsePortForward(spec string) (portForward, error) {
+	l, r, ok := strings.Cut(spec, ":")
+	if !ok {
+		return portForward{}, fmt.Errorf("--port %q: want LOCAL:REMOTE, e.g. 8000:3000", spec)
+	}
+	local, err := strconv.Atoi(l)
+	if err != nil || local < 0 || local > 65535 {
+		return portForward{}, fmt.Errorf("--port %q: local port %q: want 0-65535 (0: a free port)", spec, l)
+	}
+	remote, err := strconv.Atoi(r)
+	if err != nil || remote < 1 || remote > 65535 {
+		return portForward{}, fmt.Errorf("--port %q: port %q in the sandbox: want 1-65535", spec, r)
+	}
+	return portForward{spec: spec, local: net.JoinHostPort("127.0.0.1", l), remote: remote}, nil
 }

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
+	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 )
 
 // refusingManager answers every allocation with one gRPC error, as a real manager refuses.
@@ -110,5 +114,104 @@ func TestRunWithoutDashes(t *testing.T) {
 	code, stderr = runCLI(t, "run", "--timeout", "soon", "--", "true")
 	if code != 1 || strings.Contains(stderr, "after --") {
 		t.Errorf("a bad flag value got the -- hint (exit code %d):\n%s", code, stderr)
+	}
+}
+
+// TestParsePortForward: --port takes LOCAL:REMOTE; anything else is refused, before any
+// sandbox is allocated, with the form to use.
+func TestParsePortForward(t *testing.T) {
+	for _, tc := range []struct {
+		spec, local string
+		remote      int
+		err         string
+	}{
+		{"8000:3000", "127.0.0.1:8000", 3000, ""},
+		{"0:80", "127.0.0.1:0", 80, ""},
+		{"3000", "", 0, "want LOCAL:REMOTE"},
+		{"8000:0", "", 0, "port \"0\" in the sandbox: want 1-65535"},
+		{"8000:65536", "", 0, "port \"65536\" in the sandbox: want 1-65535"},
+		{"x:3000", "", 0, "local port \"x\""},
+		{"70000:3000", "", 0, "local port \"70000\""},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			pf, err := parsePortForward(tc.spec)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %+v, %v; want an error containing %q", pf, err, tc.err)
+				}
+				return
+			}
+			if err != nil || pf.local != tc.local || pf.remote != tc.remote {
+				t.Fatalf("got %+v, %v; want %s to port %d", pf, err, tc.local, tc.remote)
+			}
+		})
+	}
+	code, stderr := runCLI(t, "run", "-q", "--manager", "unix:///nonexistent/m.sock", "--port", "8000:65536", "--", "true")
+	if code != 1 || !strings.Contains(stderr, "want 1-65535") || strings.Contains(stderr, "allocating") {
+		t.Fatalf("a bad --port: exit code %d, stderr:\n%s\nwant the port refused before allocating", code, stderr)
+	}
+}
+
+// TestRunPortForward: with --port, a server the command runs in a real sandbox (no network
+// beyond its loopback) answers an HTTP request made to the local port while the command runs.
+func TestRunPortForward(t *testing.T) {
+	m := sandboxtest.StartManager(t, sandboxtest.ManagerOptions{PoolSize: 1})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	// Serves one request, then exits: the command ends once the test has its answer.
+	const server = `
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = b'hello from the sandbox ' + self.path.encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+http.server.HTTPServer(('127.0.0.1', 3000), H).handle_request()
+`
+	type result struct {
+		code   int
+		stderr string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, stderr := runCLI(t, "run", "--manager", m.Addr, "--port", fmt.Sprintf("%d:3000", local), "--", "python3", "-c", server)
+		done <- result{code, stderr}
+	}()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	var body string
+	sandboxtest.Eventually(t, time.Minute, "an answer through --port", func() (bool, string) {
+		select {
+		case r := <-done:
+			t.Fatalf("fusebox run ended (exit code %d) before an answer came:\n%s", r.code, r.stderr)
+		default:
+		}
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/x", local))
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return false, err.Error()
+		}
+		body = string(b)
+		return true, ""
+	})
+	if body != "hello from the sandbox /x" {
+		t.Fatalf("answer %q", body)
+	}
+	select {
+	case r := <-done:
+		if r.code != 0 {
+			t.Fatalf("fusebox run: exit code %d:\n%s", r.code, r.stderr)
+		}
+	case <-time.After(time.Minute): // a hang guard
+		t.Fatal("fusebox run did not end after its server did")
 	}
 }

@@ -10,6 +10,7 @@
 package coalesce
 
 import (
+	"errors"
 	"net"
 	"sync"
 )
@@ -145,3 +146,15 @@ func (c *over) Write(p []byte) (int, error) {
 // Flush waits until the bytes of every Write so far have left (Pipelined), and returns the
 // error of the first that failed.
 func (c *over) Flush() error { return c.g.Flush() }
+
+// CloseWrite ends the writing side of the TLS connection (its close_notify, after the bytes of
+// every Write so far), for a connection that carries a half-closed stream.
+func (c *over) CloseWrite() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	return cw.CloseWrite()
+}

@@ -18,6 +18,11 @@ type DataOptions struct {
 	// same pinned handshake, such a connection goes to Bulk instead of gRPC.
 	BulkProto string
 	Bulk      func(net.Conn)
+	// Port, if set, serves connections that negotiate PortProto (offered after BulkProto) as
+	// Bulk serves BulkProto's: each carries one forwarded TCP connection both ways, so its
+	// writes leave as they are made (not pipelined), and it can CloseWrite.
+	PortProto string
+	Port      func(net.Conn)
 	// Handshake, if set, is called as a connection's handshake begins (done false) and once
 	// it has succeeded (done true): a hook of the latency accelerators' allocation timeline.
 	// Nil on the plain path.
@@ -32,9 +37,15 @@ type DataOptions struct {
 // gRPC hands TLS up to its write buffer at a time, so under gVisor a download costs a
 // sixteenth of the writes it would.
 func DataCredentials(cfg *tls.Config, o DataOptions) credentials.TransportCredentials {
-	if o.Bulk != nil {
+	if o.Bulk != nil || o.Port != nil {
 		cfg = cfg.Clone()
-		cfg.NextProtos = append(slices.Clip(cfg.NextProtos), o.BulkProto)
+		cfg.NextProtos = slices.Clip(cfg.NextProtos)
+	}
+	if o.Bulk != nil {
+		cfg.NextProtos = append(cfg.NextProtos, o.BulkProto)
+	}
+	if o.Port != nil {
+		cfg.NextProtos = append(cfg.NextProtos, o.PortProto)
 	}
 	return dataCreds{TransportCredentials: credentials.NewTLS(cfg), o: o}
 }
@@ -60,6 +71,10 @@ func (c dataCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo
 		// A bulk connection streams a file one way: its records are encrypted while the
 		// previous ones are still being written to the host socket.
 		go c.o.Bulk(coalesce.Pipelined(conn, b))
+		return nil, nil, credentials.ErrConnDispatched
+	}
+	if ti, ok := info.(credentials.TLSInfo); ok && c.o.Port != nil && ti.State.NegotiatedProtocol == c.o.PortProto {
+		go c.o.Port(coalesce.Over(conn, b))
 		return nil, nil, credentials.ErrConnDispatched
 	}
 	return coalesce.Over(conn, b), info, nil

@@ -17,10 +17,12 @@ import (
 
 	"github.com/fusebox-dev/fusebox/internal/bulk"
 	"github.com/fusebox-dev/fusebox/internal/cmdenv"
+	"github.com/fusebox-dev/fusebox/internal/portfwd"
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
 	"github.com/fusebox-dev/fusebox/sandbox-server/fuse"
+	"github.com/fusebox-dev/fusebox/sandbox-server/process"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
@@ -42,6 +44,10 @@ type Limits struct {
 	DefaultTimeout, MaxTimeout time.Duration
 	// MaxMessageBytes is the largest gRPC message accepted (a WriteFiles batch plus framing).
 	MaxMessageBytes int
+	// MaxProcesses bounds the long-lived processes running at once (package process; default
+	// 64), and ProcessBufferBytes the output kept of each (default 1 MiB).
+	MaxProcesses       int
+	ProcessBufferBytes int
 }
 
 // Options configure a Server. Workspace, Reaper and IdleTTL are required.
@@ -79,6 +85,9 @@ type Options struct {
 	// NoBulk, if set, refuses bulk connections (internal/bulk): the TLS handshake offers only
 	// HTTP/2, and clients move large files with WriteFileStream and ReadFileStream.
 	NoBulk bool
+	// NoPortForward, if set, refuses port forwarding (internal/portfwd): the TLS handshake
+	// does not offer it, and nothing on the sandbox's loopback can be reached from outside.
+	NoPortForward bool
 }
 
 // Server is one sandbox's server. It serves one agent once.
@@ -87,6 +96,7 @@ type Server struct {
 	log   *slog.Logger
 	state *envstate.State
 	exec  *executor
+	procs *process.Registry
 
 	// The sandbox's identity, made before initialisation so that InitializeTLS does no key
 	// generation: nothing untrusted runs in the sandbox before the fuse blows.
@@ -144,6 +154,12 @@ func New(opts Options) (*Server, error) {
 	s.state.Override(nil, opts.BaseCwd)
 	s.exec = newExecutor(opts.Reaper, s.state, opts.Limits, opts.Logger)
 	s.exec.user = opts.CommandUser
+	reg, err := process.NewRegistry(process.Options{Launch: s.exec.launch, MaxProcesses: opts.Limits.MaxProcesses,
+		BufferBytes: opts.Limits.ProcessBufferBytes, Logger: opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s.procs = reg
 	key, err := tlspin.GenerateKey()
 	if err != nil {
 		return nil, err
@@ -242,6 +258,9 @@ func (s *Server) dataOptions() fuse.DataOptions {
 	if !s.opts.NoBulk {
 		o.BulkProto, o.Bulk = bulk.Proto, func(c net.Conn) { s.serveBulk(s.life, c) }
 	}
+	if !s.opts.NoPortForward {
+		o.PortProto, o.Port = portfwd.Proto, func(c net.Conn) { s.serveForward(s.life, c) }
+	}
 	o.Handshake = s.timeline.handshake
 	return o
 }
@@ -278,6 +297,7 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 	}
 	srv := grpc.NewServer(opts...)
 	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
+	sandboxv1.RegisterProcessesServer(srv, &processService{reg: s.procs})
 	return srv
 }
 
