@@ -80,6 +80,7 @@ benchmark's sandbox. Each figure in --json says what it measured. Needs root.`,
 			fmt.Fprintf(w, "  streams against the file floor\tin %.2fx, out %.2fx\n", r.StreamWriteVsFileFloor, r.StreamReadVsFileFloor)
 			fig("  pinned TLS 1.3 from the file (floor)", r.StreamFloorOutTLS)
 			fmt.Fprintf(w, "  stream out against the TLS floor\t%.2fx\n", r.StreamReadVsTLSFloor)
+			fmt.Fprintf(w, "  the TLS floor against the file floor\t%.2fx\n", r.TLSFloorVsFileFloor)
 			return w.Flush()
 		},
 	}

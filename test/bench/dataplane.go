@@ -112,9 +112,11 @@ type DataplaneResult struct {
 	// nothing else (fusebox-floor -send-tls: the helper is the TLS server, as the sandbox
 	// server is, the host the pinned client; records gathered into one write per read of the
 	// file, no fusebox framing), the host comparing every byte; StreamReadVsTLSFloor is the
-	// stream out over it.
+	// stream out over it. TLSFloorVsFileFloor is that floor against the raw socket's from the
+	// same file: the most any pinned TLS stream out can reach of the raw one.
 	StreamFloorOutTLS    Figure  `json:"stream_floor_out_tls"`
 	StreamReadVsTLSFloor float64 `json:"stream_read_vs_tls_floor"`
+	TLSFloorVsFileFloor  float64 `json:"tls_floor_vs_file_floor"`
 	// StreamWriteGRPC and StreamReadGRPC are the streams with client.Options{NoBulk: true}:
 	// WriteFileStream and ReadFileStream over the gRPC connection instead of bulk connections.
 	StreamWriteGRPC Figure `json:"stream_write_grpc"`
@@ -413,6 +415,7 @@ func streams(ctx context.Context, r *DataplaneResult, c, grpcStreams *client.San
 	r.StreamFloorOutTLS = floorFig(tlsOut)
 	r.StreamFloorOutTLS.Verified = true
 	r.StreamReadVsTLSFloor = round(r.StreamRead.MiBPerS / r.StreamFloorOutTLS.MiBPerS)
+	r.TLSFloorVsFileFloor = round(r.StreamFloorOutTLS.MiBPerS / r.StreamFloorOutFile.MiBPerS)
 	return nil
 }
 
