@@ -15,14 +15,14 @@ same API for asyncio.
 """
 
 from ._core import DEFAULT_MANAGER
-from ._sync import ExecStream, Manager, Sandbox, TaskGroup
+from ._sync import ExecStream, Manager, OutputStream, Process, Sandbox, TaskGroup
 from .errors import (AlreadyExistsError, BadAddressError, CancelledError, CommandError, CommandTimeoutError,
                      DeadlineExceededError, FailedPreconditionError, FuseboxError, InvalidArgumentError, LeaseError,
-                     LimitError, NotFoundError, PathEscapeError, PermissionDeniedError, PinningError,
+                     LimitError, NotFoundError, OutOfRangeError, PathEscapeError, PermissionDeniedError, PinningError,
                      UnauthenticatedError, UnavailableError)
 from .keys import SERVER_NAME, AgentKey
 from .types import (DEFAULT_BATCH_BYTES, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    ReadStats, SandboxInfo, Symlink, WriteStats)
+                    OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, ReadStats, SandboxInfo, Symlink, WriteStats)
 
 
 def allocate(manager=None, **options) -> Sandbox:
@@ -34,7 +34,8 @@ __all__ = [
     "allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream", "AgentKey", "SERVER_NAME", "DEFAULT_MANAGER",
     "DEFAULT_BATCH_BYTES", "ExecResult", "OutputChunk", "File", "Symlink", "WriteStats", "ReadStats", "Files",
     "FileInfo", "Listing", "GrepMatch", "GrepResult", "SandboxInfo",
+    "Process", "OutputStream", "ProcessInfo", "ProcessOutput", "OutputDropped", "ProcessExit",
     "FuseboxError", "BadAddressError", "InvalidArgumentError", "PathEscapeError", "NotFoundError", "AlreadyExistsError",
-    "FailedPreconditionError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
+    "FailedPreconditionError", "OutOfRangeError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
     "CommandTimeoutError", "CommandError", "CancelledError",
 ]

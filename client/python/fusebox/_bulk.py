@@ -17,6 +17,7 @@ buffer in flight, never waits for this side to decrypt or to write to the destin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import socket
@@ -169,11 +170,16 @@ class Conn:
         self._tls.write(data)
         self._flush()
 
-    def close(self) -> None:
+    def abort(self) -> None:
+        """Cuts the connection from another thread: a read waiting on it ends with
+        ConnectionError (and its caller then closes the connection)."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.abort()
         # The reader ends at the shutdown, or at this should it wait for a free buffer.
         self._free.put(-1)
         if self._reader is not None:
@@ -279,11 +285,14 @@ class Pool:
         if fd is not None:
             os.close(fd)
 
-    def read(self, path: str, writer: BinaryIO) -> int:
+    def read(self, path: str, writer: BinaryIO, using: Optional[Callable[[Conn], None]] = None) -> int:
         """Streams the file at path into writer; returns the bytes written. Raises NoBulk when
         no connection could be made, Refused with the sandbox's status, ConnectionError when
-        the connection broke."""
+        the connection broke. using, if given, is handed the connection before the transfer
+        starts, so that another thread can abort it."""
         c = self._get()
+        if using is not None:
+            using(c)
         ok = False
         try:
             n = _receive(c, path, writer)
@@ -294,6 +303,26 @@ class Pool:
                 self._put(c)
             else:
                 c.close()
+
+
+async def read_async(pool: Pool, path: str, writer: BinaryIO) -> int:
+    """Pool.read for asyncio: the transfer runs on a worker thread (the decryption and the
+    writer's writes with it) while the event loop goes on. Cancelling the awaiting task cuts the
+    connection, waits for the thread to stop, and re-raises the cancellation: nothing of the
+    transfer runs on after it."""
+    loop = asyncio.get_running_loop()
+    conns: "list[Conn]" = []
+    done = loop.run_in_executor(None, pool.read, path, writer, conns.append)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        for c in conns:
+            c.abort()
+        try:
+            await done
+        except BaseException:
+            pass
+        raise
 
 
 def _receive(c: Conn, path: str, writer: BinaryIO) -> int:

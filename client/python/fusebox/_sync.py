@@ -16,14 +16,15 @@ from typing import BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import grpc
 import grpc.experimental
 
-from . import _bulk, _core
+from . import _bulk, _core, _process
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
-from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from ._process import SignalLike, TerminalSize
 from .errors import FuseboxError, InvalidArgumentError, NotFoundError, UnavailableError, from_rpc
 from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    SandboxInfo, Symlink, WriteStats)
+                    OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, SandboxInfo, Symlink, WriteStats)
 
 Sink = _core.Sink
 
@@ -430,6 +431,56 @@ class Sandbox:
         """Starts a task group: concurrent commands whose logically last change wins."""
         return TaskGroup(self)
 
+    # ---- long-lived processes ----
+
+    def _processes(self) -> process_pb2_grpc.ProcessesStub:
+        stub = getattr(self, "_procs_stub", None)
+        if stub is None:
+            stub = self._procs_stub = process_pb2_grpc.ProcessesStub(self._channel)
+        return stub
+
+    def _process_call(self, method: str, req, doing: str, timeout: Optional[float] = 300):
+        try:
+            return getattr(self._processes(), method)(req, timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc(e, doing) from None
+
+    def start_process(self, command: CommandLike, *, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                      unset: Optional[Sequence[str]] = None, pty: Optional[TerminalSize] = None, tag: str = "",
+                      idempotency_key: Optional[str] = None) -> "Process":
+        """Starts a long-lived process and returns its handle as soon as it runs.
+
+        ``command``, ``cwd``, ``env`` and ``unset`` are as for :meth:`exec`; the process
+        starts from the sandbox's state in a group of its own. It runs until it exits or is
+        signalled, outliving this call and this connection, and has no timeout. With ``pty``
+        (rows, cols) it runs on a new terminal of that size (its stdin, stdout and stderr, and
+        its controlling terminal): its output is then all "stdout", with the terminal's output
+        processing ("\\n" becomes "\\r\\n" until the process turns that off, e.g. ``stty
+        raw``). ``tag`` is a label of the caller's, shown by :meth:`list_processes`. With
+        ``idempotency_key`` a retried call returns the process the first one started (its
+        ``existing`` set) while the sandbox still lists it; the key with a different request
+        raises FailedPreconditionError. At the sandbox's limit of running processes it raises
+        LimitError.
+        """
+        return self._start_process(command, cwd, env, unset, pty, tag, idempotency_key, "", 0)
+
+    def _start_process(self, command, cwd, env, unset, pty, tag, idempotency_key, group, order) -> "Process":
+        req = _process.start_request(command, cwd, env, unset, pty, tag, idempotency_key, group, order)
+        r = self._process_call("StartProcess", req, f"starting process {_core.describe(command)!r}")
+        return Process(self, r.process.id, r.existing)
+
+    def list_processes(self) -> List[ProcessInfo]:
+        """The sandbox's running processes and its most recently exited ones, in the order
+        they started."""
+        r = self._process_call("ListProcesses", process_pb2.ListProcessesRequest(), "listing processes")
+        return _process.infos(r)
+
+    def process(self, id: str) -> "Process":
+        """A handle to the process ``id``, started through this connection or any other. It
+        checks nothing: a call on a handle to an id the sandbox does not list raises
+        NotFoundError."""
+        return Process(self, id)
+
     # ---- files ----
 
     def write_files(self, files: _core.FilesLike, mkdirs: Sequence[str] = (),
@@ -687,6 +738,134 @@ class ExecStream:
             self.cancel()
 
 
+class OutputStream:
+    """A long-lived process's output from an offset, as it streams (see :meth:`Process.attach`).
+
+    Iterate it for :class:`ProcessOutput` and :class:`OutputDropped` items: what the sandbox
+    still holds, then live output. The iteration ends once the process has exited and its
+    output was read to the end; ``exit`` then says how it ended. ``close()`` (or leaving its
+    ``with`` block) stops following, from any thread; the process runs on.
+    """
+
+    def __init__(self, call, process_id: str):
+        self._call, self._id = call, process_id
+        self._exit: Optional[ProcessExit] = None
+        self._started = False
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Union[ProcessOutput, OutputDropped]]:
+        if self._started:
+            raise FuseboxError(f"attaching to {self._id}: the stream was already iterated")
+        self._started = True
+        try:
+            for ev in self._call:
+                x = _process.event(ev)
+                if isinstance(x, ProcessExit):
+                    self._exit = x
+                    return
+                if x is not None:
+                    yield x
+        except grpc.RpcError as e:
+            if self._closed and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc(e, f"attaching to {self._id}") from None
+        finally:
+            self._call.cancel()
+        if not self._closed:
+            raise FuseboxError(f"attaching to {self._id}: the stream ended without an exit event")
+
+    @property
+    def exit(self) -> Optional[ProcessExit]:
+        """How the process ended, once the iteration has ended with its exit; else None."""
+        return self._exit
+
+    def close(self) -> None:
+        """Stops following the output; an iteration in progress ends."""
+        self._closed = True
+        self._call.cancel()
+
+    def __enter__(self) -> "OutputStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Process:
+    """A handle to a long-lived process in a sandbox (see :meth:`Sandbox.start_process`).
+
+    Handles are cheap and hold nothing open: any number, from any connection to the sandbox,
+    may name one process (:meth:`Sandbox.process`). A call on a handle to an id the sandbox
+    does not list raises NotFoundError; one that needs the process running (writing to its
+    input, a signal, a resize) raises FailedPreconditionError once it has exited. It is safe
+    for concurrent use from several threads.
+    """
+
+    def __init__(self, sandbox: Sandbox, id: str, existing: bool = False):
+        self._sb = sandbox
+        #: The process's id in its sandbox.
+        self.id = id
+        #: For a handle start_process returned: its idempotency key was already known, and
+        #: the process is the one an earlier request started.
+        self.existing = existing
+
+    def __repr__(self) -> str:
+        return f"<fusebox.Process {self.id} in {self._sb.id}>"
+
+    def attach(self, from_offset: int = 0) -> OutputStream:
+        """Streams the process's output from ``from_offset`` (0: its first byte; offsets
+        count stdout and stderr together): what the sandbox still holds, then live output,
+        until the process has exited. Output older than the sandbox's buffer comes as an
+        :class:`OutputDropped` first, saying exactly which bytes are lost. Iterating raises
+        OutOfRangeError for an offset past what the process has written, NotFoundError for an
+        unknown id."""
+        req = _process.attach_request(self.id, from_offset)
+        return OutputStream(self._sb._processes().Attach(req), self.id)
+
+    def write_stdin(self, data: Union[bytes, str]) -> None:
+        """Writes ``data`` (a str as UTF-8) to the process's standard input; returns once
+        every byte is written. Raises FailedPreconditionError once the process has exited or
+        its input is closed."""
+        self._sb._process_call("WriteStdin", _process.stdin_request(self.id, data), f"writing to {self.id}")
+
+    def close_stdin(self) -> None:
+        """Closes the process's standard input (it reads end of file). On a terminal it
+        writes the terminal's end-of-file character (Ctrl-D) instead, which ends the input of
+        a program reading lines; the terminal stays open."""
+        self._sb._process_call("WriteStdin", process_pb2.WriteStdinRequest(id=self.id, eof=True),
+                               f"closing the input of {self.id}")
+
+    def signal(self, sig: SignalLike, group: bool = False) -> None:
+        """Sends ``sig`` (a number or a :class:`signal.Signals`) to the process, or with
+        ``group`` to its whole process group (every descendant that stayed in it). Raises
+        InvalidArgumentError for a number outside 1..64, FailedPreconditionError once the
+        process has exited."""
+        self._sb._process_call("Signal", _process.signal_request(self.id, sig, group), f"signalling {self.id}")
+
+    def wait(self, timeout: Optional[_core.Seconds] = None) -> ProcessInfo:
+        """Waits until the process has exited and its output was read to the end, and
+        returns it (``running`` false). With ``timeout`` (seconds or a timedelta; 0 asks
+        without waiting) it returns when that passes too: the process is then still
+        ``running``, which is not an error."""
+        req, deadline = _process.wait_request(self.id, timeout)
+        r = self._sb._process_call("Wait", req, f"waiting for {self.id}", deadline)
+        return ProcessInfo._from_proto(r.process)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Sets the size of the process's terminal (1..65535 each); its foreground process
+        group gets SIGWINCH. Raises FailedPreconditionError for a process started without
+        ``pty``."""
+        self._sb._process_call("Resize", _process.resize_request(self.id, rows, cols), f"resizing {self.id}")
+
+    def info(self) -> ProcessInfo:
+        """The process as the sandbox lists it now. Raises NotFoundError once it no longer
+        does (only the most recently exited processes stay listed)."""
+        i = _process.find(self._sb.list_processes(), self.id)
+        if i is None:
+            raise NotFoundError(f"process {self.id}: the sandbox does not list it")
+        return i
+
+
 class TaskGroup:
     """Commands that may run concurrently and share one starting state.
 
@@ -720,6 +899,16 @@ class TaskGroup:
         f = self._pool.submit(self._run, order, command, kw)
         self._futures.append(f)
         return f
+
+    def start_process(self, command: CommandLike, *, cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                      unset: Optional[Sequence[str]] = None, pty: Optional[TerminalSize] = None, tag: str = "",
+                      idempotency_key: Optional[str] = None) -> Process:
+        """Assigns the next logical order, then starts a long-lived process as a command of
+        the group (arguments as :meth:`Sandbox.start_process`): it starts from the group's
+        state, and a script's exported variables and final directory count for the group
+        when it exits while the group is still the current one. The group does not wait for
+        it."""
+        return self._sb._start_process(command, cwd, env, unset, pty, tag, idempotency_key, self.id, self._next())
 
     def _run(self, order: int, command: CommandLike, kw: Dict) -> ExecResult:
         return self._sb._exec(command, kw.get("cwd", ""), kw.get("env"), kw.get("unset"), kw.get("stdin"), kw.get("timeout"),

@@ -15,21 +15,23 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
+import ssl
 from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Generator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
 
-from . import _core
+from . import _bulk, _core, _process
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
-from ._proto.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from .errors import FuseboxError, InvalidArgumentError, NotFoundError, from_rpc
+from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
+from ._process import SignalLike, TerminalSize
+from .errors import FuseboxError, InvalidArgumentError, NotFoundError, UnavailableError, from_rpc
 from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    SandboxInfo, Symlink, WriteStats)
+                    OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, SandboxInfo, Symlink, WriteStats)
 
-__all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream"]
+__all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream", "Process", "OutputStream"]
 
 #: Where a command's output goes: a callable (a coroutine function's results are awaited, in
 #: order), a binary file, or None to collect it.
@@ -197,6 +199,7 @@ class Sandbox:
         sb._expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
         sb._lease_error = None
         sb._closed = False
+        sb._bulk = _bulk.Pool(resp, key)
         sb._renewer = asyncio.get_running_loop().create_task(sb._renew(_core.renew_every(ttl, sb._expires)))
         return sb
 
@@ -242,6 +245,7 @@ class Sandbox:
         if self._closed:
             return
         self._closed = True
+        self._bulk.close()
         self._renewer.cancel()
         try:
             await self._renewer
@@ -307,6 +311,44 @@ class Sandbox:
     def task_group(self) -> "TaskGroup":
         """Starts a task group: concurrent commands whose logically last change wins."""
         return TaskGroup(self)
+
+    # ---- long-lived processes ----
+
+    def _processes(self) -> process_pb2_grpc.ProcessesStub:
+        stub = getattr(self, "_procs_stub", None)
+        if stub is None:
+            stub = self._procs_stub = process_pb2_grpc.ProcessesStub(self._channel)
+        return stub
+
+    async def _process_call(self, method: str, req, doing: str, timeout: Optional[float] = 300):
+        try:
+            return await getattr(self._processes(), method)(req, timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc(e, doing) from None
+
+    async def start_process(self, command: CommandLike, *, cwd: Optional[str] = None,
+                            env: Optional[Mapping[str, str]] = None, unset: Optional[Sequence[str]] = None,
+                            pty: Optional[TerminalSize] = None, tag: str = "",
+                            idempotency_key: Optional[str] = None) -> "Process":
+        """Starts a long-lived process and returns its handle as soon as it runs (see
+        :meth:`fusebox.Sandbox.start_process`)."""
+        return await self._start_process(command, cwd, env, unset, pty, tag, idempotency_key, "", 0)
+
+    async def _start_process(self, command, cwd, env, unset, pty, tag, idempotency_key, group, order) -> "Process":
+        req = _process.start_request(command, cwd, env, unset, pty, tag, idempotency_key, group, order)
+        r = await self._process_call("StartProcess", req, f"starting process {_core.describe(command)!r}")
+        return Process(self, r.process.id, r.existing)
+
+    async def list_processes(self) -> List[ProcessInfo]:
+        """The sandbox's running processes and its most recently exited ones, in the order
+        they started."""
+        r = await self._process_call("ListProcesses", process_pb2.ListProcessesRequest(), "listing processes")
+        return _process.infos(r)
+
+    def process(self, id: str) -> "Process":
+        """A handle to the process ``id``, started through this connection or any other; it
+        checks nothing (see :meth:`fusebox.Sandbox.process`)."""
+        return Process(self, id)
 
     # ---- files ----
 
@@ -393,7 +435,18 @@ class Sandbox:
         return buf.getvalue()
 
     async def read_file_to(self, path: str, writer: BinaryIO) -> int:
-        """Streams the file at ``path`` into a binary file object; returns the bytes written."""
+        """Streams the file at ``path`` into a binary file object; returns the bytes written.
+        Over a bulk connection (as :meth:`fusebox.Sandbox.read_file_to`) the writer is called
+        from a worker thread, one call at a time; cancelling the call stops the transfer before
+        it returns."""
+        try:
+            return await _bulk.read_async(self._bulk, path, writer)
+        except _bulk.NoBulk:
+            pass  # nothing was read: the gRPC stream below
+        except grpc.RpcError as e:
+            raise from_rpc(e, f"reading {path}") from None
+        except (ConnectionError, ssl.SSLError) as e:
+            raise UnavailableError(f"reading {path}: bulk connection: {e}") from None
         n = 0
         call = self._rpc.ReadFileStream(sandbox_pb2.ReadFileStreamRequest(path=path))
         try:
@@ -546,6 +599,122 @@ class ExecStream:
             self.cancel()
 
 
+class OutputStream:
+    """A long-lived process's output from an offset, as it streams (see :meth:`Process.attach`
+    and :class:`fusebox.OutputStream`): ``async for`` yields :class:`ProcessOutput` and
+    :class:`OutputDropped` items and ends once the process has exited and its output was
+    read to the end; ``exit`` then says how it ended. ``close()`` (or leaving ``async with``)
+    stops following; the process runs on."""
+
+    def __init__(self, call, process_id: str):
+        self._call, self._id = call, process_id
+        self._exit: Optional[ProcessExit] = None
+        self._started = False
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[Union[ProcessOutput, OutputDropped]]:
+        if self._started:
+            raise FuseboxError(f"attaching to {self._id}: the stream was already iterated")
+        self._started = True
+        try:
+            async for ev in self._call:
+                x = _process.event(ev)
+                if isinstance(x, ProcessExit):
+                    self._exit = x
+                    return
+                if x is not None:
+                    yield x
+        except grpc.RpcError as e:
+            if self._closed and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc(e, f"attaching to {self._id}") from None
+        except asyncio.CancelledError:
+            # grpc.aio ends a read of a call cancelled locally so; a cancelled task is not
+            # swallowed.
+            task = asyncio.current_task()
+            if not self._closed or (task is not None and getattr(task, "cancelling", lambda: 0)()):
+                raise
+            return
+        finally:
+            self._call.cancel()
+        if not self._closed:
+            raise FuseboxError(f"attaching to {self._id}: the stream ended without an exit event")
+
+    @property
+    def exit(self) -> Optional[ProcessExit]:
+        """How the process ended, once the iteration has ended with its exit; else None."""
+        return self._exit
+
+    def close(self) -> None:
+        """Stops following the output; an iteration in progress ends."""
+        self._closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "OutputStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+
+class Process:
+    """A handle to a long-lived process in a sandbox, for asyncio (see
+    :class:`fusebox.Process`): cheap, holding nothing open; any number, from any connection,
+    may name one process."""
+
+    def __init__(self, sandbox: Sandbox, id: str, existing: bool = False):
+        self._sb = sandbox
+        #: The process's id in its sandbox.
+        self.id = id
+        #: For a handle start_process returned: its idempotency key was already known, and
+        #: the process is the one an earlier request started.
+        self.existing = existing
+
+    def __repr__(self) -> str:
+        return f"<fusebox.aio.Process {self.id} in {self._sb.id}>"
+
+    def attach(self, from_offset: int = 0) -> OutputStream:
+        """Streams the process's output from ``from_offset`` until it has exited (see
+        :meth:`fusebox.Process.attach`); ``async for`` over the result."""
+        req = _process.attach_request(self.id, from_offset)
+        return OutputStream(self._sb._processes().Attach(req), self.id)
+
+    async def write_stdin(self, data: Union[bytes, str]) -> None:
+        """Writes ``data`` to the process's standard input; returns once every byte is
+        written. Raises FailedPreconditionError once the process has exited or its input is
+        closed."""
+        await self._sb._process_call("WriteStdin", _process.stdin_request(self.id, data), f"writing to {self.id}")
+
+    async def close_stdin(self) -> None:
+        """Closes the process's standard input (on a terminal: writes Ctrl-D)."""
+        await self._sb._process_call("WriteStdin", process_pb2.WriteStdinRequest(id=self.id, eof=True),
+                                     f"closing the input of {self.id}")
+
+    async def signal(self, sig: SignalLike, group: bool = False) -> None:
+        """Sends ``sig`` to the process, or with ``group`` to its whole process group (see
+        :meth:`fusebox.Process.signal`)."""
+        await self._sb._process_call("Signal", _process.signal_request(self.id, sig, group), f"signalling {self.id}")
+
+    async def wait(self, timeout: Optional[_core.Seconds] = None) -> ProcessInfo:
+        """Waits until the process has exited and its output was read to the end, or until
+        ``timeout`` passes (it is then still ``running``: not an error); see
+        :meth:`fusebox.Process.wait`."""
+        req, deadline = _process.wait_request(self.id, timeout)
+        r = await self._sb._process_call("Wait", req, f"waiting for {self.id}", deadline)
+        return ProcessInfo._from_proto(r.process)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Sets the size of the process's terminal; raises FailedPreconditionError without one."""
+        await self._sb._process_call("Resize", _process.resize_request(self.id, rows, cols), f"resizing {self.id}")
+
+    async def info(self) -> ProcessInfo:
+        """The process as the sandbox lists it now; NotFoundError once it no longer does."""
+        i = _process.find(await self._sb.list_processes(), self.id)
+        if i is None:
+            raise NotFoundError(f"process {self.id}: the sandbox does not list it")
+        return i
+
+
 class TaskGroup:
     """Concurrent commands sharing one starting state (see :class:`fusebox.TaskGroup`).
 
@@ -567,6 +736,16 @@ class TaskGroup:
             kw.get("check", False), kw.get("stdout"), kw.get("stderr"), self.id, self._order))
         self._tasks.append(t)
         return t
+
+    def start_process(self, command: CommandLike, *, cwd: Optional[str] = None,
+                      env: Optional[Mapping[str, str]] = None, unset: Optional[Sequence[str]] = None,
+                      pty: Optional[TerminalSize] = None, tag: str = "",
+                      idempotency_key: Optional[str] = None) -> Awaitable[Process]:
+        """Assigns the next logical order now and starts a long-lived process as a command of
+        the group (see :meth:`fusebox.TaskGroup.start_process`); await the result for its
+        handle. The group does not wait for it."""
+        self._order += 1
+        return self._sb._start_process(command, cwd, env, unset, pty, tag, idempotency_key, self.id, self._order)
 
     async def wait(self) -> List[ExecResult]:
         """Waits for every command; returns their results in logical order."""

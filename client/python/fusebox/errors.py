@@ -23,6 +23,7 @@ __all__ = [
     "NotFoundError",
     "AlreadyExistsError",
     "FailedPreconditionError",
+    "OutOfRangeError",
     "PermissionDeniedError",
     "UnauthenticatedError",
     "LimitError",
@@ -50,7 +51,8 @@ class FuseboxError(Exception):
 
 
 class InvalidArgumentError(FuseboxError, ValueError):
-    """A malformed request: a bad key, path, template, egress entry or TTL (INVALID_ARGUMENT)."""
+    """A malformed request: a bad key, path, template, egress entry or TTL; a signal number
+    outside 1..64 or a terminal size outside 1..65535 (INVALID_ARGUMENT)."""
 
 
 class BadAddressError(InvalidArgumentError):
@@ -62,7 +64,8 @@ class PathEscapeError(FuseboxError, PermissionError):
 
 
 class NotFoundError(FuseboxError, FileNotFoundError):
-    """A file, or a sandbox, that does not exist (NOT_FOUND)."""
+    """A file, a sandbox, or a process id the sandbox does not list, that does not exist
+    (NOT_FOUND)."""
 
 
 class AlreadyExistsError(FuseboxError, FileExistsError):
@@ -73,7 +76,14 @@ class FailedPreconditionError(FuseboxError):
     """The operation does not fit the current state (FAILED_PRECONDITION): from a sandbox, a
     file system outcome such as "not a directory"; from the manager's allocation, a request it
     cannot serve as configured, such as an egress allowlist its allocator cannot enforce (it
-    refuses rather than hand out a sandbox without it). Retrying does not help."""
+    refuses rather than hand out a sandbox without it); for a long-lived process, one that has
+    exited, standard input that is closed, a resize without a terminal, or an idempotency key
+    reused for a different request. Retrying does not help."""
+
+
+class OutOfRangeError(FuseboxError, ValueError):
+    """An offset past the end of what there is (OUT_OF_RANGE): attaching to a process's output
+    from an offset beyond what it has written so far."""
 
 
 class PermissionDeniedError(FuseboxError, PermissionError):
@@ -149,6 +159,7 @@ _SANDBOX = {
     grpc.StatusCode.NOT_FOUND: NotFoundError,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.OUT_OF_RANGE: OutOfRangeError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: LimitError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Literal, Optional, Sequence, Union
 
 from ._proto.manager.v1 import manager_pb2
-from ._proto.sandbox.v1 import sandbox_pb2
+from ._proto.sandbox.v1 import process_pb2, sandbox_pb2
 
 #: The largest WriteFiles or ReadFiles batch the SDK builds: gRPC's default 4 MiB message
 #: limit minus room for framing and metadata (as the Go SDK).
@@ -191,3 +191,93 @@ class SandboxInfo:
         return cls(sandbox_id=m.sandbox_id, state=manager_pb2.UnitState.Name(m.state).removeprefix("UNIT_STATE_"),
                    template=m.template, endpoint=m.endpoint, created=ts("created"), lease_expires=ts("lease_expires"),
                    egress=list(m.egress), labels=dict(m.labels), error=m.error)
+
+
+ProcessState = Literal["running", "exited", ""]
+_STATES = {process_pb2.PROCESS_STATE_RUNNING: "running", process_pb2.PROCESS_STATE_EXITED: "exited"}
+
+
+def _time(m, f: str) -> Optional[datetime.datetime]:
+    return getattr(m, f).ToDatetime(tzinfo=datetime.timezone.utc) if m.HasField(f) else None
+
+
+@dataclass
+class ProcessInfo:
+    """A long-lived process as the sandbox reports it.
+
+    ``argv`` or ``script`` is the command as requested; ``state`` is "running" or "exited"
+    (exited: its process group killed and reaped and its output read to the end). Once
+    exited, ``exit_code`` is the exit status or 128 + the signal number, ``signal`` the
+    signal's name ("SIGTERM") when one ended it, and ``ended_at`` is set. ``pid`` is its id
+    inside the sandbox; ``pty`` says it runs on a terminal. The sandbox still holds the
+    output ``[output_start, output_end)``; ``output_end`` is everything it has written so far.
+    """
+
+    id: str
+    tag: str = ""
+    argv: List[str] = field(default_factory=list)
+    script: str = ""
+    state: ProcessState = ""
+    exit_code: int = 0
+    signal: str = ""
+    started_at: Optional[datetime.datetime] = None
+    ended_at: Optional[datetime.datetime] = None
+    pid: int = 0
+    pty: bool = False
+    output_start: int = 0
+    output_end: int = 0
+    task_group: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is still running."""
+        return self.state == "running"
+
+    @classmethod
+    def _from_proto(cls, m: process_pb2.ProcessInfo) -> "ProcessInfo":
+        return cls(id=m.id, tag=m.tag, argv=list(m.argv), script=m.script, state=_STATES.get(m.state, ""),  # type: ignore[arg-type]
+                   exit_code=m.exit_code, signal=m.signal, started_at=_time(m, "started_at"),
+                   ended_at=_time(m, "ended_at"), pid=m.pid, pty=m.pty, output_start=m.output_start,
+                   output_end=m.output_end, task_group=m.task_group_id)
+
+
+@dataclass
+class ProcessOutput:
+    """A piece of a long-lived process's output: ``data`` starts at ``offset`` in the
+    process's output (stdout and stderr together, counted from 0 at its start); ``stream``
+    is "stdout" or "stderr" (a process on a terminal writes "stdout" only)."""
+
+    offset: int
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass
+class OutputDropped:
+    """The output ``[from_offset, to_offset)`` is lost: the sandbox no longer held it (the
+    offset asked for was older than its buffer, or the reader fell behind). The output goes
+    on at ``to_offset``."""
+
+    from_offset: int
+    to_offset: int
+
+    @property
+    def size(self) -> int:
+        """How many bytes were lost."""
+        return self.to_offset - self.from_offset
+
+
+@dataclass
+class ProcessExit:
+    """How a long-lived process ended, as an attached stream reports it last: ``exit_code``
+    (128 + the signal number when a signal ended it), ``signal`` ("SIGKILL"), ``ended_at``,
+    and ``output_end``, where its output ends."""
+
+    exit_code: int
+    signal: str = ""
+    ended_at: Optional[datetime.datetime] = None
+    output_end: int = 0
+
+    @classmethod
+    def _from_proto(cls, m: process_pb2.ProcessExit) -> "ProcessExit":
+        return cls(exit_code=m.exit_code, signal=m.signal, ended_at=_time(m, "ended_at"), output_end=m.output_end)

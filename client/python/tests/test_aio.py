@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import random
+import threading
 
 import pytest
 
@@ -80,6 +82,10 @@ async def test_files(manager_address):
         st = await sb.write_files({"big": big})
         assert st.streamed == 1
         assert await sb.read_file("big") == big
+        # Over a bulk connection (fusebox-bulk/1), not the gRPC stream, and kept for the next read.
+        assert sb._bulk._ctx is not None and not sb._bulk._off and sb._bulk._idle is not None
+        with pytest.raises(fusebox.NotFoundError):
+            await sb.read_file("missing")
         with pytest.raises(fusebox.PathEscapeError):
             await sb.write_file("../x", b"x")
         await sb.mkdir("a/b", parents=True)
@@ -92,6 +98,44 @@ async def test_files(manager_address):
         assert [e.path for e in await sb.list("a")] == ["a/b", "a/l", "a/t.txt"]
         await sb.remove("a", recursive=True)
         assert not await sb.exists("a")
+
+
+class _Held(io.RawIOBase):
+    """A writer that takes the first chunk, then holds the transfer until released."""
+
+    def __init__(self):
+        self.n = 0
+        self.first, self.release = threading.Event(), threading.Event()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.n += len(b)
+        self.first.set()
+        self.release.wait(60)
+        return len(b)
+
+
+async def test_read_file_cancelled(manager_address):
+    async with fusebox.aio.allocate(manager_address) as sb:
+        big = os.urandom(64 << 20)
+        await sb.write_files({"big": big})
+        w = _Held()
+        t = asyncio.create_task(sb.read_file_to("big", w))
+        assert await asyncio.get_running_loop().run_in_executor(None, w.first.wait, 60)
+        t.cancel()
+        await asyncio.sleep(0.05)  # the task handles its cancellation: the connection is cut
+        w.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        # The transfer stopped before the file's end, and ended before the call did.
+        n = w.n
+        assert 0 < n < len(big)
+        await asyncio.sleep(0.1)
+        assert w.n == n
+        assert sb._bulk._idle is None  # the cut connection is not kept
+        assert await sb.read_file("big") == big
 
 
 async def test_task_group_last_logical_write_wins(manager_address):
