@@ -258,7 +258,7 @@ func (r *Registry) start(id string, req *sandboxv1.StartProcessRequest, rows, co
 			if s == Stderr {
 				name = "stderr"
 			}
-			f, fd, err := outputPipe(name)
+			f, fd, err := OutputPipe(name)
 			if err != nil {
 				return nil, err
 			}

@@ -73,9 +73,10 @@ func eofChar(f *os.File) byte {
 	return c
 }
 
-// outputPipe returns a pipe whose read end is a non-blocking *os.File on Go's poller and
-// whose write end is a raw blocking descriptor for a child.
-func outputPipe(name string) (*os.File, int, error) {
+// OutputPipe returns a pipe whose read end is a non-blocking *os.File on Go's poller and
+// whose write end is a raw blocking descriptor for a child: a child's stdout or stderr, for
+// long-lived processes and one-shot commands alike.
+func OutputPipe(name string) (*os.File, int, error) {
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 		return nil, -1, fmt.Errorf("creating %s pipe: %w", name, err)

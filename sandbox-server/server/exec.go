@@ -18,6 +18,7 @@ import (
 
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
+	"github.com/fusebox-dev/fusebox/sandbox-server/process"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
 )
 
@@ -329,11 +330,11 @@ func openStdio(stdin, capture bool) (_ *stdio, err error) {
 		s.files[0] = int(null.Fd())
 	}
 	var outW, errW int
-	if s.stdout, outW, err = readPipe("stdout"); err != nil {
+	if s.stdout, outW, err = process.OutputPipe("stdout"); err != nil {
 		return nil, err
 	}
 	s.child = append(s.child, outW)
-	if s.stderr, errW, err = readPipe("stderr"); err != nil {
+	if s.stderr, errW, err = process.OutputPipe("stderr"); err != nil {
 		return nil, err
 	}
 	s.child = append(s.child, errW)
@@ -511,21 +512,6 @@ func wait(ctx context.Context, p *procs.Process, timeout time.Duration) (timedOu
 		<-p.Done()
 		return false, ctx.Err()
 	}
-}
-
-// readPipe returns a pipe whose read end is a non-blocking *os.File on Go's poller and whose
-// write end is a raw blocking descriptor for a child.
-func readPipe(name string) (*os.File, int, error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return nil, -1, fmt.Errorf("creating %s pipe: %w", name, err)
-	}
-	if err := unix.SetNonblock(p[0], true); err != nil {
-		unix.Close(p[0])
-		unix.Close(p[1])
-		return nil, -1, fmt.Errorf("creating %s pipe: %w", name, err)
-	}
-	return os.NewFile(uintptr(p[0]), name), p[1], nil
 }
 
 // record reads a script's state dump and enters its delta into the group's overlay.
