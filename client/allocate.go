@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
@@ -68,6 +70,10 @@ type Allocation struct {
 	token string
 	stop  chan struct{}
 	done  chan struct{}
+	// key is the agent key; session the allocation's session document without it
+	// (ExportSession).
+	key     *Key
+	session *Session
 
 	mu       sync.Mutex // guards expires, renewErr
 	expires  time.Time
@@ -80,6 +86,7 @@ type Allocation struct {
 type Manager struct {
 	conn *grpc.ClientConn
 	rpc  managerv1.ManagerClient
+	addr string // as given to NewManager, for sessions
 }
 
 // handshake is the data-plane TLS configuration made for one allocation.
@@ -130,7 +137,7 @@ func NewManager(addr string, creds credentials.TransportCredentials, opts ...Man
 		return nil, fmt.Errorf("dialing manager %s: %w", a, err)
 	}
 	conn.Connect()
-	return &Manager{conn: conn, rpc: managerv1.NewManagerClient(conn)}, nil
+	return &Manager{conn: conn, rpc: managerv1.NewManagerClient(conn), addr: addr}, nil
 }
 
 // Close closes the connection. Allocations made through it stop renewing their leases and
@@ -184,7 +191,7 @@ func (m *Manager) Allocate(ctx context.Context, o AllocateOptions) (*Allocation,
 	}
 	a := &Allocation{ID: resp.GetSandboxId(), Endpoint: resp.GetEndpoint(), mgr: m.rpc,
 		token: resp.GetLeaseToken(), stop: make(chan struct{}), done: make(chan struct{}),
-		expires: resp.GetLeaseExpires().AsTime()}
+		expires: resp.GetLeaseExpires().AsTime(), key: h.key, session: newSession(m.addr, resp, h.key)}
 	sb, err := connect(ctx, resp, h, o.Sandbox, trace)
 	if err != nil {
 		a.release(context.WithoutCancel(ctx))
@@ -276,18 +283,60 @@ func (a *Allocation) release(ctx context.Context) error {
 	return err
 }
 
+// Renew extends the lease now, by its own length, besides the background renewals, and
+// returns the new expiry. A lease the manager no longer holds is ErrLeaseNotHeld.
+func (a *Allocation) Renew(ctx context.Context) (time.Time, error) {
+	resp, err := a.mgr.Renew(ctx, &managerv1.RenewRequest{SandboxId: a.ID, LeaseToken: a.token})
+	if err != nil {
+		if leaseEnded(err) {
+			return time.Time{}, fmt.Errorf("%w: sandbox %s: %w", ErrLeaseNotHeld, a.ID, err)
+		}
+		return time.Time{}, fmt.Errorf("renewing lease of %s: %w", a.ID, err)
+	}
+	exp := resp.GetLeaseExpires().AsTime()
+	a.mu.Lock()
+	a.expires, a.renewErr = exp, nil
+	a.mu.Unlock()
+	return exp, nil
+}
+
+// leaseEnded tells whether err, from Renew or Release, says the lease is not held: ended,
+// unknown, or another token.
+func leaseEnded(err error) bool {
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.NotFound, codes.PermissionDenied:
+		return true
+	}
+	return false
+}
+
 // Close stops renewing, releases the sandbox (the manager destroys it) and closes the sandbox
 // connection, and the manager connection if Allocate made it for this allocation. It is safe
-// to call more than once.
+// to call more than once, and after Detach it does nothing.
 func (a *Allocation) Close() error {
+	return a.end(true)
+}
+
+// Detach stops renewing and closes the connections, leaving the sandbox running until its
+// lease expires or a holder of its session (ExportSession, Connect) releases it.
+func (a *Allocation) Detach() error {
+	return a.end(false)
+}
+
+func (a *Allocation) end(release bool) error {
 	var err error
 	a.closed.Do(func() {
 		close(a.stop)
 		<-a.done
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if rerr := a.release(ctx); rerr != nil {
-			err = fmt.Errorf("releasing %s: %w", a.ID, rerr)
+		if release {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if rerr := a.release(ctx); rerr != nil {
+				if leaseEnded(rerr) {
+					rerr = fmt.Errorf("%w: %w", ErrLeaseNotHeld, rerr)
+				}
+				err = fmt.Errorf("releasing %s: %w", a.ID, rerr)
+			}
 		}
 		err = errors.Join(err, a.Sandbox.Close())
 		if a.owned != nil {
