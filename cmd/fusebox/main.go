@@ -54,6 +54,7 @@ func rootCmd() *cobra.Command {
 	}
 	// fusebox manager is fusebox-manager's command under the CLI, for a service on one host.
 	root.AddCommand(localCmd(), runCmd(), statusCmd(), templateCmd(), daemoncmd.ServiceCommand("manager"))
+	root.AddCommand(sessionCmds()...)
 	root.AddCommand(deployCmds()...)
 	root.AddCommand(promoteCmd())
 	root.AddCommand(imageCmd(), releaseCmd())

@@ -19,7 +19,7 @@ from ._sync import ExecStream, Manager, OutputStream, Process, Sandbox, TaskGrou
 from .errors import (AlreadyExistsError, BadAddressError, CancelledError, CommandError, CommandTimeoutError,
                      DeadlineExceededError, FailedPreconditionError, FuseboxError, InvalidArgumentError, LeaseError,
                      LimitError, NotFoundError, OutOfRangeError, PathEscapeError, PermissionDeniedError, PinningError,
-                     UnauthenticatedError, UnavailableError)
+                     SessionKeyError, UnauthenticatedError, UnavailableError)
 from .keys import SERVER_NAME, AgentKey
 from .types import (DEFAULT_BATCH_BYTES, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, ReadStats, SandboxInfo, Symlink, WriteStats)
@@ -36,6 +36,6 @@ __all__ = [
     "FileInfo", "Listing", "GrepMatch", "GrepResult", "SandboxInfo",
     "Process", "OutputStream", "ProcessInfo", "ProcessOutput", "OutputDropped", "ProcessExit",
     "FuseboxError", "BadAddressError", "InvalidArgumentError", "PathEscapeError", "NotFoundError", "AlreadyExistsError",
-    "FailedPreconditionError", "OutOfRangeError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError",
+    "FailedPreconditionError", "OutOfRangeError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError", "SessionKeyError",
     "CommandTimeoutError", "CommandError", "CancelledError",
 ]

@@ -16,7 +16,7 @@ from typing import BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import grpc
 import grpc.experimental
 
-from . import _bulk, _core, _process
+from . import _bulk, _core, _process, _session
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
@@ -284,6 +284,14 @@ class _Keeper:
                 self.mgr._keys.make()
 
 
+def _leave(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> None:
+    """Stops renewing and closes the connections, leaving the sandbox running."""
+    lease.stop()
+    channel.close()
+    if owned is not None:
+        owned.close()
+
+
 def _finish(lease: _Lease, channel: grpc.Channel, owned: Optional[Manager]) -> Optional[FuseboxError]:
     """Stops renewing, releases the sandbox and closes the connections; returns the release's error."""
     lease.stop()
@@ -326,6 +334,46 @@ class Sandbox:
         return sb
 
     @classmethod
+    def connect(cls, session: _session.SessionLike, *, seal_key: Optional[bytes] = None, key: Optional[AgentKey] = None,
+                credentials: Optional[grpc.ChannelCredentials] = None, ca_file: Optional[str] = None,
+                token_file: Optional[str] = None, server_name: Optional[str] = None,
+                batch_bytes: Optional[int] = None, concurrency: int = 4) -> "Sandbox":
+        """Talks to the sandbox of an exported session (:meth:`export_session`, or ``fusebox
+        run --keep --session-out``) from this process: a JSON string or bytes, a path to the
+        file, or the parsed mapping.
+
+        The agent key is the session's, opened with ``seal_key`` when sealed, or ``key`` for a
+        session exported without one; either must be the key the sandbox was allocated for
+        (else :class:`SessionKeyError`, before anything is dialed). The lease is renewed once
+        to check it is still held (:class:`LeaseError` when it was released or has expired),
+        then the sandbox is dialed directly, with the pinned keys: the manager sees only the
+        renewal. ``credentials``, ``ca_file``, ``token_file`` and ``server_name`` reach a
+        tcp:// manager (see :class:`Manager`); the address is the session's.
+
+        The Sandbox renews the lease in the background like an allocated one; close() releases
+        the sandbox (for every holder of the session), :meth:`detach` leaves it running.
+        """
+        doc = _session.parse(session)
+        key = _session.open_key(doc, seal_key, key)
+        batch = _core.batch_bytes(batch_bytes)
+        if not isinstance(concurrency, int) or concurrency <= 0:
+            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        m = Manager(doc["manager"], credentials=credentials, ca_file=ca_file, token_file=token_file,
+                    server_name=server_name, _ahead=False)
+        try:
+            try:
+                r = m._rpc.Renew(_session.renew_request(doc), timeout=_core.RELEASE_TIMEOUT)
+            except grpc.RpcError as e:
+                raise _session.lease_refused(e, doc["sandbox_id"], m._conn.hint()) from None
+            sb = cls._connect(m, _session.response(doc, r), key, None, batch, concurrency)
+        except BaseException:
+            m.close()
+            raise
+        sb._finalizer.detach()
+        sb._finalizer = weakref.finalize(sb, _finish, sb._lease, sb._channel, m)
+        return sb
+
+    @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
                  batch_bytes: int, concurrency: int) -> "Sandbox":
         """The Sandbox of an allocation's answer, on a data channel made now."""
@@ -334,6 +382,7 @@ class Sandbox:
         _core.start_connecting(channel)
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
         sb._batch, sb._conc = batch_bytes, concurrency
+        sb._resp, sb._key, sb._manager_address = resp, key, mgr.address
         sb._channel = channel
         sb._rpc = sandbox_pb2_grpc.SandboxStub(sb._channel)
         expires = resp.lease_expires.ToDatetime(tzinfo=datetime.timezone.utc)
@@ -372,6 +421,38 @@ class Sandbox:
         err = self._finalizer()
         if err is not None:
             raise err
+
+    def detach(self) -> None:
+        """Stops renewing and closes the connections, leaving the sandbox running until its
+        lease ends or a holder of its session (:meth:`export_session`) releases it. After it,
+        close() does nothing."""
+        bf = getattr(self, "_bulk_finalizer", None)
+        if bf is not None:
+            bf()
+        info = self._finalizer.detach()
+        if info is not None:
+            _leave(*info[2])
+
+    def renew(self) -> datetime.datetime:
+        """Renews the lease now, by its own length, besides the background renewals, and
+        returns the new expiry; :class:`LeaseError` when the lease is no longer held."""
+        try:
+            r = self._lease.keeper.mgr._rpc.Renew(
+                manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self._lease.token), timeout=_core.RELEASE_TIMEOUT)
+        except grpc.RpcError as e:
+            raise _session.lease_refused(e, self.id) from None
+        with self._lease.lock:
+            self._lease.expires, self._lease.error = _session.expires(r), None
+            return self._lease.expires
+
+    def export_session(self, seal_key: Optional[bytes] = None, *, plain: bool = False) -> str:
+        """The session document (JSON) with which :meth:`Sandbox.connect`, in any process, the
+        Go SDK's client.Connect, or the CLI's ``--session FILE`` talk to this sandbox and renew
+        and release it. The agent key is sealed with AES-256-GCM under ``seal_key`` (32 bytes,
+        e.g. ``os.urandom(32)`` kept in your secret store), or with ``plain=True`` put in the
+        clear, or else left out (connect then needs ``key=``). The document grants what this
+        agent has: protect it (and the seal key) like the agent key. The manager is not called."""
+        return _session.export(self._resp, self._manager_address, self._key, seal_key, plain)
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -21,7 +21,7 @@ from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Generator, List
 import grpc
 import grpc.aio
 
-from . import _bulk, _core, _process
+from . import _bulk, _core, _process, _session
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
@@ -185,10 +185,40 @@ class Sandbox:
         return allocate(manager, **options)
 
     @classmethod
+    def connect(cls, session: _session.SessionLike, *, seal_key: Optional[bytes] = None, key: Optional[AgentKey] = None,
+                credentials: Optional[grpc.ChannelCredentials] = None, ca_file: Optional[str] = None,
+                token_file: Optional[str] = None, server_name: Optional[str] = None,
+                batch_bytes: Optional[int] = None, concurrency: int = 4) -> _Allocating:
+        """Talks to the sandbox of an exported session from this process (see
+        :meth:`fusebox.Sandbox.connect`): ``await`` it for the Sandbox, or use it with
+        ``async with`` (which releases the sandbox at the end; :meth:`detach` leaves it)."""
+        async def run() -> Sandbox:
+            doc = _session.parse(session)
+            k = _session.open_key(doc, seal_key, key)
+            batch = _core.batch_bytes(batch_bytes)
+            if not isinstance(concurrency, int) or concurrency <= 0:
+                raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+            m = Manager(doc["manager"], credentials=credentials, ca_file=ca_file, token_file=token_file,
+                        server_name=server_name, _ahead=False)
+            try:
+                try:
+                    r = await m._rpc.Renew(_session.renew_request(doc), timeout=_core.RELEASE_TIMEOUT)
+                except grpc.RpcError as e:
+                    raise _session.lease_refused(e, doc["sandbox_id"], m._conn.hint()) from None
+                sb = cls._connect(m, _session.response(doc, r), k, None, batch, concurrency)
+            except BaseException:
+                await m.close()
+                raise
+            sb._owned = m
+            return sb
+        return _Allocating(run())
+
+    @classmethod
     def _connect(cls, mgr: Manager, resp: manager_pb2.AllocateResponse, key: AgentKey, ttl: Optional[float],
                  batch_bytes: int, concurrency: int) -> "Sandbox":
         """The Sandbox of an allocation's answer, on a data channel made now."""
         sb = cls.__new__(cls)
+        sb._resp, sb._key = resp, key
         channel = _core.data_channel(grpc.aio.secure_channel, resp, key, batch_bytes)
         channel.get_state(try_to_connect=True)  # the handshake starts now, not at the first call
         sb.id, sb.endpoint = resp.sandbox_id, resp.endpoint
@@ -257,6 +287,39 @@ class Sandbox:
             await self._owned.close()
         if err is not None:
             raise err
+
+    async def detach(self) -> None:
+        """Stops renewing and closes the connections, leaving the sandbox running until its
+        lease ends or a holder of its session releases it (see
+        :meth:`fusebox.Sandbox.detach`). After it, close() does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._bulk.close()
+        self._renewer.cancel()
+        try:
+            await self._renewer
+        except asyncio.CancelledError:
+            pass
+        await self._channel.close()
+        if self._owned is not None:
+            await self._owned.close()
+
+    async def renew(self) -> datetime.datetime:
+        """Renews the lease now and returns the new expiry; :class:`fusebox.LeaseError` when
+        it is no longer held."""
+        try:
+            r = await self._mgr._rpc.Renew(manager_pb2.RenewRequest(sandbox_id=self.id, lease_token=self._token),
+                                           timeout=_core.RELEASE_TIMEOUT)
+        except grpc.RpcError as e:
+            raise _session.lease_refused(e, self.id) from None
+        self._expires, self._lease_error = _session.expires(r), None
+        return self._expires
+
+    def export_session(self, seal_key: Optional[bytes] = None, *, plain: bool = False) -> str:
+        """The session document (JSON) for :meth:`Sandbox.connect` in another process (see
+        :meth:`fusebox.Sandbox.export_session`). The manager is not called."""
+        return _session.export(self._resp, self._mgr.address, self._key, seal_key, plain)
 
     async def __aenter__(self) -> "Sandbox":
         return self

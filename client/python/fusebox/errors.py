@@ -31,6 +31,7 @@ __all__ = [
     "UnavailableError",
     "LeaseError",
     "PinningError",
+    "SessionKeyError",
     "CommandTimeoutError",
     "CommandError",
     "CancelledError",
@@ -128,6 +129,11 @@ class LeaseError(FuseboxError):
 
 class PinningError(FuseboxError):
     """The sandbox's identity does not match the pinned key: the SDK refused to talk to it."""
+
+
+class SessionKeyError(FuseboxError):
+    """A session's agent key does not open with the seal key given (or the document was
+    altered), or the key given is not the one the sandbox was allocated for."""
 
 
 class CancelledError(FuseboxError):
