@@ -24,6 +24,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -83,6 +84,12 @@ type Limits struct {
 	Pids int64 `json:"pids,omitempty"`
 	// Workspace caps /workspace.
 	Workspace string `json:"workspace,omitempty"`
+	// Processes is how many long-lived processes (StartProcess) may run at once in a
+	// sandbox; as many exited ones are kept for re-reading their output.
+	Processes int `json:"processes,omitempty"`
+	// ProcessBuffer is the output kept per long-lived process for Attach (stdout and stderr
+	// together, the most recent), a quantity such as "4Mi".
+	ProcessBuffer string `json:"processBuffer,omitempty"`
 }
 
 // Command is one warm-up step: an argv, or a script for the image's /bin/sh.
@@ -115,6 +122,10 @@ const (
 	MinCPUQuota    = 0.01
 	MinPids        = 16
 	MinWorkspace   = 1 << 20
+	MaxProcesses   = 4096
+	// MinProcessBuffer and MaxProcessBuffer bound limits.processBuffer.
+	MinProcessBuffer = 4 << 10
+	MaxProcessBuffer = 256 << 20
 )
 
 // Estimators are the pool estimators a template may name.
@@ -289,10 +300,34 @@ func (l Limits) validate() error {
 	if l.Workspace != "" && ws < MinWorkspace {
 		return fmt.Errorf("limits.workspace %s is below 1Mi", l.Workspace)
 	}
+	if l.Processes < 0 || l.Processes > MaxProcesses {
+		return fmt.Errorf("limits.processes %d is outside 1 to %d", l.Processes, MaxProcesses)
+	}
+	buf, err := quantity("limits.processBuffer", l.ProcessBuffer)
+	if err != nil {
+		return err
+	}
+	if l.ProcessBuffer != "" && (buf < MinProcessBuffer || buf > MaxProcessBuffer) {
+		return fmt.Errorf("limits.processBuffer %s is outside 4Ki to 256Mi", l.ProcessBuffer)
+	}
 	if l.Memory != "" && l.Workspace != "" && ws > mem*7/8 {
 		return fmt.Errorf("limits.workspace %s takes more than 7/8 of limits.memory %s: the workspace's files are the sandbox's memory", l.Workspace, l.Memory)
 	}
 	return nil
+}
+
+// ServerArgs returns the fusebox-sandbox flags of the limits its server enforces itself, the
+// long-lived processes and their output buffers, for the limits l sets; l must be valid.
+func (l Limits) ServerArgs() []string {
+	var args []string
+	if l.Processes != 0 {
+		args = append(args, "-max-processes="+strconv.Itoa(l.Processes))
+	}
+	if l.ProcessBuffer != "" {
+		q := resource.MustParse(l.ProcessBuffer)
+		args = append(args, "-process-buffer-bytes="+strconv.FormatInt(q.Value(), 10))
+	}
+	return args
 }
 
 // quantity parses q (empty: 0) as a Kubernetes quantity, refusing a negative one.
@@ -342,7 +377,7 @@ func (p Pool) Sizes() (estimator string, min, max int) {
 // those fields changes it. s must be valid.
 func (s Spec) Hash() string {
 	s.Name, s.Pool = "", Pool{}
-	for _, q := range []*string{&s.Limits.CPU, &s.Limits.CPUQuota, &s.Limits.Memory, &s.Limits.Workspace} {
+	for _, q := range []*string{&s.Limits.CPU, &s.Limits.CPUQuota, &s.Limits.Memory, &s.Limits.Workspace, &s.Limits.ProcessBuffer} {
 		if v, err := resource.ParseQuantity(*q); err == nil {
 			*q = v.String()
 		}

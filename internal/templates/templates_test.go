@@ -12,7 +12,7 @@ const file = `
 templates:
 - name: python
   image: localhost:5000/fusebox/python:3.11` + digest + `
-  limits: {cpu: 500m, cpuQuota: "2", memory: 1Gi, pids: 256, workspace: 256Mi}
+  limits: {cpu: 500m, cpuQuota: "2", memory: 1Gi, pids: 256, workspace: 256Mi, processes: 8, processBuffer: 4Mi}
   env: {PIP_NO_INDEX: "1", LANG: C.UTF-8}
   cwd: /workspace/app
   user: "1000:1000"
@@ -77,6 +77,8 @@ func TestInvalid(t *testing.T) {
 		{"negative", "templates:\n- name: a\n  image: " + img + "\n  limits: {workspace: -1Mi}\n", "limits.workspace -1Mi is negative"},
 		{"workspace", "templates:\n- name: a\n  image: " + img + "\n  limits: {memory: 1Gi, workspace: 1Gi}\n", "more than 7/8 of limits.memory"},
 		{"pids", "templates:\n- name: a\n  image: " + img + "\n  limits: {pids: 4}\n", "limits.pids 4 is below 16"},
+		{"processes", "templates:\n- name: a\n  image: " + img + "\n  limits: {processes: 5000}\n", "limits.processes 5000 is outside 1 to 4096"},
+		{"process buffer", "templates:\n- name: a\n  image: " + img + "\n  limits: {processBuffer: 1Ki}\n", "limits.processBuffer 1Ki is outside 4Ki to 256Mi"},
 		{"env key", "templates:\n- name: a\n  image: " + img + "\n  env: {1X: y}\n", `env: "1X" is not a variable name`},
 		{"cwd", "templates:\n- name: a\n  image: " + img + "\n  cwd: work\n", `cwd "work": want a clean absolute path`},
 		{"user", "templates:\n- name: a\n  image: " + img + "\n  user: \"a b\"\n", `user "a b"`},
@@ -105,18 +107,21 @@ func TestHash(t *testing.T) {
 	same := base
 	same.Name, same.Pool = "other", Pool{Min: 5, Max: 9}
 	same.Limits.Memory = "1024Mi"
+	same.Limits.ProcessBuffer = "4096Ki"
 	same.Env = map[string]string{"LANG": "C.UTF-8", "PIP_NO_INDEX": "1"}
 	if base.Hash() != same.Hash() {
 		t.Error("the hash changed with the name, the pool or a quantity's spelling")
 	}
 	for name, change := range map[string]func(*Spec){
-		"image":   func(s *Spec) { s.Image = "localhost:5000/fusebox/python:3.12" + digest },
-		"memory":  func(s *Spec) { s.Limits.Memory = "2Gi" },
-		"pids":    func(s *Spec) { s.Limits.Pids = 512 },
-		"env":     func(s *Spec) { s.Env = map[string]string{"LANG": "C"} },
-		"cwd":     func(s *Spec) { s.Cwd = "/workspace" },
-		"user":    func(s *Spec) { s.User = "1001" },
-		"warm-up": func(s *Spec) { s.WarmUp = s.WarmUp[:1] },
+		"image":     func(s *Spec) { s.Image = "localhost:5000/fusebox/python:3.12" + digest },
+		"memory":    func(s *Spec) { s.Limits.Memory = "2Gi" },
+		"pids":      func(s *Spec) { s.Limits.Pids = 512 },
+		"processes": func(s *Spec) { s.Limits.Processes = 9 },
+		"buffer":    func(s *Spec) { s.Limits.ProcessBuffer = "8Mi" },
+		"env":       func(s *Spec) { s.Env = map[string]string{"LANG": "C"} },
+		"cwd":       func(s *Spec) { s.Cwd = "/workspace" },
+		"user":      func(s *Spec) { s.User = "1001" },
+		"warm-up":   func(s *Spec) { s.WarmUp = s.WarmUp[:1] },
 	} {
 		s := base
 		change(&s)

@@ -30,6 +30,7 @@ var ErrTemplateSpec = errors.New("template not supported in a cluster")
 //   - cpu is the container's CPU request (a weight), cpuQuota its CPU limit, memory its
 //     memory limit (and its request, where base requests more), workspace the size of the
 //     memory-backed /workspace;
+//   - processes and processBuffer are the server's -max-processes and -process-buffer-bytes;
 //   - env, cwd and warm-up commands are the server's -env, -cwd and -warmup, and user its
 //     -command-user, which the server resolves in the image's own /etc/passwd and /etc/group
 //     (empty: SandboxUID, never the image's USER, which the pod does not run as);
@@ -100,6 +101,7 @@ func FromSpec(spec templates.Spec, base Template) (Template, error) {
 	}
 	// The server's flag package keeps the last value of a flag: these come after base's.
 	t.ServerArgs = append(t.ServerArgs, "-inherit-env")
+	t.ServerArgs = append(t.ServerArgs, spec.Limits.ServerArgs()...)
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		t.ServerArgs = append(t.ServerArgs, "-env="+k+"="+spec.Env[k])
 	}

@@ -23,7 +23,7 @@ func TestFromSpec(t *testing.T) {
 	base.ServerArgs = []string{"-max-file-bytes=1000"}
 	base.ImagePullSecrets = []string{"pull"}
 	spec := templates.Spec{Name: "py", Image: "localhost/py@sha256:" + strings.Repeat("a", 64), User: "app:staff",
-		Limits: templates.Limits{CPU: "500m", CPUQuota: "2", Memory: "128Mi", Workspace: "64Mi"},
+		Limits: templates.Limits{CPU: "500m", CPUQuota: "2", Memory: "128Mi", Workspace: "64Mi", Processes: 2, ProcessBuffer: "1Mi"},
 		Env:    map[string]string{"B": "2", "A": "1"}, Cwd: "/srv"}
 	tm, err := FromSpec(spec, base)
 	if err != nil {
@@ -50,7 +50,7 @@ func TestFromSpec(t *testing.T) {
 	if base.Limits.Cpu().Value() != 0 || base.Requests.Memory().Cmp(resource.MustParse("256Mi")) != 0 {
 		t.Errorf("the base template changed: %+v", base)
 	}
-	want := []string{"-max-file-bytes=1000", "-inherit-env", "-env=A=1", "-env=B=2", "-cwd=/srv", "-command-user=app:staff"}
+	want := []string{"-max-file-bytes=1000", "-inherit-env", "-max-processes=2", "-process-buffer-bytes=1048576", "-env=A=1", "-env=B=2", "-cwd=/srv", "-command-user=app:staff"}
 	if !slices.Equal(tm.ServerArgs, want) || tm.WarmUpTimeout != 0 {
 		t.Errorf("server args %q (warm-up timeout %v), want %q", tm.ServerArgs, tm.WarmUpTimeout, want)
 	}

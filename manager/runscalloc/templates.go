@@ -49,6 +49,7 @@ func FromSpec(spec templates.Spec, base Limits) (Template, error) {
 		return Template{}, fmt.Errorf("template %s: %w", spec.Name, err)
 	}
 	t.Image, t.User = spec.Image, spec.User
+	t.ServerArgs = append(t.ServerArgs, spec.Limits.ServerArgs()...)
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		t.ServerArgs = append(t.ServerArgs, "-env="+k+"="+spec.Env[k])
 	}

@@ -14,7 +14,7 @@ import (
 // server's -env flags in key order, and what the runsc allocator cannot do is refused.
 func TestFromSpec(t *testing.T) {
 	spec := templates.Spec{Name: "py", Image: "/layouts/py@sha256:" + strings.Repeat("a", 64), User: "nobody",
-		Limits: templates.Limits{CPU: "500m", Memory: "768Mi", Pids: 128},
+		Limits: templates.Limits{CPU: "500m", Memory: "768Mi", Pids: 128, Processes: 3, ProcessBuffer: "64Ki"},
 		Env:    map[string]string{"B": "2", "A": "1"}, Cwd: "/srv"}
 	tm, err := FromSpec(spec, Limits{WorkspaceBytes: 256 << 20})
 	if err != nil {
@@ -24,7 +24,7 @@ func TestFromSpec(t *testing.T) {
 	if b.CPUShares != 512 || b.MemoryLimitBytes != 768<<20 || b.ProcessLimit != 128 || b.WorkspaceSizeBytes != 256<<20 || b.CPUQuota != 0 {
 		t.Errorf("bundle limits %+v", b)
 	}
-	if !slices.Equal(tm.ServerArgs, []string{"-env=A=1", "-env=B=2", "-cwd=/srv"}) || tm.Image != spec.Image || tm.User != "nobody" {
+	if !slices.Equal(tm.ServerArgs, []string{"-max-processes=3", "-process-buffer-bytes=65536", "-env=A=1", "-env=B=2", "-cwd=/srv"}) || tm.Image != spec.Image || tm.User != "nobody" {
 		t.Errorf("template %+v", tm)
 	}
 	if tm.ReadyTimeout != 0 {

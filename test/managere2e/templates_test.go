@@ -12,6 +12,8 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/client"
@@ -62,7 +64,7 @@ func TestLocalUpWithTemplates(t *testing.T) {
   user: nobody
   env: {GREETING: from-template, EXTRA: "1"}
   cwd: /srv
-  limits: {memory: 768Mi, pids: 128}
+  limits: {memory: 768Mi, pids: 128, processes: 1, processBuffer: 16Ki}
   warmUp:
   - script: echo warmed > /workspace/warm.txt
   - argv: [python3, -c, "import os"]
@@ -125,6 +127,18 @@ func TestLocalUpWithTemplates(t *testing.T) {
 	if ps.ColdWaits != cold {
 		t.Errorf("an allocation with env and cwd waited for a cold start (%d cold waits, was %d)", ps.ColdWaits, cold)
 	}
+	// The template's process limits reach its sandbox's server.
+	a, err := client.Allocate(ctx, e.Addr, client.AllocateOptions{Template: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.StartProcess(ctx, client.ProcessSpec{Argv: []string{"sleep", "1000"}}); err != nil {
+		t.Fatalf("the first process on the plain template: %v", err)
+	}
+	if _, err := a.StartProcess(ctx, client.ProcessSpec{Argv: []string{"true"}}); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "1 running") {
+		t.Errorf("a second process on a template of processes: 1: %v, want RESOURCE_EXHAUSTED at 1 running", err)
+	}
+	a.Close()
 	code, _, errOut = runFusebox(t, ctx, "run", "--manager", e.Addr, "-q", "--env", "1X=y", "--", "true")
 	if code == 0 || !strings.Contains(errOut, `"1X" is not a variable name`) {
 		t.Errorf("fusebox run --env 1X=y: exit %d, stderr: %s", code, errOut)
