@@ -2,15 +2,10 @@ package templatebuild
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/http"
-	"os"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -19,16 +14,10 @@ import (
 )
 
 // PushOptions say how Push reaches the registry, with the policy of `fusebox image push`
-// (package registry): TLS verified against the system roots and CAFile, plain HTTP only when
-// asked for and only to a loopback registry.
-type PushOptions struct {
-	// CAFile is a PEM bundle trusted for the registry's certificate besides the system roots.
-	CAFile string
-	// Insecure uses plain HTTP; refused unless the registry is on loopback.
-	Insecure bool
-	// Keychain resolves credentials; nil means the Docker config and its credential helpers.
-	Keychain authn.Keychain
-}
+// (registry.Remote): TLS verified against the system roots and CAFile, plain HTTP only when
+// asked for (Insecure) and only to a loopback registry, credentials from Keychain (nil: the
+// Docker config and its credential helpers).
+type PushOptions = registry.Options
 
 // ErrBadPushReference is wrapped by Push's error for a reference it does not take.
 var ErrBadPushReference = errors.New("bad push reference")
@@ -42,26 +31,15 @@ func Push(ctx context.Context, res *Result, ref string, o PushOptions) (string, 
 	if err != nil {
 		return "", err
 	}
-	if err := checkInsecure(repo, o); err != nil {
+	host, _, _ := strings.Cut(repo, "/")
+	nameOpts, ropts, err := registry.Remote(ctx, host, o)
+	if err != nil {
 		return "", err
-	}
-	var nameOpts []name.Option
-	if o.Insecure {
-		nameOpts = append(nameOpts, name.Insecure)
 	}
 	r, err := name.NewRepository(repo, nameOpts...)
 	if err != nil {
 		return "", fmt.Errorf("%w %q: %v", ErrBadPushReference, ref, err)
 	}
-	tr, err := pushTransport(o)
-	if err != nil {
-		return "", err
-	}
-	kc := o.Keychain
-	if kc == nil {
-		kc = authn.DefaultKeychain
-	}
-	ropts := []remote.Option{remote.WithContext(ctx), remote.WithTransport(tr), remote.WithAuthFromKeychain(kc)}
 	img, err := layout.Path(res.Dir).Image(res.Digest)
 	if err != nil {
 		return "", fmt.Errorf("reading the built image from %s: %w", res.Dir, err)
@@ -81,23 +59,16 @@ func Push(ctx context.Context, res *Result, ref string, o PushOptions) (string, 
 	return d.String(), nil
 }
 
-// CheckPush checks what Push will be given, before a build: a reference Push takes, and plain
-// HTTP only for a loopback registry.
+// CheckPush checks what Push will be given, before a build: a reference Push takes, plain
+// HTTP only for a loopback registry, and a CA file that holds a certificate.
 func CheckPush(ref string, o PushOptions) error {
 	repo, _, err := parsePushReference(ref)
 	if err != nil {
 		return err
 	}
-	return checkInsecure(repo, o)
-}
-
-// checkInsecure refuses plain HTTP to a registry that is not on loopback.
-func checkInsecure(repo string, o PushOptions) error {
 	host, _, _ := strings.Cut(repo, "/")
-	if o.Insecure && !registry.IsLoopback(host) {
-		return fmt.Errorf("%w: plain HTTP is allowed for a loopback registry only, not %s: give its CA instead", registry.ErrInsecure, host)
-	}
-	return nil
+	_, _, err = registry.Remote(context.Background(), host, o)
+	return err
 }
 
 // parsePushReference splits REGISTRY/REPO[:TAG] into REGISTRY/REPO and the tag.
@@ -121,39 +92,4 @@ func parsePushReference(ref string) (repo, tag string, err error) {
 		}
 	}
 	return repo, tag, nil
-}
-
-// pushTransport is the registry's transport: CAFile trusted besides the system roots, and
-// plain HTTP refused unless o.Insecure (go-containerregistry falls back to it for loopback
-// and private registries when HTTPS fails).
-func pushTransport(o PushOptions) (http.RoundTripper, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading the registry CA file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil || pool == nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("the CA file %s holds no PEM certificate", o.CAFile)
-		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
-	if o.Insecure {
-		return tr, nil
-	}
-	return httpsOnly{tr}, nil
-}
-
-// httpsOnly refuses plain HTTP requests.
-type httpsOnly struct{ next http.RoundTripper }
-
-func (h httpsOnly) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Scheme != "https" {
-		return nil, fmt.Errorf("plain HTTP to %s refused (not asked for as insecure)", req.URL.Host)
-	}
-	return h.next.RoundTrip(req)
 }

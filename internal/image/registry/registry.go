@@ -100,24 +100,37 @@ func Open(ctx context.Context, ref string, o Options) (*Registry, error) {
 		return nil, err
 	}
 	r := &Registry{Host: host, Path: path}
+	if r.opts, r.remote, err = Remote(ctx, host, o); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Remote returns the go-containerregistry options that reach the registry at host
+// (HOST[:PORT]) by o's policy: the name options (plain HTTP with o.Insecure, which is refused
+// with ErrInsecure unless host is loopback) and the remote options (TLS verified against the
+// system roots and o.CAFile, plain HTTP refused unless o.Insecure, credentials from
+// o.Keychain), bound to ctx.
+func Remote(ctx context.Context, host string, o Options) ([]name.Option, []remote.Option, error) {
+	var opts []name.Option
 	if o.Insecure {
 		if !IsLoopback(host) {
-			return nil, fmt.Errorf("%w: --insecure (plain HTTP) is allowed for a loopback registry only, not %s: give its CA with --ca-file", ErrInsecure, host)
+			return nil, nil, fmt.Errorf("%w: --insecure (plain HTTP) is allowed for a loopback registry only, not %s: give its CA with --ca-file", ErrInsecure, host)
 		}
-		r.opts = append(r.opts, name.Insecure)
+		opts = append(opts, name.Insecure)
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if o.CAFile != "" {
 		pem, err := os.ReadFile(o.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("reading the registry CA file: %w", err)
+			return nil, nil, fmt.Errorf("reading the registry CA file: %w", err)
 		}
 		pool, err := x509.SystemCertPool()
 		if err != nil || pool == nil {
 			pool = x509.NewCertPool()
 		}
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("the CA file %s holds no PEM certificate", o.CAFile)
+			return nil, nil, fmt.Errorf("the CA file %s holds no PEM certificate", o.CAFile)
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
@@ -132,8 +145,7 @@ func Open(ctx context.Context, ref string, o Options) (*Registry, error) {
 	if kc == nil {
 		kc = authn.DefaultKeychain
 	}
-	r.remote = []remote.Option{remote.WithContext(ctx), remote.WithTransport(rt), remote.WithAuthFromKeychain(kc)}
-	return r, nil
+	return opts, []remote.Option{remote.WithContext(ctx), remote.WithTransport(rt), remote.WithAuthFromKeychain(kc)}, nil
 }
 
 // String is HOST[:PORT]/PATH.
