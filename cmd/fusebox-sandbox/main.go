@@ -58,6 +58,7 @@ func main() {
 	flag.StringVar(&cfg.WorkspaceDir, "workspace", "/workspace", "workspace root: every file operation stays inside it")
 	flag.Int64Var(&lim.MaxOutputBytes, "max-output-bytes", 16<<20, "stdout+stderr streamed per exec; the rest is discarded and flagged")
 	flag.IntVar(&lim.MaxProcesses, "max-processes", 64, "long-lived processes (StartProcess) running at once; as many exited ones are kept for replay")
+	flag.IntVar(&lim.MaxWatches, "max-watches", 16, "file watches (Watch) open at once")
 	flag.IntVar(&lim.ProcessBufferBytes, "process-buffer-bytes", 1<<20, "output kept per long-lived process for Attach (stdout and stderr together, the most recent)")
 	flag.Int64Var(&cfg.Workspace.MaxFileBytes, "max-file-bytes", 1<<30, "largest file written or read")
 	flag.Int64Var(&cfg.Workspace.MaxBatchBytes, "max-batch-bytes", 4<<20-64<<10, "largest WriteFiles/ReadFiles payload")

@@ -5,6 +5,7 @@ import (
 	"io"
 
 	sandboxv1 "github.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1"
+	"github.com/fusebox-dev/fusebox/sandbox-server/watch"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 
 	"context"
@@ -13,8 +14,9 @@ import (
 // dataService implements the Sandbox service. Every method returns through toStatus.
 type dataService struct {
 	sandboxv1.UnimplementedSandboxServer
-	ws   *workspace.Workspace
-	exec *executor
+	ws    *workspace.Workspace
+	exec  *executor
+	watch *watch.Root
 }
 
 func (d *dataService) Exec(req *sandboxv1.ExecRequest, stream sandboxv1.Sandbox_ExecServer) error {

@@ -24,6 +24,7 @@ import (
 	"github.com/fusebox-dev/fusebox/sandbox-server/fuse"
 	"github.com/fusebox-dev/fusebox/sandbox-server/process"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
+	"github.com/fusebox-dev/fusebox/sandbox-server/watch"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
@@ -48,13 +49,17 @@ type Limits struct {
 	// 64), and ProcessBufferBytes the output kept of each (default 1 MiB).
 	MaxProcesses       int
 	ProcessBufferBytes int
+	// MaxWatches bounds the watches (Watch calls) open at once (default watch.DefaultMaxWatches),
+	// and MaxWatchQueue the changes one may hold for its client (default watch.DefaultMaxQueue).
+	MaxWatches    int
+	MaxWatchQueue int
 }
 
 // Options configure a Server. Workspace, Reaper and IdleTTL are required.
 type Options struct {
 	Workspace *workspace.Workspace
 	// WorkspaceDir is the workspace's absolute path as commands see it: their first working
-	// directory.
+	// directory. The server sees it at the same path (Watch opens it).
 	WorkspaceDir string
 	Reaper       *procs.Reaper
 	// CommandUser, if set, is who commands run as (see package privsep); nil runs them as
@@ -97,6 +102,7 @@ type Server struct {
 	state *envstate.State
 	exec  *executor
 	procs *process.Registry
+	watch *watch.Root
 
 	// The sandbox's identity, made before initialisation so that InitializeTLS does no key
 	// generation: nothing untrusted runs in the sandbox before the fuse blows.
@@ -160,6 +166,10 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.procs = reg
+	if s.watch, err = watch.New(watch.Options{Dir: opts.WorkspaceDir, Resolve: opts.Workspace.Resolve, Escape: workspace.ErrEscape,
+		MaxWatches: opts.Limits.MaxWatches, MaxQueue: opts.Limits.MaxWatchQueue}); err != nil {
+		return nil, err
+	}
 	key, err := tlspin.GenerateKey()
 	if err != nil {
 		return nil, err
@@ -296,7 +306,7 @@ func (s *Server) newDataServer(creds credentials.TransportCredentials, around fu
 			}))
 	}
 	srv := grpc.NewServer(opts...)
-	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec})
+	sandboxv1.RegisterSandboxServer(srv, &dataService{ws: s.opts.Workspace, exec: s.exec, watch: s.watch})
 	sandboxv1.RegisterProcessesServer(srv, &processService{reg: s.procs})
 	return srv
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/fusebox-dev/fusebox/internal/tlspin"
 	"github.com/fusebox-dev/fusebox/sandbox-server/envstate"
 	"github.com/fusebox-dev/fusebox/sandbox-server/process"
+	"github.com/fusebox-dev/fusebox/sandbox-server/watch"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
@@ -37,7 +38,7 @@ func codeOf(err error) codes.Code {
 		return codes.DeadlineExceeded
 	case errors.Is(err, workspace.ErrEscape):
 		return codes.PermissionDenied
-	case errors.Is(err, workspace.ErrLimit), errors.Is(err, process.ErrLimit):
+	case errors.Is(err, workspace.ErrLimit), errors.Is(err, process.ErrLimit), errors.Is(err, watch.ErrLimit):
 		return codes.ResourceExhausted
 	case errors.Is(err, process.ErrNotFound):
 		return codes.NotFound
@@ -51,6 +52,7 @@ func codeOf(err error) codes.Code {
 		errors.Is(err, workspace.ErrInvalidArgument),
 		errors.Is(err, envstate.ErrDuplicateOrder),
 		errors.Is(err, process.ErrInvalid),
+		errors.Is(err, watch.ErrInvalid),
 		errors.Is(err, tlspin.ErrBadKey),
 		errors.Is(err, syscall.ENAMETOOLONG):
 		return codes.InvalidArgument

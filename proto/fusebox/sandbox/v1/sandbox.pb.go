@@ -139,6 +139,67 @@ func (FileType) EnumDescriptor() ([]byte, []int) {
 	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
+type WatchChangeKind int32
+
+const (
+	WatchChangeKind_WATCH_CHANGE_KIND_UNSPECIFIED WatchChangeKind = 0
+	// A file or directory was created (also a hard link, and an entry found in a new directory
+	// of a recursive watch).
+	WatchChangeKind_WATCH_CHANGE_KIND_CREATE WatchChangeKind = 1
+	// A file was written (or opened for writing and closed).
+	WatchChangeKind_WATCH_CHANGE_KIND_WRITE WatchChangeKind = 2
+	// A file or directory was removed, or moved out of the watched tree.
+	WatchChangeKind_WATCH_CHANGE_KIND_REMOVE WatchChangeKind = 3
+	// A file or directory was renamed within the watched tree (old_path set), or moved into it
+	// from elsewhere (old_path empty).
+	WatchChangeKind_WATCH_CHANGE_KIND_RENAME WatchChangeKind = 4
+)
+
+// Enum value maps for WatchChangeKind.
+var (
+	WatchChangeKind_name = map[int32]string{
+		0: "WATCH_CHANGE_KIND_UNSPECIFIED",
+		1: "WATCH_CHANGE_KIND_CREATE",
+		2: "WATCH_CHANGE_KIND_WRITE",
+		3: "WATCH_CHANGE_KIND_REMOVE",
+		4: "WATCH_CHANGE_KIND_RENAME",
+	}
+	WatchChangeKind_value = map[string]int32{
+		"WATCH_CHANGE_KIND_UNSPECIFIED": 0,
+		"WATCH_CHANGE_KIND_CREATE":      1,
+		"WATCH_CHANGE_KIND_WRITE":       2,
+		"WATCH_CHANGE_KIND_REMOVE":      3,
+		"WATCH_CHANGE_KIND_RENAME":      4,
+	}
+)
+
+func (x WatchChangeKind) Enum() *WatchChangeKind {
+	p := new(WatchChangeKind)
+	*p = x
+	return p
+}
+
+func (x WatchChangeKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchChangeKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fusebox_sandbox_v1_sandbox_proto_enumTypes[2].Descriptor()
+}
+
+func (WatchChangeKind) Type() protoreflect.EnumType {
+	return &file_fusebox_sandbox_v1_sandbox_proto_enumTypes[2]
+}
+
+func (x WatchChangeKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchChangeKind.Descriptor instead.
+func (WatchChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
 type InitializeTLSRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's public key as DER-encoded SubjectPublicKeyInfo (PKIX). ECDSA P-256 or Ed25519.
@@ -2716,6 +2777,376 @@ func (x *GrepResponse) GetBinaryFilesSkipped() uint32 {
 	return 0
 }
 
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The directory to watch (empty: the workspace root).
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Watch the whole tree below path: directories that appear later are watched as they appear,
+	// and what was created in one before its watch was in place is reported as created (so a
+	// file written right after its directory was made is not missed). Without it, only path's
+	// own entries are watched.
+	Recursive bool `protobuf:"varint,2,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	// Globs (path.Match syntax: "*", "?", "[...]") on the base name of a change's path (or of a
+	// rename's old path): with include, only matching changes are reported; a change matching an
+	// exclude glob is not. In a recursive watch, a directory matching an exclude glob is not
+	// watched at all (e.g. "node_modules", ".git").
+	Include []string `protobuf:"bytes,3,rep,name=include,proto3" json:"include,omitempty"`
+	Exclude []string `protobuf:"bytes,4,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// The most changes held for the client at once (0: the server's default); capped at the
+	// server's limit. Beyond it changes are dropped, counted, and reported by an overflow event.
+	QueueSize     uint32 `protobuf:"varint,5,opt,name=queue_size,json=queueSize,proto3" json:"queue_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *WatchRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+func (x *WatchRequest) GetInclude() []string {
+	if x != nil {
+		return x.Include
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetQueueSize() uint32 {
+	if x != nil {
+		return x.QueueSize
+	}
+	return 0
+}
+
+// WatchEvent is one message of a Watch stream.
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchEvent_Ready
+	//	*WatchEvent_Change
+	//	*WatchEvent_Overflow
+	Event         isWatchEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *WatchEvent) GetEvent() isWatchEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetReady() *WatchReady {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEvent_Ready); ok {
+			return x.Ready
+		}
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetChange() *WatchChange {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEvent_Change); ok {
+			return x.Change
+		}
+	}
+	return nil
+}
+
+func (x *WatchEvent) GetOverflow() *WatchOverflow {
+	if x != nil {
+		if x, ok := x.Event.(*WatchEvent_Overflow); ok {
+			return x.Overflow
+		}
+	}
+	return nil
+}
+
+type isWatchEvent_Event interface {
+	isWatchEvent_Event()
+}
+
+type WatchEvent_Ready struct {
+	Ready *WatchReady `protobuf:"bytes,1,opt,name=ready,proto3,oneof"`
+}
+
+type WatchEvent_Change struct {
+	Change *WatchChange `protobuf:"bytes,2,opt,name=change,proto3,oneof"`
+}
+
+type WatchEvent_Overflow struct {
+	Overflow *WatchOverflow `protobuf:"bytes,3,opt,name=overflow,proto3,oneof"`
+}
+
+func (*WatchEvent_Ready) isWatchEvent_Event() {}
+
+func (*WatchEvent_Change) isWatchEvent_Event() {}
+
+func (*WatchEvent_Overflow) isWatchEvent_Event() {}
+
+// WatchReady is the stream's first event, sent once every watch is in place.
+type WatchReady struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue size in effect (the request's, capped, or the server's default).
+	QueueSize     uint32 `protobuf:"varint,1,opt,name=queue_size,json=queueSize,proto3" json:"queue_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchReady) Reset() {
+	*x = WatchReady{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchReady) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchReady) ProtoMessage() {}
+
+func (x *WatchReady) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchReady.ProtoReflect.Descriptor instead.
+func (*WatchReady) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *WatchReady) GetQueueSize() uint32 {
+	if x != nil {
+		return x.QueueSize
+	}
+	return 0
+}
+
+// WatchChange is one change, or several coalesced: writes to a path whose event has not yet
+// been sent are added to that event (a create followed by writes stays a create).
+type WatchChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative to the workspace root.
+	Path  string          `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind  WatchChangeKind `protobuf:"varint,2,opt,name=kind,proto3,enum=fusebox.sandbox.v1.WatchChangeKind" json:"kind,omitempty"`
+	IsDir bool            `protobuf:"varint,3,opt,name=is_dir,json=isDir,proto3" json:"is_dir,omitempty"`
+	// For a rename within the watched tree, the path before it (relative to the workspace root).
+	OldPath string `protobuf:"bytes,4,opt,name=old_path,json=oldPath,proto3" json:"old_path,omitempty"`
+	// How many of the kernel's events this one stands for (at least 1).
+	Count         uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchChange) Reset() {
+	*x = WatchChange{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchChange) ProtoMessage() {}
+
+func (x *WatchChange) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchChange.ProtoReflect.Descriptor instead.
+func (*WatchChange) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *WatchChange) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchChange) GetKind() WatchChangeKind {
+	if x != nil {
+		return x.Kind
+	}
+	return WatchChangeKind_WATCH_CHANGE_KIND_UNSPECIFIED
+}
+
+func (x *WatchChange) GetIsDir() bool {
+	if x != nil {
+		return x.IsDir
+	}
+	return false
+}
+
+func (x *WatchChange) GetOldPath() string {
+	if x != nil {
+		return x.OldPath
+	}
+	return ""
+}
+
+func (x *WatchChange) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// WatchOverflow reports changes lost before the events that follow it: the queue was full, or
+// the kernel's own queue overflowed (then how many is unknown). A client that must not miss a
+// change rescans what it watches.
+type WatchOverflow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Changes dropped because the queue was full.
+	Dropped uint64 `protobuf:"varint,1,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// The kernel's queue overflowed: an unknown number of changes (beyond dropped) was lost.
+	Unknown       bool `protobuf:"varint,2,opt,name=unknown,proto3" json:"unknown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOverflow) Reset() {
+	*x = WatchOverflow{}
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOverflow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOverflow) ProtoMessage() {}
+
+func (x *WatchOverflow) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_sandbox_v1_sandbox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOverflow.ProtoReflect.Descriptor instead.
+func (*WatchOverflow) Descriptor() ([]byte, []int) {
+	return file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *WatchOverflow) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *WatchOverflow) GetUnknown() bool {
+	if x != nil {
+		return x.Unknown
+	}
+	return false
+}
+
 var File_fusebox_sandbox_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
@@ -2893,7 +3324,33 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\amatches\x18\x01 \x03(\v2\x1d.fusebox.sandbox.v1.GrepMatchR\amatches\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12%\n" +
 	"\x0efiles_searched\x18\x03 \x01(\rR\rfilesSearched\x120\n" +
-	"\x14binary_files_skipped\x18\x04 \x01(\rR\x12binaryFilesSkipped*Y\n" +
+	"\x14binary_files_skipped\x18\x04 \x01(\rR\x12binaryFilesSkipped\"\x93\x01\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x02 \x01(\bR\trecursive\x12\x18\n" +
+	"\ainclude\x18\x03 \x03(\tR\ainclude\x12\x18\n" +
+	"\aexclude\x18\x04 \x03(\tR\aexclude\x12\x1d\n" +
+	"\n" +
+	"queue_size\x18\x05 \x01(\rR\tqueueSize\"\xc9\x01\n" +
+	"\n" +
+	"WatchEvent\x126\n" +
+	"\x05ready\x18\x01 \x01(\v2\x1e.fusebox.sandbox.v1.WatchReadyH\x00R\x05ready\x129\n" +
+	"\x06change\x18\x02 \x01(\v2\x1f.fusebox.sandbox.v1.WatchChangeH\x00R\x06change\x12?\n" +
+	"\boverflow\x18\x03 \x01(\v2!.fusebox.sandbox.v1.WatchOverflowH\x00R\boverflowB\a\n" +
+	"\x05event\"+\n" +
+	"\n" +
+	"WatchReady\x12\x1d\n" +
+	"\n" +
+	"queue_size\x18\x01 \x01(\rR\tqueueSize\"\xa2\x01\n" +
+	"\vWatchChange\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
+	"\x04kind\x18\x02 \x01(\x0e2#.fusebox.sandbox.v1.WatchChangeKindR\x04kind\x12\x15\n" +
+	"\x06is_dir\x18\x03 \x01(\bR\x05isDir\x12\x19\n" +
+	"\bold_path\x18\x04 \x01(\tR\aoldPath\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\"C\n" +
+	"\rWatchOverflow\x12\x18\n" +
+	"\adropped\x18\x01 \x01(\x04R\adropped\x12\x18\n" +
+	"\aunknown\x18\x02 \x01(\bR\aunknown*Y\n" +
 	"\n" +
 	"StreamKind\x12\x1b\n" +
 	"\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -2904,9 +3361,15 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x11\n" +
 	"\rFILE_TYPE_DIR\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042l\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x04*\xab\x01\n" +
+	"\x0fWatchChangeKind\x12!\n" +
+	"\x1dWATCH_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18WATCH_CHANGE_KIND_CREATE\x10\x01\x12\x1b\n" +
+	"\x17WATCH_CHANGE_KIND_WRITE\x10\x02\x12\x1c\n" +
+	"\x18WATCH_CHANGE_KIND_REMOVE\x10\x03\x12\x1c\n" +
+	"\x18WATCH_CHANGE_KIND_RENAME\x10\x042l\n" +
 	"\x04Init\x12d\n" +
-	"\rInitializeTLS\x12(.fusebox.sandbox.v1.InitializeTLSRequest\x1a).fusebox.sandbox.v1.InitializeTLSResponse2\xa6\t\n" +
+	"\rInitializeTLS\x12(.fusebox.sandbox.v1.InitializeTLSRequest\x1a).fusebox.sandbox.v1.InitializeTLSResponse2\xf3\t\n" +
 	"\aSandbox\x12H\n" +
 	"\x04Exec\x12\x1f.fusebox.sandbox.v1.ExecRequest\x1a\x1d.fusebox.sandbox.v1.ExecEvent0\x01\x12[\n" +
 	"\n" +
@@ -2922,7 +3385,8 @@ const file_fusebox_sandbox_v1_sandbox_proto_rawDesc = "" +
 	"\x06Rename\x12!.fusebox.sandbox.v1.RenameRequest\x1a\".fusebox.sandbox.v1.RenameResponse\x12R\n" +
 	"\aSymlink\x12\".fusebox.sandbox.v1.SymlinkRequest\x1a#.fusebox.sandbox.v1.SymlinkResponse\x12I\n" +
 	"\x04Find\x12\x1f.fusebox.sandbox.v1.FindRequest\x1a .fusebox.sandbox.v1.FindResponse\x12I\n" +
-	"\x04Grep\x12\x1f.fusebox.sandbox.v1.GrepRequest\x1a .fusebox.sandbox.v1.GrepResponseBCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1;sandboxv1b\x06proto3"
+	"\x04Grep\x12\x1f.fusebox.sandbox.v1.GrepRequest\x1a .fusebox.sandbox.v1.GrepResponse\x12K\n" +
+	"\x05Watch\x12 .fusebox.sandbox.v1.WatchRequest\x1a\x1e.fusebox.sandbox.v1.WatchEvent0\x01BCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/sandbox/v1;sandboxv1b\x06proto3"
 
 var (
 	file_fusebox_sandbox_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2936,117 +3400,129 @@ func file_fusebox_sandbox_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_fusebox_sandbox_v1_sandbox_proto_rawDescData
 }
 
-var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_fusebox_sandbox_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_fusebox_sandbox_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_fusebox_sandbox_v1_sandbox_proto_goTypes = []any{
 	(StreamKind)(0),                 // 0: fusebox.sandbox.v1.StreamKind
 	(FileType)(0),                   // 1: fusebox.sandbox.v1.FileType
-	(*InitializeTLSRequest)(nil),    // 2: fusebox.sandbox.v1.InitializeTLSRequest
-	(*InitializeTLSResponse)(nil),   // 3: fusebox.sandbox.v1.InitializeTLSResponse
-	(*ExecRequest)(nil),             // 4: fusebox.sandbox.v1.ExecRequest
-	(*ExecEvent)(nil),               // 5: fusebox.sandbox.v1.ExecEvent
-	(*ExecOutput)(nil),              // 6: fusebox.sandbox.v1.ExecOutput
-	(*ExecExit)(nil),                // 7: fusebox.sandbox.v1.ExecExit
-	(*FileWrite)(nil),               // 8: fusebox.sandbox.v1.FileWrite
-	(*SymlinkSpec)(nil),             // 9: fusebox.sandbox.v1.SymlinkSpec
-	(*WriteFilesRequest)(nil),       // 10: fusebox.sandbox.v1.WriteFilesRequest
-	(*WriteFilesResponse)(nil),      // 11: fusebox.sandbox.v1.WriteFilesResponse
-	(*WriteFileHeader)(nil),         // 12: fusebox.sandbox.v1.WriteFileHeader
-	(*WriteFileChunk)(nil),          // 13: fusebox.sandbox.v1.WriteFileChunk
-	(*WriteFileStreamResponse)(nil), // 14: fusebox.sandbox.v1.WriteFileStreamResponse
-	(*GetReadFilesPlanRequest)(nil), // 15: fusebox.sandbox.v1.GetReadFilesPlanRequest
-	(*PlannedFile)(nil),             // 16: fusebox.sandbox.v1.PlannedFile
-	(*ReadBatch)(nil),               // 17: fusebox.sandbox.v1.ReadBatch
-	(*ReadFilesPlan)(nil),           // 18: fusebox.sandbox.v1.ReadFilesPlan
-	(*ReadFilesRequest)(nil),        // 19: fusebox.sandbox.v1.ReadFilesRequest
-	(*FileContent)(nil),             // 20: fusebox.sandbox.v1.FileContent
-	(*ReadFilesResponse)(nil),       // 21: fusebox.sandbox.v1.ReadFilesResponse
-	(*ReadFileStreamRequest)(nil),   // 22: fusebox.sandbox.v1.ReadFileStreamRequest
-	(*ReadFileChunk)(nil),           // 23: fusebox.sandbox.v1.ReadFileChunk
-	(*BulkRequest)(nil),             // 24: fusebox.sandbox.v1.BulkRequest
-	(*BulkStatus)(nil),              // 25: fusebox.sandbox.v1.BulkStatus
-	(*FileInfo)(nil),                // 26: fusebox.sandbox.v1.FileInfo
-	(*StatRequest)(nil),             // 27: fusebox.sandbox.v1.StatRequest
-	(*StatResponse)(nil),            // 28: fusebox.sandbox.v1.StatResponse
-	(*ListRequest)(nil),             // 29: fusebox.sandbox.v1.ListRequest
-	(*ListResponse)(nil),            // 30: fusebox.sandbox.v1.ListResponse
-	(*MkdirRequest)(nil),            // 31: fusebox.sandbox.v1.MkdirRequest
-	(*MkdirResponse)(nil),           // 32: fusebox.sandbox.v1.MkdirResponse
-	(*RemoveRequest)(nil),           // 33: fusebox.sandbox.v1.RemoveRequest
-	(*RemoveResponse)(nil),          // 34: fusebox.sandbox.v1.RemoveResponse
-	(*RenameRequest)(nil),           // 35: fusebox.sandbox.v1.RenameRequest
-	(*RenameResponse)(nil),          // 36: fusebox.sandbox.v1.RenameResponse
-	(*SymlinkRequest)(nil),          // 37: fusebox.sandbox.v1.SymlinkRequest
-	(*SymlinkResponse)(nil),         // 38: fusebox.sandbox.v1.SymlinkResponse
-	(*FindRequest)(nil),             // 39: fusebox.sandbox.v1.FindRequest
-	(*FindResponse)(nil),            // 40: fusebox.sandbox.v1.FindResponse
-	(*GrepRequest)(nil),             // 41: fusebox.sandbox.v1.GrepRequest
-	(*GrepMatch)(nil),               // 42: fusebox.sandbox.v1.GrepMatch
-	(*GrepResponse)(nil),            // 43: fusebox.sandbox.v1.GrepResponse
-	nil,                             // 44: fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
-	nil,                             // 45: fusebox.sandbox.v1.ExecRequest.EnvEntry
-	(*durationpb.Duration)(nil),     // 46: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 47: google.protobuf.Timestamp
+	(WatchChangeKind)(0),            // 2: fusebox.sandbox.v1.WatchChangeKind
+	(*InitializeTLSRequest)(nil),    // 3: fusebox.sandbox.v1.InitializeTLSRequest
+	(*InitializeTLSResponse)(nil),   // 4: fusebox.sandbox.v1.InitializeTLSResponse
+	(*ExecRequest)(nil),             // 5: fusebox.sandbox.v1.ExecRequest
+	(*ExecEvent)(nil),               // 6: fusebox.sandbox.v1.ExecEvent
+	(*ExecOutput)(nil),              // 7: fusebox.sandbox.v1.ExecOutput
+	(*ExecExit)(nil),                // 8: fusebox.sandbox.v1.ExecExit
+	(*FileWrite)(nil),               // 9: fusebox.sandbox.v1.FileWrite
+	(*SymlinkSpec)(nil),             // 10: fusebox.sandbox.v1.SymlinkSpec
+	(*WriteFilesRequest)(nil),       // 11: fusebox.sandbox.v1.WriteFilesRequest
+	(*WriteFilesResponse)(nil),      // 12: fusebox.sandbox.v1.WriteFilesResponse
+	(*WriteFileHeader)(nil),         // 13: fusebox.sandbox.v1.WriteFileHeader
+	(*WriteFileChunk)(nil),          // 14: fusebox.sandbox.v1.WriteFileChunk
+	(*WriteFileStreamResponse)(nil), // 15: fusebox.sandbox.v1.WriteFileStreamResponse
+	(*GetReadFilesPlanRequest)(nil), // 16: fusebox.sandbox.v1.GetReadFilesPlanRequest
+	(*PlannedFile)(nil),             // 17: fusebox.sandbox.v1.PlannedFile
+	(*ReadBatch)(nil),               // 18: fusebox.sandbox.v1.ReadBatch
+	(*ReadFilesPlan)(nil),           // 19: fusebox.sandbox.v1.ReadFilesPlan
+	(*ReadFilesRequest)(nil),        // 20: fusebox.sandbox.v1.ReadFilesRequest
+	(*FileContent)(nil),             // 21: fusebox.sandbox.v1.FileContent
+	(*ReadFilesResponse)(nil),       // 22: fusebox.sandbox.v1.ReadFilesResponse
+	(*ReadFileStreamRequest)(nil),   // 23: fusebox.sandbox.v1.ReadFileStreamRequest
+	(*ReadFileChunk)(nil),           // 24: fusebox.sandbox.v1.ReadFileChunk
+	(*BulkRequest)(nil),             // 25: fusebox.sandbox.v1.BulkRequest
+	(*BulkStatus)(nil),              // 26: fusebox.sandbox.v1.BulkStatus
+	(*FileInfo)(nil),                // 27: fusebox.sandbox.v1.FileInfo
+	(*StatRequest)(nil),             // 28: fusebox.sandbox.v1.StatRequest
+	(*StatResponse)(nil),            // 29: fusebox.sandbox.v1.StatResponse
+	(*ListRequest)(nil),             // 30: fusebox.sandbox.v1.ListRequest
+	(*ListResponse)(nil),            // 31: fusebox.sandbox.v1.ListResponse
+	(*MkdirRequest)(nil),            // 32: fusebox.sandbox.v1.MkdirRequest
+	(*MkdirResponse)(nil),           // 33: fusebox.sandbox.v1.MkdirResponse
+	(*RemoveRequest)(nil),           // 34: fusebox.sandbox.v1.RemoveRequest
+	(*RemoveResponse)(nil),          // 35: fusebox.sandbox.v1.RemoveResponse
+	(*RenameRequest)(nil),           // 36: fusebox.sandbox.v1.RenameRequest
+	(*RenameResponse)(nil),          // 37: fusebox.sandbox.v1.RenameResponse
+	(*SymlinkRequest)(nil),          // 38: fusebox.sandbox.v1.SymlinkRequest
+	(*SymlinkResponse)(nil),         // 39: fusebox.sandbox.v1.SymlinkResponse
+	(*FindRequest)(nil),             // 40: fusebox.sandbox.v1.FindRequest
+	(*FindResponse)(nil),            // 41: fusebox.sandbox.v1.FindResponse
+	(*GrepRequest)(nil),             // 42: fusebox.sandbox.v1.GrepRequest
+	(*GrepMatch)(nil),               // 43: fusebox.sandbox.v1.GrepMatch
+	(*GrepResponse)(nil),            // 44: fusebox.sandbox.v1.GrepResponse
+	(*WatchRequest)(nil),            // 45: fusebox.sandbox.v1.WatchRequest
+	(*WatchEvent)(nil),              // 46: fusebox.sandbox.v1.WatchEvent
+	(*WatchReady)(nil),              // 47: fusebox.sandbox.v1.WatchReady
+	(*WatchChange)(nil),             // 48: fusebox.sandbox.v1.WatchChange
+	(*WatchOverflow)(nil),           // 49: fusebox.sandbox.v1.WatchOverflow
+	nil,                             // 50: fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
+	nil,                             // 51: fusebox.sandbox.v1.ExecRequest.EnvEntry
+	(*durationpb.Duration)(nil),     // 52: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 53: google.protobuf.Timestamp
 }
 var file_fusebox_sandbox_v1_sandbox_proto_depIdxs = []int32{
-	44, // 0: fusebox.sandbox.v1.InitializeTLSRequest.env:type_name -> fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
-	45, // 1: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
-	46, // 2: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	6,  // 3: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
-	7,  // 4: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
+	50, // 0: fusebox.sandbox.v1.InitializeTLSRequest.env:type_name -> fusebox.sandbox.v1.InitializeTLSRequest.EnvEntry
+	51, // 1: fusebox.sandbox.v1.ExecRequest.env:type_name -> fusebox.sandbox.v1.ExecRequest.EnvEntry
+	52, // 2: fusebox.sandbox.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	7,  // 3: fusebox.sandbox.v1.ExecEvent.output:type_name -> fusebox.sandbox.v1.ExecOutput
+	8,  // 4: fusebox.sandbox.v1.ExecEvent.exit:type_name -> fusebox.sandbox.v1.ExecExit
 	0,  // 5: fusebox.sandbox.v1.ExecOutput.stream:type_name -> fusebox.sandbox.v1.StreamKind
-	46, // 6: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
-	8,  // 7: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
-	9,  // 8: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
-	12, // 9: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	16, // 10: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
-	17, // 11: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
-	16, // 12: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
-	20, // 13: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
-	12, // 14: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
-	22, // 15: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
+	52, // 6: fusebox.sandbox.v1.ExecExit.duration:type_name -> google.protobuf.Duration
+	9,  // 7: fusebox.sandbox.v1.WriteFilesRequest.files:type_name -> fusebox.sandbox.v1.FileWrite
+	10, // 8: fusebox.sandbox.v1.WriteFilesRequest.symlinks:type_name -> fusebox.sandbox.v1.SymlinkSpec
+	13, // 9: fusebox.sandbox.v1.WriteFileChunk.header:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	17, // 10: fusebox.sandbox.v1.ReadBatch.files:type_name -> fusebox.sandbox.v1.PlannedFile
+	18, // 11: fusebox.sandbox.v1.ReadFilesPlan.batches:type_name -> fusebox.sandbox.v1.ReadBatch
+	17, // 12: fusebox.sandbox.v1.ReadFilesPlan.streamed:type_name -> fusebox.sandbox.v1.PlannedFile
+	21, // 13: fusebox.sandbox.v1.ReadFilesResponse.files:type_name -> fusebox.sandbox.v1.FileContent
+	13, // 14: fusebox.sandbox.v1.BulkRequest.write:type_name -> fusebox.sandbox.v1.WriteFileHeader
+	23, // 15: fusebox.sandbox.v1.BulkRequest.read:type_name -> fusebox.sandbox.v1.ReadFileStreamRequest
 	1,  // 16: fusebox.sandbox.v1.FileInfo.type:type_name -> fusebox.sandbox.v1.FileType
-	47, // 17: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
-	26, // 18: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
-	26, // 19: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	53, // 17: fusebox.sandbox.v1.FileInfo.modified:type_name -> google.protobuf.Timestamp
+	27, // 18: fusebox.sandbox.v1.StatResponse.info:type_name -> fusebox.sandbox.v1.FileInfo
+	27, // 19: fusebox.sandbox.v1.ListResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
 	1,  // 20: fusebox.sandbox.v1.FindRequest.type:type_name -> fusebox.sandbox.v1.FileType
-	26, // 21: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
-	42, // 22: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
-	2,  // 23: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
-	4,  // 24: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
-	10, // 25: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
-	13, // 26: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
-	15, // 27: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
-	19, // 28: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
-	22, // 29: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
-	27, // 30: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
-	29, // 31: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
-	31, // 32: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
-	33, // 33: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
-	35, // 34: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
-	37, // 35: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
-	39, // 36: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
-	41, // 37: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
-	3,  // 38: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
-	5,  // 39: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
-	11, // 40: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
-	14, // 41: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
-	18, // 42: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
-	21, // 43: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
-	23, // 44: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
-	28, // 45: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
-	30, // 46: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
-	32, // 47: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
-	34, // 48: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
-	36, // 49: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
-	38, // 50: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
-	40, // 51: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
-	43, // 52: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
-	38, // [38:53] is the sub-list for method output_type
-	23, // [23:38] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	27, // 21: fusebox.sandbox.v1.FindResponse.entries:type_name -> fusebox.sandbox.v1.FileInfo
+	43, // 22: fusebox.sandbox.v1.GrepResponse.matches:type_name -> fusebox.sandbox.v1.GrepMatch
+	47, // 23: fusebox.sandbox.v1.WatchEvent.ready:type_name -> fusebox.sandbox.v1.WatchReady
+	48, // 24: fusebox.sandbox.v1.WatchEvent.change:type_name -> fusebox.sandbox.v1.WatchChange
+	49, // 25: fusebox.sandbox.v1.WatchEvent.overflow:type_name -> fusebox.sandbox.v1.WatchOverflow
+	2,  // 26: fusebox.sandbox.v1.WatchChange.kind:type_name -> fusebox.sandbox.v1.WatchChangeKind
+	3,  // 27: fusebox.sandbox.v1.Init.InitializeTLS:input_type -> fusebox.sandbox.v1.InitializeTLSRequest
+	5,  // 28: fusebox.sandbox.v1.Sandbox.Exec:input_type -> fusebox.sandbox.v1.ExecRequest
+	11, // 29: fusebox.sandbox.v1.Sandbox.WriteFiles:input_type -> fusebox.sandbox.v1.WriteFilesRequest
+	14, // 30: fusebox.sandbox.v1.Sandbox.WriteFileStream:input_type -> fusebox.sandbox.v1.WriteFileChunk
+	16, // 31: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:input_type -> fusebox.sandbox.v1.GetReadFilesPlanRequest
+	20, // 32: fusebox.sandbox.v1.Sandbox.ReadFiles:input_type -> fusebox.sandbox.v1.ReadFilesRequest
+	23, // 33: fusebox.sandbox.v1.Sandbox.ReadFileStream:input_type -> fusebox.sandbox.v1.ReadFileStreamRequest
+	28, // 34: fusebox.sandbox.v1.Sandbox.Stat:input_type -> fusebox.sandbox.v1.StatRequest
+	30, // 35: fusebox.sandbox.v1.Sandbox.List:input_type -> fusebox.sandbox.v1.ListRequest
+	32, // 36: fusebox.sandbox.v1.Sandbox.Mkdir:input_type -> fusebox.sandbox.v1.MkdirRequest
+	34, // 37: fusebox.sandbox.v1.Sandbox.Remove:input_type -> fusebox.sandbox.v1.RemoveRequest
+	36, // 38: fusebox.sandbox.v1.Sandbox.Rename:input_type -> fusebox.sandbox.v1.RenameRequest
+	38, // 39: fusebox.sandbox.v1.Sandbox.Symlink:input_type -> fusebox.sandbox.v1.SymlinkRequest
+	40, // 40: fusebox.sandbox.v1.Sandbox.Find:input_type -> fusebox.sandbox.v1.FindRequest
+	42, // 41: fusebox.sandbox.v1.Sandbox.Grep:input_type -> fusebox.sandbox.v1.GrepRequest
+	45, // 42: fusebox.sandbox.v1.Sandbox.Watch:input_type -> fusebox.sandbox.v1.WatchRequest
+	4,  // 43: fusebox.sandbox.v1.Init.InitializeTLS:output_type -> fusebox.sandbox.v1.InitializeTLSResponse
+	6,  // 44: fusebox.sandbox.v1.Sandbox.Exec:output_type -> fusebox.sandbox.v1.ExecEvent
+	12, // 45: fusebox.sandbox.v1.Sandbox.WriteFiles:output_type -> fusebox.sandbox.v1.WriteFilesResponse
+	15, // 46: fusebox.sandbox.v1.Sandbox.WriteFileStream:output_type -> fusebox.sandbox.v1.WriteFileStreamResponse
+	19, // 47: fusebox.sandbox.v1.Sandbox.GetReadFilesPlan:output_type -> fusebox.sandbox.v1.ReadFilesPlan
+	22, // 48: fusebox.sandbox.v1.Sandbox.ReadFiles:output_type -> fusebox.sandbox.v1.ReadFilesResponse
+	24, // 49: fusebox.sandbox.v1.Sandbox.ReadFileStream:output_type -> fusebox.sandbox.v1.ReadFileChunk
+	29, // 50: fusebox.sandbox.v1.Sandbox.Stat:output_type -> fusebox.sandbox.v1.StatResponse
+	31, // 51: fusebox.sandbox.v1.Sandbox.List:output_type -> fusebox.sandbox.v1.ListResponse
+	33, // 52: fusebox.sandbox.v1.Sandbox.Mkdir:output_type -> fusebox.sandbox.v1.MkdirResponse
+	35, // 53: fusebox.sandbox.v1.Sandbox.Remove:output_type -> fusebox.sandbox.v1.RemoveResponse
+	37, // 54: fusebox.sandbox.v1.Sandbox.Rename:output_type -> fusebox.sandbox.v1.RenameResponse
+	39, // 55: fusebox.sandbox.v1.Sandbox.Symlink:output_type -> fusebox.sandbox.v1.SymlinkResponse
+	41, // 56: fusebox.sandbox.v1.Sandbox.Find:output_type -> fusebox.sandbox.v1.FindResponse
+	44, // 57: fusebox.sandbox.v1.Sandbox.Grep:output_type -> fusebox.sandbox.v1.GrepResponse
+	46, // 58: fusebox.sandbox.v1.Sandbox.Watch:output_type -> fusebox.sandbox.v1.WatchEvent
+	43, // [43:59] is the sub-list for method output_type
+	27, // [27:43] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_sandbox_v1_sandbox_proto_init() }
@@ -3063,13 +3539,18 @@ func file_fusebox_sandbox_v1_sandbox_proto_init() {
 		(*BulkRequest_Write)(nil),
 		(*BulkRequest_Read)(nil),
 	}
+	file_fusebox_sandbox_v1_sandbox_proto_msgTypes[43].OneofWrappers = []any{
+		(*WatchEvent_Ready)(nil),
+		(*WatchEvent_Change)(nil),
+		(*WatchEvent_Overflow)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_sandbox_v1_sandbox_proto_rawDesc), len(file_fusebox_sandbox_v1_sandbox_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   44,
+			NumEnums:      3,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

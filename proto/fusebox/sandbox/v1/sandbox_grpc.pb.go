@@ -159,6 +159,7 @@ const (
 	Sandbox_Symlink_FullMethodName          = "/fusebox.sandbox.v1.Sandbox/Symlink"
 	Sandbox_Find_FullMethodName             = "/fusebox.sandbox.v1.Sandbox/Find"
 	Sandbox_Grep_FullMethodName             = "/fusebox.sandbox.v1.Sandbox/Grep"
+	Sandbox_Watch_FullMethodName            = "/fusebox.sandbox.v1.Sandbox/Watch"
 )
 
 // SandboxClient is the client API for Sandbox service.
@@ -190,6 +191,14 @@ type SandboxClient interface {
 	Symlink(ctx context.Context, in *SymlinkRequest, opts ...grpc.CallOption) (*SymlinkResponse, error)
 	Find(ctx context.Context, in *FindRequest, opts ...grpc.CallOption) (*FindResponse, error)
 	Grep(ctx context.Context, in *GrepRequest, opts ...grpc.CallOption) (*GrepResponse, error)
+	// Watch streams the changes under a directory of the workspace, as the sandbox's kernel
+	// (inotify) reports them: first one ready event, once the watches are in place (a change made
+	// after it is seen), then change events, and an overflow event wherever changes were lost.
+	// The stream ends when the client cancels it, or after a REMOVE of the watched directory
+	// itself (removed or moved away). The path is resolved as Stat's is (PERMISSION_DENIED for
+	// any way out of the workspace, NOT_FOUND, FAILED_PRECONDITION for a non-directory); more
+	// watches at once than the server's limit fail with RESOURCE_EXHAUSTED.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 }
 
 type sandboxClient struct {
@@ -361,6 +370,25 @@ func (c *sandboxClient) Grep(ctx context.Context, in *GrepRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *sandboxClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Sandbox_ServiceDesc.Streams[3], Sandbox_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Sandbox_WatchClient = grpc.ServerStreamingClient[WatchEvent]
+
 // SandboxServer is the server API for Sandbox service.
 // All implementations must embed UnimplementedSandboxServer
 // for forward compatibility.
@@ -390,6 +418,14 @@ type SandboxServer interface {
 	Symlink(context.Context, *SymlinkRequest) (*SymlinkResponse, error)
 	Find(context.Context, *FindRequest) (*FindResponse, error)
 	Grep(context.Context, *GrepRequest) (*GrepResponse, error)
+	// Watch streams the changes under a directory of the workspace, as the sandbox's kernel
+	// (inotify) reports them: first one ready event, once the watches are in place (a change made
+	// after it is seen), then change events, and an overflow event wherever changes were lost.
+	// The stream ends when the client cancels it, or after a REMOVE of the watched directory
+	// itself (removed or moved away). The path is resolved as Stat's is (PERMISSION_DENIED for
+	// any way out of the workspace, NOT_FOUND, FAILED_PRECONDITION for a non-directory); more
+	// watches at once than the server's limit fail with RESOURCE_EXHAUSTED.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	mustEmbedUnimplementedSandboxServer()
 }
 
@@ -441,6 +477,9 @@ func (UnimplementedSandboxServer) Find(context.Context, *FindRequest) (*FindResp
 }
 func (UnimplementedSandboxServer) Grep(context.Context, *GrepRequest) (*GrepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Grep not implemented")
+}
+func (UnimplementedSandboxServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedSandboxServer) mustEmbedUnimplementedSandboxServer() {}
 func (UnimplementedSandboxServer) testEmbeddedByValue()                 {}
@@ -690,6 +729,17 @@ func _Sandbox_Grep_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Sandbox_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Sandbox_WatchServer = grpc.ServerStreamingServer[WatchEvent]
+
 // Sandbox_ServiceDesc is the grpc.ServiceDesc for Sandbox service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -756,6 +806,11 @@ var Sandbox_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadFileStream",
 			Handler:       _Sandbox_ReadFileStream_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _Sandbox_Watch_Handler,
 			ServerStreams: true,
 		},
 	},

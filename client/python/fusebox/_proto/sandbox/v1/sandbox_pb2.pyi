@@ -15,6 +15,11 @@ FILE_TYPE_UNSPECIFIED: FileType
 STREAM_KIND_STDERR: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_UNSPECIFIED: StreamKind
+WATCH_CHANGE_KIND_CREATE: WatchChangeKind
+WATCH_CHANGE_KIND_REMOVE: WatchChangeKind
+WATCH_CHANGE_KIND_RENAME: WatchChangeKind
+WATCH_CHANGE_KIND_UNSPECIFIED: WatchChangeKind
+WATCH_CHANGE_KIND_WRITE: WatchChangeKind
 
 class BulkRequest(_message.Message):
     __slots__ = ["read", "write"]
@@ -379,6 +384,58 @@ class SymlinkSpec(_message.Message):
     target: str
     def __init__(self, target: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
 
+class WatchChange(_message.Message):
+    __slots__ = ["count", "is_dir", "kind", "old_path", "path"]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    IS_DIR_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OLD_PATH_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    is_dir: bool
+    kind: WatchChangeKind
+    old_path: str
+    path: str
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[WatchChangeKind, str]] = ..., is_dir: bool = ..., old_path: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ["change", "overflow", "ready"]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    change: WatchChange
+    overflow: WatchOverflow
+    ready: WatchReady
+    def __init__(self, ready: _Optional[_Union[WatchReady, _Mapping]] = ..., change: _Optional[_Union[WatchChange, _Mapping]] = ..., overflow: _Optional[_Union[WatchOverflow, _Mapping]] = ...) -> None: ...
+
+class WatchOverflow(_message.Message):
+    __slots__ = ["dropped", "unknown"]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    dropped: int
+    unknown: bool
+    def __init__(self, dropped: _Optional[int] = ..., unknown: bool = ...) -> None: ...
+
+class WatchReady(_message.Message):
+    __slots__ = ["queue_size"]
+    QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    queue_size: int
+    def __init__(self, queue_size: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ["exclude", "include", "path", "queue_size", "recursive"]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    include: _containers.RepeatedScalarFieldContainer[str]
+    path: str
+    queue_size: int
+    recursive: bool
+    def __init__(self, path: _Optional[str] = ..., recursive: bool = ..., include: _Optional[_Iterable[str]] = ..., exclude: _Optional[_Iterable[str]] = ..., queue_size: _Optional[int] = ...) -> None: ...
+
 class WriteFileChunk(_message.Message):
     __slots__ = ["data", "header"]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -429,4 +486,7 @@ class StreamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class WatchChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -159,6 +159,11 @@ class SandboxStub(object):
                 request_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepRequest.SerializeToString,
                 response_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepResponse.FromString,
                 )
+        self.Watch = channel.unary_stream(
+                '/fusebox.sandbox.v1.Sandbox/Watch',
+                request_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchRequest.SerializeToString,
+                response_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchEvent.FromString,
+                )
 
 
 class SandboxServicer(object):
@@ -258,6 +263,19 @@ class SandboxServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Watch streams the changes under a directory of the workspace, as the sandbox's kernel
+        (inotify) reports them: first one ready event, once the watches are in place (a change made
+        after it is seen), then change events, and an overflow event wherever changes were lost.
+        The stream ends when the client cancels it, or after a REMOVE of the watched directory
+        itself (removed or moved away). The path is resolved as Stat's is (PERMISSION_DENIED for
+        any way out of the workspace, NOT_FOUND, FAILED_PRECONDITION for a non-directory); more
+        watches at once than the server's limit fail with RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +348,11 @@ def add_SandboxServicer_to_server(servicer, server):
                     servicer.Grep,
                     request_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepRequest.FromString,
                     response_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchRequest.FromString,
+                    response_serializer=fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -578,5 +601,22 @@ class Sandbox(object):
         return grpc.experimental.unary_unary(request, target, '/fusebox.sandbox.v1.Sandbox/Grep',
             fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepRequest.SerializeToString,
             fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.GrepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/fusebox.sandbox.v1.Sandbox/Watch',
+            fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchRequest.SerializeToString,
+            fusebox_dot_sandbox_dot_v1_dot_sandbox__pb2.WatchEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
