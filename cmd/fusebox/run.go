@@ -32,7 +32,13 @@ func runCmd() *cobra.Command {
 		shell    bool
 		quiet    bool
 		ports    []string
+		keep     bool
+		out      string
+		sealFile string
+		leaseTTL time.Duration
+		it       interactive
 	)
+	it.in, it.out, it.errOut = os.Stdin, os.Stdout, os.Stderr
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- CMD [ARG...]",
 		Short: "Run one command in a fresh sandbox and exit with its exit code",
@@ -40,17 +46,40 @@ func runCmd() *cobra.Command {
 runs the command there streaming its output, releases the sandbox (it is destroyed, never
 reused) and exits with the command's exit code. Each --port LOCAL:REMOTE forwards
 127.0.0.1:LOCAL to port REMOTE on the sandbox's loopback while the command runs (LOCAL 0: a
-free port, printed).`,
+free port, printed).
+
+--keep leaves the sandbox running after the command (or, with no command, at once) until its
+lease ends, and --session-out FILE writes its session file, with which fusebox exec, cp, ls,
+ps, attach, kill, port-forward and session (renew, release) reach it from any process: the
+file holds the agent key, in the clear (mode 0600) unless --session-key seals it, and grants
+whoever reads it what this command had.
+
+-i streams this terminal's standard input to the command (its end closes the command's);
+-t runs the command on a terminal in the sandbox, of this terminal's size and resized with it.
+Together, -it, they make an interactive shell: this terminal goes into raw mode, and keys,
+Ctrl-C and Ctrl-D included, reach the sandbox's terminal as they are. On a signal's death the
+exit code is 128+signal, as shells say.`,
 		Example: `  fusebox run -- uname -a
   fusebox run --upload ./repo -- sh -c 'cd repo && make test'
   fusebox run --template python -- python3 -c 'import sys; print(sys.version)'
   fusebox run --env DEBUG=1 --cwd src -- make test
   fusebox run --egress pypi.org:443,files.pythonhosted.org:443 -- pip download requests
   fusebox run --port 8000:3000 -- python3 -m http.server 3000
+  fusebox run -it -- bash
+  fusebox run --keep --session-out sb.json --lease-ttl 1h
+  tar c . | fusebox run -i -- tar x
   fusebox run --manager tcp://fusebox-manager.fusebox.svc:9090 --ca-file ca.crt --token-file /var/run/secrets/fusebox/token -- uname -a`,
-		Args: cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && !keep {
+				return errors.New("no command: give one after --, e.g. fusebox run -- uname -a (or --keep to only allocate)")
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if keep != (out != "") {
+				return errors.New("--keep and --session-out FILE go together: a kept sandbox is reached through its session file")
+			}
 			start := time.Now()
 			status := func(format string, a ...any) {
 				if !quiet {
@@ -65,6 +94,10 @@ free port, printed).`,
 				}
 				env[k] = v
 			}
+			it.status = status
+			if err := it.checkTerminal(); err != nil {
+				return err
+			}
 			fwds := make([]portForward, len(ports))
 			for i, p := range ports {
 				pf, err := parsePortForward(p)
@@ -74,12 +107,26 @@ free port, printed).`,
 				fwds[i] = pf
 			}
 			alloc, err := client.Allocate(ctx, mgr.addr, client.AllocateOptions{Egress: egress, Template: template, Env: env, Cwd: cwd,
-				Labels: map[string]string{"via": "fusebox run"}, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
+				Labels: map[string]string{"via": "fusebox run"}, LeaseTTL: leaseTTL, TokenFile: mgr.TokenFile, CAFile: mgr.CAFile, ServerName: mgr.ServerName})
 			if err != nil {
 				return mgr.explain(err)
 			}
-			defer alloc.Close()
+			// finish ends this command's hold on the sandbox: it is released, or with --keep
+			// left running for the session file's holders.
+			finish := alloc.Close
+			if keep {
+				finish = alloc.Detach
+			}
+			defer finish()
 			status("sandbox %s ready in %v", alloc.ID, time.Since(start).Round(time.Millisecond))
+			if keep {
+				how, err := writeSession(alloc, out, sealFile)
+				if err != nil {
+					alloc.Close()
+					return fmt.Errorf("--session-out %s: %w", out, err)
+				}
+				status("session written to %s (%s); the sandbox runs until its lease ends or fusebox session release --session %s", out, how, out)
+			}
 			if upload != "" {
 				t0 := time.Now()
 				st, err := alloc.WriteTree(ctx, upload, "")
@@ -108,6 +155,27 @@ free port, printed).`,
 				forwards = append(forwards, ln)
 				status("forwarding %s to port %d in the sandbox", ln.Addr(), pf.remote)
 			}
+			if (it.stdin || it.tty) && len(args) > 0 {
+				spec := client.ProcessSpec{Argv: args, Tag: "fusebox run"}
+				if shell {
+					spec = client.ProcessSpec{Script: strings.Join(args, " "), Tag: "fusebox run"}
+				}
+				code, err := it.run(ctx, alloc.Sandbox, spec, timeout)
+				closeForwards()
+				if err != nil {
+					return err
+				}
+				if err := finish(); err != nil {
+					status("warning: %v", err)
+				}
+				if code != 0 {
+					return exitError{code}
+				}
+				return nil
+			}
+			if len(args) == 0 {
+				return nil
+			}
 			c := client.Command{Argv: args, Timeout: timeout, Stdout: os.Stdout, Stderr: os.Stderr}
 			if shell {
 				c = client.Command{Script: strings.Join(args, " "), Timeout: timeout, Stdout: os.Stdout, Stderr: os.Stderr}
@@ -129,7 +197,7 @@ free port, printed).`,
 			if res.Truncated {
 				status("output was truncated by the sandbox's limit")
 			}
-			if err := alloc.Close(); err != nil {
+			if err := finish(); err != nil {
 				status("warning: %v", err)
 			}
 			if res.ExitCode != 0 {
@@ -154,6 +222,12 @@ free port, printed).`,
 	f.DurationVar(&timeout, "timeout", 0, "kill the command (and everything it started) after this long")
 	f.BoolVar(&shell, "shell", false, "run the arguments as one bash script (exported variables are kept)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the command's output")
+	f.BoolVarP(&it.stdin, "interactive", "i", false, "stream this terminal's standard input to the command (its end closes the command's)")
+	f.BoolVarP(&it.tty, "tty", "t", false, "run the command on a terminal in the sandbox (needs a terminal on stdin; with -i this one goes raw: an interactive shell)")
+	f.BoolVar(&keep, "keep", false, "leave the sandbox running after the command, until its lease ends (needs --session-out)")
+	f.StringVar(&out, "session-out", "", "with --keep: write the sandbox's session file here (mode 0600)")
+	f.StringVar(&sealFile, "session-key", os.Getenv("FUSEBOX_SESSION_KEY_FILE"), "with --session-out: seal the agent key with the 32-byte key in this file ($FUSEBOX_SESSION_KEY_FILE)")
+	f.DurationVar(&leaseTTL, "lease-ttl", 0, "the lease's length (0: the manager's default); with --keep, how long the sandbox outlives the last renewal")
 	f.StringArrayVar(&ports, "port", nil, "LOCAL:REMOTE: forward 127.0.0.1:LOCAL to port REMOTE on the sandbox's loopback while the command runs (LOCAL 0: a free port; repeatable)")
 	return cmd
 }
