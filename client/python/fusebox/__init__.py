@@ -16,13 +16,16 @@ same API for asyncio.
 
 from ._core import DEFAULT_MANAGER
 from ._sync import ExecStream, Manager, OutputStream, Process, Sandbox, TaskGroup
+from ._forward import Forward, PortConnection
+from ._watch import Watch
 from .errors import (AlreadyExistsError, BadAddressError, CancelledError, CommandError, CommandTimeoutError,
                      DeadlineExceededError, FailedPreconditionError, FuseboxError, InvalidArgumentError, LeaseError,
                      LimitError, NotFoundError, OutOfRangeError, PathEscapeError, PermissionDeniedError, PinningError,
                      SessionKeyError, UnauthenticatedError, UnavailableError)
 from .keys import SERVER_NAME, AgentKey
 from .types import (DEFAULT_BATCH_BYTES, ExecResult, File, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
-                    OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, ReadStats, SandboxInfo, Symlink, WriteStats)
+                    OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, ReadStats, SandboxInfo, Symlink, WatchChange,
+                    WatchOverflow, WriteStats)
 
 
 def allocate(manager=None, **options) -> Sandbox:
@@ -35,6 +38,8 @@ __all__ = [
     "DEFAULT_BATCH_BYTES", "ExecResult", "OutputChunk", "File", "Symlink", "WriteStats", "ReadStats", "Files",
     "FileInfo", "Listing", "GrepMatch", "GrepResult", "SandboxInfo",
     "Process", "OutputStream", "ProcessInfo", "ProcessOutput", "OutputDropped", "ProcessExit",
+    "Watch", "WatchChange", "WatchOverflow",
+    "Forward", "PortConnection",
     "FuseboxError", "BadAddressError", "InvalidArgumentError", "PathEscapeError", "NotFoundError", "AlreadyExistsError",
     "FailedPreconditionError", "OutOfRangeError", "PermissionDeniedError", "UnauthenticatedError", "LimitError", "DeadlineExceededError", "UnavailableError", "LeaseError", "PinningError", "SessionKeyError",
     "CommandTimeoutError", "CommandError", "CancelledError",

@@ -22,6 +22,7 @@ import grpc
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from . import _core
 from ._proto.manager.v1 import manager_pb2
 from .errors import InvalidArgumentError, LeaseError, SessionKeyError, from_rpc
 from .keys import AgentKey
@@ -146,6 +147,18 @@ def open_key(doc: Mapping[str, Any], seal_key: Optional[bytes], key: Optional[Ag
     if key.public_key != doc["agent_public_key"]:
         raise SessionKeyError(f"session: wrong key: this agent key is not the one sandbox {doc['sandbox_id']} was allocated for")
     return key
+
+
+def prepare(session: SessionLike, seal_key: Optional[bytes], key: Optional[AgentKey], batch_bytes: Optional[int],
+            concurrency: int):
+    """A connect call's arguments, checked before anything is dialed: the document, its agent
+    key (open_key) and the batch limit."""
+    doc = parse(session)
+    k = open_key(doc, seal_key, key)
+    batch = _core.batch_bytes(batch_bytes)
+    if not isinstance(concurrency, int) or concurrency <= 0:
+        raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+    return doc, k, batch
 
 
 def response(doc: Mapping[str, Any], renewed: manager_pb2.RenewResponse) -> manager_pb2.AllocateResponse:

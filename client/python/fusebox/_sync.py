@@ -11,12 +11,12 @@ import ssl
 import threading
 import time
 import weakref
-from typing import BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.experimental
 
-from . import _bulk, _core, _process, _session
+from . import _bulk, _core, _forward, _process, _session, _watch
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
@@ -353,11 +353,7 @@ class Sandbox:
         The Sandbox renews the lease in the background like an allocated one; close() releases
         the sandbox (for every holder of the session), :meth:`detach` leaves it running.
         """
-        doc = _session.parse(session)
-        key = _session.open_key(doc, seal_key, key)
-        batch = _core.batch_bytes(batch_bytes)
-        if not isinstance(concurrency, int) or concurrency <= 0:
-            raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+        doc, key, batch = _session.prepare(session, seal_key, key, batch_bytes, concurrency)
         m = Manager(doc["manager"], credentials=credentials, ca_file=ca_file, token_file=token_file,
                     server_name=server_name, _ahead=False)
         try:
@@ -562,6 +558,33 @@ class Sandbox:
         NotFoundError."""
         return Process(self, id)
 
+    # ---- ports ----
+
+    def _port_dialer(self) -> _forward.Dialer:
+        d = getattr(self, "_ports", None)
+        if d is None:
+            d = self._ports = _forward.Dialer(self._bulk)
+        return d
+
+    def dial_port(self, port: int) -> _forward.PortConnection:
+        """Connects to ``port`` on the sandbox's loopback (127.0.0.1, else ::1) over a pinned
+        connection of its own, and returns the connection, used as a connected socket
+        (``sendall``, ``recv``, ``close_write``, ``close``). A port outside 1-65535 raises
+        InvalidArgumentError before any connection is made; a port nothing listens on in the
+        sandbox raises UnavailableError, whose message says so."""
+        return self._port_dialer().dial(port)
+
+    def forward_port(self, port: int, local_address: str = "127.0.0.1:0", *,
+                     on_error: Optional[Callable[[BaseException], None]] = None) -> _forward.Forward:
+        """Listens on ``local_address`` (a loopback HOST:PORT; port 0: one the system picks)
+        and tunnels each connection accepted there to ``port`` on the sandbox's loopback, as
+        :meth:`dial_port` connects, both ways, half-closes included. Returns the forward:
+        ``address`` ("127.0.0.1:PORT") and ``port`` say where to connect; ``close()`` (or
+        leaving its ``with`` block) ends it and its tunnels. A connection whose tunnel cannot be
+        opened is closed, and its error passed to ``on_error`` if given. A port outside 1-65535
+        or a host that is not loopback raises InvalidArgumentError."""
+        return _forward.Forward(self._port_dialer(), port, local_address, on_error)
+
     # ---- files ----
 
     def write_files(self, files: _core.FilesLike, mkdirs: Sequence[str] = (),
@@ -762,6 +785,23 @@ class Sandbox:
                                                         max_matches=max_matches), f"grep {pattern!r}")
         return GrepResult([GrepMatch(m.path, m.line, m.text) for m in r.matches], r.truncated, r.files_searched,
                           r.binary_files_skipped)
+
+    def watch(self, path: str, recursive: bool = False, include: Sequence[str] = (), exclude: Sequence[str] = (),
+              queue_size: int = 0) -> "_watch.Watch":
+        """Watches the directory ``path`` ("" for the workspace root; with ``recursive`` the
+        whole tree, directories made later included) and returns once the sandbox's watches
+        are in place. Iterate the result for :class:`WatchChange` and :class:`WatchOverflow`
+        items; close it (or leave its ``with`` block) to stop. ``include`` and ``exclude`` are
+        globs on base names; ``queue_size`` bounds the changes the sandbox holds for you (0:
+        its default). Raises PathEscapeError for a path leaving the workspace, NotFoundError,
+        FailedPreconditionError for a file, LimitError beyond the sandbox's watches::
+
+            with sb.watch("src", recursive=True, include=["*.py"]) as w:
+                for ev in w:
+                    print(ev)
+        """
+        req = _watch.request(path, recursive, include, exclude, queue_size)
+        return _watch.Watch(self._rpc.Watch(req), path)
 
 
 class ExecStream:

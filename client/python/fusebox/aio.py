@@ -21,7 +21,7 @@ from typing import AsyncIterator, Awaitable, BinaryIO, Callable, Generator, List
 import grpc
 import grpc.aio
 
-from . import _bulk, _core, _process, _session
+from . import _bulk, _core, _forward, _process, _session, _watch
 from ._pack import pack, prune_mkdirs
 from ._proto.manager.v1 import manager_pb2, manager_pb2_grpc
 from ._proto.sandbox.v1 import process_pb2, process_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
@@ -31,7 +31,10 @@ from .keys import AgentKey, KeysAhead
 from .types import (CommandLike, ExecResult, FileInfo, Files, GrepMatch, GrepResult, Listing, OutputChunk,
                     OutputDropped, ProcessExit, ProcessInfo, ProcessOutput, SandboxInfo, Symlink, WriteStats)
 
-__all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream", "Process", "OutputStream"]
+__all__ = ["allocate", "Manager", "Sandbox", "TaskGroup", "ExecStream", "Process", "OutputStream", "Watch"]
+
+#: A watch's stream for asyncio (see :meth:`Sandbox.watch`).
+Watch = _watch.AsyncWatch
 
 #: Where a command's output goes: a callable (a coroutine function's results are awaited, in
 #: order), a binary file, or None to collect it.
@@ -193,11 +196,7 @@ class Sandbox:
         :meth:`fusebox.Sandbox.connect`): ``await`` it for the Sandbox, or use it with
         ``async with`` (which releases the sandbox at the end; :meth:`detach` leaves it)."""
         async def run() -> Sandbox:
-            doc = _session.parse(session)
-            k = _session.open_key(doc, seal_key, key)
-            batch = _core.batch_bytes(batch_bytes)
-            if not isinstance(concurrency, int) or concurrency <= 0:
-                raise InvalidArgumentError(f"concurrency: want a positive integer, got {concurrency!r}")
+            doc, k, batch = _session.prepare(session, seal_key, key, batch_bytes, concurrency)
             m = Manager(doc["manager"], credentials=credentials, ca_file=ca_file, token_file=token_file,
                         server_name=server_name, _ahead=False)
             try:
@@ -413,6 +412,29 @@ class Sandbox:
         checks nothing (see :meth:`fusebox.Sandbox.process`)."""
         return Process(self, id)
 
+    # ---- ports ----
+
+    def _port_dialer(self) -> _forward.Dialer:
+        d = getattr(self, "_ports", None)
+        if d is None:
+            d = self._ports = _forward.Dialer(self._bulk)
+        return d
+
+    async def dial_port(self, port: int) -> _forward.AsyncPortConnection:
+        """Connects to ``port`` on the sandbox's loopback (see
+        :meth:`fusebox.Sandbox.dial_port`); the connection's ``sendall``, ``recv`` and
+        ``close_write`` are awaited (each runs on a worker thread)."""
+        _forward.check_port(port)
+        conn = await asyncio.get_running_loop().run_in_executor(None, self._port_dialer().dial, port)
+        return _forward.AsyncPortConnection(conn)
+
+    async def forward_port(self, port: int, local_address: str = "127.0.0.1:0", *,
+                           on_error: Optional[Callable[[BaseException], None]] = None) -> _forward.AsyncForward:
+        """Forwards ``local_address`` to ``port`` on the sandbox's loopback (see
+        :meth:`fusebox.Sandbox.forward_port`). The tunnels run on threads of their own;
+        ``await close()`` (or ``async with``) ends the forward."""
+        return _forward.AsyncForward(_forward.Forward(self._port_dialer(), port, local_address, on_error))
+
     # ---- files ----
 
     async def write_files(self, files: _core.FilesLike, mkdirs: Sequence[str] = (),
@@ -581,6 +603,18 @@ class Sandbox:
                                                               max_matches=max_matches), f"grep {pattern!r}")
         return GrepResult([GrepMatch(m.path, m.line, m.text) for m in r.matches], r.truncated, r.files_searched,
                           r.binary_files_skipped)
+
+    def watch(self, path: str, recursive: bool = False, include: Sequence[str] = (), exclude: Sequence[str] = (),
+              queue_size: int = 0) -> Watch:
+        """Watches the directory ``path`` (see :meth:`fusebox.Sandbox.watch`). ``await`` the
+        result, or enter it with ``async with``, to wait until the watches are in place; then
+        ``async for`` over it::
+
+            async with sb.watch("src", recursive=True) as w:
+                async for ev in w:
+                    print(ev)
+        """
+        return Watch(self._rpc.Watch(_watch.request(path, recursive, include, exclude, queue_size)), path)
 
 
 def fusebox_file(path: str, data: Union[bytes, str], mode: int):

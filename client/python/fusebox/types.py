@@ -281,3 +281,29 @@ class ProcessExit:
     @classmethod
     def _from_proto(cls, m: process_pb2.ProcessExit) -> "ProcessExit":
         return cls(exit_code=m.exit_code, signal=m.signal, ended_at=_time(m, "ended_at"), output_end=m.output_end)
+
+
+@dataclass
+class WatchChange:
+    """A change under a watched directory (see ``Sandbox.watch``): ``kind`` is "create",
+    "write", "remove" (also a move out of the watched tree) or "rename" (``old_path`` set for
+    a rename within the tree, empty for a move into it). Paths are relative to the workspace
+    root. ``count`` is how many of the sandbox kernel's events it stands for: writes to a path
+    whose event had not yet been sent are coalesced into it (a create followed by writes stays
+    a create)."""
+
+    path: str
+    kind: Literal["create", "write", "remove", "rename"]
+    is_dir: bool = False
+    old_path: str = ""
+    count: int = 1
+
+
+@dataclass
+class WatchOverflow:
+    """Changes were lost before the events that follow: ``dropped`` of them because the
+    watch's queue was full, or with ``unknown`` an unknown number more, when the sandbox
+    kernel's own queue overflowed. Rescan what you watch if you must not miss a change."""
+
+    dropped: int = 0
+    unknown: bool = False
