@@ -168,7 +168,7 @@ func Build(o BuildOptions) ([]Built, error) {
 		start := time.Now()
 		fmt.Fprintf(o.Progress, "building %s\n", n)
 		var img v1.Image
-		var sb *sbom
+		var sb *imageSBOM
 		var err error
 		switch n {
 		case Manager:
@@ -320,7 +320,7 @@ func installerSpec(o BuildOptions) rootfsSpec {
 	return rootfsSpec{Variant: "essential", Suite: o.Suite, Packages: InstallerPackages}
 }
 
-func buildManager(o BuildOptions, work string) (v1.Image, *sbom, error) {
+func buildManager(o BuildOptions, work string) (v1.Image, *imageSBOM, error) {
 	bin, err := buildGo(o.ModuleDir, o.ManagerPackage, work, "fusebox-manager")
 	if err != nil {
 		return nil, nil, err
@@ -363,7 +363,7 @@ func onlyPackage(status []byte, name string) []byte {
 	return nil
 }
 
-func buildSandbox(o BuildOptions, work string) (v1.Image, *sbom, error) {
+func buildSandbox(o BuildOptions, work string) (v1.Image, *imageSBOM, error) {
 	rfs, err := buildRootfs(sandboxSpec(o), o.CacheDir, o.Epoch, o.Progress)
 	if err != nil {
 		return nil, nil, err
@@ -408,7 +408,7 @@ func InstallerSums(runscSum, shimSum string) []byte {
 	return []byte(runscSum + "  runsc\n" + shimSum + "  containerd-shim-runsc-v1\n")
 }
 
-func buildInstaller(o BuildOptions, work string) (v1.Image, *sbom, error) {
+func buildInstaller(o BuildOptions, work string) (v1.Image, *imageSBOM, error) {
 	scriptPath := filepath.Join(o.ModuleDir, "components", "gvisor", "node-installer.sh")
 	script, err := os.ReadFile(scriptPath)
 	if err != nil {

@@ -36,7 +36,7 @@ func goarch() string { return runtime.GOARCH }
 
 // writeLayout writes img as the OCI layout out/<name>/ (and out/<name>.tar with withTar),
 // through a temporary directory renamed into place.
-func writeLayout(out, name string, img v1.Image, sb *sbom, epoch time.Time, withTar bool) (Built, error) {
+func writeLayout(out, name string, img v1.Image, sb *imageSBOM, epoch time.Time, withTar bool) (Built, error) {
 	digest, err := img.Digest()
 	if err != nil {
 		return Built{}, err

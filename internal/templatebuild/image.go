@@ -2,6 +2,8 @@ package templatebuild
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/fusebox-dev/fusebox/internal/dockerfile"
+	"github.com/fusebox-dev/fusebox/internal/sbom"
 )
 
 // Names the layout and the image carry.
@@ -35,6 +38,9 @@ const (
 	AnnotationEgress = "dev.fusebox.template.egress"
 	// RecordFile is the build record's name in the layout directory, beside index.json.
 	RecordFile = "fusebox-build.json"
+	// SBOMFile is the image's SBOM (SPDX 2.3 JSON) in the layout directory: what its
+	// filesystem says is installed (package sbom).
+	SBOMFile = "sbom.spdx.json"
 )
 
 // builtStep is one step of the build, as the image's history and the record show it.
@@ -164,6 +170,14 @@ type record struct {
 	// Egress is the RUN steps' egress allowlist (canonical, sorted); absent: no network.
 	Egress []string     `json:"egress,omitempty"`
 	Steps  []recordStep `json:"steps"`
+	SBOM   recordSBOM   `json:"sbom"`
+}
+
+// recordSBOM names the SBOM beside the record.
+type recordSBOM struct {
+	File     string `json:"file"`
+	SHA256   string `json:"sha256"`
+	Packages int    `json:"packages"`
 }
 
 type recordBase struct {
@@ -222,17 +236,30 @@ func (bd *build) finish(ctx context.Context, dockerfileDigest string) (*Result, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := writeLayout(bd.o.Out, bd.o.Tag, img, rec); err != nil {
+	bom := sbom.New(sbom.Meta{Name: "template-" + bd.o.Tag, ID: bd.o.Tag, Tool: "fusebox template build",
+		Comment: "the image " + digest.String() + ", built by fusebox template build"})
+	if err := sbom.FromImage(img, bom); err != nil {
+		return nil, fmt.Errorf("listing the image's packages: %w", err)
+	}
+	doc, err := bom.Document(bd.o.Epoch)
+	if err != nil {
+		return nil, fmt.Errorf("writing the SBOM: %w", err)
+	}
+	sum := sha256.Sum256(doc)
+	rec.SBOM = recordSBOM{File: SBOMFile, SHA256: hex.EncodeToString(sum[:]), Packages: bom.Len()}
+	fmt.Fprintf(bd.o.Progress, "SBOM: %d packages in %s\n", bom.Len(), filepath.Join(bd.o.Out, SBOMFile))
+	if err := writeLayout(bd.o.Out, bd.o.Tag, img, rec, doc); err != nil {
 		return nil, fmt.Errorf("writing the image layout %s: %w", bd.o.Out, err)
 	}
 	res := bd.res
 	res.Digest, res.Dir, res.Reference, res.Layers = digest, bd.o.Out, bd.o.Out+"@"+digest.String(), len(layers)
+	res.SBOM, res.Packages = filepath.Join(bd.o.Out, SBOMFile), bom.Len()
 	return &res, nil
 }
 
-// writeLayout writes img as the OCI layout out, with the record, through a temporary
-// directory beside it renamed into place: a failure leaves out as it was.
-func writeLayout(out, tag string, img v1.Image, rec record) (err error) {
+// writeLayout writes img as the OCI layout out, with the record and the SBOM, through a
+// temporary directory beside it renamed into place: a failure leaves out as it was.
+func writeLayout(out, tag string, img v1.Image, rec record, bom []byte) (err error) {
 	parent := filepath.Dir(out)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return err
@@ -254,6 +281,9 @@ func writeLayout(out, tag string, img v1.Image, rec record) (err error) {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(tmp, RecordFile), append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, SBOMFile), bom, 0o644); err != nil {
 		return err
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {

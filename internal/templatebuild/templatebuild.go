@@ -240,6 +240,9 @@ type Result struct {
 	Layers int
 	// Egress is the egress allowlist the RUN steps had, canonical and sorted; nil for none.
 	Egress []string
+	// SBOM is the SBOM file written beside the image, listing Packages packages.
+	SBOM     string
+	Packages int
 }
 
 // StepError is a RUN step that exited with a non-zero status.

@@ -1,6 +1,9 @@
 package templatebuild_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -261,6 +264,10 @@ func TestBuild(t *testing.T) {
 			Base               struct{ Digest string }
 			BuildArgs          map[string]string
 			Steps              []struct{ Line int }
+			SBOM               struct {
+				File, SHA256 string
+				Packages     int
+			}
 		}
 		if err := json.Unmarshal(data, &rec); err != nil {
 			t.Fatal(err)
@@ -269,6 +276,19 @@ func TestBuild(t *testing.T) {
 		if rec.Digest != res.Digest.String() || rec.Dockerfile != f.Digest() || rec.Base.Digest != res.BaseDigest.String() ||
 			rec.BuildArgs["GREETING"] != "hi" || len(rec.Steps) != 9 || rec.Steps[0].Line != 5 {
 			t.Errorf("record = %s", data)
+		}
+		bom, err := os.ReadFile(filepath.Join(o.Out, templatebuild.SBOMFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(bom)
+		if rec.SBOM.File != templatebuild.SBOMFile || rec.SBOM.SHA256 != hex.EncodeToString(sum[:]) || rec.SBOM.Packages != res.Packages ||
+			res.Packages < 10 || res.SBOM != filepath.Join(o.Out, templatebuild.SBOMFile) {
+			t.Errorf("SBOM in the record %+v, result %s with %d packages", rec.SBOM, res.SBOM, res.Packages)
+		}
+		// The base image's Debian packages, named by its os-release.
+		if !bytes.Contains(bom, []byte(`"pkg:deb/debian/python3-minimal@`)) || !bytes.Contains(bom, []byte("distro=debian-12")) {
+			t.Errorf("the SBOM does not list python3-minimal from Debian 12:\n%.2000s", bom)
 		}
 	})
 
@@ -308,6 +328,11 @@ func TestBuild(t *testing.T) {
 		}
 		if res4.Ran != 3 || res4.Digest != res.Digest {
 			t.Errorf("uncached rebuild = %+v, want 3 RUN steps run and digest %s", res4, res.Digest)
+		}
+		a, _ := os.ReadFile(res.SBOM)
+		b, _ := os.ReadFile(res4.SBOM)
+		if len(a) == 0 || !bytes.Equal(a, b) {
+			t.Error("the two builds' SBOMs differ")
 		}
 	})
 }
