@@ -130,6 +130,10 @@ func TestTemplateBuildPipInstall(t *testing.T) {
 	if n := idx.downloads.Load(); n != 2 {
 		t.Errorf("the index served the wheel %d times, want once per build", n)
 	}
+	bom, err := os.ReadFile(filepath.Join(dir, "first", "sbom.spdx.json"))
+	if err != nil || !bytes.Contains(bom, []byte(`"pkg:pypi/fbxdemo@1.0"`)) || !bytes.Contains(bom, []byte(`"pkg:deb/debian/python3-pip@`)) {
+		t.Errorf("the SBOM (%v) does not list the installed fbxdemo 1.0 and the base's python3-pip:\n%.2000s", err, bom)
+	}
 
 	file := filepath.Join(dir, "templates.yaml")
 	os.WriteFile(file, []byte("templates:\n- name: pipdemo\n  image: "+first+"\n  pool: {min: 1}\n"), 0o644)
