@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fusebox-dev/fusebox/internal/dockerfile"
+	"github.com/fusebox-dev/fusebox/internal/dockerignore"
 	"github.com/fusebox-dev/fusebox/internal/userdb"
 )
 
@@ -55,9 +56,9 @@ func collectSources(dir string, s dockerfile.Step) (*copySources, error) {
 	fail := func(src string, format string, args ...any) error {
 		return fmt.Errorf("Dockerfile:%d: %s %s: %s", s.Line, s.Kind, src, fmt.Sprintf(format, args...))
 	}
-	if _, err := os.Lstat(dir + "/.dockerignore"); err == nil {
-		return nil, fmt.Errorf("Dockerfile:%d: %s: the build context holds a .dockerignore, which is not supported yet: "+
-			"copying what it excludes would make another image than Docker's; move the Dockerfile's files to a context of their own", s.Line, s.Kind)
+	ignore, err := dockerignore.Read(dir)
+	if err != nil {
+		return nil, fmt.Errorf("Dockerfile:%d: %s: %w", s.Line, s.Kind, err)
 	}
 	r, err := os.OpenRoot(dir)
 	if err != nil {
@@ -70,11 +71,12 @@ func collectSources(dir string, s dockerfile.Step) (*copySources, error) {
 		if err != nil {
 			return nil, fail(src, "%v", explain(err))
 		}
+		rels = slices.DeleteFunc(rels, ignore.Excluded)
 		if len(rels) == 0 {
-			return nil, fail(src, "no file of the build context matches")
+			return nil, fail(src, "no file of the build context matches (or %s excludes what does)", dockerignore.File)
 		}
 		for _, rel := range rels {
-			m, err := readMatch(r, rel, s.Kind == dockerfile.KindAdd)
+			m, err := readMatch(r, rel, s.Kind == dockerfile.KindAdd, ignore)
 			if err != nil {
 				return nil, fail(src, "%v", explain(err))
 			}
@@ -151,9 +153,10 @@ func expand(r *os.Root, src string) ([]string, error) {
 }
 
 // readMatch reads the source rel: the match itself (a link to it followed, inside the
-// context), and for a directory everything under it (links copied as links). With add, a
-// file that is an archive is refused: Docker's ADD would extract it.
-func readMatch(r *os.Root, rel string, add bool) (match, error) {
+// context), and for a directory everything under it (links copied as links) that ignore
+// does not leave out; a directory left out is kept only for what ignore re-includes under
+// it. With add, a file that is an archive is refused: Docker's ADD would extract it.
+func readMatch(r *os.Root, rel string, add bool, ignore *dockerignore.Matcher) (match, error) {
 	info, err := r.Stat(rel)
 	if err != nil {
 		return match{}, err
@@ -186,18 +189,26 @@ func readMatch(r *os.Root, rel string, add bool) (match, error) {
 		slices.Sort(names)
 		for _, n := range names {
 			name := path.Join(sub, n)
+			excluded := ignore.Excluded(path.Join(rel, name))
 			info, err := r.Lstat(path.Join(rel, name))
 			if err != nil {
 				return err
+			}
+			if excluded && !(info.IsDir() && ignore.Exceptions()) {
+				continue
 			}
 			e, err := readEntry(r, path.Join(rel, name), name, info)
 			if err != nil {
 				return err
 			}
+			at := len(m.entries)
 			m.entries = append(m.entries, e)
 			if info.IsDir() {
 				if err := walk(name); err != nil {
 					return err
+				}
+				if excluded && len(m.entries) == at+1 {
+					m.entries = m.entries[:at] // left out, and nothing under it re-included
 				}
 			}
 		}

@@ -552,6 +552,52 @@ func TestRefused(t *testing.T) {
 	})
 }
 
+// A .dockerignore in the context leaves out what Docker's builder leaves out: the files it
+// names are neither copied nor in the step's cache key, and a source it leaves out is refused.
+func TestDockerignore(t *testing.T) {
+	bin, _ := fakeRunsc(t)
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		".dockerignore":         "# outputs\n**/*.log\nbuild\nnode_modules\n!node_modules/keep.js\n",
+		"app.py":                "print(1)\n",
+		"debug.log":             "noise\n",
+		"build/out.o":           "binary\n",
+		"node_modules/lib/x.js": "x\n",
+		"node_modules/keep.js":  "kept\n",
+		"src/main.py":           "main\n",
+		"src/trace.log":         "noise\n",
+	})
+	df := "FROM " + baseImage(t) + "\nCOPY . /app/\n"
+	o := templatebuild.Options{DockerfileData: []byte(df), Context: dir, Tag: "x", Out: filepath.Join(t.TempDir(), "out"), CacheDir: sharedCache, Runsc: bin,
+		Epoch: time.Unix(1767225600, 0)}
+	res, err := build(t, o)
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	r := unpack(t, res)
+	for p, want := range map[string]bool{
+		"app/app.py": true, "app/src/main.py": true, "app/node_modules/keep.js": true, "app/.dockerignore": true,
+		"app/debug.log": false, "app/src/trace.log": false, "app/build": false, "app/node_modules/lib": false,
+	} {
+		if _, err := os.Lstat(filepath.Join(r.Dir, p)); (err == nil) != want {
+			t.Errorf("/%s in the image: %v, want %v", p, err == nil, want)
+		}
+	}
+	// A change to a left-out file changes nothing: the step comes from the cache, and the
+	// image is the same.
+	os.WriteFile(filepath.Join(dir, "debug.log"), []byte("more noise\n"), 0o644)
+	o.Out = filepath.Join(t.TempDir(), "out")
+	again, err := build(t, o)
+	if err != nil || again.Digest != res.Digest || again.Cached != 1 {
+		t.Errorf("rebuild after a left-out file changed: %+v, %v; want the cached step and digest %s", again, err, res.Digest)
+	}
+	// A source the file leaves out is refused, naming it.
+	o.DockerfileData = []byte("FROM " + baseImage(t) + "\nCOPY debug.log /x\n")
+	if _, err := build(t, o); err == nil || !strings.Contains(err.Error(), ".dockerignore excludes") || !strings.Contains(err.Error(), "Dockerfile:2") {
+		t.Errorf("COPY of a left-out file: %v", err)
+	}
+}
+
 func TestNewRefusesMissingOptions(t *testing.T) {
 	bin, _ := fakeRunsc(t)
 	ok := templatebuild.Options{DockerfileData: []byte("FROM x\n"), Context: t.TempDir(), Tag: "t", Out: "/tmp/o", CacheDir: "/tmp/c", Runsc: bin}
