@@ -166,7 +166,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.procs = reg
-	if s.watch, err = watch.New(watch.Options{Dir: opts.WorkspaceDir, Resolve: opts.Workspace.Resolve, Escape: workspace.ErrEscape,
+	if s.watch, err = watch.New(watch.Options{Dir: opts.WorkspaceDir, Resolve: opts.Workspace.Resolve, Escape: workspace.ErrEscape, TempPrefix: workspace.TempPrefix,
 		MaxWatches: opts.Limits.MaxWatches, MaxQueue: opts.Limits.MaxWatchQueue}); err != nil {
 		return nil, err
 	}

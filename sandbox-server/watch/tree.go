@@ -275,8 +275,18 @@ func (w *Watcher) flushMoved() {
 	}
 }
 
-// emit queues c if the request's globs let it through.
+// emit queues c if the request's globs let it through. A change of one of the workspace's
+// in-flight writes (Options.TempPrefix) is not reported, and its rename into place is the
+// creation of its target.
 func (w *Watcher) emit(c Change) {
+	if t := w.root.opts.TempPrefix; t != "" {
+		if strings.HasPrefix(path.Base(c.Path), t) {
+			return
+		}
+		if c.Kind == Rename && strings.HasPrefix(path.Base(c.OldPath), t) {
+			c.Kind, c.OldPath = Create, ""
+		}
+	}
 	if w.passes(path.Base(c.Path)) || c.OldPath != "" && w.passes(path.Base(c.OldPath)) {
 		w.q.push(c)
 	}

@@ -123,6 +123,11 @@ type Options struct {
 	// MaxQueue caps a request's queue size (DefaultMaxQueue if 0); DefaultQueue (or MaxQueue,
 	// if smaller) applies to a request without one.
 	MaxQueue int
+	// TempPrefix, if set, starts the names of the workspace's in-flight writes (a file written
+	// under such a name, then renamed into place): their own changes are not reported, and the
+	// rename is reported as the creation of its target, so that a watcher sees one create of
+	// the file the agent wrote.
+	TempPrefix string
 }
 
 // Root places watches inside one workspace. It is safe for concurrent use.

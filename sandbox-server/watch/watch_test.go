@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -407,4 +408,27 @@ func countFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// TestWatchHidesInFlightWrites: a file written under the workspace's temporary name and
+// renamed into place, as the workspace writes files, is one create of its target; the
+// temporary name never shows.
+func TestWatchHidesInFlightWrites(t *testing.T) {
+	r, dir := newRoot(t, Options{TempPrefix: workspace.TempPrefix})
+	w := watch(t, r, Request{Path: "."})
+	tmp := filepath.Join(dir, workspace.TempPrefix+"x1")
+	write(t, tmp, "data")
+	if err := os.Rename(tmp, filepath.Join(dir, "main.py")); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "after"), "x")
+	cs := collect(t, w, func(c Change) bool { return c.Path == "after" })
+	for _, c := range cs {
+		if strings.Contains(c.Path+c.OldPath, workspace.TempPrefix) {
+			t.Errorf("a change of the temporary name: %+v", c)
+		}
+	}
+	if !has(cs, Change{Path: "main.py", Kind: Create}) {
+		t.Errorf("changes %+v, want a create of main.py", cs)
+	}
 }

@@ -41,9 +41,13 @@ const (
 	// defaultFileMode and defaultDirMode apply when a request's mode is zero.
 	defaultFileMode = 0o644
 	defaultDirMode  = 0o755
-	// tempPrefix names in-flight atomic writes.
-	tempPrefix = ".fusebox-tmp-"
+	// tempPrefix names in-flight atomic writes (TempPrefix).
+	tempPrefix = TempPrefix
 )
+
+// TempPrefix starts the names of in-flight atomic writes: a file is written under such a name
+// in its directory, then renamed into place.
+const TempPrefix = ".fusebox-tmp-"
 
 // Options configures Open.
 type Options struct {
