@@ -37,9 +37,10 @@ nothing else, through an allowlisting proxy on this host that their sandboxes re
 fusebox-sandbox (--sandbox-binary) as HTTP_PROXY and HTTPS_PROXY; a name that resolves to a
 loopback or private address is refused: allowlist such a server by its IP (127.0.0.1:8080).
 A step refused a destination sees a 403 saying why. COPY and ADD read the build context (CONTEXT,
-default .), and refuse a source that leaves it, by .. or by a link. Supported instructions:
-FROM, RUN, COPY, ADD (local files; archives are not extracted), ENV, WORKDIR, USER, ARG,
-LABEL; anything else is refused with its line before anything runs.
+default .), and refuse a source that leaves it, by .. or by a link; .dockerignore is honoured.
+Supported instructions: FROM, RUN, COPY, ADD (local files; a tar archive, plain, gzip or
+bzip2, is unpacked), ENV, WORKDIR, USER, ARG, LABEL; anything else is refused with its line
+before anything runs.
 
 The same Dockerfile, context, build arguments and epoch (SOURCE_DATE_EPOCH, else a fixed
 date) give the same image digest. Steps are cached under --cache: a rebuild runs only the

@@ -1,7 +1,6 @@
 package templatebuild
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -34,6 +33,9 @@ type copySources struct {
 type match struct {
 	rel     string  // the path in the context
 	entries []entry // the match itself (rel ""), then for a directory everything under it
+	// archive, for an ADD of an archive, is how it is unpacked (archiveKind): "tar" or its
+	// compression.
+	archive string
 }
 
 // entry is one file to copy.
@@ -89,6 +91,9 @@ func collectSources(dir string, s dockerfile.Step) (*copySources, error) {
 	h := sha256.New()
 	for _, m := range cs.matches {
 		fmt.Fprintf(h, "match %s\n", strconv.Quote(m.rel))
+		if m.archive != "" {
+			fmt.Fprintf(h, "unpack %s\n", m.archive)
+		}
 		for _, e := range m.entries {
 			fmt.Fprintf(h, "%s %o %d %s %s\n", strconv.Quote(e.rel), uint32(e.mode), e.size, e.digest, strconv.Quote(e.target))
 		}
@@ -155,7 +160,7 @@ func expand(r *os.Root, src string) ([]string, error) {
 // readMatch reads the source rel: the match itself (a link to it followed, inside the
 // context), and for a directory everything under it (links copied as links) that ignore
 // does not leave out; a directory left out is kept only for what ignore re-includes under
-// it. With add, a file that is an archive is refused: Docker's ADD would extract it.
+// it. With add, a file that is a tar archive is marked to be unpacked, as Docker's ADD does.
 func readMatch(r *os.Root, rel string, add bool, ignore *dockerignore.Matcher) (match, error) {
 	info, err := r.Stat(rel)
 	if err != nil {
@@ -168,7 +173,7 @@ func readMatch(r *os.Root, rel string, add bool, ignore *dockerignore.Matcher) (
 	}
 	m.entries = append(m.entries, top)
 	if add && !info.IsDir() {
-		if err := refuseArchive(r, rel); err != nil {
+		if m.archive, err = archiveKind(r, rel); err != nil {
 			return match{}, err
 		}
 	}
@@ -246,37 +251,6 @@ func readEntry(r *os.Root, p, rel string, info fs.FileInfo) (entry, error) {
 	return e, nil
 }
 
-// archiveMagic are the starts of the files Docker's ADD extracts.
-var archiveMagic = [][]byte{
-	{0x1f, 0x8b},                     // gzip
-	[]byte("BZh"),                    // bzip2
-	{0xfd, '7', 'z', 'X', 'Z', 0x00}, // xz
-	{0x28, 0xb5, 0x2f, 0xfd},         // zstd
-}
-
-// refuseArchive refuses a file that Docker's ADD would extract (a tar archive, compressed or
-// not): extraction is not supported yet, and copying it instead would make another image.
-func refuseArchive(r *os.Root, p string) error {
-	f, err := r.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	head := make([]byte, 512)
-	n, _ := io.ReadFull(f, head)
-	head = head[:n]
-	isTar := n >= 262 && bytes.Equal(head[257:262], []byte("ustar"))
-	for _, m := range archiveMagic {
-		if bytes.HasPrefix(head, m) {
-			isTar = true
-		}
-	}
-	if isTar {
-		return fmt.Errorf("%s is an archive (or compressed), which ADD would extract: extracting is not supported yet; COPY it and unpack it with RUN", p)
-	}
-	return nil
-}
-
 // applyCopy copies the sources of step s into the root dir.
 func applyCopy(dir string, s dockerfile.Step, cs *copySources) error {
 	fail := func(err error) error {
@@ -300,7 +274,7 @@ func applyCopy(dir string, s dockerfile.Step, cs *copySources) error {
 		}
 		uid, gid = int(u), int(g)
 	}
-	w := &copyWriter{img: img, ctx: ctxRoot, uid: uid, gid: gid, chmod: s.Chmod}
+	w := &copyWriter{img: img, ctx: ctxRoot, uid: uid, gid: gid, chowned: s.Chown != "", chmod: s.Chmod}
 	destDir := strings.HasSuffix(s.Dest, "/")
 	dest := strings.TrimPrefix(path.Clean(s.Dest), "/")
 	if dest == "" {
@@ -308,6 +282,16 @@ func applyCopy(dir string, s dockerfile.Step, cs *copySources) error {
 	}
 	for _, m := range cs.matches {
 		top := m.entries[0]
+		if m.archive != "" {
+			// Unpacked into the destination, a directory whatever its spelling.
+			if err := mkdirAllIn(img, dest, uid, gid); err != nil {
+				return fail(err)
+			}
+			if err := w.unpack(m.rel, dest, m.archive, top); err != nil {
+				return fail(err)
+			}
+			continue
+		}
 		var target string
 		switch {
 		case top.isDir():
@@ -356,6 +340,7 @@ func explainImage(err error) error {
 type copyWriter struct {
 	img, ctx *os.Root
 	uid, gid int
+	chowned  bool // --chown: uid and gid own what an archive unpacks too
 	chmod    *uint32
 	dirs     []dirTime // directories written, whose times are set last
 }
