@@ -254,10 +254,14 @@ func download(ctx context.Context, a *client.Allocation, remote, local string) e
 		}
 		return downloadFile(ctx, a, remote, local, fs.FileMode(info.GetMode()).Perm())
 	}
-	entries, err := a.List(ctx, remote, true, 0)
+	list, err := a.RPC().List(ctx, &sandboxv1.ListRequest{Path: remote, Recursive: true})
 	if err != nil {
 		return err
 	}
+	if list.GetTruncated() {
+		return fmt.Errorf("cp: %s holds more entries than the sandbox lists at once (%d): copy its subdirectories one by one", remote, len(list.GetEntries()))
+	}
+	entries := list.GetEntries()
 	if err := os.MkdirAll(local, 0o755); err != nil {
 		return err
 	}
@@ -324,9 +328,13 @@ func lsCmd() *cobra.Command {
 			if len(args) == 1 {
 				p = args[0]
 			}
-			entries, err := a.List(ctx, p, recursive, 0)
+			list, err := a.RPC().List(ctx, &sandboxv1.ListRequest{Path: p, Recursive: recursive})
 			if err != nil {
 				return err
+			}
+			entries := list.GetEntries()
+			if list.GetTruncated() {
+				defer fmt.Fprintf(os.Stderr, "fusebox: the listing stops at the sandbox's limit of %d entries\n", len(entries))
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 			for _, e := range entries {
