@@ -144,6 +144,8 @@ class PortConnection:
         self._eof = False
         self._write_closed = False
         self._closed = False
+        # Data decrypted ahead of close_write's close_notify (see there), returned first by recv.
+        self._held = b""
 
     def _handshake(self, doing: str) -> None:
         while True:
@@ -203,6 +205,9 @@ class PortConnection:
         has ended its side of the connection."""
         while True:
             with self._lock:
+                if self._held:
+                    data, self._held = self._held[:n], self._held[n:]
+                    return data
                 try:
                     data: Optional[bytes] = self._tls.read(n)
                 except ssl.SSLWantReadError:
@@ -235,10 +240,21 @@ class PortConnection:
                 if self._write_closed:
                     return
                 self._write_closed = True
+                # unwrap() calls SSL_shutdown twice: the first sends close_notify, the second
+                # looks for the peer's and throws away the application data it reads on the
+                # way. So what has arrived is set aside first: the plaintext OpenSSL holds,
+                # and the records not yet read, which go back once close_notify is out.
+                held = b""
+                while self._tls.pending():
+                    held += self._tls.read(self._tls.pending())
+                self._held += held
+                raw = b"" if self._eof else self._in.read()
                 try:
                     self._tls.unwrap()  # sends close_notify; the peer's is read by recv
                 except ssl.SSLWantReadError:
                     pass
+                if raw:
+                    self._in.write(raw)
                 out = self._out.read()
             self._sock.sendall(out)
 
