@@ -171,11 +171,15 @@ func ParseSession(b []byte) (*Session, error) {
 	if s.Version != SessionVersion {
 		return nil, fmt.Errorf("reading session: version %q, this client reads %q", s.Version, SessionVersion)
 	}
-	for what, missing := range map[string]bool{"sandbox_id": s.SandboxID == "", "endpoint": s.Endpoint == "",
-		"sandbox_public_key": len(s.SandboxPublicKey) == 0, "manager": s.Manager == "", "lease_token": s.LeaseToken == "",
-		"agent_public_key": len(s.AgentPublicKey) == 0} {
-		if missing {
-			return nil, fmt.Errorf("reading session: %s is missing", what)
+	for _, f := range []struct {
+		name    string
+		missing bool
+	}{
+		{"sandbox_id", s.SandboxID == ""}, {"endpoint", s.Endpoint == ""}, {"sandbox_public_key", len(s.SandboxPublicKey) == 0},
+		{"manager", s.Manager == ""}, {"lease_token", s.LeaseToken == ""}, {"agent_public_key", len(s.AgentPublicKey) == 0},
+	} {
+		if f.missing {
+			return nil, fmt.Errorf("reading session: %s is missing", f.name)
 		}
 	}
 	if k := s.AgentKey; k != nil && k.Seal != SealAESGCM && k.Seal != SealNone {
@@ -239,6 +243,9 @@ func (s *Session) Key(sealKey []byte) (*Key, error) {
 		if err != nil {
 			return nil, fmt.Errorf("session: %w", err)
 		}
+		if len(k.Nonce) != g.NonceSize() {
+			return nil, fmt.Errorf("%w: the sealed agent key's nonce is %d bytes, not %d (the document was altered)", ErrSessionKey, len(k.Nonce), g.NonceSize())
+		}
 		if der, err = g.Open(nil, k.Nonce, k.Data, s.aad()); err != nil {
 			return nil, fmt.Errorf("%w: the agent key does not open with this seal key (or the document was altered)", ErrSessionKey)
 		}
@@ -255,7 +262,10 @@ func (s *Session) Key(sealKey []byte) (*Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session: agent key: %w", err)
 	}
-	return key, s.checkKey(key)
+	if err := s.checkKey(key); err != nil {
+		return nil, err
+	}
+	return key, nil
 }
 
 // checkKey returns ErrSessionKey unless key is the session's agent key.

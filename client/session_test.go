@@ -82,6 +82,11 @@ func TestSessionKeyRoundTrip(t *testing.T) {
 	if _, err := moved.Key(seal); !errors.Is(err, ErrSessionKey) {
 		t.Errorf("the sealed key in another sandbox's document: %v, want ErrSessionKey", err)
 	}
+	cut := *s
+	cut.AgentKey = &SessionKey{Seal: SealAESGCM, Nonce: s.AgentKey.Nonce[:4], Data: s.AgentKey.Data}
+	if _, err := cut.Key(seal); !errors.Is(err, ErrSessionKey) {
+		t.Errorf("a cut nonce: %v, want ErrSessionKey (and no panic)", err)
+	}
 	if _, err := s.Key(nil); err == nil || !strings.Contains(err.Error(), "give the seal key") {
 		t.Errorf("no seal key: %v", err)
 	}
