@@ -86,13 +86,9 @@ exit code is 128+signal, as shells say.`,
 					fmt.Fprintf(os.Stderr, "fusebox: "+format+"\n", a...)
 				}
 			}
-			env := map[string]string{}
-			for _, kv := range envs {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok || k == "" {
-					return fmt.Errorf("--env %q: want KEY=VALUE", kv)
-				}
-				env[k] = v
+			env, err := parseEnv(envs)
+			if err != nil {
+				return err
 			}
 			it.status = status
 			if err := it.checkTerminal(); err != nil {
