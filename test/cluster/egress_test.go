@@ -33,13 +33,13 @@ func TestEgressAllowlistOnARealNode(t *testing.T) {
 
 	withEgress, _ := clustertest.Dial(t, ctx, n, m, allowed)
 	without, _ := clustertest.Dial(t, ctx, n, m)
-	// The allowed target is retried: the policy reaches kube-router's sets some seconds after
-	// the allocation.
-	clustertest.Want(t, "the sandbox allowed "+allowed, clustertest.ProbeFrom(t, ctx, withEgress, allowed+"+", other),
+	// The other port goes first, as a canary: once it is blocked, the namespace's default
+	// deny has reached the pod (a new pod's traffic passes until kube-router's next sync takes
+	// it in), and the allowlist is judged under it. The allowed target is retried: its policy
+	// reaches kube-router's sets some seconds after the allocation.
+	clustertest.Want(t, "the sandbox allowed "+allowed, clustertest.ProbeFrom(t, ctx, withEgress, other+"-", allowed+"+"),
 		map[string]string{allowed: "open", other: "blocked"})
-	// Where allowed must be blocked, the other port goes first as a canary: once it is
-	// blocked, the namespace's default deny has reached the pod (a new pod's traffic passes
-	// until kube-router's next sync takes it in), and the allowlist is judged under it.
+	// Where allowed must be blocked, the same canary goes first.
 	blocked := map[string]string{allowed: "blocked", other: "blocked"}
 	clustertest.Want(t, "a bound sandbox without an allowlist", clustertest.ProbeFrom(t, ctx, without, other+"-", allowed), blocked)
 	clustertest.Want(t, "another pod of the sandbox namespace",
