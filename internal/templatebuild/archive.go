@@ -133,16 +133,7 @@ func (w *copyWriter) unpackEntry(src, dst string, hd *tar.Header, r io.Reader) e
 	if w.chowned {
 		uid, gid = w.uid, w.gid
 	}
-	mode := fs.FileMode(hd.Mode) & fs.ModePerm
-	if hd.Mode&0o4000 != 0 {
-		mode |= fs.ModeSetuid
-	}
-	if hd.Mode&0o2000 != 0 {
-		mode |= fs.ModeSetgid
-	}
-	if hd.Mode&0o1000 != 0 {
-		mode |= fs.ModeSticky
-	}
+	mode := unixMode(hd.Mode)
 	existing, err := w.img.Lstat(name)
 	exists := err == nil
 	if exists && !(existing.IsDir() && hd.Typeflag == tar.TypeDir) {

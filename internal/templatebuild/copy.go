@@ -355,14 +355,19 @@ func (w *copyWriter) mode(e entry) fs.FileMode {
 	if w.chmod == nil {
 		return e.mode & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
 	}
-	m := fs.FileMode(*w.chmod & 0o777)
-	if *w.chmod&0o4000 != 0 {
+	return unixMode(int64(*w.chmod))
+}
+
+// unixMode is the fs.FileMode of a Unix mode's permission, set-id and sticky bits.
+func unixMode(mode int64) fs.FileMode {
+	m := fs.FileMode(mode & 0o777)
+	if mode&0o4000 != 0 {
 		m |= fs.ModeSetuid
 	}
-	if *w.chmod&0o2000 != 0 {
+	if mode&0o2000 != 0 {
 		m |= fs.ModeSetgid
 	}
-	if *w.chmod&0o1000 != 0 {
+	if mode&0o1000 != 0 {
 		m |= fs.ModeSticky
 	}
 	return m
