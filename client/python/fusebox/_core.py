@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import inspect
 import os
@@ -516,3 +517,11 @@ def find_type(t: Optional[str]) -> int:
     if t not in _TYPE_CODES:
         raise InvalidArgumentError(f"find: type {t!r}: want 'file', 'dir', 'symlink' or 'other'")
     return _TYPE_CODES[t]
+
+
+def closed_locally(closed: bool) -> bool:
+    """Whether an asyncio.CancelledError from reading a grpc.aio stream comes from the stream's
+    own close() (grpc.aio ends a read of a call cancelled locally so), to be swallowed, rather
+    than from the task's cancellation, which is never swallowed. Call it in the except clause."""
+    task = asyncio.current_task()
+    return closed and not (task is not None and getattr(task, "cancelling", lambda: 0)())

@@ -11,6 +11,7 @@ from typing import AsyncIterator, Iterator, Optional, Sequence, Union
 import grpc
 import grpc.aio
 
+from . import _core
 from ._proto.sandbox.v1 import sandbox_pb2
 from .errors import FuseboxError, InvalidArgumentError, from_rpc
 from .types import WatchChange, WatchOverflow
@@ -158,10 +159,7 @@ class AsyncWatch:
                 return
             raise from_rpc(e, self._doing) from None
         except asyncio.CancelledError:
-            # grpc.aio ends a read of a call cancelled locally so; a cancelled task is not
-            # swallowed.
-            task = asyncio.current_task()
-            if not self._closed or (task is not None and getattr(task, "cancelling", lambda: 0)()):
+            if not _core.closed_locally(self._closed):
                 raise
             return
         finally:

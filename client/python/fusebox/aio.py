@@ -726,10 +726,7 @@ class OutputStream:
                 return
             raise from_rpc(e, f"attaching to {self._id}") from None
         except asyncio.CancelledError:
-            # grpc.aio ends a read of a call cancelled locally so; a cancelled task is not
-            # swallowed.
-            task = asyncio.current_task()
-            if not self._closed or (task is not None and getattr(task, "cancelling", lambda: 0)()):
+            if not _core.closed_locally(self._closed):
                 raise
             return
         finally:
