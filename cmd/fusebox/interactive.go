@@ -137,6 +137,15 @@ func (it *interactive) session(ctx context.Context, sb *client.Sandbox, spec cli
 			}
 		}
 	}()
+	return follow(out, it.out, it.errOut, func(n, _ uint64) {
+		it.status("%d bytes of output were lost (the sandbox's buffer overflowed)", n)
+	})
+}
+
+// follow copies an attached process's output to stdout and stderr until its exit event, which
+// it returns; output the sandbox no longer held is reported to dropped (its byte count and
+// the offset it ended at).
+func follow(out *client.OutputStream, stdout, stderr io.Writer, dropped func(n, at uint64)) (*client.ProcessInfo, error) {
 	for {
 		ev, err := out.Recv()
 		if err != nil {
@@ -146,11 +155,11 @@ func (it *interactive) session(ctx context.Context, sb *client.Sandbox, spec cli
 		case ev.Exit != nil:
 			return ev.Exit, nil
 		case ev.Dropped > 0:
-			it.status("%d bytes of output were lost (the sandbox's buffer overflowed)", ev.Dropped)
+			dropped(ev.Dropped, ev.Offset)
 		case ev.Stderr:
-			it.errOut.Write(ev.Data)
+			stderr.Write(ev.Data)
 		default:
-			it.out.Write(ev.Data)
+			stdout.Write(ev.Data)
 		}
 	}
 }

@@ -412,28 +412,19 @@ following; the process runs on.
 				return err
 			}
 			defer out.Close()
-			for {
-				ev, err := out.Recv()
-				if err != nil {
-					if errors.Is(ctx.Err(), context.Canceled) {
-						return errors.New("interrupted: the process runs on")
-					}
-					return err
+			exit, err := follow(out, os.Stdout, os.Stderr, func(n, at uint64) {
+				fmt.Fprintf(os.Stderr, "fusebox: %d bytes of output before offset %d are no longer held\n", n, at)
+			})
+			if err != nil {
+				if errors.Is(ctx.Err(), context.Canceled) {
+					return errors.New("interrupted: the process runs on")
 				}
-				switch {
-				case ev.Exit != nil:
-					if ev.Exit.ExitCode != 0 {
-						return exitError{ev.Exit.ExitCode}
-					}
-					return nil
-				case ev.Dropped > 0:
-					fmt.Fprintf(os.Stderr, "fusebox: %d bytes of output before offset %d are no longer held\n", ev.Dropped, ev.Offset)
-				case ev.Stderr:
-					os.Stderr.Write(ev.Data)
-				default:
-					os.Stdout.Write(ev.Data)
-				}
+				return err
 			}
+			if exit.ExitCode != 0 {
+				return exitError{exit.ExitCode}
+			}
+			return nil
 		}),
 	}
 	s.register(cmd.Flags())
