@@ -179,6 +179,15 @@ func (c *creations) ended(tmpl string, err error) {
 	}
 }
 
+// forgetFailures clears tmpl's backoff and last failure: the template changed, and what
+// failed before says nothing of it now.
+func (c *creations) forgetFailures(tmpl string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.books(tmpl)
+	b.failStreak, b.holdUntil, b.lastErr, b.lastErrAt = 0, time.Time{}, "", time.Time{}
+}
+
 // lastFailure is tmpl's last creation error and when it happened, while no creation has
 // succeeded since; "" when none.
 func (c *creations) lastFailure(tmpl string) (string, time.Time) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -98,8 +97,8 @@ func (m *Manager) check(req AllocateRequest) (checked, error) {
 	if c.template == "" {
 		c.template = m.o.PoolTemplate
 	}
-	if !slices.Contains(m.o.Templates, c.template) {
-		return checked{}, fmt.Errorf("%w: %q (known: %s)", ErrUnknownTemplate, c.template, strings.Join(m.o.Templates, ", "))
+	if !m.templates.known(c.template) {
+		return checked{}, fmt.Errorf("%w: %q (known: %s)", ErrUnknownTemplate, c.template, strings.Join(m.templates.names(), ", "))
 	}
 	// The caller's grant is checked before the allowlist is parsed (an empty list is inside
 	// every ceiling, so the first Authorize judges the caller and the template alone), and
@@ -197,10 +196,12 @@ func checkLabels(labels map[string]string) error {
 // recordAllocation counts an allocation of tmpl served in d, as demand for tmpl's estimator
 // too, and nudges the reconciler to refill.
 func (m *Manager) recordAllocation(tmpl string, d time.Duration) {
-	if sz := m.sizers[tmpl]; sz != nil {
-		sz.allocs.Add(1)
-	}
 	m.tally.allocated(d)
-	m.demand[tmpl].add(m.o.Clock.Now())
+	if e := m.templates.entry(tmpl); e != nil { // else removed meanwhile
+		if e.sizer != nil {
+			e.sizer.allocs.Add(1)
+		}
+		e.demand.add(m.o.Clock.Now())
+	}
 	m.nudge()
 }

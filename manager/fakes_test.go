@@ -239,7 +239,7 @@ func testDeps(t *testing.T, alloc Allocator, host poolHost, mutate func(*Options
 		t.Fatal(err)
 	}
 	ops := NewStateOperator(clk)
-	d := poolDeps{o: o, alloc: alloc, ops: ops, log: slog.New(slog.DiscardHandler), tally: &tally{ops: ops},
+	d := poolDeps{o: o, templates: newTemplateSet(o.Templates, o.Pools), alloc: alloc, ops: ops, log: slog.New(slog.DiscardHandler), tally: &tally{ops: ops},
 		creations: &creations{clock: clk}, bg: &background{}, host: host}
 	d.annotator, _ = alloc.(Annotator)
 	t.Cleanup(d.bg.wg.Wait)

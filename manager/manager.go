@@ -116,11 +116,11 @@ type Manager struct {
 	bg        *background
 
 	wake        chan struct{} // nudges the reconciler
-	reconcileMu sync.Mutex    // one Reconcile pass at a time
-	// sizers size the pools, by template (Options.Pools); demand holds every template's
-	// allocation times in the last minute. Both maps are fixed by New.
-	sizers      map[string]*sizer
-	demand      map[string]*demandLog
+	reconcileMu sync.Mutex    // one Reconcile pass (or template change) at a time
+	// templates are the templates served, with their pools' sizers and their allocation
+	// times in the last minute (Options.Templates and Pools, then SetTemplate and
+	// RemoveTemplate).
+	templates   *templateSet
 	cancelLoops context.CancelFunc
 }
 
@@ -187,13 +187,7 @@ func New(o Options) (*Manager, error) {
 	ops := NewStateOperator(o.Clock)
 	m := &Manager{o: o, alloc: o.Allocator, ops: ops, log: o.Logger, initialize: o.Initializer,
 		tally: &tally{ops: ops, m: o.Metrics}, bg: &background{}, wake: make(chan struct{}, 1),
-		sizers: map[string]*sizer{}, demand: map[string]*demandLog{}}
-	for _, p := range o.Pools {
-		m.sizers[p.Template] = &sizer{est: p.Estimator}
-	}
-	for _, t := range o.Templates {
-		m.demand[t] = &demandLog{}
-	}
+		templates: newTemplateSet(o.Templates, o.Pools)}
 	if o.Conns != nil {
 		m.initialize = o.Conns.Initialize
 	}
@@ -201,8 +195,8 @@ func New(o Options) (*Manager, error) {
 		return nil, err
 	}
 	m.creations = &creations{clock: o.Clock, warmUp: m.caps.WarmUp, onEnd: m.nudge}
-	deps := poolDeps{o: o, alloc: m.alloc, annotator: m.annotator, ops: ops, log: m.log, tally: m.tally,
-		creations: m.creations, bg: m.bg, host: m}
+	deps := poolDeps{o: o, templates: m.templates, alloc: m.alloc, annotator: m.annotator, ops: ops, log: m.log,
+		tally: m.tally, creations: m.creations, bg: m.bg, host: m}
 	if m.caps.SharedPool {
 		sp := newSharedPool(deps, m.drainer)
 		m.pool, m.claimer = sp, sp.claimer
@@ -401,24 +395,31 @@ func (m *Manager) nudge() {
 }
 
 // target asks tmpl's estimator for its pool's target from its counts, the allocations of
-// tmpl since the last call and tmpl's provisioning latency, and records it (poolHost).
+// tmpl since the last call and tmpl's provisioning latency, and records it (poolHost). A
+// template no longer served (removed during the pass) has none: 0.
 func (m *Manager) target(now time.Time, tmpl string, ready, creating, bound int) int {
-	sz := m.sizers[tmpl]
+	e := m.templates.entry(tmpl)
+	if e == nil || e.sizer == nil {
+		return 0
+	}
+	sz := e.sizer
 	n := sz.est.Target(estimator.Observation{Now: now, Allocations: int(sz.allocs.Swap(0)), Ready: ready,
 		Creating: creating, Bound: bound, ProvisioningLatency: m.creations.provisioningLatency(tmpl)})
-	m.setTarget(tmpl, n)
+	m.setTarget(tmpl, sz, n)
 	return n
 }
 
 // following records that another replica sizes the shared pool (poolHost).
 func (m *Manager) following() {
-	for _, p := range m.o.Pools {
-		m.setTarget(p.Template, 0)
+	for _, p := range m.templates.pools() {
+		if e := m.templates.entry(p.Template); e != nil {
+			m.setTarget(p.Template, e.sizer, 0)
+		}
 	}
 }
 
-func (m *Manager) setTarget(tmpl string, n int) {
-	m.sizers[tmpl].target.Store(int32(n))
+func (m *Manager) setTarget(tmpl string, sz *sizer, n int) {
+	sz.target.Store(int32(n))
 	if m.tally.m != nil {
 		m.tally.m.Target.WithLabelValues(tmpl).Set(float64(n))
 	}
@@ -499,14 +500,20 @@ func (m *Manager) Status() PoolStatus {
 		Destructions: m.tally.destructions.Load(), Failures: m.tally.failures.Load(),
 		ColdWaits: m.tally.coldWaits.Load(),
 	}
-	for _, d := range m.demand {
-		st.DemandPerSecond += d.perSecond(now)
+	for _, name := range m.templates.names() {
+		if e := m.templates.entry(name); e != nil {
+			st.DemandPerSecond += e.demand.perSecond(now)
+		}
 	}
-	for _, p := range m.o.Pools {
-		sz := m.sizers[p.Template]
+	for _, p := range m.templates.pools() {
+		e := m.templates.entry(p.Template)
+		if e == nil { // removed since
+			continue
+		}
+		sz := e.sizer
 		ts := TemplateStatus{Template: p.Template, Estimator: sz.est.Name(), Target: int(sz.target.Load()),
 			Image: p.Image, Hash: p.Hash,
-			Units: map[string]int{}, DemandPerSecond: m.demand[p.Template].perSecond(now),
+			Units: map[string]int{}, DemandPerSecond: e.demand.perSecond(now),
 			ProvisioningLatency: m.creations.provisioningLatency(p.Template)}
 		for s, n := range byTemplate[p.Template] {
 			ts.Units[s.String()] = n

@@ -18,9 +18,6 @@ func (p *warmPool) pingHead(ctx context.Context, stop <-chan struct{}) {
 	t := p.o.Clock.NewTicker(p.o.PingInterval)
 	defer t.Stop()
 	missed := map[string]*headMisses{} // by template
-	for _, tp := range p.o.Pools {
-		missed[tp.Template] = &headMisses{}
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -29,7 +26,10 @@ func (p *warmPool) pingHead(ctx context.Context, stop <-chan struct{}) {
 			return
 		case <-t.C():
 		}
-		for _, tp := range p.o.Pools {
+		for _, tp := range p.templates.pools() {
+			if missed[tp.Template] == nil {
+				missed[tp.Template] = &headMisses{}
+			}
 			p.pingOnce(ctx, tp.Template, missed[tp.Template])
 		}
 	}

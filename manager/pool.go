@@ -38,6 +38,8 @@ type ownedPool interface {
 	run(loops context.Context, stop <-chan struct{})
 	// drain destroys the units no agent holds (after the loops ended).
 	drain(ctx context.Context) error
+	// drainTemplate destroys tmpl's ready units in the background, and returns how many.
+	drainTemplate(ctx context.Context, tmpl string) int
 }
 
 // poolHost is what a pool asks of the manager that holds it. *Manager implements it; a
@@ -60,6 +62,7 @@ var _ poolHost = (*Manager)(nil)
 // New's defaults), the allocator, the state operator, the books and the host.
 type poolDeps struct {
 	o         Options
+	templates *templateSet // the templates served and their pools (not o.Templates, o.Pools)
 	alloc     Allocator
 	annotator Annotator // Capabilities.Adoption's; nil without it
 	ops       *StateOperator
@@ -148,6 +151,18 @@ func (p *warmPool) drain(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// drainTemplate destroys tmpl's ready units in the background (a template replaced or
+// removed), and returns how many it started to destroy.
+func (p *warmPool) drainTemplate(ctx context.Context, tmpl string) int {
+	n := 0
+	for _, id := range p.ops.OldestReady(tmpl, p.ops.Counts(tmpl)[Ready]) {
+		if p.destroyInBackground(ctx, id, Ready) == nil { // else taken meanwhile
+			n++
+		}
+	}
+	return n
+}
+
 func (p *warmPool) units() []Unit { return p.ops.Snapshot() }
 
 func (p *warmPool) counts() map[string]map[State]int { return p.ops.CountsByTemplate() }
@@ -186,6 +201,9 @@ func (p *warmPool) take(ctx context.Context, tmpl string) (Unit, error) {
 	var timeout, retry <-chan time.Time
 	var mine <-chan bool // this allocation's creation: whether it made a unit
 	for {
+		if !p.templates.known(tmpl) { // removed while this allocation waited
+			return Unit{}, fmt.Errorf("%w: %q was removed", ErrUnknownTemplate, tmpl)
+		}
 		u, ok, wait := p.ops.TakeReady(tmpl)
 		if ok {
 			p.tally.publishCounts()
@@ -272,6 +290,7 @@ func (p *warmPool) release(ctx context.Context, id, token string) error {
 
 // create makes one unit of template and puts it into the pool, and reports whether it did.
 func (p *warmPool) create(ctx context.Context, tmpl string) bool {
+	gen, _ := p.templates.generation(tmpl)
 	id := p.o.NewID()
 	info := UnitInfo{ID: id, Template: tmpl, Created: p.o.Clock.Now()}
 	if err := p.ops.Insert(info, Creating, nil); err != nil {
@@ -306,6 +325,14 @@ func (p *warmPool) create(ctx context.Context, tmpl string) bool {
 		p.forget(got.InitAddr)
 		p.alloc.Destroy(context.WithoutCancel(ctx), id)
 		return false
+	}
+	if now, ok := p.templates.generation(tmpl); !ok || now != gen {
+		// The template changed or went while the unit was made: it is not what the pool
+		// serves now (and an allocation that took it meanwhile had asked before the change).
+		if p.destroyInBackground(ctx, id, Ready) == nil {
+			p.log.Info("destroying a unit of a template that changed while it was made", "id", id, "template", tmpl)
+			return false
+		}
 	}
 	p.tally.created()
 	p.tally.publishCounts()

@@ -28,7 +28,7 @@ func (p *warmPool) reconcile(ctx context.Context) {
 			p.log.Info("lease expired; destroying sandbox", "id", id)
 		}
 	}
-	for _, tp := range p.o.Pools {
+	for _, tp := range p.templates.pools() {
 		if ctx.Err() != nil {
 			return
 		}

@@ -191,7 +191,7 @@ func (p *sharedPool) reconcile(ctx context.Context) {
 	}
 	bound := p.expire(ctx, now, units)
 	p.drainOutdated(ctx, now)
-	for _, tp := range p.o.Pools {
+	for _, tp := range p.templates.pools() {
 		if ctx.Err() != nil {
 			return
 		}
