@@ -56,6 +56,7 @@ func main() {
 	flag.StringVar(&cfg.InitAddr, "init-listen", "unix:///run/fusebox/init.sock", "init listener (unix:///path or tcp://host:port), served until InitializeTLS succeeds once")
 	flag.StringVar(&cfg.DataAddr, "data-listen", "unix:///run/fusebox/data.sock", "data-plane listener, bound at start and serving nothing until initialisation")
 	flag.StringVar(&cfg.WorkspaceDir, "workspace", "/workspace", "workspace root: every file operation stays inside it")
+	flag.StringVar(&cfg.WorkspaceSeed, "workspace-seed", "", "a directory (the template image's /workspace, bound read-only) whose files are copied into the workspace at start, before the server listens; a copy that fails (a full workspace) stops the server")
 	flag.Int64Var(&lim.MaxOutputBytes, "max-output-bytes", 16<<20, "stdout+stderr streamed per exec; the rest is discarded and flagged")
 	flag.IntVar(&lim.MaxProcesses, "max-processes", 64, "long-lived processes (StartProcess) running at once; as many exited ones are kept for replay")
 	flag.IntVar(&lim.MaxWatches, "max-watches", 16, "file watches (Watch) open at once")

@@ -57,6 +57,15 @@ var defaultCaps = []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"
 // ids away from root clears its capabilities.
 var serverCaps = []string{"CAP_SETGID", "CAP_SETUID", "CAP_SYS_RESOURCE"}
 
+// seedCaps are serverCaps with what a server that seeds its workspace needs
+// for its start alone (BundleSpec.SeedWorkspace): CAP_CHOWN, CAP_DAC_OVERRIDE
+// and CAP_FOWNER, to copy a template image's /workspace into the workspace
+// with the image's owners and modes (fusebox-sandbox -workspace-seed). It
+// drops them from its effective and permitted sets for good before it runs
+// anything else (package privsep), as it does every capability but
+// serverCaps.
+var seedCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_RESOURCE"}
+
 // User is a user and group id inside the sandbox.
 type User struct {
 	UID, GID uint32
@@ -125,6 +134,10 @@ type BundleSpec struct {
 	// process (its real and saved user ids stay root), nor write where only
 	// it may (a root-owned socket directory).
 	CommandUser *User
+	// SeedWorkspace, with CommandUser, gives the init process seedCaps
+	// instead of serverCaps: it copies files into the workspace, with their
+	// owners, before it serves.
+	SeedWorkspace bool
 
 	// Mounts are extra bind mounts (nosuid, nodev), mounted after the
 	// workspace and /tmp, for example the per-sandbox socket directory at
@@ -504,7 +517,11 @@ func (spec *BundleSpec) config(rootPath string, rootMounts []specs.Mount) *specs
 	}
 	owner := User{UID: spec.UID, GID: spec.GID}
 	if spec.CommandUser != nil {
-		caps = &specs.LinuxCapabilities{Bounding: serverCaps, Effective: serverCaps, Permitted: serverCaps}
+		set := serverCaps
+		if spec.SeedWorkspace {
+			set = seedCaps
+		}
+		caps = &specs.LinuxCapabilities{Bounding: set, Effective: set, Permitted: set}
 		owner = *spec.CommandUser
 	}
 	rlimits := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: noFileLimit, Soft: noFileLimit}}

@@ -241,6 +241,17 @@ func TestWriteBundleLimitsInside(t *testing.T) {
 	if c := p.Capabilities; !slices.Equal(c.Bounding, wantCaps) || !slices.Equal(c.Effective, wantCaps) || !slices.Equal(c.Permitted, wantCaps) || len(c.Inheritable) != 0 || len(c.Ambient) != 0 {
 		t.Errorf("capabilities = %+v, want %v", c, wantCaps)
 	}
+	// A server that seeds its workspace with an image's files, owners kept, has what that
+	// takes too (and drops it before it serves: package privsep).
+	seeding := filepath.Join(t.TempDir(), "seed")
+	if err := runsc.WriteBundle(runsc.BundleSpec{Dir: seeding, EtcDir: etc, Args: []string{"/bin/true"},
+		CommandUser: &runsc.User{UID: 65532, GID: 65533}, SeedWorkspace: true}); err != nil {
+		t.Fatal(err)
+	}
+	seedCaps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_SYS_RESOURCE"}
+	if c := readConfig(t, seeding).Process.Capabilities; !slices.Equal(c.Bounding, seedCaps) || !slices.Equal(c.Effective, seedCaps) || !slices.Equal(c.Permitted, seedCaps) {
+		t.Errorf("capabilities of a seeding server = %+v, want %v", c, seedCaps)
+	}
 	if !slices.Contains(p.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: 300, Soft: 300}) {
 		t.Errorf("rlimits = %+v, want RLIMIT_NPROC 300", p.Rlimits)
 	}

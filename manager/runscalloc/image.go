@@ -55,7 +55,7 @@ func withImage(t Template, root *rootfs.Root) (Template, error) {
 		b.Cwd = path.Clean(cfg.WorkingDir)
 	}
 	t.Bundle = b
-	return t, nil
+	return withWorkspaceSeed(t, root)
 }
 
 // imageEnvArgs are the image's environment as the server's -env flags: the commands' base
@@ -90,7 +90,7 @@ func withTemplateImage(t Template, root *rootfs.Root) (Template, error) {
 	b.RootFS, b.EtcDir = root.Dir, ""
 	b.UID, b.GID = uid, gid
 	t.Bundle = b
-	return t, nil
+	return withWorkspaceSeed(t, root)
 }
 
 // checkExecutable checks that p (absolute, inside the root dir) is an executable regular

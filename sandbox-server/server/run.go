@@ -2,13 +2,16 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"syscall"
 
 	"github.com/fusebox-dev/fusebox/internal/endpoint"
 	"github.com/fusebox-dev/fusebox/sandbox-server/privsep"
 	"github.com/fusebox-dev/fusebox/sandbox-server/procs"
+	"github.com/fusebox-dev/fusebox/sandbox-server/seed"
 	"github.com/fusebox-dev/fusebox/sandbox-server/workspace"
 )
 
@@ -23,6 +26,11 @@ type Config struct {
 	// listeners as root, and runs every command as this user. Server.CommandUser is filled
 	// in.
 	CommandUser *privsep.User
+	// WorkspaceSeed, if set, is a directory (a template image's /workspace, bound read-only
+	// into the sandbox) whose tree Run copies into the workspace first, as root and so with
+	// the image's owners, before it works as CommandUser and before it listens (package seed).
+	// A copy that fails (a full workspace, a device in the image) fails Run.
+	WorkspaceSeed string
 }
 
 // Run starts a sandbox server from cfg and serves until ctx ends, the idle TTL passes without
@@ -38,6 +46,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if initAddr == dataAddr {
 		return fmt.Errorf("init and data addresses must differ (both %s)", initAddr)
+	}
+	if cfg.WorkspaceSeed != "" {
+		if err := seedWorkspace(cfg, log); err != nil {
+			return err
+		}
 	}
 	opts := cfg.Server
 	// Bound as root: the socket directory is root's, so that commands can write nothing there.
@@ -104,6 +117,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	log.Info("sandbox server waiting for InitializeTLS", "init", initAddr.String(), "data", dataAddr.String(),
 		"workspace", cfg.WorkspaceDir, "idle_ttl", opts.IdleTTL)
 	return srv.Serve(ctx, initLn, dataLn)
+}
+
+// seedWorkspace copies cfg.WorkspaceSeed into the workspace.
+func seedWorkspace(cfg Config, log *slog.Logger) error {
+	dir := cfg.Workspace.Dir
+	if dir == "" {
+		dir = cfg.WorkspaceDir
+	}
+	st, err := seed.Copy(cfg.WorkspaceSeed, dir)
+	if errors.Is(err, syscall.ENOSPC) {
+		// The host checked the files' sizes; the tmpfs also counts a page per small file.
+		err = fmt.Errorf("%w (the image's /workspace does not fit the workspace: raise the template's limits.workspace)", err)
+	}
+	if err != nil {
+		return fmt.Errorf("copying the image's workspace (%s) into the workspace %s: %w", cfg.WorkspaceSeed, dir, err)
+	}
+	log.Info("copied the image's workspace", "from", cfg.WorkspaceSeed, "dirs", st.Dirs, "files", st.Files, "links", st.Links, "bytes", st.Bytes)
+	return nil
 }
 
 // rootCloser closes its listener as root, so that a unix socket's file is removed from the
