@@ -38,6 +38,9 @@ type Service struct {
 	// Policy authorises ServiceAccount callers' allocations; nil allows them nothing. Local
 	// callers (the unix socket) are not held to it.
 	Policy *auth.Policy
+	// Templates changes the templates served, for AddTemplates and RemoveTemplate; nil:
+	// they are fixed (FAILED_PRECONDITION).
+	Templates TemplateEditor
 }
 
 // caller returns the identity the interceptors put in ctx.

@@ -18,17 +18,17 @@ type TemplateChange struct {
 	Template string
 	// Change is TemplateAdded, TemplateReplaced, TemplateUnchanged or TemplateRemoved.
 	Change string
-	// Hash is the template's content hash (TemplatePool.Hash) after the change: before it
-	// for a removal.
-	Hash string
+	// Image and Hash are the template's (TemplatePool's) after the change: before it for a
+	// removal.
+	Image, Hash string
 	// Drained is how many of the template's ready units were destroyed; Bound how many of its
 	// units are held by agents and serve on, as they were made, until their lease ends.
 	Drained, Bound int
 }
 
 // SetTemplate serves p's template, with its warm pool, from now on: a template the manager
-// did not serve is added; one of the same name is replaced unless its Hash is p's (then
-// nothing changes). A replaced template's ready units are destroyed, and so is any unit whose
+// did not serve is added; one of the same name is replaced unless its Hash is p's (then its
+// units stay, and only its pool's estimator becomes p's). A replaced template's ready units are destroyed, and so is any unit whose
 // creation began before the change, when it ends; its pool refills with units the allocator
 // makes as the template now is; its bound units keep serving their agents. The allocator must
 // already create p.Template as p describes it. The template of a request that names none
@@ -45,9 +45,12 @@ func (m *Manager) SetTemplate(ctx context.Context, p TemplatePool) (TemplateChan
 	}
 	m.reconcileMu.Lock()
 	defer m.reconcileMu.Unlock()
-	c := TemplateChange{Template: p.Template, Change: TemplateAdded, Hash: p.Hash}
+	c := TemplateChange{Template: p.Template, Change: TemplateAdded, Image: p.Image, Hash: p.Hash}
 	if e := m.templates.entry(p.Template); e != nil && e.pool != nil && p.Hash != "" && e.pool.Hash == p.Hash {
+		// The same content: the pool keeps its units, and is sized by p's estimator.
+		m.templates.resize(p)
 		c.Change, c.Bound = TemplateUnchanged, m.ops.Counts(p.Template)[Bound]
+		m.nudge()
 		return c, nil
 	}
 	if _, replaced := m.templates.put(p); replaced {
@@ -78,7 +81,7 @@ func (m *Manager) RemoveTemplate(ctx context.Context, name string) (TemplateChan
 	}
 	c := TemplateChange{Template: name, Change: TemplateRemoved}
 	if e.pool != nil {
-		c.Hash = e.pool.Hash
+		c.Image, c.Hash = e.pool.Image, e.pool.Hash
 	}
 	m.creations.forgetFailures(name)
 	c.Drained = own.drainTemplate(ctx, name)

@@ -98,10 +98,18 @@ func TestSetAndRemoveTemplate(t *testing.T) {
 		t.Fatalf("status after the addition: %+v", ps)
 	}
 
-	if ch, err := m.SetTemplate(ctx, manager.TemplatePool{Template: "node", Estimator: estimator.Fixed{N: 2}, Hash: "h1"}); err != nil || ch.Change != manager.TemplateUnchanged || ch.Bound != 1 {
+	// The same content with another pool size: the pool grows, keeping its units.
+	stale := m.List()
+	if ch, err := m.SetTemplate(ctx, manager.TemplatePool{Template: "node", Estimator: estimator.Fixed{N: 3}, Hash: "h1"}); err != nil || ch.Change != manager.TemplateUnchanged || ch.Bound != 1 || ch.Drained != 0 {
 		t.Fatalf("setting node's same content: %+v, %v", ch, err)
 	}
-	stale := m.List()
+	stepping(t, "node's pool grown", c, 5*time.Millisecond, func() bool { return ready("node") == 3 })
+	for _, u := range stale {
+		if v, ok := m.States().Get(u.Info.ID); u.State == manager.Ready && (!ok || v.State != manager.Ready) {
+			t.Errorf("unit %s left the pool when only its size changed", u.Info.ID)
+		}
+	}
+	stale = m.List()
 
 	// A creation that began before the replacement ends after it: its unit is destroyed.
 	g.shut()
@@ -118,8 +126,8 @@ func TestSetAndRemoveTemplate(t *testing.T) {
 		}
 	}
 	ch, err = m.SetTemplate(ctx, manager.TemplatePool{Template: "node", Estimator: estimator.Fixed{N: 1}, Image: "img@sha256:2", Hash: "h2"})
-	if err != nil || ch.Change != manager.TemplateReplaced || ch.Drained != 1 || ch.Bound != 2 {
-		t.Fatalf("replacing node: %+v, %v (want 1 drained, 2 bound)", ch, err)
+	if err != nil || ch.Change != manager.TemplateReplaced || ch.Drained != 2 || ch.Bound != 2 {
+		t.Fatalf("replacing node: %+v, %v (want 2 drained, 2 bound)", ch, err)
 	}
 	g.open()
 	stepping(t, "node's pool refilled with the new content", c, 5*time.Millisecond, func() bool {

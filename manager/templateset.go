@@ -101,6 +101,16 @@ func (s *templateSet) put(p TemplatePool) (old *TemplatePool, replaced bool) {
 	return nil, false
 }
 
+// resize gives template name's pool p (the same content: its Hash) and its estimator,
+// under the generation it has: its units stay what the pool serves.
+func (s *templateSet) resize(p TemplatePool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.byName[p.Template]; ok {
+		s.byName[p.Template] = &templateEntry{pool: &p, sizer: &sizer{est: p.Estimator}, demand: prev.demand, gen: prev.gen}
+	}
+}
+
 // remove stops serving template name, and reports whether it was served.
 func (s *templateSet) remove(name string) bool {
 	s.mu.Lock()

@@ -18,13 +18,14 @@ import (
 func templateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
-		Short: "Check a templates file, and list the templates a manager serves",
+		Short: "Build templates, check a templates file, and list, add or remove a manager's templates",
 		Long: `Templates are what sandboxes are made from: an OCI image pinned by digest, limits, env,
 working directory, user, warm-up commands and a warm pool (docs/templates.md). A manager
 serves those of the templates file it was started with (fusebox local up --templates FILE)
-beside the built-in "default".`,
+beside the built-in "default", and a local manager those added while it runs (template add;
+template remove stops serving one).`,
 	}
-	cmd.AddCommand(templateValidateCmd(), templateListCmd(), templateShowCmd(), templateBuildCmd())
+	cmd.AddCommand(templateValidateCmd(), templateListCmd(), templateShowCmd(), templateAddCmd(), templateRemoveCmd(), templateBuildCmd())
 	return cmd
 }
 

@@ -177,6 +177,11 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	if c.Allocator == "runsc" {
+		if c.Templates, err = templatesAtStart(c, log); err != nil {
+			return err
+		}
+	}
 	alloc, err := newAllocator(ctx, c, log)
 	if err != nil {
 		return err
@@ -196,6 +201,13 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 	m, err := newManager(c, alloc.Allocator, pools, alloc.isLeader, reg, log)
 	if err != nil {
 		return err
+	}
+	var editor manager.TemplateEditor // nil: the templates are fixed
+	if ra, ok := alloc.Allocator.(*runscalloc.Allocator); ok {
+		if err := saveTemplates(c.StateDir, c.Templates); err != nil {
+			return err
+		}
+		editor = &templateEditor{specs: c.Templates, alloc: ra, m: m, base: c.Limits, stateDir: c.StateDir, log: log}
 	}
 	ln, err := listen(addr, api)
 	if err != nil {
@@ -230,7 +242,7 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 			log.Error("destroying the warm pool on exit", "err", err)
 		}
 	}()
-	return serve(sctx, c, addr, ln, m, api, reg, log)
+	return serve(sctx, c, addr, ln, &manager.Service{M: m, Policy: api.policy, Templates: editor}, api, reg, log)
 }
 
 // errRemoving ends serving when the manager's Deployment is being deleted; errRemoved follows.
@@ -366,9 +378,10 @@ func listen(addr endpoint.Addr, api *api) (net.Listener, error) {
 
 // serve serves the Manager API and gRPC health on ln (on TCP, plaintext callers are told to
 // use TLS), and metrics if configured, until ctx ends or a server fails.
-func serve(ctx context.Context, c Config, addr endpoint.Addr, ln net.Listener, m *manager.Manager, api *api, reg *prometheus.Registry, log *slog.Logger) error {
+func serve(ctx context.Context, c Config, addr endpoint.Addr, ln net.Listener, svc *manager.Service, api *api, reg *prometheus.Registry, log *slog.Logger) error {
+	m := svc.M
 	srv := grpc.NewServer(append(manager.ServerOptions(), api.serverOptions()...)...)
-	managerv1.RegisterManagerServer(srv, &manager.Service{M: m, Policy: api.policy})
+	managerv1.RegisterManagerServer(srv, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	hs.SetServingStatus(managerv1.Manager_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)

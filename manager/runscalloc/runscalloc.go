@@ -137,6 +137,9 @@ type Allocator struct {
 	mu      sync.Mutex // guards proxies, exits
 	proxies map[string]*egress.Proxy
 	exits   exits
+
+	tmplMu    sync.RWMutex // guards templates
+	templates map[string]Template
 }
 
 var (
@@ -201,15 +204,8 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 		if t.Image == "" {
 			continue
 		}
-		if o.SandboxBinary == "" {
-			return nil, fmt.Errorf("runscalloc: template %q has an image of its own, which needs SandboxBinary", name)
-		}
-		root, err := prepareImage(ctx, t.Image, filepath.Join(dir, "rootfs"), o.Logger)
-		if err != nil {
-			return nil, fmt.Errorf("template %s: %w", name, err)
-		}
-		if o.Templates[name], err = withTemplateImage(t, root); err != nil {
-			return nil, fmt.Errorf("template %s: %w", name, err)
+		if o.Templates[name], err = prepareTemplate(ctx, o, name, t); err != nil {
+			return nil, err
 		}
 	}
 	for name, t := range o.Templates {
@@ -245,7 +241,58 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 	if err := killOrphans(ctx, rt, o.Logger); err != nil {
 		return nil, err
 	}
-	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}}, nil
+	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}, templates: maps.Clone(o.Templates)}, nil
+}
+
+// prepareTemplate returns t, a template with an image of its own (Template.Image), with that
+// image unpacked into o.StateDir/rootfs (or found there) as its root, and the server bound in.
+func prepareTemplate(ctx context.Context, o Options, name string, t Template) (Template, error) {
+	if o.SandboxBinary == "" {
+		return Template{}, fmt.Errorf("runscalloc: template %q has an image of its own, which needs SandboxBinary", name)
+	}
+	root, err := prepareImage(ctx, t.Image, filepath.Join(o.StateDir, "rootfs"), o.Logger)
+	if err != nil {
+		return Template{}, fmt.Errorf("template %s: %w", name, err)
+	}
+	if t, err = withTemplateImage(t, root); err != nil {
+		return Template{}, fmt.Errorf("template %s: %w", name, err)
+	}
+	return t, nil
+}
+
+// PrepareTemplate readies t, a template with an image of its own (FromSpec's), for
+// SetTemplate: its image is pulled or read, checked and unpacked into the layer store, which
+// ctx bounds. Nothing changes for the templates being served.
+func (a *Allocator) PrepareTemplate(ctx context.Context, name string, t Template) (Template, error) {
+	if t.Image == "" {
+		return Template{}, fmt.Errorf("runscalloc: template %q has no image of its own", name)
+	}
+	return prepareTemplate(ctx, a.o, name, t)
+}
+
+// SetTemplate makes Create make template name as t (PrepareTemplate's) from now on: a new
+// template, or a new content for one. Units made before keep what they were made of.
+func (a *Allocator) SetTemplate(name string, t Template) {
+	a.tmplMu.Lock()
+	defer a.tmplMu.Unlock()
+	a.templates[name] = t
+}
+
+// RemoveTemplate makes Create refuse template name from now on (ErrUnknownTemplate); units
+// made of it serve on, and are destroyed as any other. Its unpacked layers stay in the store
+// for a template that shares them.
+func (a *Allocator) RemoveTemplate(name string) {
+	a.tmplMu.Lock()
+	defer a.tmplMu.Unlock()
+	delete(a.templates, name)
+}
+
+// template returns template name as Create makes it.
+func (a *Allocator) template(name string) (Template, bool) {
+	a.tmplMu.RLock()
+	defer a.tmplMu.RUnlock()
+	t, ok := a.templates[name]
+	return t, ok
 }
 
 // orphanWait bounds the wait for a previous manager's runsc creations to end on their own
@@ -289,7 +336,11 @@ func (a *Allocator) Shutdown(ctx context.Context) error {
 }
 
 // Templates returns the template names.
-func (a *Allocator) Templates() []string { return slices.Sorted(maps.Keys(a.o.Templates)) }
+func (a *Allocator) Templates() []string {
+	a.tmplMu.RLock()
+	defer a.tmplMu.RUnlock()
+	return slices.Sorted(maps.Keys(a.templates))
+}
 
 func (a *Allocator) Name() string { return "runsc" }
 
@@ -334,7 +385,7 @@ func (a *Allocator) Create(ctx context.Context, id, template string) (_ manager.
 	if !runsc.ValidID(id) {
 		return manager.UnitInfo{}, fmt.Errorf("runscalloc: %w: %q", runsc.ErrInvalidID, id)
 	}
-	t, ok := a.o.Templates[template]
+	t, ok := a.template(template)
 	if !ok {
 		return manager.UnitInfo{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, template)
 	}

@@ -1038,6 +1038,275 @@ func (x *TemplatePool) GetHash() string {
 	return ""
 }
 
+type AddTemplatesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A templates file (YAML or JSON: docs/templates.md), as `fusebox local up --templates`
+	// reads it.
+	Templates     []byte `protobuf:"bytes,1,opt,name=templates,proto3" json:"templates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddTemplatesRequest) Reset() {
+	*x = AddTemplatesRequest{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddTemplatesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddTemplatesRequest) ProtoMessage() {}
+
+func (x *AddTemplatesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddTemplatesRequest.ProtoReflect.Descriptor instead.
+func (*AddTemplatesRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AddTemplatesRequest) GetTemplates() []byte {
+	if x != nil {
+		return x.Templates
+	}
+	return nil
+}
+
+// TemplateChange is what a call did to one template.
+type TemplateChange struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Template string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	// "added", "replaced", "unchanged" or "removed".
+	Change string `protobuf:"bytes,2,opt,name=change,proto3" json:"change,omitempty"`
+	// The template's content hash after the change (before it, for a removal).
+	Hash string `protobuf:"bytes,3,opt,name=hash,proto3" json:"hash,omitempty"`
+	// Warm sandboxes of the template destroyed by the change.
+	Drained int32 `protobuf:"varint,4,opt,name=drained,proto3" json:"drained,omitempty"`
+	// Sandboxes of the template that agents hold: they serve on, as they were made, until
+	// their lease ends.
+	Bound         int32  `protobuf:"varint,5,opt,name=bound,proto3" json:"bound,omitempty"`
+	Image         string `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TemplateChange) Reset() {
+	*x = TemplateChange{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TemplateChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TemplateChange) ProtoMessage() {}
+
+func (x *TemplateChange) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TemplateChange.ProtoReflect.Descriptor instead.
+func (*TemplateChange) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TemplateChange) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *TemplateChange) GetChange() string {
+	if x != nil {
+		return x.Change
+	}
+	return ""
+}
+
+func (x *TemplateChange) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *TemplateChange) GetDrained() int32 {
+	if x != nil {
+		return x.Drained
+	}
+	return 0
+}
+
+func (x *TemplateChange) GetBound() int32 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+func (x *TemplateChange) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+type AddTemplatesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per template of the file, in its order.
+	Changes       []*TemplateChange `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddTemplatesResponse) Reset() {
+	*x = AddTemplatesResponse{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddTemplatesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddTemplatesResponse) ProtoMessage() {}
+
+func (x *AddTemplatesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddTemplatesResponse.ProtoReflect.Descriptor instead.
+func (*AddTemplatesResponse) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AddTemplatesResponse) GetChanges() []*TemplateChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+type RemoveTemplateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Template      string                 `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTemplateRequest) Reset() {
+	*x = RemoveTemplateRequest{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTemplateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTemplateRequest) ProtoMessage() {}
+
+func (x *RemoveTemplateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTemplateRequest.ProtoReflect.Descriptor instead.
+func (*RemoveTemplateRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RemoveTemplateRequest) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+type RemoveTemplateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Change        *TemplateChange        `protobuf:"bytes,1,opt,name=change,proto3" json:"change,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTemplateResponse) Reset() {
+	*x = RemoveTemplateResponse{}
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTemplateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTemplateResponse) ProtoMessage() {}
+
+func (x *RemoveTemplateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_manager_v1_manager_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTemplateResponse.ProtoReflect.Descriptor instead.
+func (*RemoveTemplateResponse) Descriptor() ([]byte, []int) {
+	return file_fusebox_manager_v1_manager_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RemoveTemplateResponse) GetChange() *TemplateChange {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
 var File_fusebox_manager_v1_manager_proto protoreflect.FileDescriptor
 
 const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
@@ -1136,7 +1405,22 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01*\xd0\x01\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"3\n" +
+	"\x13AddTemplatesRequest\x12\x1c\n" +
+	"\ttemplates\x18\x01 \x01(\fR\ttemplates\"\x9e\x01\n" +
+	"\x0eTemplateChange\x12\x1a\n" +
+	"\btemplate\x18\x01 \x01(\tR\btemplate\x12\x16\n" +
+	"\x06change\x18\x02 \x01(\tR\x06change\x12\x12\n" +
+	"\x04hash\x18\x03 \x01(\tR\x04hash\x12\x18\n" +
+	"\adrained\x18\x04 \x01(\x05R\adrained\x12\x14\n" +
+	"\x05bound\x18\x05 \x01(\x05R\x05bound\x12\x14\n" +
+	"\x05image\x18\x06 \x01(\tR\x05image\"T\n" +
+	"\x14AddTemplatesResponse\x12<\n" +
+	"\achanges\x18\x01 \x03(\v2\".fusebox.manager.v1.TemplateChangeR\achanges\"3\n" +
+	"\x15RemoveTemplateRequest\x12\x1a\n" +
+	"\btemplate\x18\x01 \x01(\tR\btemplate\"T\n" +
+	"\x16RemoveTemplateResponse\x12:\n" +
+	"\x06change\x18\x01 \x01(\v2\".fusebox.manager.v1.TemplateChangeR\x06change*\xd0\x01\n" +
 	"\tUnitState\x12\x1a\n" +
 	"\x16UNIT_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13UNIT_STATE_CREATING\x10\x01\x12\x14\n" +
@@ -1145,7 +1429,7 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\x10UNIT_STATE_BOUND\x10\x04\x12\x19\n" +
 	"\x15UNIT_STATE_DESTROYING\x10\x05\x12\x13\n" +
 	"\x0fUNIT_STATE_GONE\x10\x06\x12\x15\n" +
-	"\x11UNIT_STATE_FAILED\x10\a2\x86\x04\n" +
+	"\x11UNIT_STATE_FAILED\x10\a2\xd2\x05\n" +
 	"\aManager\x12U\n" +
 	"\bAllocate\x12#.fusebox.manager.v1.AllocateRequest\x1a$.fusebox.manager.v1.AllocateResponse\x12Z\n" +
 	"\x0eAllocateStream\x12#.fusebox.manager.v1.AllocateRequest\x1a!.fusebox.manager.v1.AllocateEvent0\x01\x12L\n" +
@@ -1153,7 +1437,9 @@ const file_fusebox_manager_v1_manager_proto_rawDesc = "" +
 	"\aRelease\x12\".fusebox.manager.v1.ReleaseRequest\x1a#.fusebox.manager.v1.ReleaseResponse\x12I\n" +
 	"\x04List\x12\x1f.fusebox.manager.v1.ListRequest\x1a .fusebox.manager.v1.ListResponse\x12[\n" +
 	"\n" +
-	"PoolStatus\x12%.fusebox.manager.v1.PoolStatusRequest\x1a&.fusebox.manager.v1.PoolStatusResponseBCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/manager/v1;managerv1b\x06proto3"
+	"PoolStatus\x12%.fusebox.manager.v1.PoolStatusRequest\x1a&.fusebox.manager.v1.PoolStatusResponse\x12a\n" +
+	"\fAddTemplates\x12'.fusebox.manager.v1.AddTemplatesRequest\x1a(.fusebox.manager.v1.AddTemplatesResponse\x12g\n" +
+	"\x0eRemoveTemplate\x12).fusebox.manager.v1.RemoveTemplateRequest\x1a*.fusebox.manager.v1.RemoveTemplateResponseBCZAgithub.com/fusebox-dev/fusebox/proto/fusebox/manager/v1;managerv1b\x06proto3"
 
 var (
 	file_fusebox_manager_v1_manager_proto_rawDescOnce sync.Once
@@ -1168,66 +1454,77 @@ func file_fusebox_manager_v1_manager_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_manager_v1_manager_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_fusebox_manager_v1_manager_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_fusebox_manager_v1_manager_proto_goTypes = []any{
-	(UnitState)(0),                // 0: fusebox.manager.v1.UnitState
-	(*AllocateRequest)(nil),       // 1: fusebox.manager.v1.AllocateRequest
-	(*AllocateResponse)(nil),      // 2: fusebox.manager.v1.AllocateResponse
-	(*AllocateEvent)(nil),         // 3: fusebox.manager.v1.AllocateEvent
-	(*RenewRequest)(nil),          // 4: fusebox.manager.v1.RenewRequest
-	(*RenewResponse)(nil),         // 5: fusebox.manager.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 6: fusebox.manager.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 7: fusebox.manager.v1.ReleaseResponse
-	(*ListRequest)(nil),           // 8: fusebox.manager.v1.ListRequest
-	(*Sandbox)(nil),               // 9: fusebox.manager.v1.Sandbox
-	(*ListResponse)(nil),          // 10: fusebox.manager.v1.ListResponse
-	(*PoolStatusRequest)(nil),     // 11: fusebox.manager.v1.PoolStatusRequest
-	(*PoolStatusResponse)(nil),    // 12: fusebox.manager.v1.PoolStatusResponse
-	(*TemplatePool)(nil),          // 13: fusebox.manager.v1.TemplatePool
-	nil,                           // 14: fusebox.manager.v1.AllocateRequest.LabelsEntry
-	nil,                           // 15: fusebox.manager.v1.AllocateRequest.EnvEntry
-	nil,                           // 16: fusebox.manager.v1.Sandbox.LabelsEntry
-	nil,                           // 17: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	nil,                           // 18: fusebox.manager.v1.TemplatePool.UnitsEntry
-	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(UnitState)(0),                 // 0: fusebox.manager.v1.UnitState
+	(*AllocateRequest)(nil),        // 1: fusebox.manager.v1.AllocateRequest
+	(*AllocateResponse)(nil),       // 2: fusebox.manager.v1.AllocateResponse
+	(*AllocateEvent)(nil),          // 3: fusebox.manager.v1.AllocateEvent
+	(*RenewRequest)(nil),           // 4: fusebox.manager.v1.RenewRequest
+	(*RenewResponse)(nil),          // 5: fusebox.manager.v1.RenewResponse
+	(*ReleaseRequest)(nil),         // 6: fusebox.manager.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 7: fusebox.manager.v1.ReleaseResponse
+	(*ListRequest)(nil),            // 8: fusebox.manager.v1.ListRequest
+	(*Sandbox)(nil),                // 9: fusebox.manager.v1.Sandbox
+	(*ListResponse)(nil),           // 10: fusebox.manager.v1.ListResponse
+	(*PoolStatusRequest)(nil),      // 11: fusebox.manager.v1.PoolStatusRequest
+	(*PoolStatusResponse)(nil),     // 12: fusebox.manager.v1.PoolStatusResponse
+	(*TemplatePool)(nil),           // 13: fusebox.manager.v1.TemplatePool
+	(*AddTemplatesRequest)(nil),    // 14: fusebox.manager.v1.AddTemplatesRequest
+	(*TemplateChange)(nil),         // 15: fusebox.manager.v1.TemplateChange
+	(*AddTemplatesResponse)(nil),   // 16: fusebox.manager.v1.AddTemplatesResponse
+	(*RemoveTemplateRequest)(nil),  // 17: fusebox.manager.v1.RemoveTemplateRequest
+	(*RemoveTemplateResponse)(nil), // 18: fusebox.manager.v1.RemoveTemplateResponse
+	nil,                            // 19: fusebox.manager.v1.AllocateRequest.LabelsEntry
+	nil,                            // 20: fusebox.manager.v1.AllocateRequest.EnvEntry
+	nil,                            // 21: fusebox.manager.v1.Sandbox.LabelsEntry
+	nil,                            // 22: fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	nil,                            // 23: fusebox.manager.v1.TemplatePool.UnitsEntry
+	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
 }
 var file_fusebox_manager_v1_manager_proto_depIdxs = []int32{
-	19, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
-	14, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
-	15, // 2: fusebox.manager.v1.AllocateRequest.env:type_name -> fusebox.manager.v1.AllocateRequest.EnvEntry
-	20, // 3: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	24, // 0: fusebox.manager.v1.AllocateRequest.lease_ttl:type_name -> google.protobuf.Duration
+	19, // 1: fusebox.manager.v1.AllocateRequest.labels:type_name -> fusebox.manager.v1.AllocateRequest.LabelsEntry
+	20, // 2: fusebox.manager.v1.AllocateRequest.env:type_name -> fusebox.manager.v1.AllocateRequest.EnvEntry
+	25, // 3: fusebox.manager.v1.AllocateResponse.lease_expires:type_name -> google.protobuf.Timestamp
 	2,  // 4: fusebox.manager.v1.AllocateEvent.allocated:type_name -> fusebox.manager.v1.AllocateResponse
-	19, // 5: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
-	20, // 6: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
+	24, // 5: fusebox.manager.v1.RenewRequest.lease_ttl:type_name -> google.protobuf.Duration
+	25, // 6: fusebox.manager.v1.RenewResponse.lease_expires:type_name -> google.protobuf.Timestamp
 	0,  // 7: fusebox.manager.v1.Sandbox.state:type_name -> fusebox.manager.v1.UnitState
-	20, // 8: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
-	20, // 9: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
-	16, // 10: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
+	25, // 8: fusebox.manager.v1.Sandbox.created:type_name -> google.protobuf.Timestamp
+	25, // 9: fusebox.manager.v1.Sandbox.lease_expires:type_name -> google.protobuf.Timestamp
+	21, // 10: fusebox.manager.v1.Sandbox.labels:type_name -> fusebox.manager.v1.Sandbox.LabelsEntry
 	9,  // 11: fusebox.manager.v1.ListResponse.sandboxes:type_name -> fusebox.manager.v1.Sandbox
-	17, // 12: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
-	19, // 13: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
+	22, // 12: fusebox.manager.v1.PoolStatusResponse.units:type_name -> fusebox.manager.v1.PoolStatusResponse.UnitsEntry
+	24, // 13: fusebox.manager.v1.PoolStatusResponse.provisioning_latency:type_name -> google.protobuf.Duration
 	13, // 14: fusebox.manager.v1.PoolStatusResponse.pools:type_name -> fusebox.manager.v1.TemplatePool
-	18, // 15: fusebox.manager.v1.TemplatePool.units:type_name -> fusebox.manager.v1.TemplatePool.UnitsEntry
-	19, // 16: fusebox.manager.v1.TemplatePool.provisioning_latency:type_name -> google.protobuf.Duration
-	20, // 17: fusebox.manager.v1.TemplatePool.last_error_at:type_name -> google.protobuf.Timestamp
-	1,  // 18: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
-	1,  // 19: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
-	4,  // 20: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
-	6,  // 21: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
-	8,  // 22: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
-	11, // 23: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
-	2,  // 24: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
-	3,  // 25: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
-	5,  // 26: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
-	7,  // 27: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
-	10, // 28: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
-	12, // 29: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	23, // 15: fusebox.manager.v1.TemplatePool.units:type_name -> fusebox.manager.v1.TemplatePool.UnitsEntry
+	24, // 16: fusebox.manager.v1.TemplatePool.provisioning_latency:type_name -> google.protobuf.Duration
+	25, // 17: fusebox.manager.v1.TemplatePool.last_error_at:type_name -> google.protobuf.Timestamp
+	15, // 18: fusebox.manager.v1.AddTemplatesResponse.changes:type_name -> fusebox.manager.v1.TemplateChange
+	15, // 19: fusebox.manager.v1.RemoveTemplateResponse.change:type_name -> fusebox.manager.v1.TemplateChange
+	1,  // 20: fusebox.manager.v1.Manager.Allocate:input_type -> fusebox.manager.v1.AllocateRequest
+	1,  // 21: fusebox.manager.v1.Manager.AllocateStream:input_type -> fusebox.manager.v1.AllocateRequest
+	4,  // 22: fusebox.manager.v1.Manager.Renew:input_type -> fusebox.manager.v1.RenewRequest
+	6,  // 23: fusebox.manager.v1.Manager.Release:input_type -> fusebox.manager.v1.ReleaseRequest
+	8,  // 24: fusebox.manager.v1.Manager.List:input_type -> fusebox.manager.v1.ListRequest
+	11, // 25: fusebox.manager.v1.Manager.PoolStatus:input_type -> fusebox.manager.v1.PoolStatusRequest
+	14, // 26: fusebox.manager.v1.Manager.AddTemplates:input_type -> fusebox.manager.v1.AddTemplatesRequest
+	17, // 27: fusebox.manager.v1.Manager.RemoveTemplate:input_type -> fusebox.manager.v1.RemoveTemplateRequest
+	2,  // 28: fusebox.manager.v1.Manager.Allocate:output_type -> fusebox.manager.v1.AllocateResponse
+	3,  // 29: fusebox.manager.v1.Manager.AllocateStream:output_type -> fusebox.manager.v1.AllocateEvent
+	5,  // 30: fusebox.manager.v1.Manager.Renew:output_type -> fusebox.manager.v1.RenewResponse
+	7,  // 31: fusebox.manager.v1.Manager.Release:output_type -> fusebox.manager.v1.ReleaseResponse
+	10, // 32: fusebox.manager.v1.Manager.List:output_type -> fusebox.manager.v1.ListResponse
+	12, // 33: fusebox.manager.v1.Manager.PoolStatus:output_type -> fusebox.manager.v1.PoolStatusResponse
+	16, // 34: fusebox.manager.v1.Manager.AddTemplates:output_type -> fusebox.manager.v1.AddTemplatesResponse
+	18, // 35: fusebox.manager.v1.Manager.RemoveTemplate:output_type -> fusebox.manager.v1.RemoveTemplateResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_manager_v1_manager_proto_init() }
@@ -1244,7 +1541,7 @@ func file_fusebox_manager_v1_manager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_manager_v1_manager_proto_rawDesc), len(file_fusebox_manager_v1_manager_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,8 @@ const (
 	Manager_Release_FullMethodName        = "/fusebox.manager.v1.Manager/Release"
 	Manager_List_FullMethodName           = "/fusebox.manager.v1.Manager/List"
 	Manager_PoolStatus_FullMethodName     = "/fusebox.manager.v1.Manager/PoolStatus"
+	Manager_AddTemplates_FullMethodName   = "/fusebox.manager.v1.Manager/AddTemplates"
+	Manager_RemoveTemplate_FullMethodName = "/fusebox.manager.v1.Manager/RemoveTemplate"
 )
 
 // ManagerClient is the client API for Manager service.
@@ -56,6 +58,19 @@ type ManagerClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// PoolStatus summarises the pool and the estimator.
 	PoolStatus(ctx context.Context, in *PoolStatusRequest, opts ...grpc.CallOption) (*PoolStatusResponse, error)
+	// AddTemplates serves the templates of a templates file from now on: a template of a new
+	// name is added with its warm pool; one whose content changed replaces the template of its
+	// name (its warm sandboxes are destroyed and the pool refills; bound ones serve on until
+	// their lease ends); one whose content is the same changes nothing. Every template's image
+	// is read and unpacked before anything changes, so a bad one changes nothing. The manager
+	// keeps the change across its restarts. Operators only (PERMISSION_DENIED); a manager whose
+	// templates its deployment fixes (the kube allocator's) answers FAILED_PRECONDITION; a bad
+	// file or image, INVALID_ARGUMENT.
+	AddTemplates(ctx context.Context, in *AddTemplatesRequest, opts ...grpc.CallOption) (*AddTemplatesResponse, error)
+	// RemoveTemplate stops serving a template: its allocations are refused as of an unknown
+	// template, its warm sandboxes are destroyed, and bound ones serve on until their lease
+	// ends. As AddTemplates: operators only, kept across restarts; "default" cannot be removed.
+	RemoveTemplate(ctx context.Context, in *RemoveTemplateRequest, opts ...grpc.CallOption) (*RemoveTemplateResponse, error)
 }
 
 type managerClient struct {
@@ -135,6 +150,26 @@ func (c *managerClient) PoolStatus(ctx context.Context, in *PoolStatusRequest, o
 	return out, nil
 }
 
+func (c *managerClient) AddTemplates(ctx context.Context, in *AddTemplatesRequest, opts ...grpc.CallOption) (*AddTemplatesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddTemplatesResponse)
+	err := c.cc.Invoke(ctx, Manager_AddTemplates_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *managerClient) RemoveTemplate(ctx context.Context, in *RemoveTemplateRequest, opts ...grpc.CallOption) (*RemoveTemplateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveTemplateResponse)
+	err := c.cc.Invoke(ctx, Manager_RemoveTemplate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ManagerServer is the server API for Manager service.
 // All implementations must embed UnimplementedManagerServer
 // for forward compatibility.
@@ -155,6 +190,19 @@ type ManagerServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// PoolStatus summarises the pool and the estimator.
 	PoolStatus(context.Context, *PoolStatusRequest) (*PoolStatusResponse, error)
+	// AddTemplates serves the templates of a templates file from now on: a template of a new
+	// name is added with its warm pool; one whose content changed replaces the template of its
+	// name (its warm sandboxes are destroyed and the pool refills; bound ones serve on until
+	// their lease ends); one whose content is the same changes nothing. Every template's image
+	// is read and unpacked before anything changes, so a bad one changes nothing. The manager
+	// keeps the change across its restarts. Operators only (PERMISSION_DENIED); a manager whose
+	// templates its deployment fixes (the kube allocator's) answers FAILED_PRECONDITION; a bad
+	// file or image, INVALID_ARGUMENT.
+	AddTemplates(context.Context, *AddTemplatesRequest) (*AddTemplatesResponse, error)
+	// RemoveTemplate stops serving a template: its allocations are refused as of an unknown
+	// template, its warm sandboxes are destroyed, and bound ones serve on until their lease
+	// ends. As AddTemplates: operators only, kept across restarts; "default" cannot be removed.
+	RemoveTemplate(context.Context, *RemoveTemplateRequest) (*RemoveTemplateResponse, error)
 	mustEmbedUnimplementedManagerServer()
 }
 
@@ -182,6 +230,12 @@ func (UnimplementedManagerServer) List(context.Context, *ListRequest) (*ListResp
 }
 func (UnimplementedManagerServer) PoolStatus(context.Context, *PoolStatusRequest) (*PoolStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PoolStatus not implemented")
+}
+func (UnimplementedManagerServer) AddTemplates(context.Context, *AddTemplatesRequest) (*AddTemplatesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddTemplates not implemented")
+}
+func (UnimplementedManagerServer) RemoveTemplate(context.Context, *RemoveTemplateRequest) (*RemoveTemplateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveTemplate not implemented")
 }
 func (UnimplementedManagerServer) mustEmbedUnimplementedManagerServer() {}
 func (UnimplementedManagerServer) testEmbeddedByValue()                 {}
@@ -305,6 +359,42 @@ func _Manager_PoolStatus_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Manager_AddTemplates_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddTemplatesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagerServer).AddTemplates(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Manager_AddTemplates_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagerServer).AddTemplates(ctx, req.(*AddTemplatesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Manager_RemoveTemplate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveTemplateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ManagerServer).RemoveTemplate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Manager_RemoveTemplate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ManagerServer).RemoveTemplate(ctx, req.(*RemoveTemplateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Manager_ServiceDesc is the grpc.ServiceDesc for Manager service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -331,6 +421,14 @@ var Manager_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PoolStatus",
 			Handler:    _Manager_PoolStatus_Handler,
+		},
+		{
+			MethodName: "AddTemplates",
+			Handler:    _Manager_AddTemplates_Handler,
+		},
+		{
+			MethodName: "RemoveTemplate",
+			Handler:    _Manager_RemoveTemplate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

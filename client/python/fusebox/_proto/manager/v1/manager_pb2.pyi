@@ -16,6 +16,18 @@ UNIT_STATE_INITIALISING: UnitState
 UNIT_STATE_READY: UnitState
 UNIT_STATE_UNSPECIFIED: UnitState
 
+class AddTemplatesRequest(_message.Message):
+    __slots__ = ["templates"]
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    templates: bytes
+    def __init__(self, templates: _Optional[bytes] = ...) -> None: ...
+
+class AddTemplatesResponse(_message.Message):
+    __slots__ = ["changes"]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[TemplateChange]
+    def __init__(self, changes: _Optional[_Iterable[_Union[TemplateChange, _Mapping]]] = ...) -> None: ...
+
 class AllocateEvent(_message.Message):
     __slots__ = ["allocated"]
     ALLOCATED_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +143,18 @@ class ReleaseResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class RemoveTemplateRequest(_message.Message):
+    __slots__ = ["template"]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    template: str
+    def __init__(self, template: _Optional[str] = ...) -> None: ...
+
+class RemoveTemplateResponse(_message.Message):
+    __slots__ = ["change"]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    change: TemplateChange
+    def __init__(self, change: _Optional[_Union[TemplateChange, _Mapping]] = ...) -> None: ...
+
 class RenewRequest(_message.Message):
     __slots__ = ["lease_token", "lease_ttl", "sandbox_id"]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +199,22 @@ class Sandbox(_message.Message):
     state: UnitState
     template: str
     def __init__(self, sandbox_id: _Optional[str] = ..., state: _Optional[_Union[UnitState, str]] = ..., template: _Optional[str] = ..., endpoint: _Optional[str] = ..., created: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., egress: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TemplateChange(_message.Message):
+    __slots__ = ["bound", "change", "drained", "hash", "image", "template"]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    bound: int
+    change: str
+    drained: int
+    hash: str
+    image: str
+    template: str
+    def __init__(self, template: _Optional[str] = ..., change: _Optional[str] = ..., hash: _Optional[str] = ..., drained: _Optional[int] = ..., bound: _Optional[int] = ..., image: _Optional[str] = ...) -> None: ...
 
 class TemplatePool(_message.Message):
     __slots__ = ["demand_per_second", "estimator", "hash", "image", "last_error", "last_error_at", "provisioning_latency", "target", "template", "units"]

@@ -44,6 +44,16 @@ class ManagerStub(object):
                 request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusRequest.SerializeToString,
                 response_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusResponse.FromString,
                 )
+        self.AddTemplates = channel.unary_unary(
+                '/fusebox.manager.v1.Manager/AddTemplates',
+                request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesRequest.SerializeToString,
+                response_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesResponse.FromString,
+                )
+        self.RemoveTemplate = channel.unary_unary(
+                '/fusebox.manager.v1.Manager/RemoveTemplate',
+                request_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateRequest.SerializeToString,
+                response_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateResponse.FromString,
+                )
 
 
 class ManagerServicer(object):
@@ -95,6 +105,29 @@ class ManagerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTemplates(self, request, context):
+        """AddTemplates serves the templates of a templates file from now on: a template of a new
+        name is added with its warm pool; one whose content changed replaces the template of its
+        name (its warm sandboxes are destroyed and the pool refills; bound ones serve on until
+        their lease ends); one whose content is the same changes nothing. Every template's image
+        is read and unpacked before anything changes, so a bad one changes nothing. The manager
+        keeps the change across its restarts. Operators only (PERMISSION_DENIED); a manager whose
+        templates its deployment fixes (the kube allocator's) answers FAILED_PRECONDITION; a bad
+        file or image, INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveTemplate(self, request, context):
+        """RemoveTemplate stops serving a template: its allocations are refused as of an unknown
+        template, its warm sandboxes are destroyed, and bound ones serve on until their lease
+        ends. As AddTemplates: operators only, kept across restarts; "default" cannot be removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +160,16 @@ def add_ManagerServicer_to_server(servicer, server):
                     servicer.PoolStatus,
                     request_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusRequest.FromString,
                     response_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusResponse.SerializeToString,
+            ),
+            'AddTemplates': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTemplates,
+                    request_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesRequest.FromString,
+                    response_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesResponse.SerializeToString,
+            ),
+            'RemoveTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveTemplate,
+                    request_deserializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateRequest.FromString,
+                    response_serializer=fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -237,5 +280,39 @@ class Manager(object):
         return grpc.experimental.unary_unary(request, target, '/fusebox.manager.v1.Manager/PoolStatus',
             fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusRequest.SerializeToString,
             fusebox_dot_manager_dot_v1_dot_manager__pb2.PoolStatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AddTemplates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fusebox.manager.v1.Manager/AddTemplates',
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesRequest.SerializeToString,
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.AddTemplatesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RemoveTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fusebox.manager.v1.Manager/RemoveTemplate',
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateRequest.SerializeToString,
+            fusebox_dot_manager_dot_v1_dot_manager__pb2.RemoveTemplateResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
