@@ -3,14 +3,21 @@ package manager_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/manager"
+	"github.com/fusebox-dev/fusebox/manager/auth"
 	"github.com/fusebox-dev/fusebox/manager/estimator"
 	"github.com/fusebox-dev/fusebox/manager/memalloc"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
 // gatedCreate is a memory allocator whose creations wait while its gate is shut.
@@ -177,5 +184,65 @@ func TestSetAndRemoveTemplate(t *testing.T) {
 	}
 	if _, err := allocate(""); err != nil {
 		t.Errorf("the default template after the changes: %v", err)
+	}
+}
+
+// fakeEditor records the templates files it is given.
+type fakeEditor struct{ files [][]byte }
+
+func (f *fakeEditor) AddTemplates(_ context.Context, file []byte) ([]manager.TemplateChange, error) {
+	f.files = append(f.files, file)
+	return []manager.TemplateChange{{Template: "node", Change: manager.TemplateAdded, Hash: "h", Image: "i"}}, nil
+}
+
+func (f *fakeEditor) RemoveTemplate(_ context.Context, name string) (manager.TemplateChange, error) {
+	if name != "node" {
+		return manager.TemplateChange{}, fmt.Errorf("%w: %q", manager.ErrUnknownTemplate, name)
+	}
+	return manager.TemplateChange{Template: name, Change: manager.TemplateRemoved, Drained: 2, Bound: 1}, nil
+}
+
+// TestTemplateRPCs: only operators change templates; a manager without an editor answers
+// FAILED_PRECONDITION; an editor's changes and errors reach the caller with their codes.
+func TestTemplateRPCs(t *testing.T) {
+	m, err := manager.New(manager.Options{Allocator: memalloc.New(), Clock: newFakeClock(time.Unix(1_000_000, 0)),
+		Initializer: memalloc.Initializer, Estimator: estimator.Fixed{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ed := &fakeEditor{}
+	ctx := context.Background()
+	call := func(id auth.Identity, s *manager.Service) []error {
+		cctx := auth.NewContext(ctx, id)
+		_, addErr := s.AddTemplates(cctx, &managerv1.AddTemplatesRequest{Templates: []byte("templates: []")})
+		_, rmErr := s.RemoveTemplate(cctx, &managerv1.RemoveTemplateRequest{Template: "node"})
+		return []error{addErr, rmErr}
+	}
+	tenant := auth.LocalIdentity(1000, false)
+	root := auth.LocalIdentity(0, true)
+	for _, err := range call(tenant, &manager.Service{M: m, Templates: ed}) {
+		if status.Code(err) != codes.PermissionDenied {
+			t.Errorf("a tenant changing templates: %v, want PERMISSION_DENIED", err)
+		}
+	}
+	if len(ed.files) != 0 {
+		t.Fatal("a tenant's call reached the editor")
+	}
+	for _, err := range call(root, &manager.Service{M: m}) {
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "fixed") {
+			t.Errorf("changing fixed templates: %v, want FAILED_PRECONDITION", err)
+		}
+	}
+	s := &manager.Service{M: m, Templates: ed}
+	add, err := s.AddTemplates(auth.NewContext(ctx, root), &managerv1.AddTemplatesRequest{Templates: []byte("file")})
+	if err != nil || len(add.Changes) != 1 || add.Changes[0].Change != "added" || add.Changes[0].Image != "i" || string(ed.files[0]) != "file" {
+		t.Errorf("AddTemplates: %v, %v", add, err)
+	}
+	rm, err := s.RemoveTemplate(auth.NewContext(ctx, root), &managerv1.RemoveTemplateRequest{Template: "node"})
+	if err != nil || rm.Change.Change != "removed" || rm.Change.Drained != 2 || rm.Change.Bound != 1 {
+		t.Errorf("RemoveTemplate: %v, %v", rm, err)
+	}
+	if _, err := s.RemoveTemplate(auth.NewContext(ctx, root), &managerv1.RemoveTemplateRequest{Template: "ruby"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("removing an unknown template: %v, want INVALID_ARGUMENT", err)
 	}
 }
