@@ -177,13 +177,18 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	if c.Allocator == "runsc" {
+	saved := c.Allocator == "runsc" && c.Templates == nil
+	if saved {
 		if c.Templates, err = templatesAtStart(c, log); err != nil {
 			return err
 		}
 	}
 	alloc, err := newAllocator(ctx, c, log)
 	if err != nil {
+		if saved && len(c.Templates) > 0 {
+			return fmt.Errorf("%w (the templates served before, kept in %s: start with --templates FILE to replace them, `templates: []` for none)",
+				err, filepath.Join(c.StateDir, servedTemplatesFile))
+		}
 		return err
 	}
 	defer alloc.shutdown() // after the manager's Close, deferred below

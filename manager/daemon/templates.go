@@ -23,13 +23,10 @@ import (
 // --templates, so that templates added or removed while the manager ran outlive it.
 const servedTemplatesFile = "templates.json"
 
-// templatesAtStart returns the templates a runsc manager on c.StateDir starts with: those of
-// --templates when given (they replace what was saved), else those the last manager on the
-// state directory served.
+// templatesAtStart returns the templates a runsc manager on c.StateDir started without
+// --templates serves: those the last manager on the state directory served. (Given, the
+// file's replace them.)
 func templatesAtStart(c Config, log *slog.Logger) ([]templates.Spec, error) {
-	if c.Templates != nil {
-		return c.Templates, nil
-	}
 	path := filepath.Join(c.StateDir, servedTemplatesFile)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
