@@ -39,11 +39,15 @@ export FUSEBOX_CONTAINERD17 := $(CONTAINERD17_DIR)/containerd
 CILIUM_BIN ?= $(FUSEBOX_CACHE)/cilium-v1.20.2
 export FUSEBOX_CILIUM_BIN := $(CILIUM_BIN)
 # Packages of the main test run: test/kube, test/cluster, test/cilium and test/clusterup run
-# only through test-kube and test-cluster.
-MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|cilium|clusterup)(/|$$)|/internal/templatebuild$$')
-# Template builds' tests copy, hash and diff whole Debian roots in every build: the race
-# detector triples their time, and what they run concurrently is runsc's processes, not Go's.
-BUILD_PKGS = ./internal/templatebuild/
+# only through test-kube and test-cluster. Those NORACE matches run without the race detector:
+# their tests build, copy, hash, compress and unpack whole images and Debian roots in the test
+# process (template builds, image builds, the layer store, the images of `fusebox local up`'s
+# templates), which the detector slows manyfold, while what they run concurrently is runsc's
+# processes and the built binaries (no race build either), not the test's goroutines. The
+# packages those binaries are made of have race-tested unit tests of their own.
+NORACE = /internal/(templatebuild|image)$$|/test/(localimage|imagebuild|managere2e)$$
+MAIN_PKGS = $$(go list ./... | grep -vE '/test/(kube|cluster|cilium|clusterup)(/|$$)|$(NORACE)')
+NORACE_PKGS = $$(go list ./... | grep -E '$(NORACE)')
 
 BIN      := bin
 # The Python SDK is built and tested with Debian's interpreter and packages, not whatever
@@ -125,7 +129,7 @@ unit: ## Run the tests that need neither root nor gVisor
 # and find the Debian userlands cached: hack/userlands builds them beside the toolchains.
 test: deps prepare verify build images ## Verify, build every image, then run every test, gVisor, Kubernetes and real-node tests included (root)
 	FUSEBOX_BIN=$(abspath $(BIN))/fusebox FUSEBOX_IMAGES=$(abspath $(IMAGES)) $(GOTEST) $(TESTFLAGS) $(MAIN_PKGS)
-	$(GOTEST) $(filter-out -race,$(TESTFLAGS)) $(BUILD_PKGS)
+	FUSEBOX_BIN=$(abspath $(BIN))/fusebox FUSEBOX_IMAGES=$(abspath $(IMAGES)) $(GOTEST) $(filter-out -race,$(TESTFLAGS)) $(NORACE_PKGS)
 	$(MAKE) test-python
 	$(MAKE) test-kube
 	$(MAKE) test-cluster FUSEBOX_IMAGES=$(abspath $(IMAGES))

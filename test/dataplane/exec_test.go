@@ -478,7 +478,7 @@ func TestTaskGroupLastLogicalWriteWins(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
 	ctx := testenv.Context(t, 10*time.Minute)
 	c := b.Client
-	const rounds, perGroup, maxDelayMs = 20, 50, 30
+	const rounds, perGroup, maxDelayMs = 10, 50, 30
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
@@ -544,7 +544,7 @@ func TestTaskGroupLastLogicalCwdWins(t *testing.T) {
 	b := sandboxtest.StartBound(t, sandboxtest.Options{})
 	ctx := testenv.Context(t, 10*time.Minute)
 	c := b.Client
-	const rounds, perGroup, maxDelayMs = 10, 30, 30
+	const rounds, perGroup, maxDelayMs = 6, 30, 30
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
