@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
-	"github.com/fusebox-dev/fusebox/test/imagetest"
 	"github.com/fusebox-dev/fusebox/test/sandboxtest"
 	"github.com/fusebox-dev/fusebox/test/testenv"
 )
@@ -28,19 +26,7 @@ import (
 func TestTemplateAddAndRemoveWhileRunning(t *testing.T) {
 	e := newEnv(t)
 	ctx := testenv.Context(t, testDeadline)
-	layouts := map[string]string{}
-	for _, mark := range []string{"old", "new"} {
-		img, err := imagetest.PlainImage(v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "MARK=" + mark}}, os.Stderr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lay := filepath.Join(e.base, "images", mark)
-		h, err := imagetest.WriteImage(lay, img)
-		if err != nil {
-			t.Fatal(err)
-		}
-		layouts[mark] = lay + "@" + h.String()
-	}
+	layouts := markedImages(t, e, "old", "new")
 	file := filepath.Join(e.base, "web.yaml")
 	write := func(image string) {
 		t.Helper()

@@ -301,15 +301,13 @@ func waitTemplatePool(t *testing.T, ctx context.Context, mc managerv1.ManagerCli
 	}
 }
 
-// A template's image changed between two runs of `fusebox local up` on one state directory:
-// the sandbox bound from the old image lives on and keeps serving from it, adopted by the
-// second manager with its lease; the old image's warm sandboxes are destroyed; the template's
-// pool refills from the new image, which its next allocation gets, under a new hash.
-func TestTemplateImageChangeKeepsTheBoundSandbox(t *testing.T) {
-	e := newEnv(t)
-	ctx := testenv.Context(t, testDeadline)
+// markedImages writes, for each mark, an image of Debian's userland alone whose environment
+// has MARK set to it, as an OCI layout under e's directory, and returns their references
+// (layout@digest) by mark.
+func markedImages(t *testing.T, e *env, marks ...string) map[string]string {
+	t.Helper()
 	layouts := map[string]string{}
-	for _, mark := range []string{"old", "new"} {
+	for _, mark := range marks {
 		img, err := imagetest.PlainImage(v1.Config{Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "MARK=" + mark}}, os.Stderr)
 		if err != nil {
 			t.Fatal(err)
@@ -321,6 +319,17 @@ func TestTemplateImageChangeKeepsTheBoundSandbox(t *testing.T) {
 		}
 		layouts[mark] = lay + "@" + h.String()
 	}
+	return layouts
+}
+
+// A template's image changed between two runs of `fusebox local up` on one state directory:
+// the sandbox bound from the old image lives on and keeps serving from it, adopted by the
+// second manager with its lease; the old image's warm sandboxes are destroyed; the template's
+// pool refills from the new image, which its next allocation gets, under a new hash.
+func TestTemplateImageChangeKeepsTheBoundSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := testenv.Context(t, testDeadline)
+	layouts := markedImages(t, e, "old", "new")
 	file := filepath.Join(e.base, "templates.yaml")
 	write := func(mark string) {
 		t.Helper()
