@@ -28,9 +28,10 @@ type TemplateChange struct {
 
 // SetTemplate serves p's template, with its warm pool, from now on: a template the manager
 // did not serve is added; one of the same name is replaced unless its Hash is p's (then its
-// units stay, and only its pool's estimator becomes p's). A replaced template's ready units are destroyed, and so is any unit whose
-// creation began before the change, when it ends; its pool refills with units the allocator
-// makes as the template now is; its bound units keep serving their agents. The allocator must
+// units stay, and only its pool's estimator becomes p's). A replaced template's ready units
+// are destroyed, and so is any unit whose creation began before the change, when it ends; its
+// pool refills with units the allocator makes as the template now is; its bound units keep
+// serving their agents. The allocator must
 // already create p.Template as p describes it. The template of a request that names none
 // (Options.PoolTemplate) is the manager's own and cannot be set. Only a manager that owns its
 // pool changes templates while it runs: a shared pool's (several replicas') answers
@@ -53,7 +54,7 @@ func (m *Manager) SetTemplate(ctx context.Context, p TemplatePool) (TemplateChan
 		m.nudge()
 		return c, nil
 	}
-	if _, replaced := m.templates.put(p); replaced {
+	if m.templates.put(p) {
 		c.Change = TemplateReplaced
 		m.creations.forgetFailures(p.Template)
 		c.Drained = own.drainTemplate(ctx, p.Template)

@@ -83,10 +83,9 @@ func (s *templateSet) generation(name string) (uint64, bool) {
 }
 
 // put serves p's template with its pool under a new generation, after those served already,
-// or in the place of the one of its name; it returns that one's pool (nil when p's template is
-// new). The template's allocation times carry over: demand for a name outlives a change of
-// its content.
-func (s *templateSet) put(p TemplatePool) (old *TemplatePool, replaced bool) {
+// or in the place of the one of its name, and reports whether it replaced one. The
+// template's allocation times carry over: demand for a name outlives a change of its content.
+func (s *templateSet) put(p TemplatePool) (replaced bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gens++
@@ -94,11 +93,11 @@ func (s *templateSet) put(p TemplatePool) (old *TemplatePool, replaced bool) {
 	if prev, ok := s.byName[p.Template]; ok {
 		e.demand = prev.demand
 		s.byName[p.Template] = e
-		return prev.pool, true
+		return true
 	}
 	s.order = append(s.order, p.Template)
 	s.byName[p.Template] = e
-	return nil, false
+	return false
 }
 
 // resize gives template name's pool p (the same content: its Hash) and its estimator,

@@ -212,7 +212,7 @@ func run(ctx context.Context, c Config, log *slog.Logger) (err error) {
 		if err := saveTemplates(c.StateDir, c.Templates); err != nil {
 			return err
 		}
-		editor = &templateEditor{specs: c.Templates, alloc: ra, m: m, base: c.Limits, stateDir: c.StateDir, log: log}
+		editor = &templateEditor{specs: c.Templates, alloc: ra, m: m, base: c.Limits, stateDir: c.StateDir}
 	}
 	ln, err := listen(addr, api)
 	if err != nil {

@@ -63,7 +63,6 @@ type templateEditor struct {
 	m        *manager.Manager
 	base     runscalloc.Limits // the default template's limits: what a spec leaves out
 	stateDir string
-	log      *slog.Logger
 }
 
 var _ manager.TemplateEditor = (*templateEditor)(nil)
