@@ -8,6 +8,7 @@ import (
 
 	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/cmd/internal/managerflags"
+	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
 // managerFlags are how run and status reach the manager.
@@ -23,6 +24,15 @@ func (m *managerFlags) register(f *pflag.FlagSet) {
 }
 
 func (m *managerFlags) options() []client.ManagerOption { return m.TLS.Options() }
+
+// dial connects to the manager's API; closeConn closes the connection, after the calls.
+func (m *managerFlags) dial() (_ managerv1.ManagerClient, closeConn func() error, _ error) {
+	conn, err := client.DialManager(m.addr, m.options()...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return managerv1.NewManagerClient(conn), conn.Close, nil
+}
 
 // explain adds to err, a failed call to the manager, what to check when no manager answered
 // it; an answer (a refusal, the manager's own failure) is left as it is.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fusebox-dev/fusebox/client"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
 
@@ -27,12 +26,11 @@ sandboxes only (on the local socket, those of its user id; in a cluster, those o
 ServiceAccount). Root, the manager's own user and the policy's operators see every sandbox,
 the warm pool included.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			conn, err := client.DialManager(mgr.addr, mgr.options()...)
+			c, closeConn, err := mgr.dial()
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			c := managerv1.NewManagerClient(conn)
+			defer closeConn()
 			ps, err := c.PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
 			if err != nil {
 				return mgr.explain(fmt.Errorf("asking %s: %w", mgr.addr, err))

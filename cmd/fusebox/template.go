@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/templates"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
@@ -61,12 +60,12 @@ names the entry and the field.`,
 
 // templatePools asks the manager for its templates' pools.
 func templatePools(cmd *cobra.Command, mgr *managerFlags) ([]*managerv1.TemplatePool, error) {
-	conn, err := client.DialManager(mgr.addr, mgr.options()...)
+	c, closeConn, err := mgr.dial()
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	ps, err := managerv1.NewManagerClient(conn).PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
+	defer closeConn()
+	ps, err := c.PoolStatus(cmd.Context(), &managerv1.PoolStatusRequest{})
 	if err != nil {
 		return nil, mgr.explain(fmt.Errorf("asking %s: %w", mgr.addr, err))
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fusebox-dev/fusebox/client"
 	"github.com/fusebox-dev/fusebox/internal/templates"
 	managerv1 "github.com/fusebox-dev/fusebox/proto/fusebox/manager/v1"
 )
@@ -42,13 +41,13 @@ manager's user or --operator-uids).`,
 			if len(specs) == 0 {
 				return fmt.Errorf("%s lists no template", args[0])
 			}
-			conn, err := client.DialManager(mgr.addr, mgr.options()...)
+			c, closeConn, err := mgr.dial()
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
+			defer closeConn()
 			fmt.Fprintf(cmd.ErrOrStderr(), "adding %d template(s) to %s: reading and unpacking their images\n", len(specs), mgr.addr)
-			resp, err := managerv1.NewManagerClient(conn).AddTemplates(cmd.Context(), &managerv1.AddTemplatesRequest{Templates: b})
+			resp, err := c.AddTemplates(cmd.Context(), &managerv1.AddTemplatesRequest{Templates: b})
 			if err != nil {
 				return mgr.explain(fmt.Errorf("adding templates to %s: %w", mgr.addr, err))
 			}
@@ -71,12 +70,12 @@ served. Needs an operator.`,
 		Example: `  sudo fusebox template remove node`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := client.DialManager(mgr.addr, mgr.options()...)
+			c, closeConn, err := mgr.dial()
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
-			resp, err := managerv1.NewManagerClient(conn).RemoveTemplate(cmd.Context(), &managerv1.RemoveTemplateRequest{Template: args[0]})
+			defer closeConn()
+			resp, err := c.RemoveTemplate(cmd.Context(), &managerv1.RemoveTemplateRequest{Template: args[0]})
 			if err != nil {
 				return mgr.explain(fmt.Errorf("removing template %s from %s: %w", args[0], mgr.addr, err))
 			}

@@ -241,7 +241,10 @@ func NewContext(ctx context.Context, o Options) (*Allocator, error) {
 	if err := killOrphans(ctx, rt, o.Logger); err != nil {
 		return nil, err
 	}
-	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}, templates: maps.Clone(o.Templates)}, nil
+	// From here on the templates are the allocator's own (SetTemplate, RemoveTemplate).
+	templates := o.Templates
+	o.Templates = nil
+	return &Allocator{o: o, rt: rt, proxies: map[string]*egress.Proxy{}, templates: templates}, nil
 }
 
 // prepareTemplate returns t, a template with an image of its own (Template.Image), with that
